@@ -1,0 +1,83 @@
+"""The ``deltabench`` command line: the composition root.
+
+Each command lives in ``harness/commands/<name>.py`` as ``register(app)``; those modules import only typer at
+the top and import the layers they drive (runners, db, web) inside the command, so ``deltabench list`` on a
+GPU worker never imports SQLAlchemy or FastAPI. Bad input (:class:`BadInput`, a usage error) is one line on
+stderr and exit code 2; a command returns its own exit code (0 ok, 1 a check or job failed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from .errors import BadInput
+
+try:  # typer >= 0.25 carries its own copy of click
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as _click_exc
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="deltabench",
+    help="Verify and benchmark delta-rule sequence-mixer kernels against float64 oracles.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# Command modules, in the order `deltabench --help` lists them. A module that is missing (a layer not
+# yet installed) is skipped rather than breaking the other commands.
+COMMAND_MODULES = (
+    "listing",
+    "verify",
+    "run",
+    "results",
+    "ingest",
+    "gate",
+    "serve",
+    "worker",
+    "token",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Verify and benchmark delta-rule sequence-mixer kernels against float64 oracles."""
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"deltabench.harness.commands.{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"deltabench.harness.commands.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: run the CLI and map errors to exit codes."""
+    try:
+        rv = app(args=argv, prog_name="deltabench", standalone_mode=False)
+    except _click_exc.UsageError as exc:
+        print(f"deltabench: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except BadInput as exc:
+        print(f"deltabench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except _click_exc.Abort:
+        print("deltabench: aborted", file=sys.stderr)
+        sys.exit(130)
+    except _click_exc.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

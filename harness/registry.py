@@ -1,0 +1,238 @@
+"""The impl registry: named implementations of an op, with what they need and where they run.
+
+An impl is a callable with its op's signature, ``fn(q, k, v, *gates, scale=None, initial_state=None)
+-> (o, final_state)``, registered with :func:`register_impl`. Built-in impls are wired in by
+``harness/builtin.py`` (kernels/ never imports the harness); third-party packages register through the
+entry-point group ``deltabench.impls`` (each entry point names a module to import, or a callable to call);
+``load_module`` imports a user's module or ``.py`` file that calls ``register_impl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from .cases import Case, parse_dtype
+from .errors import BadInput, ImplUnavailable, UnknownImpl
+from .ops import OPS, get_op
+
+__all__ = [
+    "Impl",
+    "all_impls",
+    "get_impl",
+    "impls_for",
+    "lazy",
+    "load_module",
+    "register_impl",
+]
+
+BACKENDS = ("torch", "triton", "jax", "cuda")
+_REGISTRY: dict[tuple[str, str], Impl] = {}
+_LOADED = False
+
+
+@dataclasses.dataclass
+class Impl:
+    """A registered implementation of an op."""
+
+    op: str
+    name: str
+    fn: Callable[..., Any]
+    backend: str
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    supports_backward: bool = True
+    constraint: Callable[[Case], str | None] | None = None
+    requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
+    source: str = "builtin"  # "builtin", an entry point, or a user module path
+    notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
+
+    def missing_requirement(self) -> str | None:
+        """The reason this impl cannot be imported here, or None."""
+        for mod in self.requires:
+            try:
+                found = importlib.util.find_spec(mod) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"needs the Python package {mod!r}, which is not installed"
+        return None
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why this impl cannot run on `device` on this machine, or None if it can."""
+        why = self.missing_requirement()
+        if why:
+            return why
+        if device not in self.devices:
+            return f"runs on {', '.join(self.devices)}, not {device}"
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "no CUDA device on this machine"
+        if device == "cpu" and self.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "Triton runs on the CPU only under the interpreter (set TRITON_INTERPRET=1)"
+        return None
+
+    def check_case(self, case: Case) -> str | None:
+        """Why this impl cannot run `case`, or None: dtype, backward, device, then its own constraint."""
+        if case.dtype not in self.dtypes:
+            return f"supports {', '.join(self.dtypes)}, not {case.dtype}"
+        if case.mode != "fwd" and not self.supports_backward:
+            return "forward only (no backward)"
+        why = self.unavailable_reason(case.device)
+        if why:
+            return why
+        return self.constraint(case) if self.constraint else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def register_impl(
+    op: str,
+    name: str,
+    *,
+    backend: str,
+    devices: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    supports_backward: bool = True,
+    constraint: Callable[[Case], str | None] | None = None,
+    requires: tuple[str, ...] = (),
+    notes: str = "",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as impl `name` of `op`; returns the function unchanged.
+
+    Example::
+
+        @register_impl("gdn", "my_chunk", backend="triton", devices=("cuda",), dtypes=("bf16", "fp32"))
+        def my_chunk(q, k, v, g, beta, scale=None, initial_state=None):
+            ...
+            return o, final_state
+
+    `constraint(case)` returns None when the impl can run the case, else the reason it cannot.
+    Registering a name twice replaces the earlier entry (a user's file may be re-imported).
+    """
+    get_op(op)
+    if backend not in BACKENDS:
+        raise BadInput(f"impl {name!r}: unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
+    dts = tuple(parse_dtype(d) for d in dtypes)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _REGISTRY[(op, name)] = Impl(
+            op=op,
+            name=name,
+            fn=fn,
+            backend=backend,
+            devices=tuple(devices),
+            dtypes=dts,
+            supports_backward=supports_backward,
+            constraint=constraint,
+            requires=tuple(requires),
+            source=getattr(fn, "__deltabench_source__", _source_of(fn)),
+            notes=notes,
+        )
+        return fn
+
+    return decorate
+
+
+def _source_of(fn: Callable[..., Any]) -> str:
+    mod = getattr(fn, "__module__", "") or ""
+    return "builtin" if mod.startswith("deltabench.") else mod
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """A callable that imports ``"package.module:function"`` on first call, so that listing impls
+    never imports Triton or JAX and an interpreter flag set later still takes effect."""
+    module, _, attr = target.partition(":")
+    cache: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not cache:
+            cache.append(getattr(importlib.import_module(module), attr))
+        return cache[0](*args, **kwargs)
+
+    call.__name__ = attr
+    call.__qualname__ = attr
+    call.__module__ = module
+    call.__doc__ = f"Lazily imported {target}."
+    call.__deltabench_target__ = target  # type: ignore[attr-defined]
+    return call
+
+
+def load_module(spec: str) -> None:
+    """Import a user's module (``pkg.mod``) or file (``path/to/impls.py``) that registers impls."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise BadInput(f"--import {spec!r}: no such file")
+        mod_name = f"deltabench_user_{abs(hash(str(path.resolve())))}"
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise BadInput(f"--import {spec!r}: not a Python file")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise BadInput(f"--import {spec!r} failed: {type(exc).__name__}: {exc}") from exc
+        return
+    try:
+        importlib.import_module(spec)
+    except ImportError as exc:
+        raise BadInput(f"--import {spec!r}: cannot import it ({exc})") from exc
+
+
+def _load_all() -> None:
+    """Register built-ins and entry-point impls once."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    from . import builtin  # noqa: F401  (registers on import)
+
+    for ep in entry_points(group="deltabench.impls"):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type(sys)):
+                obj()
+        except Exception as exc:  # a broken plugin must not hide the others
+            print(f"deltabench: entry point {ep.name!r} failed to load: {exc}", file=sys.stderr)
+
+
+def all_impls() -> list[Impl]:
+    """Every registered impl, ordered by op then name."""
+    _load_all()
+    return [_REGISTRY[key] for key in sorted(_REGISTRY, key=lambda k: (list(OPS).index(k[0]), k[1]))]
+
+
+def impls_for(op: str) -> list[Impl]:
+    """The impls registered for `op`."""
+    get_op(op)
+    return [impl for impl in all_impls() if impl.op == op]
+
+
+def get_impl(op: str, name: str) -> Impl:
+    """Impl `name` of `op`, or UnknownImpl naming the registered ones."""
+    get_op(op)
+    _load_all()
+    try:
+        return _REGISTRY[(op, name)]
+    except KeyError:
+        known = ", ".join(i.name for i in impls_for(op)) or "none"
+        raise UnknownImpl(f"unknown impl {name!r} for op {op!r}: registered impls are {known}") from None
+
+
+def require_runnable(impl: Impl, case: Case) -> None:
+    """Raise ImplUnavailable with the reason when `impl` cannot run `case`."""
+    why = impl.check_case(case)
+    if why:
+        raise ImplUnavailable(f"{impl.op}/{impl.name}: {why}")

@@ -1,0 +1,8 @@
+"""The version of deltabench, read from the installed distribution."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("deltabench")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

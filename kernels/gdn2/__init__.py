@@ -1,0 +1,1 @@
+"""deltabench.kernels.gdn2"""

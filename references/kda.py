@@ -1,0 +1,88 @@
+"""Float64 token-serial oracle for Kimi Delta Attention (KDA).
+
+Layout: q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [B, H, K, V]. Per token t::
+
+    S <- Diag(exp g_t) S
+    u  = beta_t * (v_t - S^T k_t)
+    S <- S + k_t u^T
+    o_t = S^T (scale * q_t)
+
+It is GDN-2 with b = w = beta; it is written out on its own so that the reduction is a real check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _inputs as _in
+
+__all__ = ["kda_recurrent", "make_inputs"]
+
+
+def kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run KDA one token at a time in float64.
+
+    Args:
+        q, k: ``[B, T, H, K]``.
+        v: ``[B, T, H, V]``.
+        g: ``[B, T, H, K]`` per-channel log-decay.
+        beta: ``[B, T, H]`` write strength.
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]``.
+
+    Returns:
+        ``(o, final_state)`` in float64.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+    q, k, v, g, beta = (x.to(torch.float64) for x in (q, k, v, g, beta))
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(torch.float64)
+    outs = []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None]
+        kt = k[:, t]
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S))
+        S = S + kt[..., :, None] * u[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
+    o = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, V)
+    return o, S
+
+
+def make_inputs(
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+    regime: str = "typical",
+    initial_state: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Seeded KDA inputs: L2-normalised q/k, N(0,1) v, per-channel gates of `regime`,
+    beta = sigmoid(randn).
+
+    Returns a dict with keys ``q, k, v, g, beta`` and, if asked, ``initial_state`` (float32).
+    """
+    gen = _in.generator(seed)
+    t = {
+        "q": _in.l2norm(_in.randn(gen, B, T, H, K)),
+        "k": _in.l2norm(_in.randn(gen, B, T, H, K)),
+        "v": _in.randn(gen, B, T, H, V),
+        "g": _in.log_decay(gen, regime, B, T, H, K),
+        "beta": _in.strength(gen, B, T, H),
+    }
+    if initial_state:
+        t["initial_state"] = _in.state(gen, B, H, K, V)
+    return _in.finish(t, dtype=dtype, device=device)

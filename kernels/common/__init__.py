@@ -1,1 +1,22 @@
-"""deltabench.kernels.common"""
+"""Helpers shared by the ops' PyTorch implementations.
+
+- :mod:`.chunking`: the ``[B, T, H, ...] <-> [B, H, N, C, ...]`` chunk layout and the causal pairwise decays;
+- :mod:`.delta_chunk`: the UT-transform solve and the scan over chunks of the WY/UT chunked delta rule;
+- :mod:`.per_channel_chunk`: the chunked delta rule with per-channel decay and erase/write strengths (gdn2, kda);
+- :mod:`.checks`: the op contract's shape checks.
+"""
+
+from .checks import check_inputs
+from .chunking import merge_chunks, pairwise_decay, split_chunks
+from .delta_chunk import chunk_scan, ut_solve
+from .per_channel_chunk import per_channel_delta_chunk
+
+__all__ = [
+    "check_inputs",
+    "chunk_scan",
+    "merge_chunks",
+    "pairwise_decay",
+    "per_channel_delta_chunk",
+    "split_chunks",
+    "ut_solve",
+]

@@ -1,1 +1,14 @@
-"""deltabench.kernels.kda"""
+"""Kimi Delta Attention (KDA) implementations.
+
+Layout: q, k, g ``[B, T, H, K]``; v ``[B, T, H, V]``; beta ``[B, T, H]``; state ``[B, H, K, V]`` float32; g is a
+per-channel log-decay (<= 0). Per token: ``S <- Diag(exp g) S; u = beta (v - S^T k); S <- S + k u^T;
+o = S^T (scale q)``, i.e. GDN-2 with b = w = beta.
+
+- :func:`kda_torch_recurrent` (``torch_recurrent.py``): token-serial, fp32 state, the readable version;
+- :func:`kda_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
+"""
+
+from .torch_chunk import kda_torch_chunk
+from .torch_recurrent import kda_torch_recurrent
+
+__all__ = ["kda_torch_chunk", "kda_torch_recurrent"]

@@ -1,0 +1,65 @@
+"""Token-serial Gated DeltaNet-2 in PyTorch: inputs in their dtype, the state in float32.
+
+Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]`` (keys index rows); g is a
+per-channel log-decay (<= 0) in float32, b erases per key channel and w writes per value channel. The readable
+version beside :mod:`.torch_chunk`; backward is autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common import check_inputs
+
+__all__ = ["gdn2_torch_recurrent"]
+
+
+def gdn2_torch_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet-2 one token at a time, the state kept in float32.
+
+    Per token t, for each (batch, head)::
+
+        S <- Diag(exp g_t) S;  r = S^T (b_t * k_t);  S <- S + k_t (w_t * v_t - r)^T;  o_t = S^T (scale q_t)
+
+    Each token's inputs are cast to float32 for the state math; o_t is cast back to ``v.dtype``.
+
+    Args:
+        q, k: ``[B, T, H, K]`` queries and keys.
+        v: ``[B, T, H, V]`` values.
+        g: ``[B, T, H, K]`` per-channel log-decay (<= 0).
+        b: ``[B, T, H, K]`` erase strength per key channel.
+        w: ``[B, T, H, V]`` write strength per value channel.
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]``.
+
+    Returns:
+        ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
+
+    Examples::
+
+        >>> from deltabench.references.gdn2 import make_inputs
+        >>> x = make_inputs(2, 100, 4, 64, 64, dtype=torch.bfloat16)
+        >>> o, ht = gdn2_torch_recurrent(**x)
+    """
+    gates = {"g": (g, "BTHK"), "b": (b, "BTHK"), "w": (w, "BTHV")}
+    B, T, H, K, V = check_inputs(q, k, v, gates, initial_state)
+    scale = K**-0.5 if scale is None else scale
+    state = v.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+    outs = []
+    for t in range(T):
+        q_t, k_t, v_t = q[:, t].float(), k[:, t].float(), v[:, t].float()
+        state = state * g[:, t].float().exp()[..., None]
+        r = torch.einsum("bhk,bhkv->bhv", b[:, t].float() * k_t, state)
+        state = state + k_t[..., :, None] * (w[:, t].float() * v_t - r)[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q_t * scale, state).to(v.dtype))
+    o = torch.stack(outs, dim=1) if outs else v.new_zeros(B, 0, H, V)
+    return o, state

@@ -54,3 +54,93 @@ register_impl(
 
 # --- External adapters (kernels/external/) --------------------------------------------------------------------------
 # (section owned by the adapters work; each registered with requires=(its package,))
+_FLA = "deltabench.kernels.external.fla"
+_FLA_NOTE = "FLA 0.6.0's Triton path: FlashQLA and TileLang dispatch off (FLA_FLASH_QLA=0, FLA_TILELANG=0)"
+
+
+def _fla_dims(case: Case) -> str | None:
+    # FLA's chunk kernels hold a whole key row in one tile: chunk_gdn2/chunk_kda assert K <= 256.
+    if case.K > 256 or case.V > 256:
+        return f"K and V up to 256 in FLA (got K={case.K}, V={case.V})"
+    return None
+
+
+def _flash_qla_case(case: Case) -> str | None:
+    from deltabench.kernels.external.flash_qla import unsupported_reason
+
+    capability = None
+    if case.device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            capability = torch.cuda.get_device_capability()
+    return unsupported_reason(K=case.K, V=case.V, device=case.device, capability=capability)
+
+
+def _opengdn_triton_dims(case: Case) -> str | None:
+    if case.K > 512 or case.V > 512:
+        return f"K and V up to 512 in opengdn's Triton path (got K={case.K}, V={case.V})"
+    return None
+
+
+register_impl(
+    "gdn",
+    "fla_chunk",
+    backend="triton",
+    devices=("cuda",),
+    dtypes=ALL_DTYPES,
+    constraint=_fla_dims,
+    requires=("fla",),
+    notes=f"{_FLA_NOTE}; bwd guard bypassed (FLA #640) on Hopper with Triton >=3.4,<3.7.1: the gate judges it",
+)(lazy(f"{_FLA}:gdn_fla_chunk"))
+register_impl(
+    "gdn",
+    "fla_recurrent",
+    backend="triton",
+    devices=("cuda",),
+    dtypes=ALL_DTYPES,
+    supports_backward=False,
+    constraint=_fla_dims,
+    requires=("fla",),
+    notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
+)(lazy(f"{_FLA}:gdn_fla_recurrent"))
+for _op in ("gdn2", "kda"):
+    register_impl(
+        _op,
+        "fla_chunk",
+        backend="triton",
+        devices=("cuda",),
+        dtypes=ALL_DTYPES,
+        constraint=_fla_dims,
+        requires=("fla",),
+        notes=_FLA_NOTE,
+    )(lazy(f"{_FLA}:{_op}_fla_chunk"))
+register_impl(
+    "gdn",
+    "flash_qla",
+    backend="cuda",
+    devices=("cuda",),
+    dtypes=("bf16", "fp16"),
+    constraint=_flash_qla_case,
+    requires=("flash_qla", "tilelang"),
+    notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds",
+)(lazy("deltabench.kernels.external.flash_qla:gdn_flash_qla"))
+register_impl(
+    "gdn",
+    "opengdn_triton",
+    backend="triton",
+    devices=("cuda",),
+    dtypes=("bf16",),
+    constraint=_opengdn_triton_dims,
+    requires=("opengdn", "triton"),
+    notes="opengdn 0.1.0 gated_delta_triton; raises instead of falling back to its chunkwise path",
+)(lazy("deltabench.kernels.external.opengdn:gdn_opengdn_triton"))
+register_impl(
+    "gdn",
+    "opengdn_chunkwise",
+    backend="torch",
+    devices=("cpu", "cuda"),
+    dtypes=ALL_DTYPES,
+    requires=("opengdn",),
+    notes="opengdn 0.1.0 gated_delta_chunkwise (PyTorch extended WY, chunk 64)",
+)(lazy("deltabench.kernels.external.opengdn:gdn_opengdn_chunkwise"))

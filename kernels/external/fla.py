@@ -1,0 +1,211 @@
+"""Adapters for flash-linear-attention (FLA 0.6.0, import name ``fla``): its multi-kernel Triton path.
+
+Layouts match deltabench's contracts exactly (FLA set the convention): q, k ``[B, T, H, K]``; v ``[B, T, H, V]``;
+state ``[B, H, K, V]`` float32; g a natural-log decay, ``[B, T, H]`` (gdn) or ``[B, T, H, K]`` (gdn2, kda).
+Inputs arrive L2-normalised, so FLA's in-kernel normalisation stays off.
+
+What this module changes in FLA, and why:
+
+* ``FLA_FLASH_QLA=0`` and ``FLA_TILELANG=0`` are set before FLA is imported. FLA 0.6.0 dispatches
+  ``chunk_gated_delta_rule`` to FlashQLA, and some backward stages to TileLang, whenever those packages are
+  installed; ``fla_chunk`` measures FLA's own Triton path, and FlashQLA has its own impl (``flash_qla``).
+* FLA refuses its gated backward (``fla.ops.common.chunk_o.chunk_bwd_dqkwg``) on Hopper with Triton >= 3.4,
+  < 3.7.1 (FLA issue #640: a miscompile of ``tl.trans`` of a dot accumulator corrupted dk at BK = 64). The guard
+  reads the module global ``TRITON_ABOVE_3_7_1`` of ``fla.ops.common.chunk_o`` at call time, and nothing else in
+  that module reads it; :func:`load_fla` sets that one global to True, only where the guard would fire. That is
+  acceptable only because deltabench's gate checks every gradient against the float64 oracle on the device that
+  is timed: a miscompile shows up as status ``incorrect``. :data:`GUARD_BYPASSED` records that it happened and
+  :func:`run_notes` gives the sentence a runner stores with each result.
+
+This module imports without FLA installed; FLA is imported on the first call.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+
+import torch
+
+__all__ = [
+    "GUARD_BYPASSED",
+    "gdn2_fla_chunk",
+    "gdn_fla_chunk",
+    "gdn_fla_recurrent",
+    "kda_fla_chunk",
+    "load_fla",
+    "run_notes",
+]
+
+# Set before any import of fla (FLA reads them when it dispatches; setting them here, first, also covers
+# anything FLA reads at import). Forced rather than defaulted: the impl's name promises the Triton path.
+os.environ["FLA_FLASH_QLA"] = "0"
+os.environ["FLA_TILELANG"] = "0"
+
+GUARD_BYPASSED = False  # True once the #640 backward guard was switched off in this process
+_GUARD_NOTE = "bwd guard bypassed (FLA #640): FLA refuses its gated backward on Hopper with Triton >=3.4,<3.7.1"
+_lock = threading.Lock()
+_modules: dict[str, ModuleType] = {}
+
+
+def load_fla() -> dict[str, ModuleType]:
+    """Import FLA's ops once, with FlashQLA/TileLang dispatch off and the #640 guard bypassed where it would fire.
+
+    Returns the modules by short name: ``gated_delta_rule``, ``gdn2``, ``kda``, ``chunk_o``.
+    """
+    global GUARD_BYPASSED
+    with _lock:
+        if _modules:
+            return _modules
+        import fla.ops.common.chunk_o as chunk_o
+        import fla.ops.gated_delta_rule as gated_delta_rule
+
+        if chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1:
+            # The guard's whole condition is `g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not
+            # TRITON_ABOVE_3_7_1`; this global is read only there, so flipping it changes nothing else.
+            chunk_o.TRITON_ABOVE_3_7_1 = True
+            GUARD_BYPASSED = True
+        _modules.update(gated_delta_rule=gated_delta_rule, chunk_o=chunk_o)
+        return _modules
+
+
+def _submodule(name: str) -> ModuleType:
+    """FLA's op package `name` (``gdn2`` or ``kda``), imported after :func:`load_fla`."""
+    mods = load_fla()
+    if name not in mods:
+        import importlib
+
+        mods[name] = importlib.import_module(f"fla.ops.{name}")
+    return mods[name]
+
+
+def run_notes() -> str:
+    """The sentence a runner stores in a result's notes: non-empty once the #640 guard was bypassed here."""
+    return _GUARD_NOTE if GUARD_BYPASSED else ""
+
+
+def _state_fp32(final_state: torch.Tensor) -> torch.Tensor:
+    # FLA returns the state in float32 already; the cast is a no-op then and keeps the contract if it changes.
+    return final_state.float()
+
+
+def gdn_fla_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet through FLA's chunked Triton path (``chunk_gated_delta_rule``), FlashQLA dispatch off.
+
+    Args:
+        q, k: ``[B, T, H, K]``, already L2-normalised. v: ``[B, T, H, V]``.
+        g: ``[B, T, H]`` log-decay (float32). beta: ``[B, T, H]``.
+        scale: default ``K ** -0.5``. initial_state: optional ``[B, H, K, V]`` float32.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state`` ``[B, H, K, V]`` float32.
+    """
+    fla_gdn = load_fla()["gated_delta_rule"]
+    o, final_state = fla_gdn.chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+    )
+    return o, _state_fp32(final_state)
+
+
+def gdn_fla_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet through FLA's token-serial fused kernel (``fused_recurrent_gated_delta_rule``).
+
+    Forward only: FLA 0.6.0's ``FusedRecurrentFunction.backward`` raises NotImplementedError. Its signature is
+    ``(q, k, v, g, gk, gv, beta, ...)``, so beta goes by keyword. Shapes as :func:`gdn_fla_chunk`.
+    """
+    fla_gdn = load_fla()["gated_delta_rule"]
+    o, final_state = fla_gdn.fused_recurrent_gated_delta_rule(
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+    )
+    return o, _state_fp32(final_state)
+
+
+def gdn2_fla_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet-2 through FLA's ``chunk_gdn2``: same names and layouts as deltabench's gdn2.
+
+    FLA's rule, ``S_t = (I - k_t (b_t * k_t)^T) Diag(exp g_t) S_{t-1} + k_t (w_t * v_t)^T``, is ours written as one
+    product. g ``[B, T, H, K]`` natural-log decay; b ``[B, T, H, K]`` erase gate; w ``[B, T, H, V]`` write gate.
+    FLA asserts K <= 256 and a float32 initial state.
+    """
+    fla_gdn2 = _submodule("gdn2")
+    o, final_state = fla_gdn2.chunk_gdn2(
+        q,
+        k,
+        v,
+        g,
+        b,
+        w,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+    )
+    return o, _state_fp32(final_state)
+
+
+def kda_fla_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA through FLA's ``chunk_kda``: g ``[B, T, H, K]`` natural-log decay (``use_gate_in_kernel=False``),
+    beta ``[B, T, H]`` already in (0, 1) (``use_beta_sigmoid_in_kernel=False``). FLA asserts K <= 256."""
+    fla_kda = _submodule("kda")
+    o, final_state = fla_kda.chunk_kda(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+    )
+    return o, _state_fp32(final_state)

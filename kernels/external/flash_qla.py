@@ -1,0 +1,69 @@
+"""Adapter for FlashQLA (PyPI ``flash-qla`` 0.1.3, import name ``flash_qla``): fused TileLang GDN forward and
+backward for NVIDIA SM90 (Hopper), SM100/SM103 and SM120/SM121, bf16/fp16, K = V = 128.
+
+Its ``chunk_gated_delta_rule`` takes FLA's argument order and layouts (q, k ``[B, T, H, K]``; v ``[B, T, H, V]``;
+g ``[B, T, H]`` natural-log decay; beta ``[B, T, H]``; state ``[B, H, K, V]``), so the adapter passes the inputs
+through with in-kernel L2 normalisation off. Importing flash_qla picks its kernels for the GPU it finds and raises on
+any other, so it is imported on the first call, never at module import. Every new shape is compiled by TileLang on its
+first call (3 to 50 s per kernel): a runner's warm-up absorbs that and reports it apart as compile time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SUPPORTED_ARCHS", "gdn_flash_qla", "unsupported_reason"]
+
+# Compute capabilities flash_qla 0.1.3 ships kernels for (its chunk/__init__.py raises on any other).
+SUPPORTED_ARCHS = ((9, 0), (10, 0), (10, 3), (12, 0), (12, 1))
+HEAD_DIM = 128
+
+
+def unsupported_reason(*, K: int, V: int, device: str, capability: tuple[int, int] | None) -> str | None:
+    """Why FlashQLA cannot run a case, or None: the device, the GPU's compute capability, then K and V.
+
+    `capability` is ``torch.cuda.get_device_capability()`` of the GPU that will run it (None when unknown).
+    """
+    if device != "cuda":
+        return f"runs on NVIDIA GPUs only (SM90+), not {device}"
+    if capability is not None and tuple(capability) not in SUPPORTED_ARCHS:
+        major, minor = capability
+        return f"needs an SM90+ GPU (sm_90, sm_100, sm_103, sm_120, sm_121; this is sm_{major}{minor})"
+    if K != HEAD_DIM or V != HEAD_DIM:
+        return f"K = V = 128 only (got K={K}, V={V})"
+    return None
+
+
+def gdn_flash_qla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet through ``flash_qla.chunk_gated_delta_rule`` (with its automatic intra-card split on).
+
+    Args:
+        q, k: ``[B, T, H, 128]`` bf16 or fp16, already L2-normalised. v: ``[B, T, H, 128]``, same dtype.
+        g: ``[B, T, H]`` log-decay (float32). beta: ``[B, T, H]``.
+        scale: default ``K ** -0.5``. initial_state: optional ``[B, H, K, V]`` float32.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state`` ``[B, H, K, V]`` float32.
+    """
+    import flash_qla
+
+    o, final_state = flash_qla.chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+    )
+    return o, final_state.float()

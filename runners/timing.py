@@ -1,0 +1,146 @@
+"""Timing statistics shared by every timer (CPU clock, CUDA events, CUDA graphs, JAX).
+
+Every timer follows the same rules, implemented once here by :func:`adaptive_samples`:
+
+1. the first call is timed apart, as ``compile_s`` (compilation and autotuning happen there);
+2. warm-up calls follow until two consecutive timings agree within 10%, or a cap (time or count) is hit;
+3. repetitions until the standard error of the median is under ``target_sem`` of it (0.5% by default),
+   or the time budget ends, or ``max_reps`` is reached; every raw sample is kept and the reason for
+   stopping is recorded.
+
+The standard error of the median is estimated as ``1.2533 * stdev / sqrt(n)`` (its asymptotic value
+for normally distributed samples), which is cheap enough to recompute while sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from deltabench.harness.document import TimingStats
+
+__all__ = ["WARMUP_AGREEMENT", "Collected", "adaptive_samples", "quantile", "sem_rel", "summarize"]
+
+WARMUP_AGREEMENT = 0.10  # two consecutive warm-up timings within 10% of each other: warm
+_MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi/2): asymptotic SE of the median over SE of the mean (normal samples)
+_UNKNOWN_SEM = 1.0  # stands for "unknown" with fewer than two samples (JSON has no infinity)
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The `q`-quantile (0..1) of already sorted values, with linear interpolation (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def sem_rel(samples_ms: Sequence[float]) -> float:
+    """Standard error of the median over the median, ``1.2533 * stdev / sqrt(n) / median``."""
+    n = len(samples_ms)
+    if n < 2:
+        return _UNKNOWN_SEM
+    med = statistics.median(samples_ms)
+    if med <= 0:
+        return _UNKNOWN_SEM
+    return _MEDIAN_SE_FACTOR * statistics.stdev(samples_ms) / math.sqrt(n) / med
+
+
+def summarize(
+    samples_ms: Sequence[float],
+    *,
+    clock: str,
+    warmup: int = 0,
+    l2_flush: bool = False,
+    compile_s: float | None = None,
+    stop_reason: str = "",
+) -> TimingStats:
+    """Summarise raw samples (milliseconds) into a :class:`TimingStats`, keeping every sample.
+
+    Example::
+
+        >>> summarize([1.0, 2.0, 3.0, 4.0], clock="cpu_monotonic").median_ms
+        2.5
+    """
+    if not samples_ms:
+        raise ValueError("summarize needs at least one sample")
+    values = [float(x) for x in samples_ms]
+    ordered = sorted(values)
+    return TimingStats(
+        clock=clock,
+        samples_ms=values,
+        median_ms=statistics.median(ordered),
+        q1_ms=quantile(ordered, 0.25),
+        q3_ms=quantile(ordered, 0.75),
+        mean_ms=statistics.fmean(values),
+        stdev_ms=statistics.stdev(values) if len(values) > 1 else 0.0,
+        sem_rel=sem_rel(values),
+        warmup=warmup,
+        l2_flush=l2_flush,
+        compile_s=compile_s,
+        stop_reason=stop_reason,
+    )
+
+
+@dataclasses.dataclass
+class Collected:
+    """What :func:`adaptive_samples` gathered: the kept samples, the warm-up count and why it stopped."""
+
+    samples_ms: list[float]
+    warmup: int
+    stop_reason: str
+
+
+def adaptive_samples(
+    measure: Callable[[int], list[float]],
+    *,
+    budget_s: float,
+    target_sem: float = 0.005,
+    min_reps: int = 5,
+    max_reps: int = 10_000,
+    warmup_s: float = 1.0,
+    max_warmup: int = 100,
+    batch_s: float = 0.02,
+) -> Collected:
+    """Warm up, then sample until the median is known to `target_sem` or the budget ends.
+
+    `measure(n)` runs the subject `n` times and returns `n` timings in milliseconds (a CUDA timer
+    records `n` event pairs and synchronises once; the CPU timer reads the clock around each call).
+    The first call (compilation) must already have been made and timed by the caller.
+    """
+    if min_reps < 1 or max_reps < min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps (got {min_reps}, {max_reps})")
+    # Warm-up: until two consecutive timings agree within 10%, or the warm-up cap (time or count).
+    warmup = 0
+    prev: float | None = None
+    t0 = time.perf_counter()
+    while True:
+        (cur,) = measure(1)
+        warmup += 1
+        if prev is not None and abs(cur - prev) <= WARMUP_AGREEMENT * min(cur, prev):
+            break
+        if warmup >= max_warmup or time.perf_counter() - t0 >= warmup_s:
+            break
+        prev = cur
+    # Repetitions, in batches of about `batch_s` so that checking the SEM stays cheap for tiny kernels.
+    per_call_s = max(cur / 1e3, 1e-7)
+    batch = max(1, min(int(batch_s / per_call_s), 1000))
+    samples: list[float] = []
+    start = time.perf_counter()
+    while True:
+        n = min(batch, max_reps - len(samples))
+        samples.extend(measure(n))
+        if len(samples) >= min_reps and sem_rel(samples) < target_sem:
+            reason = f"sem<{target_sem:.2%}"
+            break
+        if len(samples) >= max_reps:
+            reason = "max_reps"
+            break
+        if time.perf_counter() - start >= budget_s and len(samples) >= min_reps:
+            reason = "budget"
+            break
+    return Collected(samples_ms=samples, warmup=warmup, stop_reason=reason)

@@ -1,0 +1,705 @@
+"""Every select deltabench runs against its store, as keyword-only functions.
+
+The CLI, the web routes and the regression tools call these; none of them builds a query itself. Functions
+return ORM rows (:class:`~deltabench.db.models.Result`, :class:`~deltabench.db.models.Run`) or small frozen
+dataclasses defined here, never open cursors.
+
+A *series* is one (op, impl, shape, dtype, mode) on one ``machine_kind``; its key string
+(:meth:`SeriesKey.key`) is what annotations refer to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from deltabench.harness.document import (
+    CaseSpec,
+    CheckRecord,
+    JobResult,
+    MemoryStats,
+    ResultDocument,
+    TimingStats,
+    WorkFigures,
+)
+from deltabench.harness.document import Environment as EnvironmentDoc
+from deltabench.harness.errors import BadInput
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from .ingest import unpack_samples, utc
+from .models import Annotation, Check, Environment, Machine, Result, ResultSamples, Run
+
+__all__ = [
+    "ComparedPair",
+    "RunSummary",
+    "SeriesKey",
+    "SeriesPoint",
+    "compare_impls",
+    "compare_runs",
+    "count_runs",
+    "find_results",
+    "get_run",
+    "latest_run_for_commit",
+    "latest_run_id",
+    "list_annotations",
+    "list_machines",
+    "list_runs",
+    "list_series",
+    "load_run_document",
+    "parse_shape_filter",
+    "resolve_run_id",
+    "result_checks",
+    "result_samples",
+    "run_results",
+    "series_history",
+]
+
+_DIMS = ("B", "T", "H", "K", "V")
+# The columns that say "same problem" when two results are compared.
+_CASE_COLUMNS = ("op", "B", "T", "H", "K", "V", "dtype", "mode")
+
+
+# ---------------------------------------------------------------------------------------------------- types
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """One row of the runs list."""
+
+    run_id: str
+    created_at: _dt.datetime
+    suite: str
+    git_commit: str | None
+    git_dirty: bool
+    host: str
+    machine_kind: str
+    device_name: str
+    n_results: int
+    status_counts: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesKey:
+    """What identifies a series: one (op, impl, shape, dtype, mode) on one machine class."""
+
+    op: str
+    impl: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    dtype: str
+    mode: str
+    machine_kind: str
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The dims as a dict."""
+        return {d: getattr(self, d) for d in _DIMS}
+
+    @property
+    def key(self) -> str:
+        """``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd/cpu``: the string annotations refer to."""
+        shape = "-".join(f"{d}{getattr(self, d)}" for d in _DIMS)
+        return f"{self.op}/{self.impl}/{shape}/{self.dtype}/{self.mode}/{self.machine_kind}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesPoint:
+    """One result in a series' history, with the run and software it came from."""
+
+    result_id: int
+    run_id: str
+    created_at: _dt.datetime
+    git_commit: str | None
+    status: str
+    median_ms: float | None
+    q1_ms: float | None
+    q3_ms: float | None
+    mean_ms: float | None
+    sem_rel: float | None
+    clock: str | None
+    host: str
+    torch: str | None
+    triton: str | None
+    jax: str | None
+    cuda: str | None
+    samples_ms: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparedPair:
+    """A case found in base and/or head (a missing side is None)."""
+
+    key: tuple[Any, ...]
+    base: Result | None
+    head: Result | None
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def parse_shape_filter(shape: str | Mapping[str, int] | None) -> dict[str, int]:
+    """Dims to filter on from ``"B8-T4096-H6-K128-V128"``, ``"B=8,T=4096"`` or a dict (any subset of B,T,H,K,V)."""
+    if shape is None:
+        return {}
+    if isinstance(shape, Mapping):
+        dims = {str(k).upper(): int(v) for k, v in shape.items()}
+    else:
+        parts = [p for p in re.split(r"[-,\s]+", shape.strip()) if p]
+        dims = {}
+        for part in parts:
+            m = re.fullmatch(r"([A-Za-z])=?(\d+)", part)
+            if not m:
+                raise BadInput(f"malformed shape {shape!r}: expected e.g. B8-T4096-H6-K128-V128 or B=8,T=4096")
+            dims[m.group(1).upper()] = int(m.group(2))
+    unknown = sorted(set(dims) - set(_DIMS))
+    if unknown:
+        raise BadInput(f"unknown dimension(s) {', '.join(unknown)} in shape {shape!r}: dimensions are B, T, H, K, V")
+    return dims
+
+
+def _shape_clauses(shape: str | Mapping[str, int] | None) -> list[Any]:
+    return [getattr(Result, d) == v for d, v in parse_shape_filter(shape).items()]
+
+
+def _one_or_many(column: Any, value: str | Sequence[str] | None) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [column == value]
+    return [column.in_(list(value))]
+
+
+# ------------------------------------------------------------------------------------------------------ runs
+
+
+def latest_run_id(session: Session) -> str | None:
+    """The run id of the most recently created run, or None for an empty store."""
+    return session.scalar(select(Run.run_id).order_by(Run.created_at.desc(), Run.id.desc()).limit(1))
+
+
+def resolve_run_id(session: Session, *, ref: str | None) -> str:
+    """A full run id from `ref`: None or ``latest`` -> the newest run; else an exact id or a unique prefix.
+
+    Raises:
+        BadInput: no run matches, or a prefix matches several.
+    """
+    if ref is None or ref == "latest":
+        found = latest_run_id(session)
+        if found is None:
+            raise BadInput("no runs are stored in this database")
+        return found
+    if session.scalar(select(Run.run_id).where(Run.run_id == ref)) is not None:
+        return ref
+    escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    matches = session.scalars(select(Run.run_id).where(Run.run_id.like(f"{escaped}%", escape="\\")).limit(3)).all()
+    if not matches:
+        raise BadInput(f"no run {ref!r} in this database")
+    if len(matches) > 1:
+        raise BadInput(f"run id prefix {ref!r} is ambiguous ({', '.join(matches[:2])}, ...)")
+    return matches[0]
+
+
+def get_run(session: Session, *, run_id: str) -> Run | None:
+    """The run row (with its environment and machine loaded), or None."""
+    return session.scalar(select(Run).where(Run.run_id == run_id))
+
+
+def _runs_query(
+    *,
+    suite: str | None,
+    machine_kind: str | None,
+    commit: str | None,
+    since: _dt.datetime | None,
+    until: _dt.datetime | None,
+) -> Select[Any]:
+    query = select(Run).join(Machine, Run.machine_id == Machine.id)
+    if suite is not None:
+        query = query.where(Run.suite == suite)
+    if machine_kind is not None:
+        query = query.where(Machine.machine_kind == machine_kind)
+    if commit is not None:
+        query = query.where(Run.git_commit.startswith(commit, autoescape=True))
+    if since is not None:
+        query = query.where(Run.created_at >= utc(since))
+    if until is not None:
+        query = query.where(Run.created_at <= utc(until))
+    return query
+
+
+def list_runs(
+    session: Session,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    suite: str | None = None,
+    machine_kind: str | None = None,
+    commit: str | None = None,
+    since: _dt.datetime | None = None,
+    until: _dt.datetime | None = None,
+) -> list[RunSummary]:
+    """Runs, newest first, with their machine and a count of results per status.
+
+    `commit` is a prefix of the git commit; `since`/`until` bound the creation time.
+    """
+    query = _runs_query(suite=suite, machine_kind=machine_kind, commit=commit, since=since, until=until)
+    runs = session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)).all()
+    counts: dict[int, dict[str, int]] = {run.id: {} for run in runs}
+    if runs:
+        rows = session.execute(
+            select(Result.run_pk, Result.status, func.count())
+            .where(Result.run_pk.in_(list(counts)))
+            .group_by(Result.run_pk, Result.status)
+        )
+        for run_pk, status, n in rows:
+            counts[run_pk][status] = n
+    return [
+        RunSummary(
+            run_id=run.run_id,
+            created_at=utc(run.created_at),  # type: ignore[arg-type]
+            suite=run.suite,
+            git_commit=run.git_commit,
+            git_dirty=run.git_dirty,
+            host=run.machine.host,
+            machine_kind=run.machine.machine_kind,
+            device_name=run.machine.device_name,
+            n_results=sum(counts[run.id].values()),
+            status_counts=counts[run.id],
+        )
+        for run in runs
+    ]
+
+
+def count_runs(
+    session: Session,
+    *,
+    suite: str | None = None,
+    machine_kind: str | None = None,
+    commit: str | None = None,
+    since: _dt.datetime | None = None,
+    until: _dt.datetime | None = None,
+) -> int:
+    """How many runs :func:`list_runs` would page through with the same filters."""
+    query = _runs_query(suite=suite, machine_kind=machine_kind, commit=commit, since=since, until=until)
+    return session.scalar(select(func.count()).select_from(query.subquery())) or 0
+
+
+def latest_run_for_commit(
+    session: Session, *, commit_prefix: str, machine_kind: str | None = None, suite: str | None = None
+) -> str | None:
+    """The newest run stored for a commit (given by a prefix of its hash), optionally on one machine class."""
+    if not commit_prefix:
+        raise BadInput("an empty commit prefix matches every run")
+    query = _runs_query(suite=suite, machine_kind=machine_kind, commit=commit_prefix, since=None, until=None)
+    run = session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(1)).first()
+    return run.run_id if run else None
+
+
+def list_machines(session: Session) -> list[Machine]:
+    """Every machine, grouped by machine kind."""
+    return list(session.scalars(select(Machine).order_by(Machine.machine_kind, Machine.host)))
+
+
+# --------------------------------------------------------------------------------------------------- results
+
+
+def run_results(session: Session, *, run_id: str, op: str | None = None) -> list[Result]:
+    """The results of one run in document order (optionally of one op)."""
+    query = select(Result).join(Run, Result.run_pk == Run.id).where(Run.run_id == run_id)
+    if op is not None:
+        query = query.where(Result.op == op)
+    return list(session.scalars(query.order_by(Result.position, Result.id)))
+
+
+def find_results(
+    session: Session,
+    *,
+    run_id: str | None = None,
+    op: str | None = None,
+    impl: str | Sequence[str] | None = None,
+    shape: str | Mapping[str, int] | None = None,
+    dtype: str | None = None,
+    mode: str | None = None,
+    machine_kind: str | None = None,
+    status: str | Sequence[str] | None = None,
+    commits: Sequence[str] | None = None,
+    commit_range: tuple[str, str] | None = None,
+    since: _dt.datetime | None = None,
+    until: _dt.datetime | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[Result]:
+    """Results matching every filter given, newest first.
+
+    Args:
+        shape: any subset of the dims (see :func:`parse_shape_filter`).
+        commits: exact commit hashes, e.g. the output of ``git rev-list BASE..HEAD``.
+        commit_range: ``(from_prefix, to_prefix)``: results stored from the first run of the first commit to
+            the last run of the second one (the store's own notion of order: time). Raises BadInput when either
+            commit has no run.
+    """
+    clauses: list[Any] = [*_shape_clauses(shape)]
+    if run_id is not None:
+        run_pk = session.scalar(select(Run.id).where(Run.run_id == run_id))
+        if run_pk is None:
+            return []
+        clauses.append(Result.run_pk == run_pk)
+    clauses += _one_or_many(Result.impl, impl) + _one_or_many(Result.status, status)
+    for column, value in ((Result.op, op), (Result.dtype, dtype), (Result.mode, mode)):
+        if value is not None:
+            clauses.append(column == value)
+    if machine_kind is not None:
+        clauses.append(Result.machine_kind == machine_kind)
+    if commits is not None:
+        clauses.append(Result.git_commit.in_(list(commits)))
+    if commit_range is not None:
+        start, end = _commit_time_bounds(session, commit_range)
+        clauses += [Result.run_created_at >= start, Result.run_created_at <= end]
+    if since is not None:
+        clauses.append(Result.run_created_at >= utc(since))
+    if until is not None:
+        clauses.append(Result.run_created_at <= utc(until))
+    query = select(Result).where(*clauses)
+    query = query.order_by(Result.run_created_at.desc(), Result.id.desc()).limit(limit).offset(offset)
+    return list(session.scalars(query))
+
+
+def _commit_time_bounds(session: Session, commit_range: tuple[str, str]) -> tuple[_dt.datetime, _dt.datetime]:
+    first, last = commit_range
+    start = session.scalar(select(func.min(Run.created_at)).where(Run.git_commit.startswith(first, autoescape=True)))
+    end = session.scalar(select(func.max(Run.created_at)).where(Run.git_commit.startswith(last, autoescape=True)))
+    if start is None or end is None:
+        missing = first if start is None else last
+        raise BadInput(f"no run is stored for commit {missing!r}")
+    return start, end
+
+
+def result_samples(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[float]]:
+    """Raw timing samples (ms) per result id; results without timing are absent."""
+    out: dict[int, list[float]] = {}
+    ids = list(result_ids)
+    for start in range(0, len(ids), 900):
+        chunk = ids[start : start + 900]
+        for result_id, blob in session.execute(
+            select(ResultSamples.result_id, ResultSamples.samples).where(ResultSamples.result_id.in_(chunk))
+        ):
+            out[result_id] = unpack_samples(blob)
+    return out
+
+
+def result_checks(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[CheckRecord]]:
+    """Verification records per result id, in their document order (results without any are absent)."""
+    out: dict[int, list[CheckRecord]] = {}
+    ids = list(result_ids)
+    for start in range(0, len(ids), 900):
+        chunk = ids[start : start + 900]
+        rows = session.scalars(
+            select(Check).where(Check.result_id.in_(chunk)).order_by(Check.result_id, Check.position)
+        )
+        for row in rows:
+            out.setdefault(row.result_id, []).append(_check_record(row))
+    return out
+
+
+def _check_record(row: Check) -> CheckRecord:
+    return CheckRecord(
+        check=row.check,
+        metric=row.metric,
+        value=row.value,
+        threshold=row.threshold,
+        passed=row.passed,
+        gating=row.gating,
+        worst_index=row.worst_index,
+        seed=row.seed,
+        regime=row.regime,
+        initial_state=row.initial_state,
+        reference=row.reference,
+        detail=row.detail,
+    )
+
+
+# ------------------------------------------------------------------------------------------------- documents
+
+
+def _environment_doc(env: Environment) -> EnvironmentDoc:
+    return EnvironmentDoc(
+        host=env.host,
+        machine_kind=env.machine_kind,
+        device_name=env.device_name,
+        device_count=env.device_count,
+        platform=env.platform,
+        cpu=env.cpu,
+        python=env.python,
+        driver=env.driver,
+        cuda=env.cuda,
+        torch=env.torch,
+        triton=env.triton,
+        jax=env.jax,
+        deltabench=env.deltabench,
+        git_commit=env.git_commit,
+        git_dirty=env.git_dirty,
+        kernel_hash=env.kernel_hash,
+        extra=dict(env.extra or {}),
+    )
+
+
+def _job_result(row: Result, samples: list[float] | None, checks: list[CheckRecord], run: Run) -> JobResult:
+    timing = None
+    if row.median_ms is not None:
+        timing = TimingStats(
+            clock=row.clock,  # type: ignore[arg-type]
+            samples_ms=samples or [],
+            median_ms=row.median_ms,
+            q1_ms=row.q1_ms,  # type: ignore[arg-type]
+            q3_ms=row.q3_ms,  # type: ignore[arg-type]
+            mean_ms=row.mean_ms,  # type: ignore[arg-type]
+            stdev_ms=row.stdev_ms,  # type: ignore[arg-type]
+            sem_rel=row.sem_rel,  # type: ignore[arg-type]
+            warmup=row.warmup or 0,
+            l2_flush=bool(row.l2_flush),
+            compile_s=row.compile_s,
+            stop_reason=row.stop_reason or "",
+        )
+    memory = None
+    if row.peak_bytes is not None:
+        memory = MemoryStats(
+            peak_bytes=row.peak_bytes, inputs_bytes=row.inputs_bytes or 0, method=row.memory_method or ""
+        )
+    work = None
+    if row.flops is not None:
+        work = WorkFigures(
+            flops=row.flops,
+            bytes=row.bytes_moved or 0.0,
+            tflops=row.tflops,
+            gbps=row.gbps,
+            floor_ms=row.floor_ms,
+            pct_of_floor=row.pct_of_floor,
+        )
+    return JobResult(
+        job_id=row.job_id,
+        attempt=row.attempt,
+        case=CaseSpec(
+            op=row.op,
+            B=row.B,
+            T=row.T,
+            H=row.H,
+            K=row.K,
+            V=row.V,
+            dtype=row.dtype,  # type: ignore[arg-type]
+            mode=row.mode,  # type: ignore[arg-type]
+            regime=row.regime,  # type: ignore[arg-type]
+            seed=row.seed,
+            initial_state=row.initial_state,
+        ),
+        impl=row.impl,
+        backend=row.backend,
+        device=row.device,
+        status=row.status,  # type: ignore[arg-type]
+        reason=row.reason,
+        gate_reference=row.gate_reference,
+        verification=checks,
+        timing=timing,
+        memory=memory,
+        work=work,
+        notes=row.notes,
+        started_at=utc(row.started_at) or utc(run.created_at),  # type: ignore[arg-type]
+        finished_at=utc(row.finished_at),
+    )
+
+
+def load_run_document(session: Session, run_id: str) -> ResultDocument:
+    """Rebuild the stored run as a :class:`ResultDocument` (what was ingested, jobs in document order).
+
+    Raises:
+        BadInput: no such run.
+    """
+    run = get_run(session, run_id=run_id)
+    if run is None:
+        raise BadInput(f"no run {run_id!r} in this database")
+    rows = run_results(session, run_id=run_id)
+    ids = [row.id for row in rows]
+    samples = result_samples(session, result_ids=ids)
+    checks = result_checks(session, result_ids=ids)
+    return ResultDocument(
+        schema_version=run.schema_version,
+        run_id=run.run_id,
+        created_at=utc(run.created_at),  # type: ignore[arg-type]
+        suite=run.suite,
+        baselines=dict(run.baselines or {}),
+        environment=_environment_doc(run.environment),
+        ceilings=dict(run.ceilings or {}),
+        jobs=[_job_result(row, samples.get(row.id), checks.get(row.id, []), run) for row in rows],
+        meta=dict(run.meta or {}),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- series
+
+
+def series_history(
+    session: Session,
+    *,
+    op: str,
+    impl: str,
+    shape: str | Mapping[str, int],
+    dtype: str,
+    mode: str,
+    machine_kind: str,
+    statuses: Sequence[str] | None = ("ok",),
+    since: _dt.datetime | None = None,
+    until: _dt.datetime | None = None,
+    limit: int | None = None,
+    with_samples: bool = False,
+) -> list[SeriesPoint]:
+    """One series' results in time order (oldest first); with `limit`, the newest `limit` of them.
+
+    Args:
+        shape: all five dims (``"B8-T4096-H6-K128-V128"`` or a dict).
+        statuses: which statuses to include (default: only timed, correct results); None for all.
+        with_samples: also load each point's raw samples (for rank tests and bootstraps).
+    """
+    dims = parse_shape_filter(shape)
+    if set(dims) != set(_DIMS):
+        raise BadInput(f"a series needs all of B, T, H, K, V; got {shape!r}")
+    query = (
+        select(
+            Result.id,
+            Run.run_id,
+            Result.run_created_at,
+            Result.git_commit,
+            Result.status,
+            Result.median_ms,
+            Result.q1_ms,
+            Result.q3_ms,
+            Result.mean_ms,
+            Result.sem_rel,
+            Result.clock,
+            Machine.host,
+            Environment.torch,
+            Environment.triton,
+            Environment.jax,
+            Environment.cuda,
+        )
+        .join(Run, Result.run_pk == Run.id)
+        .join(Machine, Run.machine_id == Machine.id)
+        .join(Environment, Run.environment_id == Environment.id)
+        .where(
+            Result.op == op,
+            Result.impl == impl,
+            *(getattr(Result, d) == v for d, v in dims.items()),
+            Result.dtype == dtype,
+            Result.mode == mode,
+            Result.machine_kind == machine_kind,
+        )
+    )
+    if statuses is not None:
+        query = query.where(Result.status.in_(list(statuses)))
+    if since is not None:
+        query = query.where(Result.run_created_at >= utc(since))
+    if until is not None:
+        query = query.where(Result.run_created_at <= utc(until))
+    query = query.order_by(Result.run_created_at.desc(), Result.id.desc())
+    if limit is not None:
+        query = query.limit(limit)
+    rows = list(session.execute(query))[::-1]
+    samples = result_samples(session, result_ids=[r[0] for r in rows]) if with_samples else {}
+    return [
+        SeriesPoint(
+            result_id=r[0],
+            run_id=r[1],
+            created_at=utc(r[2]),  # type: ignore[arg-type]
+            git_commit=r[3],
+            status=r[4],
+            median_ms=r[5],
+            q1_ms=r[6],
+            q3_ms=r[7],
+            mean_ms=r[8],
+            sem_rel=r[9],
+            clock=r[10],
+            host=r[11],
+            torch=r[12],
+            triton=r[13],
+            jax=r[14],
+            cuda=r[15],
+            samples_ms=samples.get(r[0]) if with_samples else None,
+        )
+        for r in rows
+    ]
+
+
+def list_series(
+    session: Session,
+    *,
+    op: str | None = None,
+    impl: str | None = None,
+    machine_kind: str | None = None,
+    since: _dt.datetime | None = None,
+    limit: int = 10_000,
+) -> list[SeriesKey]:
+    """The distinct series with at least one ok result (optionally since a time), sorted by key."""
+    columns = [Result.op, Result.impl, *(getattr(Result, d) for d in _DIMS), Result.dtype, Result.mode]
+    query = select(*columns, Result.machine_kind).where(Result.status == "ok").distinct()
+    for column, value in ((Result.op, op), (Result.impl, impl), (Result.machine_kind, machine_kind)):
+        if value is not None:
+            query = query.where(column == value)
+    if since is not None:
+        query = query.where(Result.run_created_at >= utc(since))
+    query = query.order_by(*columns, Result.machine_kind).limit(limit)
+    return [SeriesKey(*row) for row in session.execute(query)]
+
+
+def list_annotations(session: Session, *, series_key: str | None = None, limit: int = 1000) -> list[Annotation]:
+    """Annotations on change points, newest first (of one series when `series_key` is given)."""
+    query = select(Annotation)
+    if series_key is not None:
+        query = query.where(Annotation.series_key == series_key)
+    return list(session.scalars(query.order_by(Annotation.created_at.desc(), Annotation.id.desc()).limit(limit)))
+
+
+# ----------------------------------------------------------------------------------------------- comparisons
+
+
+def _latest_by_key(rows: Sequence[Result], columns: Sequence[str]) -> dict[tuple[Any, ...], Result]:
+    # A run may hold several attempts of one case (a retried job): the highest attempt is the one that counts.
+    out: dict[tuple[Any, ...], Result] = {}
+    for row in rows:
+        key = tuple(getattr(row, c) for c in columns)
+        if key not in out or row.attempt > out[key].attempt:
+            out[key] = row
+    return out
+
+
+def _pairs(
+    base: dict[tuple[Any, ...], Result], head: dict[tuple[Any, ...], Result], order: Sequence[tuple[Any, ...]]
+) -> list[ComparedPair]:
+    return [ComparedPair(key=key, base=base.get(key), head=head.get(key)) for key in order]
+
+
+def compare_runs(session: Session, *, base_run_id: str, head_run_id: str, op: str | None = None) -> list[ComparedPair]:
+    """Pair the results of two runs by (op, impl, shape, dtype, mode): base order first, then head-only cases.
+
+    Each pair's key is ``(op, impl, B, T, H, K, V, dtype, mode)``.
+    """
+    columns = ("op", "impl", *_CASE_COLUMNS[1:])
+    base_rows = run_results(session, run_id=base_run_id, op=op)
+    head_rows = run_results(session, run_id=head_run_id, op=op)
+    base, head = _latest_by_key(base_rows, columns), _latest_by_key(head_rows, columns)
+    order = list(dict.fromkeys([*base, *head]))
+    return _pairs(base, head, order)
+
+
+def compare_impls(
+    session: Session, *, run_id: str, base_impl: str, head_impl: str, op: str | None = None
+) -> list[ComparedPair]:
+    """Pair two impls' results within one run by (op, shape, dtype, mode); the key is ``_CASE_COLUMNS``."""
+    rows = [r for r in run_results(session, run_id=run_id, op=op) if r.impl in (base_impl, head_impl)]
+    base = _latest_by_key([r for r in rows if r.impl == base_impl], _CASE_COLUMNS)
+    head = _latest_by_key([r for r in rows if r.impl == head_impl], _CASE_COLUMNS)
+    order = list(dict.fromkeys([*base, *head]))
+    return _pairs(base, head, order)

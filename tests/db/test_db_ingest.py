@@ -1,0 +1,99 @@
+"""Ingest: idempotent on run_id and on (job_id, attempt), exact round trip, deduplicated machines/environments."""
+
+from __future__ import annotations
+
+from deltabench.db import queries
+from deltabench.db.engine import session_scope
+from deltabench.db.ingest import ingest_document, pack_samples, unpack_samples
+from deltabench.db.models import Check, Environment, Machine, Result, ResultSamples, Run
+from sqlalchemy import func, select
+
+
+def _count(engine, model) -> int:  # type: ignore[no-untyped-def]
+    with session_scope(engine) as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+def test_round_trip_is_exact(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    doc = factory.document()
+    with session_scope(engine) as s:
+        assert ingest_document(s, doc) == doc.run_id
+    with session_scope(engine) as s:
+        loaded = queries.load_run_document(s, doc.run_id)
+    assert loaded.model_dump() == doc.model_dump()
+    assert loaded.jobs[3].timing is None and loaded.jobs[3].status == "incorrect"
+    assert loaded.jobs[0].timing.samples_ms == doc.jobs[0].timing.samples_ms
+
+
+def test_ingest_twice_stores_once(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    doc = factory.document()
+    for _ in range(2):
+        with session_scope(engine) as s:
+            assert ingest_document(s, doc) == doc.run_id
+    assert _count(engine, Run) == 1
+    assert _count(engine, Result) == 4
+    assert _count(engine, ResultSamples) == 3  # the incorrect job has no timing
+    assert _count(engine, Check) == 8
+
+
+def test_worker_retry_in_another_document_stores_job_once(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    job = factory.job()
+    first = factory.document(jobs=[job])
+    retry = factory.document(jobs=[job, factory.job(impl="other")])  # new run id, same job again plus a new one
+    with session_scope(engine) as s:
+        ingest_document(s, first)
+    with session_scope(engine) as s:
+        ingest_document(s, retry)
+    assert _count(engine, Result) == 2
+    with session_scope(engine) as s:
+        assert [r.impl for r in queries.run_results(s, run_id=first.run_id)] == ["torch_chunk"]
+        assert [r.impl for r in queries.run_results(s, run_id=retry.run_id)] == ["other"]
+        assert s.scalar(select(func.count()).select_from(Check)) == 4
+
+
+def test_new_attempt_of_a_job_is_a_new_result(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    job = factory.job(status="failed")
+    again = job.model_copy(update={"attempt": 2})
+    with session_scope(engine) as s:
+        ingest_document(s, factory.document(jobs=[job, again]))
+    assert _count(engine, Result) == 2
+
+
+def test_same_run_with_more_jobs_adds_them(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    doc = factory.document()
+    partial = doc.model_copy(update={"jobs": doc.jobs[:2]})
+    with session_scope(engine) as s:
+        ingest_document(s, partial)
+    with session_scope(engine) as s:
+        ingest_document(s, doc)
+    with session_scope(engine) as s:
+        assert queries.load_run_document(s, doc.run_id).model_dump() == doc.model_dump()
+    assert _count(engine, Run) == 1
+
+
+def test_machines_and_environments_are_shared(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    with session_scope(engine) as s:
+        ingest_document(s, factory.document())
+        ingest_document(s, factory.document())  # same environment
+        ingest_document(s, factory.document(commit="b" * 40))  # same machine, new fingerprint
+        ingest_document(s, factory.document(host="gpu-node-2"))
+    assert _count(engine, Run) == 4
+    assert _count(engine, Environment) == 3
+    assert _count(engine, Machine) == 2
+
+
+def test_large_document_in_batches(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    jobs = [factory.job(T=64 * (1 + i % 7), median=0.1 + i) for i in range(1203)]
+    doc = factory.document(jobs=jobs)
+    with session_scope(engine) as s:
+        ingest_document(s, doc)
+    with session_scope(engine) as s:
+        loaded = queries.load_run_document(s, doc.run_id)
+    assert [j.job_id for j in loaded.jobs] == [j.job_id for j in jobs]
+    assert _count(engine, Check) == 2 * 1203
+
+
+def test_samples_pack_exactly() -> None:
+    samples = [0.1, 1e-9, 123456.789, 3.0000000000000004]
+    assert unpack_samples(pack_samples(samples)) == samples
+    assert len(pack_samples(samples)) == 8 * len(samples)

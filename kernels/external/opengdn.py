@@ -38,8 +38,8 @@ def to_opengdn(
     K = q.shape[-1]
     scale = K**-0.5 if scale is None else scale
     dtype = q.dtype
-    # exp in float32 first: g is float32 and the factor should be rounded once, at the end.
-    alpha = g.float().exp().to(dtype).contiguous()
+    # exp in (at least) float32 first, so the factor is rounded to a 16-bit dtype once, at the end.
+    alpha = g.to(torch.promote_types(g.dtype, torch.float32)).exp().to(dtype).contiguous()
     state = None if initial_state is None else initial_state.transpose(-1, -2).to(dtype).contiguous()
     return (q * scale).contiguous(), alpha, beta.to(dtype).contiguous(), state
 

@@ -36,25 +36,51 @@ def _run_hidden(code: str, hidden: tuple[str, ...] = ADAPTER_PACKAGES) -> subpro
 
 
 @pytest.fixture(scope="session")
-def run_hidden():
-    """`run_hidden(code)`: run `code` in a child Python where the adapters' packages cannot be imported."""
-    return _run_hidden
-
-
-@pytest.fixture(scope="session")
 def adapter_packages() -> tuple[str, ...]:
-    """The import names hidden by `run_hidden`."""
+    """The import names hidden from the child Python."""
     return ADAPTER_PACKAGES
 
 
 @pytest.fixture(scope="session")
-def listing_without_packages() -> dict:
-    """`deltabench list --json --device cuda` as seen where none of the adapters' packages is installed."""
+def without_packages() -> dict:
+    """One child Python without the adapters' packages: `deltabench list --json --device cuda` as it sees it
+    ("listing"), which of those packages got imported after importing every adapter and the registry ("loaded"),
+    the FLA switches in its environment ("env"), `fla.run_notes()` ("notes"), and the module named by the error
+    that calling ``opengdn_chunkwise`` raised ("missing")."""
     proc = _run_hidden(
         """
+        import contextlib, io, json, os, sys
+        import torch
+        import deltabench.kernels.external.fla as fla_adapter
+        import deltabench.kernels.external.flash_qla
+        import deltabench.kernels.external.opengdn
         from deltabench.harness.cli import main
-        main(["list", "--json", "--device", "cuda"])
+        from deltabench.harness.registry import get_impl
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            main(["list", "--json", "--device", "cuda"])
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in {"fla", "flash_qla", "tilelang", "opengdn"})
+        x = torch.zeros(1, 4, 1, 8)
+        try:
+            get_impl("gdn", "opengdn_chunkwise")(x, x, x, x[..., 0], x[..., 0])
+            missing = None
+        except ModuleNotFoundError as exc:
+            missing = exc.name
+        print(json.dumps({
+            "listing": json.loads(out.getvalue()),
+            "loaded": loaded,
+            "env": [os.environ.get("FLA_FLASH_QLA"), os.environ.get("FLA_TILELANG")],
+            "notes": fla_adapter.run_notes(),
+            "missing": missing,
+        }))
         """
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def listing_without_packages(without_packages) -> dict:
+    """`deltabench list --json --device cuda` as seen where none of the adapters' packages is installed."""
+    return without_packages["listing"]

@@ -5,8 +5,8 @@ stores nothing the second time; a job that arrives again in another document (a 
 new run) is stored once, with the run that brought it first. A document whose run is already stored but that
 carries new jobs (a worker posting a run piece by piece) adds those jobs to that run.
 
-Results go in with one multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` per batch, so concurrent
-uploads of the same job cannot both store it, then their samples and checks with one bulk insert each.
+Results go in with a bulk ``INSERT ... ON CONFLICT DO NOTHING`` per batch, so concurrent uploads of the same
+job cannot both store it, then their samples and checks likewise (checks are unique by result and position).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.document import JobResult, ResultDocument
 from sqlalchemy import Table, select
@@ -50,12 +50,12 @@ def utc(value: _dt.datetime | None) -> _dt.datetime | None:
 
 def pack_samples(samples_ms: Sequence[float]) -> bytes:
     """Raw samples as little-endian float64 bytes: exact, 8 bytes each, and fast both ways."""
-    return np.asarray(samples_ms, dtype="<f8").tobytes()
+    return struct.pack(f"<{len(samples_ms)}d", *samples_ms)
 
 
 def unpack_samples(blob: bytes) -> list[float]:
     """Inverse of :func:`pack_samples`."""
-    return np.frombuffer(blob, dtype="<f8").tolist()
+    return list(struct.unpack(f"<{len(blob) // 8}d", blob))
 
 
 def environment_fingerprint(env: EnvironmentDoc) -> str:
@@ -189,23 +189,31 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
     stored = 0
     for start in range(0, len(pending), _BATCH):
         chunk = pending[start : start + _BATCH]
-        statement = _insert_ignore(session, results_table).returning(
-            results_table.c.id, results_table.c.job_id, results_table.c.attempt
-        )
-        rows = [_result_row(job, i, run_pk, doc) for i, job in chunk]
-        inserted = session.execute(statement, rows).all()
+        session.execute(_insert_ignore(session, results_table), [_result_row(job, i, run_pk, doc) for i, job in chunk])
+        # Read the ids back instead of INSERT ... RETURNING: psycopg parses a multi-row RETURNING statement
+        # slowly, while a plain executemany is pipelined. Only rows of this run are ours: a job that another
+        # run stored first is that run's.
+        inserted = session.execute(
+            select(Result.id, Result.job_id, Result.attempt).where(
+                Result.run_pk == run_pk, Result.job_id.in_([job.job_id for _, job in chunk])
+            )
+        ).all()
+        chunk_keys = {(job.job_id, job.attempt) for _, job in chunk}
         samples: list[dict[str, Any]] = []
         checks: list[dict[str, Any]] = []
         for result_id, job_id, attempt in inserted:
+            if (job_id, attempt) not in chunk_keys:  # another attempt, stored with this run before
+                continue
             job = by_key[(job_id, attempt)]
             if job.timing is not None:
                 samples.append({"result_id": result_id, "samples": pack_samples(job.timing.samples_ms)})
             checks.extend(_check_rows(job, result_id))
+            stored += 1
+        # ON CONFLICT DO NOTHING: two uploads of one document racing each other both reach this point.
         if samples:
-            session.execute(ResultSamples.__table__.insert(), samples)  # type: ignore[attr-defined]
+            session.execute(_insert_ignore(session, ResultSamples.__table__), samples)  # type: ignore[arg-type]
         for cstart in range(0, len(checks), _BATCH * 4):
-            session.execute(Check.__table__.insert(), checks[cstart : cstart + _BATCH * 4])  # type: ignore[attr-defined]
-        stored += len(inserted)
+            session.execute(_insert_ignore(session, Check.__table__), checks[cstart : cstart + _BATCH * 4])  # type: ignore[arg-type]
     return stored
 
 

@@ -241,7 +241,7 @@ class Check(Base):
     """One verification record of a result (document order kept in ``position``)."""
 
     __tablename__ = "checks"
-    __table_args__ = (Index("ix_checks_result_position", "result_id", "position"),)
+    __table_args__ = (Index("ix_checks_result_position", "result_id", "position", unique=True),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))

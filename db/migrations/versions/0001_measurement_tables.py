@@ -184,7 +184,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_checks")),
     )
-    op.create_index("ix_checks_result_position", "checks", ["result_id", "position"])
+    op.create_index("ix_checks_result_position", "checks", ["result_id", "position"], unique=True)
 
 
 def downgrade() -> None:

@@ -1,0 +1,126 @@
+"""Chunked Gated DeltaNet in Triton: forward and backward, chunk C = 64.
+
+Layout (FLA's): q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]`` (g a log-decay <= 0,
+kept in fp32); state ``[B, H, K, V]`` fp32. Per token, for each (b, h)::
+
+    S <- exp(g_t) S;   u = beta_t (v_t - S^T k_t);   S <- S + k_t u^T;   o_t = S^T (scale q_t)
+
+The forward runs two kernels: wy.py (per chunk and head: in-chunk decay, the triangular solve
+``(I + A)^{-1}`` in IEEE fp32, and the W/U factors) and state.py (per head and V block, chunk by chunk:
+the state recurrence and the output in the same pass). The backward runs two more: state.py's reverse
+walk (state gradients and the new values' gradient) and local_bwd.py (every input gradient of a chunk in
+one program). Products take the inputs' dtype with fp32 accumulation; fp32 inputs use IEEE products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .local_bwd import local_bwd
+from .state import state_bwd, state_fwd
+from .wy import wy_fwd
+
+__all__ = ["chunk_gated_delta_rule", "gdn_triton_chunk"]
+
+
+def chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, keep_for_backward):
+    """Forward orchestrator: returns ``(o, final_state, saved)``; `saved` holds what the backward reads."""
+    L, w, u = wy_fwd(k, v, g, beta)
+    o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, output_final_state, keep_for_backward)
+    return o, ht, (L, w, h, vnew)
+
+
+def chunk_gdn_bwd(q, k, v, g, beta, scale, saved, do, dht):
+    """Backward orchestrator: returns ``(dq, dk, dv, dg, dbeta, dh0)``."""
+    L, w, h, vnew = saved
+    dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, scale)
+    dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, scale)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
+    """autograd wrapper: stores L, W, per-chunk states and new values; recomputes nothing else."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
+        o, ht, saved = chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, True)
+        ctx.save_for_backward(q, k, v, g, beta, *saved)
+        ctx.scale = scale
+        ctx.beta_dtype = beta.dtype
+        ctx.has_h0 = initial_state is not None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = chunk_gdn_bwd(
+            q, k, v, g, beta, ctx.scale, saved, do.contiguous(), None if dht is None else dht.contiguous()
+        )
+        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0 if ctx.has_h0 else None, None
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked Gated DeltaNet (Triton), differentiable in every input.
+
+    Args:
+        q: ``[B, T, H, K]`` queries, used as given (no L2 normalisation inside).
+        k: ``[B, T, H, K]`` keys, used as given.
+        v: ``[B, T, H, V]`` values.
+        g: ``[B, T, H]`` log-decay (<= 0), fp32 recommended.
+        beta: ``[B, T, H]`` write strength.
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]`` state before the first token (fp32).
+        output_final_state: return the ``[B, H, K, V]`` fp32 state after the last token.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype; final_state or None.
+
+    K and V may be any size up to 256 (tiles are padded to a power of two, at least 16); any B, T, H.
+
+    Examples::
+
+        >>> B, T, H, K, V = 2, 100, 4, 64, 64
+        >>> q = torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).bfloat16()
+        >>> k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).bfloat16()
+        >>> v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+        >>> g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
+        >>> beta = torch.rand(B, T, H, device="cuda", dtype=torch.bfloat16)
+        >>> o, ht = chunk_gated_delta_rule(q, k, v, g, beta)
+    """
+    K = q.shape[-1]
+    if scale is None:
+        scale = K**-0.5
+    if max(K, v.shape[-1]) > 256:
+        raise ValueError(f"chunk_gated_delta_rule supports K and V up to 256, got K={K}, V={v.shape[-1]}")
+    q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+    )
+    if needs_grad:
+        return ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
+    o, ht, _ = chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, False)
+    return o, ht
+
+
+def gdn_triton_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Registry entry (impl ``triton_chunk``): ``chunk_gated_delta_rule`` with the final state returned."""
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state=True)

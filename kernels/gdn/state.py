@@ -1,0 +1,215 @@
+"""Chunk-sequential stages of chunked Gated DeltaNet: one Triton program per (V block, batch*head).
+
+Forward (``state_fwd``), for chunk n with state S_n [K, V] at its start (G, gamma as in wy.py, G_C the
+chunk's total log-decay):
+
+    v_new = U - W S_n
+    o     = scale * ( gamma * (q S_n) + M v_new ),   M_ij = exp(G_i - G_j) q_i . k_j  for j <= i
+    S_n+1 = exp(G_C) S_n + (k * exp(G_C - G))^T v_new
+
+The output is produced in the same pass, so the forward needs no per-chunk state in memory unless the
+backward will (then S_n and v_new are stored, in the inputs' dtype).
+
+Backward (``state_bwd``), chunks in reverse, dH the gradient w.r.t. S_n+1:
+
+    dv_new = scale * M^T do + (k * exp(G_C - G)) dH
+    dS_n   = exp(G_C) dH + scale * (gamma * q)^T do - W^T dv_new
+
+storing dH per chunk and dv_new, and returning dS_0 (the initial state's gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.mma import mma
+from .wy import CHUNK, dot_precision, padded
+
+__all__ = ["state_bwd", "state_fwd"]
+
+
+@triton.jit
+def _chunk_gates(g, row, mt):
+    """In-chunk cumulative log-decay G [C] (0 past T) and the chunk total G_C."""
+    gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
+    return tl.cumsum(gc, axis=0), tl.sum(gc, axis=0)
+
+
+@triton.jit
+def state_fwd_kernel(
+    q, k, w, u, g, h0, h, vnew, o, ht,
+    scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Walk the chunks of one (batch, head) for one block of V columns: outputs, states, final state."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    mv = rv < V
+    mkv = mk[:, None] & mv[None, :]
+    dt = q.dtype.element_ty
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    causal = rc[:, None] >= rc[None, :]
+    for n in range(NT):
+        t = n * C + rc
+        mt = t < T
+        row = (i_b * T + t).to(tl.int64) * H + i_h
+        if STORE_STATES:
+            h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
+            tl.store(h + h_off + rk[:, None] * V + rv[None, :], S.to(dt), mask=mkv)
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        uc = tl.load(u + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        G, G_last = _chunk_gates(g, row, mt)
+        Sd = S.to(dt)
+        vn = uc.to(tl.float32) - mma(wc, Sd, PREC)
+        vnd = vn.to(dt)
+        if STORE_STATES:
+            tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
+        qk = mma(qc, tl.trans(kc), PREC)
+        dG = G[:, None] - G[None, :]
+        M = tl.where(causal, qk * tl.exp(tl.where(causal, dG, 0.0)), 0.0)
+        oc = mma(qc, Sd, PREC) * tl.exp(G)[:, None]
+        oc += mma(M.to(dt), vnd, PREC)
+        tl.store(o + row[:, None] * V + rv[None, :], (oc * scale).to(o.dtype.element_ty), mask=mtv)
+        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
+        S = S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
+    if STORE_FINAL:
+        tl.store(ht + state_off, S, mask=mkv)
+
+
+@triton.jit
+def state_bwd_kernel(
+    q, k, w, g, do, dht, dh, dvnew, dh0,
+    scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Walk the chunks of one (batch, head) backwards for one block of V columns."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    mv = rv < V
+    mkv = mk[:, None] & mv[None, :]
+    dt = q.dtype.element_ty
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    if HAS_DHT:
+        dH = tl.load(dht + state_off, mask=mkv, other=0.0).to(tl.float32)
+    else:
+        dH = tl.zeros([BK, BV], dtype=tl.float32)
+    anticausal = rc[:, None] <= rc[None, :]
+    for i in range(NT):
+        n = NT - 1 - i
+        t = n * C + rc
+        mt = t < T
+        row = (i_b * T + t).to(tl.int64) * H + i_h
+        h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
+        tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        doc = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        G, G_last = _chunk_gates(g, row, mt)
+        # M^T computed directly (k q^T), never as the transpose of a product (Hopper miscompile, ANCHORS.md)
+        kq = mma(kc, tl.trans(qc), PREC)
+        dG = G[None, :] - G[:, None]
+        MT = tl.where(anticausal, kq * tl.exp(tl.where(anticausal, dG, 0.0)), 0.0) * scale
+        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
+        dvn = mma(MT.to(dt), doc, PREC) + mma(kdec, dH.to(dt), PREC)
+        dvnd = dvn.to(dt)
+        tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
+        qg = (qc * (tl.exp(G) * scale)[:, None]).to(dt)
+        dH = dH * tl.exp(G_last) + mma(tl.trans(qg), doc, PREC)
+        dH -= mma(tl.trans(wc), dvnd, PREC)
+    tl.store(dh0 + state_off, dH, mask=mkv)
+
+
+def _block_v(V: int, programs_per_block: int) -> int:
+    """V block of the sequential stages: 64 columns, or 32 when that leaves the GPU under-filled."""
+    bv = min(64, padded(V))
+    if bv == 64 and programs_per_block * triton.cdiv(V, 64) < 256:
+        bv = 32
+    return bv
+
+
+def state_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    store_states: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Launch the forward sequential stage.
+
+    Returns ``(o, final_state, h, v_new)``: o ``[B, T, H, V]``; final_state ``[B, H, K, V]`` fp32 or None;
+    h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new ``[B, T, H, V]`` when `store_states`.
+    """
+    B, T, H, K = q.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    o = torch.empty_like(u)
+    h = q.new_empty(B, NT, H, K, V) if store_states else None
+    vnew = torch.empty_like(u) if store_states else None
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    BV = _block_v(V, B * H)
+    BK = padded(K)
+    state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
+        HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
+        PREC=dot_precision(q.dtype), num_warps=8 if BK * BV >= 128 * 64 else 4, num_stages=2,
+    )  # fmt: skip
+    return o, ht, h, vnew
+
+
+def state_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    g: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
+    [B, H, K, V] fp32)."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    dh = q.new_empty(B, NT, H, K, V)
+    dvnew = torch.empty_like(do)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+    BV = _block_v(V, B * H)
+    BK = padded(K)
+    state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
+        PREC=dot_precision(q.dtype), num_warps=8 if BK * BV >= 128 * 64 else 4, num_stages=2,
+    )  # fmt: skip
+    return dh, dvnew, dh0

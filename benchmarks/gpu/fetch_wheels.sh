@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Download, here (where PyPI is reachable), the wheels the GPU machine lacks into .whl/<set>/ of the checkout.
+# The GPU machine runs CPython 3.12 on x86-64 and reaches no registry, so every wheel is fetched for that target,
+# without dependencies, and each missing dependency is named explicitly. Idempotent: pip skips files it has.
+#
+#   bash benchmarks/gpu/fetch_wheels.sh [SET ...]     # sets: base fla qla1 qla2 opengdn (default: all)
+#
+# .whl/ is git-ignored (.gitignore and .git/info/exclude); it travels to the GPU machine only when a call names
+# the set folders in `carry` (see README.md here: qla1 and qla2 go in two separate calls).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+declare -A SETS=(
+    # deltabench's core imports pydantic, which the image lacks (torch, numpy, typer, rich are there);
+    # pydantic 2.14 needs typing-extensions >= 4.16, newer than the image may hold.
+    [base]="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0"
+    # FLA: fla-core holds the ops (needs einops: in the image); flash-linear-attention adds layers/models
+    # (needs transformers >= 5.6.2: the image has 5.17).
+    [fla]="fla-core==0.6.0 flash-linear-attention==0.6.0"
+    # FlashQLA and its TileLang (~50 MB together) ...
+    [qla1]="flash-qla==0.1.3 tilelang==0.1.15"
+    # ... and TileLang's dependencies that the image lacks (cloudpickle, ml-dtypes, psutil, tqdm are there).
+    [qla2]="z3-solver==4.15.4.0 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5"
+    [opengdn]="opengdn==0.1.0"
+)
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
+    manylinux2014_x86_64 manylinux1_x86_64 any)
+
+sets=("$@")
+[[ ${#sets[@]} -gt 0 ]] || sets=(base fla qla1 qla2 opengdn)
+for set in "${sets[@]}"; do
+    [[ -n ${SETS[$set]:-} ]] || { echo "unknown set '$set' (sets: ${!SETS[*]})" >&2; exit 2; }
+    mkdir -p ".whl/$set"
+    # shellcheck disable=SC2086  # the set's requirements are meant to split into words
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${PLATFORMS[@]/#/--platform=}" -d ".whl/$set" ${SETS[$set]}
+    echo "$set: $(du -sh ".whl/$set" | cut -f1) in $(find ".whl/$set" -name '*.whl' | wc -l) wheels"
+done

@@ -1,0 +1,78 @@
+"""Change points of a series' history: found where a step happened, with its size and significance; noise and
+outliers alone raise none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from deltabench.harness.changepoints import find_change_points, point_values, robust_noise
+
+
+def _history(rng: np.random.Generator, n: int, noise: float = 0.01, outliers: float = 0.0) -> np.ndarray:
+    x = np.exp(rng.normal(0.0, noise, n))
+    out = rng.random(n) < outliers
+    x[out] *= 1.0 + rng.uniform(0.1, 0.5, out.sum())
+    return x
+
+
+def test_a_five_percent_step_is_found_where_it_happened() -> None:
+    rng = np.random.default_rng(0)
+    v = 2.0 * _history(rng, 100)
+    v[60:] *= 1.05
+    cps = find_change_points([(f"c{i}", x) for i, x in enumerate(v)])
+    assert len(cps) == 1
+    cp = cps[0]
+    assert abs(cp.index - 60) <= 1
+    assert cp.x == f"c{cp.index}"
+    assert cp.ratio == pytest.approx(1.05, abs=0.01)
+    assert cp.direction == "slower"
+    assert cp.pvalue < 1e-6
+    assert cp.n_before + cp.n_after == 100
+    assert cp.to_dict()["ratio"] == pytest.approx(cp.ratio)
+
+
+def test_two_steps_each_with_its_direction() -> None:
+    rng = np.random.default_rng(1)
+    v = _history(rng, 120)
+    v[40:] *= 1.10
+    v[80:] *= 0.85
+    cps = find_change_points(list(enumerate(v)))
+    assert [c.direction for c in cps] == ["slower", "faster"]
+    assert [abs(c.index - t) <= 1 for c, t in zip(cps, (40, 80), strict=True)] == [True, True]
+
+
+def test_noise_and_outliers_alone_raise_no_change_point() -> None:
+    rng = np.random.default_rng(2)
+    false = sum(len(find_change_points(list(enumerate(_history(rng, 100, outliers=0.03))))) for _ in range(100))
+    assert false <= 2
+
+
+def test_a_lone_outlier_is_not_a_change_point() -> None:
+    v = np.ones(50) + np.random.default_rng(3).normal(0, 0.005, 50)
+    v[25] *= 1.8
+    assert find_change_points(list(enumerate(v))) == []
+
+
+def test_points_may_carry_raw_samples() -> None:
+    rng = np.random.default_rng(4)
+    pts = [(i, list(_history(rng, 9, 0.02) * (1.2 if i >= 20 else 1.0))) for i in range(40)]
+    cps = find_change_points(pts)
+    assert len(cps) == 1 and cps[0].index == 20
+    xs, vals = point_values(pts)
+    assert xs == list(range(40)) and vals.shape == (40,)
+
+
+def test_min_change_and_short_histories() -> None:
+    rng = np.random.default_rng(5)
+    v = _history(rng, 80, noise=0.002)
+    v[40:] *= 1.02
+    assert len(find_change_points(list(enumerate(v)))) == 1
+    assert find_change_points(list(enumerate(v)), min_change=0.05) == []
+    assert find_change_points([(0, 1.0), (1, 2.0), (2, 2.0)]) == []
+
+
+def test_constant_history_and_bad_values() -> None:
+    assert find_change_points([(i, 1.0) for i in range(30)]) == []
+    assert robust_noise(np.zeros(30)) > 0
+    with pytest.raises(ValueError):
+        find_change_points([(0, 1.0), (1, -1.0)] * 5)

@@ -18,9 +18,7 @@ from .jax_wy import PRECISION
 __all__ = ["affine_scan_outputs"]
 
 
-def _compose(
-    earlier: tuple[jax.Array, jax.Array], later: tuple[jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array]:
+def _compose(earlier: tuple[jax.Array, jax.Array], later: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """The map ``later o earlier``."""
     a1, b1 = earlier
     a2, b2 = later

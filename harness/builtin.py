@@ -50,7 +50,36 @@ register_impl(
 )(lazy("deltabench.kernels.gdn.fused_recurrent:gdn_triton_recurrent"))
 
 # --- JAX subjects (kernels/<op>/jax_*.py) --------------------------------------------------------------------------
-# (section owned by the JAX work; see kernels/gdn/jax_chunk.py)
+# Torch-facing wrappers (the gate checks the JAX forward and vjp); runners.jax times their `.jax_fn` natively.
+JAX_DEVICES = ("cpu", "cuda", "tpu")
+JAX_DTYPES = ("fp32", "bf16")
+# The associative scan holds a [K, K] matrix per token (and XLA keeps a few copies of them): cap it by device.
+_SCAN_MATRIX_CAP_GIB = {"cpu": 1.0, "cuda": 16.0, "tpu": 4.0}
+
+
+def _jax_scan_memory(case: Case) -> str | None:
+    """Refuse shapes whose per-token transition matrices would not fit the device comfortably."""
+    gib = case.B * case.T * case.H * case.K * case.K * 4 / 2**30
+    cap = _SCAN_MATRIX_CAP_GIB.get(case.device, 1.0)
+    if gib > cap:
+        return f"the associative scan's per-token [K, K] matrices take {gib:.1f} GiB, over {cap:g} GiB on {case.device}"
+    return None
+
+
+for _op in ("gdn", "gdn2"):
+    register_impl(_op, "jax_chunk", backend="jax", devices=JAX_DEVICES, dtypes=JAX_DTYPES, requires=("jax",))(
+        lazy(f"deltabench.kernels.{_op}.jax_chunk:{_op}_jax_chunk")
+    )
+    register_impl(
+        _op,
+        "jax_scan",
+        backend="jax",
+        devices=JAX_DEVICES,
+        dtypes=JAX_DTYPES,
+        constraint=_jax_scan_memory,
+        requires=("jax",),
+        notes="associative-scan baseline: O(T K^2) memory",
+    )(lazy(f"deltabench.kernels.{_op}.jax_scan:{_op}_jax_scan"))
 
 # --- External adapters (kernels/external/) --------------------------------------------------------------------------
 # (section owned by the adapters work; each registered with requires=(its package,))

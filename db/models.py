@@ -122,7 +122,7 @@ class Run(Base):
     __table_args__ = (Index("ix_runs_commit_created", "git_commit", "created_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    run_id: Mapped[str] = mapped_column(String(128), unique=True)
     schema_version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
     ingested_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
@@ -171,12 +171,12 @@ class Result(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    job_id: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(128))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     position: Mapped[int] = mapped_column(Integer, default=0, doc="index of the job in its document")
     # the case
-    op: Mapped[str] = mapped_column(String(32))
-    impl: Mapped[str] = mapped_column(String(128))
+    op: Mapped[str] = mapped_column(String(64))
+    impl: Mapped[str] = mapped_column(String(512), doc="impl name (a pytest-benchmark fullname for imports)")
     B: Mapped[int] = mapped_column(Integer)
     T: Mapped[int] = mapped_column(Integer)
     H: Mapped[int] = mapped_column(Integer)
@@ -284,7 +284,7 @@ class QueuedJob(Base):
     device_kind: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="queued", doc="queued|running|done|failed|cancelled")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    run_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(128), index=True)
     worker: Mapped[str | None] = mapped_column(String(255))
     submitted_by: Mapped[str | None] = mapped_column(String(255))
     error: Mapped[str | None] = mapped_column(Text)
@@ -300,7 +300,7 @@ class Annotation(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     series_key: Mapped[str] = mapped_column(String(512))
-    run_id: Mapped[str | None] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(128))
     git_commit: Mapped[str | None] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(16), doc="acknowledged|expected")
     note: Mapped[str] = mapped_column(Text, default="")

@@ -19,6 +19,12 @@ try:  # typer >= 0.25 carries its own copy of click
     from typer._click import exceptions as _click_exc
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as _click_exc
+try:  # typer's copy of click keeps Abort and Exit in typer.exceptions
+    from typer.exceptions import Abort as _Abort
+    from typer.exceptions import Exit as _Exit
+except ImportError:  # pragma: no cover - older typer uses click's
+    from click.exceptions import Abort as _Abort
+    from click.exceptions import Exit as _Exit
 
 __all__ = ["app", "main"]
 
@@ -71,10 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     except BadInput as exc:
         print(f"deltabench: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except _click_exc.Abort:
+    except _Abort:
         print("deltabench: aborted", file=sys.stderr)
         sys.exit(130)
-    except _click_exc.Exit as exc:
+    except _Exit as exc:
         sys.exit(exc.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -1,0 +1,234 @@
+"""``deltabench verify``: run the correctness gate on one impl at one case and show every check."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import typer
+
+__all__ = ["register", "summarize_records"]
+
+
+def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
+    """One row per (check, initial state, reference): the worst relative error over the seeds, its seed, the max
+    abs error and worst index there, and whether every seed passed. Records without a rel_fro metric (finite,
+    determinism, notes) keep their own row."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    max_abs: dict[tuple[Any, ...], Any] = {}
+    for r in records:
+        if r.metric == "max_abs":
+            max_abs[(r.check, r.initial_state, r.reference, r.seed)] = r
+            continue
+        key = (r.check, r.initial_state, r.reference, r.metric)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = row = {"record": r, "passed": True, "n": 0, "failed_seeds": []}
+        row["n"] += 1
+        if r.gating and not r.passed:
+            row["passed"] = False
+            row["failed_seeds"].append(r.seed)
+        worst = row["record"]
+        # The shown record is the worst: a failure before a pass, then the larger value (None = no value).
+        if (not r.passed, _order(r.value)) > (not worst.passed, _order(worst.value)):
+            row["record"] = r
+    out = []
+    for row in rows.values():
+        r = row["record"]
+        partner = max_abs.get((r.check, r.initial_state, r.reference, r.seed))
+        out.append(
+            {
+                "check": r.check,
+                "h0": r.initial_state,
+                "metric": r.metric,
+                "value": r.value,
+                "threshold": r.threshold,
+                "max_abs": partner.value if partner else None,
+                "worst_index": r.worst_index,
+                "seed": r.seed,
+                "seeds_run": row["n"],
+                "passed": row["passed"],
+                "gating": r.gating,
+                "reference": r.reference,
+                "detail": r.detail,
+            }
+        )
+    return out
+
+
+def _order(value: float | None) -> float:
+    return float("-inf") if value is None else value
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.2e}"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``verify`` command to `app`."""
+
+    @app.command("verify")
+    def verify_command(
+        op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2 or kda."),
+        impl: str = typer.Option(..., "--impl", help="Impl name (see `deltabench list`)."),
+        shape: str = typer.Option(..., "--shape", help="Dims, e.g. B=2,T=200,H=4,K=64,V=64 (V defaults to K)."),
+        dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
+        seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
+        seed: int = typer.Option(0, "--seed", help="The first seed."),
+        regime: str = typer.Option("typical", "--regime", help="Gate regime: typical or long."),
+        initial_state: bool = typer.Option(
+            True,
+            "--initial-state/--no-initial-state",
+            help="Kept for the record of the case; both variants (with and without) are always checked.",
+        ),
+        mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
+        device: str = typer.Option(None, "--device", help="cpu or cuda (default cuda when present)."),
+        json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
+        import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
+        deterministic: bool = typer.Option(False, "--deterministic", help="Make bitwise determinism gating."),
+        reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
+        all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
+    ) -> int:
+        """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness."""
+        import json
+
+        from deltabench.harness.cases import Case, parse_dtype, parse_shape
+        from deltabench.harness.errors import BadInput
+        from deltabench.harness.ops import get_op
+        from deltabench.harness.registry import get_impl, load_module
+
+        spec_op = get_op(op)
+        dims = parse_shape(shape)
+        dtype = parse_dtype(dtype)
+        for spec in import_:
+            load_module(spec)
+        chosen = get_impl(op, impl)
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise BadInput(f"unknown device {device!r}: use cpu or cuda")
+        if device == "cpu" and chosen.backend == "triton":
+            # Before anything imports triton (the impls are lazy), so that the kernel runs under the interpreter.
+            os.environ["TRITON_INTERPRET"] = "1"
+        if mode is None:
+            mode = "fwd+bwd" if chosen.supports_backward else "fwd"
+        if mode not in ("fwd", "fwd+bwd"):
+            raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+        case = Case(op, **dims, dtype=dtype, seed=seed, regime=regime, initial_state=initial_state, mode=mode,
+                    device=device)  # fmt: skip
+        why = chosen.check_case(case)
+        if why:
+            raise BadInput(f"{op}/{impl} cannot run {case.shape_id} {dtype} {mode} on {device}: {why}")
+
+        from deltabench.harness.verify import verify_case
+        from rich.console import Console
+
+        console = Console(stderr=json_)
+        try:
+            with console.status(f"verifying {op}/{impl} on {case.shape_id} {dtype} {mode} ({device})"):
+                report = verify_case(chosen, case, seeds=seeds, gate_determinism=deterministic, reference=reference)
+        except BadInput:
+            raise
+        except Exception as exc:  # the impl crashed: a failed verification, reported in one line
+            msg = f"{op}/{impl} raised {type(exc).__name__}: {exc}".splitlines()[0]
+            if json_:
+                print(json.dumps({"passed": False, "error": msg}))
+            else:
+                console.print(f"[red]FAIL[/] {msg}")
+            return 1
+        if json_:
+            print(json.dumps(report.to_dict(), indent=1))
+            return 0 if report.passed else 1
+        _print_report(console, report, spec_op.title, all_records)
+        return 0 if report.passed else 1
+
+
+_SHORT_NAMES = {
+    "final_state": "state",
+    "grad:initial_state": "grad:h0",
+    "streaming:output": "stream:output",
+    "streaming:final_state": "stream:state",
+}
+
+
+def _value_text(row: dict[str, Any]) -> str:
+    metric, value = row["metric"], row["value"]
+    if metric == "nonfinite_count":
+        return f"{int(value or 0)} bad"
+    if metric == "bitwise":
+        return "identical" if value == 0 else f"off {_fmt(value)}"
+    return _fmt(value)
+
+
+def _print_report(console: Any, report: Any, title: str, all_records: bool) -> None:
+    """The rich table of checks (fits 80 columns), its footnotes, the seeds, the reference and the verdict."""
+    from rich import box
+    from rich.table import Table
+
+    case = report.case
+    table = Table(
+        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.regime} {case.mode}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    for col, justify in (
+        ("check", "left"), ("h0", "left"), ("rel err", "right"), ("bound", "right"), ("max abs", "right"),
+        ("worst at", "left"), ("seed", "right"), ("ok", "left"),
+    ):  # fmt: skip
+        table.add_column(col, justify=justify, no_wrap=True)
+    if all_records:
+        rows = [
+            {
+                "check": r.check, "h0": r.initial_state, "metric": r.metric, "value": r.value,
+                "threshold": r.threshold, "max_abs": None, "worst_index": r.worst_index, "seed": r.seed,
+                "passed": r.passed or not r.gating, "gating": r.gating, "reference": r.reference, "detail": r.detail,
+            }
+            for r in report.records
+            if r.metric != "max_abs"
+        ]  # fmt: skip
+    else:
+        rows = summarize_records(report.records)
+    notes: dict[str, None] = {}
+    for row in rows:
+        verdict = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
+        if not row["gating"]:
+            verdict = "info"
+        name = _SHORT_NAMES.get(row["check"], row["check"])
+        if row["reference"] not in ("oracle", "none"):
+            notes[f"{name}: vs {row['reference']}"] = None
+        if row["detail"] and (not row["passed"] or not row["gating"]):
+            notes[f"{name} (seed {row['seed']}): {row['detail']}"] = None
+        table.add_row(
+            name,
+            "-" if row["h0"] is None else ("yes" if row["h0"] else "no"),
+            _value_text(row),
+            _fmt(row["threshold"]) if row["metric"] == "rel_fro" else "",
+            _fmt(row["max_abs"]),
+            "" if row["worst_index"] is None else ",".join(map(str, row["worst_index"])),
+            "" if row["seed"] is None else str(row["seed"]),
+            verdict,
+        )
+    console.print(table)
+    for note in notes:
+        console.print(f"  {note}", highlight=False)
+    seeds = [str(s) for s in report.seeds]
+    if report.drawn_seed is not None:
+        seeds[-1] = f"{report.drawn_seed} (drawn)"
+    console.print(f"seeds: {', '.join(seeds)}", highlight=False)
+    console.print(f"reference: {report.reference}", highlight=False)
+    if not all_records:
+        console.print("each row shows its worst seed (--all-records: every seed; --json: every record)")
+    if report.passed:
+        console.print(f"[green]PASS[/]: {len(report.records)} records, every gating check within its bound")
+    else:
+        failed = sorted({r.check for r in report.failures})
+        console.print(f"[red]FAIL[/]: {len(report.failures)} gating records failed ({', '.join(failed)})")

@@ -31,24 +31,32 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from .ingest import unpack_samples, utc
-from .models import Annotation, Check, Environment, Machine, Result, ResultSamples, Run
+from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
 
 __all__ = [
     "ComparedPair",
     "RunSummary",
     "SeriesKey",
     "SeriesPoint",
+    "WorkerSummary",
     "compare_impls",
     "compare_runs",
+    "count_queued_jobs",
     "count_runs",
     "find_results",
+    "get_annotation",
+    "get_api_token",
+    "get_queued_job",
     "get_run",
     "latest_run_for_commit",
     "latest_run_id",
     "list_annotations",
+    "list_api_tokens",
     "list_machines",
+    "list_queued_jobs",
     "list_runs",
     "list_series",
+    "list_workers",
     "load_run_document",
     "parse_shape_filter",
     "resolve_run_id",
@@ -703,3 +711,109 @@ def compare_impls(
     head = _latest_by_key([r for r in rows if r.impl == head_impl], _CASE_COLUMNS)
     order = list(dict.fromkeys([*base, *head]))
     return _pairs(base, head, order)
+
+
+# ------------------------------------------------------------------------------------- service (web, workers)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSummary:
+    """A worker as the job queue knows it: the jobs it took, and when it was last heard of."""
+
+    name: str
+    device_kinds: list[str]
+    last_seen: _dt.datetime
+    jobs_total: int
+    jobs_running: int
+    jobs_done: int
+    jobs_failed: int
+
+
+def get_api_token(session: Session, *, name: str | None = None, token_sha256: str | None = None) -> ApiToken | None:
+    """The token row with this name or this hash (exactly one of them), or None."""
+    if (name is None) == (token_sha256 is None):
+        raise ValueError("give exactly one of name, token_sha256")
+    column, value = (ApiToken.name, name) if name is not None else (ApiToken.token_sha256, token_sha256)
+    return session.scalar(select(ApiToken).where(column == value))
+
+
+def list_api_tokens(session: Session) -> list[ApiToken]:
+    """Every token row (hashes only), oldest first."""
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at, ApiToken.id)))
+
+
+def _queued_jobs_query(*, status: str | Sequence[str] | None, device_kind: str | None) -> Select[Any]:
+    query = select(QueuedJob)
+    for clause in _one_or_many(QueuedJob.status, status):
+        query = query.where(clause)
+    if device_kind is not None:
+        query = query.where(QueuedJob.device_kind == device_kind)
+    return query
+
+
+def list_queued_jobs(
+    session: Session,
+    *,
+    status: str | Sequence[str] | None = None,
+    device_kind: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[QueuedJob]:
+    """Submitted jobs, newest first, optionally of some statuses and one device kind."""
+    query = _queued_jobs_query(status=status, device_kind=device_kind)
+    query = query.order_by(QueuedJob.created_at.desc(), QueuedJob.id.desc()).limit(limit).offset(offset)
+    return list(session.scalars(query))
+
+
+def count_queued_jobs(
+    session: Session, *, status: str | Sequence[str] | None = None, device_kind: str | None = None
+) -> int:
+    """How many jobs :func:`list_queued_jobs` would page through with the same filters."""
+    query = _queued_jobs_query(status=status, device_kind=device_kind)
+    return session.scalar(select(func.count()).select_from(query.subquery())) or 0
+
+
+def get_queued_job(session: Session, *, job_id: int) -> QueuedJob | None:
+    """One submitted job by its id, or None."""
+    return session.get(QueuedJob, job_id)
+
+
+def list_workers(session: Session, *, limit: int = 500) -> list[WorkerSummary]:
+    """Workers that took at least one job, most recently seen first, with their job counts by outcome."""
+    rows = session.execute(
+        select(
+            QueuedJob.worker,
+            QueuedJob.device_kind,
+            QueuedJob.status,
+            func.count(),
+            func.max(QueuedJob.updated_at),
+        )
+        .where(QueuedJob.worker.is_not(None))
+        .group_by(QueuedJob.worker, QueuedJob.device_kind, QueuedJob.status)
+    ).all()
+    acc: dict[str, dict[str, Any]] = {}
+    for worker, kind, status, n, last in rows:
+        w = acc.setdefault(worker, {"kinds": set(), "last": None, "counts": {}})
+        w["kinds"].add(kind)
+        last = utc(last)
+        w["last"] = last if w["last"] is None or (last and last > w["last"]) else w["last"]
+        w["counts"][status] = w["counts"].get(status, 0) + n
+    out = [
+        WorkerSummary(
+            name=name,
+            device_kinds=sorted(w["kinds"]),
+            last_seen=w["last"],
+            jobs_total=sum(w["counts"].values()),
+            jobs_running=w["counts"].get("running", 0),
+            jobs_done=w["counts"].get("done", 0),
+            jobs_failed=w["counts"].get("failed", 0),
+        )
+        for name, w in acc.items()
+    ]
+    out.sort(key=lambda w: w.last_seen, reverse=True)
+    return out[:limit]
+
+
+def get_annotation(session: Session, *, annotation_id: int) -> Annotation | None:
+    """One annotation by its id, or None."""
+    return session.get(Annotation, annotation_id)

@@ -125,14 +125,16 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         session.close()
 
 
-def alembic_config(engine: Engine | None = None):  # type: ignore[no-untyped-def]
-    """An Alembic ``Config`` for the shipped migrations (no ini file needed), bound to `engine` if given."""
+def alembic_config():  # type: ignore[no-untyped-def]
+    """An Alembic ``Config`` for the shipped migrations (no ini file needed).
+
+    The URL is not put in the config (configparser would choke on a ``%`` in it): the migrations run over the
+    connection handed to them in ``config.attributes["connection"]``.
+    """
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    if engine is not None:
-        config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
     return config
 
 
@@ -156,7 +158,7 @@ def current_revision(engine: Engine) -> str | None:
 def _run_alembic(engine: Engine, action: str, revision: str) -> None:
     from alembic import command
 
-    config = alembic_config(engine)
+    config = alembic_config()
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})

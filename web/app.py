@@ -1,0 +1,100 @@
+"""The FastAPI application: ``create_app(settings)`` wires the database, the API, the pages and the assets.
+
+Errors never surface as a 500 for bad input: :class:`~deltabench.harness.errors.BadInput` is a 422 with its
+reason (:class:`~deltabench.web.services.NotFound` a 404), a value the database refuses is a 422, and bodies
+over the size limit are a 413 (see :mod:`.limits`). Every asset is served by the app itself, Plotly.js from the
+installed ``plotly`` package, so the dashboard works on machines without internet access.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+from deltabench.db.engine import get_engine
+from deltabench.harness.errors import BadInput
+from fastapi import FastAPI, Request
+from fastapi.exceptions import HTTPException
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DataError, StatementError
+
+from .api.main import api_router
+from .config import Settings
+from .limits import BodySizeLimit
+from .services import NotFound
+
+__all__ = ["STATIC_DIR", "create_app", "plotly_js_path"]
+
+STATIC_DIR = pathlib.Path(__file__).resolve().parent / "static"
+log = logging.getLogger(__name__)
+
+
+def plotly_js_path() -> pathlib.Path:
+    """The minified Plotly.js shipped inside the installed ``plotly`` package (served as /static/plotly.min.js)."""
+    import plotly
+
+    return pathlib.Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+def _wants_html(request: Request) -> bool:
+    return not request.url.path.startswith("/api/") and "text/html" in request.headers.get("accept", "")
+
+
+def _error(request: Request, status: int, detail: str) -> Response:
+    if _wants_html(request):
+        from .pages.render import error_page
+
+        return error_page(request, status, detail)
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(BadInput)
+    async def _bad_input(request: Request, exc: BadInput) -> Response:
+        return _error(request, 404 if isinstance(exc, NotFound) else 422, str(exc))
+
+    @app.exception_handler(StatementError)
+    async def _refused_by_db(request: Request, exc: StatementError) -> Response:
+        # A value the database cannot hold (a NUL byte in PostgreSQL text, an integer out of range) is bad input.
+        if isinstance(exc, DataError) or isinstance(exc.orig, ValueError):
+            return _error(request, 422, f"the database refused a value: {str(exc.orig).splitlines()[0]}")
+        log.exception("database error on %s", request.url.path)
+        return _error(request, 500, "internal database error")
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        if _wants_html(request):
+            return _error(request, exc.status_code, str(exc.detail))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The dashboard and API for `settings` (default: from the environment); migrates the database on start."""
+    settings = settings or Settings.from_env()
+    app = FastAPI(
+        title="deltabench",
+        summary="Verified benchmarks of delta-rule sequence-mixer kernels: runs, comparisons, history, jobs.",
+        version="1",
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.engine = get_engine(settings.db_url)
+    _install_error_handlers(app)
+    app.include_router(api_router)
+
+    from .pages.routes import router as pages_router
+
+    app.include_router(pages_router)
+
+    plotly_js = plotly_js_path()
+
+    @app.get("/static/plotly.min.js", include_in_schema=False)
+    def _plotly() -> FileResponse:
+        return FileResponse(plotly_js, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,112 @@
+"""The service's writes, as keyword-only functions (reads live in ``deltabench.db.queries``).
+
+Routes and pages call these inside a session; the caller's ``session_scope`` commits.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from typing import Any
+
+from deltabench.db.ingest import ingest_document
+from deltabench.db.models import Annotation, QueuedJob
+from deltabench.harness.document import ResultDocument
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "FINAL_JOB_STATUSES",
+    "JOB_STATUSES",
+    "META_QUEUE_JOB",
+    "add_annotation",
+    "cancel_job",
+    "create_job",
+    "ingest_batch",
+    "update_job_status",
+]
+
+JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+FINAL_JOB_STATUSES = frozenset({"done", "failed", "cancelled"})
+# A result document whose meta carries this key (a queued job's id) marks that job done when it is ingested.
+META_QUEUE_JOB = "queue_job_id"
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def create_job(session: Session, *, spec: dict[str, Any], device_kind: str, submitted_by: str | None) -> QueuedJob:
+    """Store a submitted job as ``queued`` and return it (its id assigned)."""
+    job = QueuedJob(spec=spec, device_kind=device_kind, status="queued", submitted_by=submitted_by)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def cancel_job(session: Session, *, job: QueuedJob) -> bool:
+    """Mark `job` cancelled unless it has finished; True when it changed. A running job's worker sees the flag."""
+    if job.status in FINAL_JOB_STATUSES:
+        return False
+    job.status = "cancelled"
+    job.updated_at = _now()
+    session.flush()
+    return True
+
+
+def update_job_status(
+    session: Session,
+    *,
+    job: QueuedJob,
+    status: str,
+    worker: str | None = None,
+    run_id: str | None = None,
+    error: str | None = None,
+) -> None:
+    """Record a worker's report on `job`. A cancelled job stays cancelled; ``running`` counts an attempt."""
+    if job.status == "cancelled":
+        return
+    if status == "running" and job.status != "running":
+        job.attempts = (job.attempts or 0) + 1
+    job.status = status
+    if worker is not None:
+        job.worker = worker
+    if run_id is not None:
+        job.run_id = run_id
+    if error is not None:
+        job.error = error
+    job.updated_at = _now()
+    session.flush()
+
+
+def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int]:
+    """Store result documents (idempotently); returns the run ids and how many jobs the batch carried.
+
+    A document whose ``meta`` names a queued job (``queue_job_id``) marks that job done with this run.
+    """
+    run_ids: list[str] = []
+    for doc in docs:
+        run_ids.append(ingest_document(session, doc))
+        queue_id = doc.meta.get(META_QUEUE_JOB)
+        if isinstance(queue_id, int) and not isinstance(queue_id, bool):
+            job = session.get(QueuedJob, queue_id)
+            if job is not None and job.status != "cancelled":
+                worker = doc.meta.get("worker") if isinstance(doc.meta.get("worker"), str) else None
+                update_job_status(session, job=job, status="done", run_id=doc.run_id, worker=worker)
+    return run_ids, sum(len(doc.jobs) for doc in docs)
+
+
+def add_annotation(
+    session: Session,
+    *,
+    series_key: str,
+    kind: str,
+    note: str,
+    author: str | None,
+    run_id: str | None = None,
+    git_commit: str | None = None,
+) -> Annotation:
+    """Store a human's verdict on a change point of a series and return it."""
+    row = Annotation(series_key=series_key, kind=kind, note=note, author=author, run_id=run_id, git_commit=git_commit)
+    session.add(row)
+    session.flush()
+    return row

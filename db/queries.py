@@ -62,6 +62,7 @@ __all__ = [
     "resolve_run_id",
     "result_checks",
     "result_samples",
+    "run_ids_by_pk",
     "run_results",
     "series_history",
 ]
@@ -812,6 +813,16 @@ def list_workers(session: Session, *, limit: int = 500) -> list[WorkerSummary]:
     ]
     out.sort(key=lambda w: w.last_seen, reverse=True)
     return out[:limit]
+
+
+def run_ids_by_pk(session: Session, *, run_pks: Sequence[int]) -> dict[int, str]:
+    """The run id of each run primary key given (results carry ``run_pk``; the API shows run ids)."""
+    pks = sorted(set(run_pks))
+    out: dict[int, str] = {}
+    for start in range(0, len(pks), 900):
+        chunk = pks[start : start + 900]
+        out.update(dict(session.execute(select(Run.id, Run.run_id).where(Run.id.in_(chunk))).tuples().all()))
+    return out
 
 
 def get_annotation(session: Session, *, annotation_id: int) -> Annotation | None:

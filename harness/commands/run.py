@@ -1,0 +1,122 @@
+"""``deltabench run``: a suite's jobs, each gated on correctness then timed in its own process, stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+__all__ = ["register"]
+
+
+def _resolve_imports(specs: list[str]) -> list[str]:
+    """Absolute paths for file imports, so the job subprocesses find them whatever their directory."""
+    return [str(Path(s).resolve()) if s.endswith(".py") or Path(s).is_file() else s for s in specs]
+
+
+def _store(doc, db_url: str | None) -> str:
+    from deltabench.db.engine import get_engine, session_scope
+    from deltabench.db.ingest import ingest_document
+
+    with session_scope(get_engine(db_url)) as session:
+        return ingest_document(session, doc)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``run`` command to `app`."""
+
+    @app.command("run")
+    def run_command(
+        suite: str = typer.Option(..., "--suite", help="A shipped suite's name (smoke, train, ...) or a .toml path."),
+        impl: list[str] = typer.Option([], "--impl", help="Only these impls (repeatable)."),
+        op: list[str] = typer.Option([], "--op", help="Only these ops (repeatable)."),
+        device: str = typer.Option(None, "--device", help="cpu or cuda (default: the suite's, else cuda if present)."),
+        db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
+        no_db: bool = typer.Option(False, "--no-db", help="Do not store the run in a database."),
+        out: Path = typer.Option(None, "--out", help="Write the result document (JSON) here, job by job."),
+        timeout: float = typer.Option(None, "--timeout", help="Seconds per job before it is killed (timeout)."),
+        import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
+        fmt: str = typer.Option("table", "--format", help="How to print the results: table, csv, json, markdown."),
+    ) -> int:
+        """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
+
+        Exit code 1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine).
+        """
+        from deltabench.harness.errors import BadInput
+        from deltabench.harness.registry import load_module
+        from deltabench.harness.report import FORMATS, print_results, render_results
+        from deltabench.harness.suites import load_suite
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if fmt not in FORMATS:
+            raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+        if timeout is not None and timeout <= 0:
+            raise BadInput("--timeout must be a positive number of seconds")
+        imports = _resolve_imports(import_)
+        for spec in imports:
+            load_module(spec)
+        loaded = load_suite(suite)
+        dev = device or loaded.device
+        if dev is None:
+            import torch
+
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        if dev not in ("cpu", "cuda"):
+            raise BadInput(f"unknown device {dev!r}: use cpu or cuda")
+        if dev == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BadInput("--device cuda: no CUDA device on this machine")
+
+        from deltabench.runners.session import partial_path, plan_run, run_plan
+
+        plan = plan_run(loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports)
+        if not plan.jobs:
+            raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
+        console = Console(stderr=True)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task(f"suite {loaded.name} on {dev}", total=len(plan.jobs))
+
+            def on_start(job) -> None:
+                c = job.to_case()
+                progress.update(task, description=f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}")
+
+            def on_done(job, result) -> None:
+                progress.advance(task)
+
+            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done)
+            progress.update(task, description=f"suite {loaded.name} on {dev}: done")
+
+        if fmt == "table":
+            import sys
+
+            # A pipe or a file gets the full table rather than rich's 80-column default.
+            print_results(doc, Console(width=None if sys.stdout.isatty() else 200))
+        else:
+            print(render_results(doc, fmt), end="")
+        if out:
+            console.print(f"result document: {out}")
+        if not no_db:
+            try:
+                run_id = _store(doc, db)
+            except ModuleNotFoundError as exc:
+                console.print(f"[yellow]not stored: the db layer is not installed ({exc.name})[/]")
+            else:
+                console.print(f"stored run {run_id}")
+                if not out:
+                    partial_path(doc.run_id).unlink(missing_ok=True)
+        elif not out:
+            console.print(f"result document: {partial_path(doc.run_id)}")
+        bad = [j for j in doc.jobs if j.status in ("incorrect", "failed", "timeout", "oom")]
+        counts = {s: sum(j.status == s for j in doc.jobs) for s in dict.fromkeys(j.status for j in doc.jobs)}
+        console.print("jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        return 1 if bad else 0

@@ -1,0 +1,52 @@
+"""What a runner is given and what it returns: a :class:`JobSpec` in, a JobResult out.
+
+A job is one (case, impl) pair with the settings of its suite. :class:`Runner` is the one-method
+interface every execution strategy implements: in this process (:mod:`.job`, used inside the job's
+subprocess) or isolated in a fresh subprocess with a timeout (:mod:`.isolated`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+from deltabench.harness.cases import Case
+from deltabench.harness.document import JobResult
+from deltabench.harness.suites import GateSettings, TimingSettings
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["GateSettings", "JobSpec", "Runner", "TimingSettings"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobSpec(_Model):
+    """One job, as sent to a runner (and, as JSON, to the job's subprocess)."""
+
+    job_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    attempt: int = 1
+    case: dict[str, Any]
+    impl: str
+    imports: list[str] = Field(default_factory=list, description="user modules that register impls")
+    timing: TimingSettings = Field(default_factory=TimingSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    timeout_s: float = Field(default=900.0, gt=0)
+
+    @classmethod
+    def for_case(cls, case: Case, impl: str, **settings: Any) -> JobSpec:
+        """A job for `case` and impl `impl`."""
+        return cls(case=case.to_dict(), impl=impl, **settings)
+
+    def to_case(self) -> Case:
+        """The job's :class:`Case`."""
+        return Case(**self.case)
+
+
+class Runner(Protocol):
+    """Runs a job and returns its result; a failure is a result (status and reason), never an exception."""
+
+    def run(self, job: JobSpec) -> JobResult:
+        """Run `job`."""
+        ...

@@ -1,0 +1,77 @@
+"""Zero-argument closures that a timer calls: the impl's forward, forward+backward, or backward alone.
+
+Inputs (and, for the backward, the random cotangent ``do`` and the forward graph) are built here,
+outside the timed region. fwd+bwd differentiates ``(o * do).sum()`` for a fixed random ``do``; bwd
+times only the backward, replaying it over a graph built once (``retain_graph``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from deltabench.harness.cases import Case
+from deltabench.harness.ops import get_op
+from deltabench.harness.registry import Impl
+
+__all__ = ["Subject", "build_subject", "cotangent"]
+
+_COTANGENT_SEED_OFFSET = 7919  # do is drawn from its own stream, apart from the inputs' seed
+
+
+def cotangent(case: Case, like: torch.Tensor) -> torch.Tensor:
+    """The fixed random output cotangent ``do`` of `case` (seeded, drawn on the CPU, then moved)."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(case.seed + _COTANGENT_SEED_OFFSET)
+    return torch.randn(like.shape, generator=gen, dtype=torch.float32).to(device=like.device, dtype=like.dtype)
+
+
+class Subject:
+    """The closure to time, with the tensors it holds (for the memory figures)."""
+
+    def __init__(self, fn: Callable[[], Any], held: dict[str, torch.Tensor]) -> None:
+        self.fn = fn
+        self.held = held
+
+    def __call__(self) -> Any:
+        return self.fn()
+
+
+def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Subject:
+    """The zero-argument closure for `case.mode` over `inputs` (as ``OpSpec.make_inputs`` returns them)."""
+    spec = get_op(case.op)
+    names = [*spec.args, *(["initial_state"] if "initial_state" in inputs else [])]
+    if case.mode == "fwd":
+        args = [inputs[n] for n in spec.args]
+        h0 = inputs.get("initial_state")
+
+        def fwd() -> Any:
+            with torch.no_grad():
+                return impl(*args, initial_state=h0)
+
+        return Subject(fwd, dict(inputs))
+
+    leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
+    largs = [leaves[n] for n in spec.args]
+    lh0 = leaves.get("initial_state")
+    do = cotangent(case, inputs["v"])  # o has v's shape and dtype by the op contract
+
+    def loss() -> torch.Tensor:
+        o, _ = impl(*largs, initial_state=lh0)
+        return (o * do).sum()
+
+    wrt = list(leaves.values())
+    if case.mode == "fwd+bwd":
+
+        def fwd_bwd() -> Any:
+            return torch.autograd.grad(loss(), wrt, allow_unused=True)
+
+        return Subject(fwd_bwd, {**leaves, "do": do})
+
+    graph_loss = loss()  # the forward, once, untimed; each sample replays the backward over it
+
+    def bwd() -> Any:
+        return torch.autograd.grad(graph_loss, wrt, retain_graph=True, allow_unused=True)
+
+    return Subject(bwd, {**leaves, "do": do})

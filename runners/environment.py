@@ -1,0 +1,142 @@
+"""The environment fingerprint stored with every run: where and with what it was measured.
+
+Versions come from package metadata (``importlib.metadata``): asking for JAX's or Triton's version never
+imports them. The git commit and dirty flag are those of the deltabench source tree when it is a git
+checkout; the kernel hash covers ``kernels/**/*.py`` so that a changed kernel is a different series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+import socket
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from deltabench.harness.document import Environment
+
+__all__ = ["collect_environment", "git_state", "kernel_hash", "machine_kind", "source_root"]
+
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "instinct", "intel"}
+
+
+def source_root() -> Path:
+    """The folder holding deltabench's top-level packages (harness/, kernels/, ...)."""
+    import deltabench.harness
+
+    return Path(deltabench.harness.__file__).resolve().parent.parent
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_kind(device_name: str) -> str:
+    """A short lowercase device class: ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA A100-SXM4-80GB"`` -> ``"a100"``."""
+    tokens = [t for t in re.split(r"[\s\-_]+", device_name.lower()) if t and t not in _VENDOR_WORDS]
+    kind: list[str] = []
+    for tok in tokens:
+        kind.append(tok)
+        if any(c.isdigit() for c in tok):
+            break
+    return "".join(kind) or "unknown"
+
+
+def git_state(root: Path | None = None) -> tuple[str | None, bool]:
+    """(commit, dirty) of the deltabench source tree, or (None, False) when it is not a git checkout."""
+    root = root or source_root()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel")).resolve()
+        if top != root.resolve():
+            return None, False  # installed inside some other repository: its commit says nothing of ours
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+
+
+def kernel_hash(root: Path | None = None) -> str | None:
+    """SHA-256 (first 16 hex digits) over the paths and contents of ``kernels/**/*.py``."""
+    base = (root or source_root()) / "kernels"
+    if not base.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(base.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(base).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def collect_environment(device: str = "cpu") -> Environment:
+    """The fingerprint of this machine for a run on `device` (``"cpu"`` or ``"cuda"``)."""
+    import torch
+    from deltabench.harness.version import __version__
+
+    commit, dirty = git_state()
+    cpu = _cpu_name()
+    if device == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        count = torch.cuda.device_count()
+        kind = machine_kind(name)
+        driver, cuda = _nvidia_driver(), torch.version.cuda
+        cap = torch.cuda.get_device_capability(0)
+        extra = {"compute_capability": f"sm_{cap[0]}{cap[1]}"}
+    else:
+        name, count, kind, driver, cuda, extra = cpu, 1, "cpu", None, None, {}
+        extra["threads"] = str(torch.get_num_threads())
+    return Environment(
+        host=socket.gethostname(),
+        machine_kind=kind,
+        device_name=name,
+        device_count=count,
+        platform=platform.platform(),
+        cpu=cpu,
+        python=platform.python_version(),
+        driver=driver,
+        cuda=cuda,
+        torch=_pkg_version("torch"),
+        triton=_pkg_version("triton"),
+        jax=_pkg_version("jax"),
+        deltabench=__version__,
+        git_commit=commit,
+        git_dirty=dirty,
+        kernel_hash=kernel_hash(),
+        extra=extra,
+    )

@@ -1,0 +1,241 @@
+"""Runs one job in this process: inputs, first call, correctness gate, memory, timing.
+
+This is what the job's subprocess executes (see :mod:`.isolated`). The order matters:
+
+1. the impl's user modules are imported (``--import``), inputs are built;
+2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, which is
+   only meaningful in a fresh process);
+3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode;
+   a failed gate ends the job as ``incorrect`` with its records and no timing;
+4. peak device memory (CUDA) and the timing, by the device's timer (JAX impls by the JAX timer).
+
+Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
+it happened in.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from deltabench.harness.cases import Case
+from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
+
+from .base import JobSpec
+
+__all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary"]
+
+PHASE_MARK = "deltabench-job: phase "  # written to stderr so a parent can say where a hang happened
+
+
+def case_spec(case: Case) -> CaseSpec:
+    """The document's form of a case (device dropped: the job carries it)."""
+    d = case.to_dict()
+    d.pop("device", None)
+    return CaseSpec(**d)
+
+
+def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:
+    """A one-line reason naming the first failing gating checks, e.g. ``output rel_fro 3.1e-01 > 1.0e-02``."""
+    bad = [r for r in records if r.gating and not r.passed]
+    parts = []
+    for r in bad[:limit]:
+        value = "n/a" if r.value is None else f"{r.value:.2e}"
+        limit_txt = "" if r.threshold is None else f" > {r.threshold:.1e}"
+        seed = "" if r.seed is None else f" (seed {r.seed})"
+        parts.append(f"{r.check} {r.metric} {value}{limit_txt}{seed}")
+    more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
+    return "failed the gate: " + "; ".join(parts) + more if parts else "failed the gate"
+
+
+def _phase(name: str) -> None:
+    print(PHASE_MARK + name, file=sys.stderr, flush=True)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _call_with_supported(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call `fn` with the keyword arguments it accepts (the JAX timer's settings are optional)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
+
+
+def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> tuple:
+    """(TimingStats, MemoryStats | None, note) by the timer of the impl's backend and the device."""
+    t = job.timing
+    common = {
+        "budget_s": t.budget_s,
+        "target_sem": t.target_sem,
+        "min_reps": t.min_reps,
+        "max_reps": t.max_reps,
+        "warmup_s": t.warmup_s,
+    }
+    if impl.backend == "jax":
+        try:
+            from deltabench.runners import jax as jax_runner
+
+            run_timing = jax_runner.run_timing
+        except (ImportError, AttributeError):
+            run_timing = None
+        if run_timing is not None and _resolves_jax_fn(impl):
+            timing, memory = _call_with_supported(run_timing, impl, case, inputs, **common)
+            return timing, memory, "timed natively in JAX (runners.jax)"
+    if case.device == "cuda":
+        from . import cuda
+
+        timing = cuda.time_callable(
+            subject, **common, l2_flush=t.l2_flush, cuda_graph=t.cuda_graph, first_call_s=first_call_s
+        )
+        return timing, None, ""
+    from . import cpu
+
+    return cpu.time_callable(subject, **common, first_call_s=first_call_s), None, ""
+
+
+def _resolves_jax_fn(impl: Any) -> bool:
+    """Whether the impl (possibly a lazy import) exposes the pure-JAX ``jax_fn`` the JAX timer needs."""
+    target = getattr(impl.fn, "__deltabench_target__", None)
+    if target is None:
+        return getattr(impl.fn, "jax_fn", None) is not None
+    import importlib
+
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(getattr(importlib.import_module(module), attr), "jax_fn", None) is not None
+    except Exception:
+        return False
+
+
+def execute(job: JobSpec) -> JobResult:
+    """Run `job` in this process and return its result; every failure is a status, not an exception."""
+    started = _dt.datetime.now(_dt.timezone.utc)
+    case = job.to_case()
+    result = JobResult(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        case=case_spec(case),
+        impl=job.impl,
+        device=case.device,
+        status="failed",
+        started_at=started,
+    )
+    phase = "setup"
+    try:
+        from deltabench.harness.ops import get_op
+        from deltabench.harness.registry import get_impl, load_module
+
+        _phase(phase)
+        for module in job.imports:
+            load_module(module)
+        impl = get_impl(case.op, job.impl)
+        result.backend = impl.backend
+        result.notes = impl.notes
+        why = impl.check_case(case)
+        if why:
+            result.status, result.reason = "unsupported", why
+            return _finish(result)
+
+        import torch
+
+        from . import memory
+        from .closures import build_subject
+
+        torch.manual_seed(case.seed)
+        inputs = get_op(case.op).make_inputs(
+            case.B,
+            case.T,
+            case.H,
+            case.K,
+            case.V,
+            dtype=case.torch_dtype,
+            device=case.device,
+            seed=case.seed,
+            regime=case.regime,
+            initial_state=case.initial_state,
+        )
+        subject = build_subject(impl, case, inputs)
+        inputs_bytes = memory.tensors_bytes(subject.held)
+
+        phase = "first call"
+        _phase(phase)
+        rss0 = memory.rss_high_water_bytes()
+        t0 = time.perf_counter()
+        subject()
+        if case.device == "cuda":
+            torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - t0
+        mem: MemoryStats | None = None
+        if case.device == "cpu":
+            mem = MemoryStats(
+                peak_bytes=max(memory.rss_high_water_bytes() - rss0, 0),
+                inputs_bytes=inputs_bytes,
+                method=memory.HOST_RSS_METHOD,
+            )
+
+        phase = "gate"
+        _phase(phase)
+        from deltabench.harness.verify import verify_case
+
+        g = job.gate
+        report = verify_case(
+            impl,
+            case,
+            seeds=g.seeds,
+            extra_seed=g.extra_seed,
+            gate_determinism=g.gate_determinism,
+            reference=g.reference,
+        )
+        result.verification = list(report.records)
+        result.gate_reference = report.reference
+        if not report.passed:
+            result.status, result.reason = "incorrect", failing_summary(result.verification)
+            return _finish(result)
+
+        if case.device == "cuda":
+            phase = "memory"
+            _phase(phase)
+            mem = memory.cuda_peak(subject, inputs_bytes)
+
+        phase = "timing"
+        _phase(phase)
+        timing, jax_mem, note = _time(impl, case, subject, inputs, job, first_call_s)
+        if isinstance(timing, TimingStats) and timing.compile_s is None:
+            timing.compile_s = first_call_s
+        result.timing = timing
+        result.memory = jax_mem if jax_mem is not None else mem
+        result.notes = "; ".join(x for x in (result.notes, note) if x)
+        result.status = "ok"
+    except BaseException as exc:  # a job's failure is its result; the run goes on
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result.status = "oom" if _is_oom(exc) else "failed"
+        result.reason = f"{phase}: {type(exc).__name__}: {exc}".strip()[:2000]
+        tb = traceback.format_exc()
+        result.notes = "; ".join(x for x in (result.notes, tb[-3000:]) if x)
+    return _finish(result)
+
+
+def _finish(result: JobResult) -> JobResult:
+    result.finished_at = _dt.datetime.now(_dt.timezone.utc)
+    return result
+
+
+class InProcessRunner:
+    """Runs jobs in this process (what the job subprocess uses; no isolation, no timeout)."""
+
+    def run(self, job: JobSpec) -> JobResult:
+        """Run `job` here."""
+        return execute(job)

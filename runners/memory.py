@@ -1,0 +1,46 @@
+"""Peak memory of one call, net of its inputs, measured in the job's own (fresh) process.
+
+* CUDA: torch's allocator statistics, ``max_memory_allocated`` after ``reset_peak_memory_stats``, minus
+  what was allocated before the call (the inputs): the extra memory the call needs, outputs included.
+* CPU: torch allocates outside ``tracemalloc``, so the meaningful figure is the growth of the process's
+  resident-set high-water mark (``getrusage``) over the first call in a fresh process, labelled host RSS.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from deltabench.harness.document import MemoryStats
+
+__all__ = ["CUDA_METHOD", "HOST_RSS_METHOD", "cuda_peak", "rss_high_water_bytes", "tensors_bytes"]
+
+CUDA_METHOD = "torch.cuda.max_memory_allocated over one call, net of the inputs"
+HOST_RSS_METHOD = "host RSS high-water growth over the first call in a fresh process (CPU; includes compilation)"
+
+
+def tensors_bytes(tensors: Any) -> int:
+    """Bytes held by the tensors in a dict, list or tuple (anything else counts 0)."""
+    items = tensors.values() if isinstance(tensors, dict) else tensors
+    return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+
+
+def rss_high_water_bytes() -> int:
+    """This process's peak resident set size so far, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB, macOS bytes
+
+
+def cuda_peak(fn: Callable[[], Any], inputs_bytes: int) -> MemoryStats:
+    """Run `fn` once and return its peak CUDA memory above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return MemoryStats(peak_bytes=int(peak), inputs_bytes=int(inputs_bytes), method=CUDA_METHOD)

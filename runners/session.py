@@ -1,0 +1,134 @@
+"""A whole run: a suite's jobs, one after another, into one result document.
+
+Each job is judged in the parent first (an impl that cannot run the case is ``unsupported`` with its
+reason, and no process is started); the others go to a runner (by default each in its own subprocess
+with a timeout). After every job the document so far is written atomically to the output file, so a
+crash of the parent loses nothing that finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from deltabench.harness.cases import Case
+from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.registry import get_impl
+from deltabench.harness.suites import GateSettings, Suite, TimingSettings
+
+from .base import JobSpec, Runner
+from .job import case_spec
+
+__all__ = ["DEFAULT_TIMEOUT_S", "RunPlan", "partial_path", "plan_run", "run_plan", "write_document"]
+
+DEFAULT_TIMEOUT_S = 900.0  # per job: a new shape of a JIT-compiled kernel can compile for a minute
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """A suite's jobs on one device, with the settings they run under."""
+
+    suite: Suite
+    device: str
+    jobs: list[JobSpec]
+
+
+def plan_run(
+    suite: Suite,
+    *,
+    device: str,
+    impls: list[str] | None = None,
+    ops: list[str] | None = None,
+    timeout_s: float | None = None,
+    imports: list[str] | None = None,
+) -> RunPlan:
+    """Expand `suite` into jobs on `device` (optionally filtered), each with the suite's settings."""
+    timing = TimingSettings(**suite.timing)
+    gate = GateSettings(**suite.gate)
+    timeout = timeout_s or suite.timeout_s or DEFAULT_TIMEOUT_S
+    jobs = [
+        JobSpec.for_case(case, impl, imports=list(imports or ()), timing=timing, gate=gate, timeout_s=timeout)
+        for case, impl in suite.jobs(device=device, impls=impls, ops=ops)
+    ]
+    return RunPlan(suite=suite, device=device, jobs=jobs)
+
+
+def partial_path(run_id: str) -> Path:
+    """Where a run without ``--out`` keeps its in-progress document."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "deltabench" / "runs" / f"{run_id}.json"
+
+
+def write_document(doc: ResultDocument, path: Path) -> None:
+    """Write `doc` to `path` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(doc.to_json())
+    os.replace(tmp, path)
+
+
+def _unsupported(job: JobSpec, case: Case, backend: str, reason: str) -> JobResult:
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return JobResult(
+        job_id=job.job_id,
+        attempt=job.attempt,
+        case=case_spec(case),
+        impl=job.impl,
+        backend=backend,
+        device=case.device,
+        status="unsupported",
+        reason=reason,
+        started_at=now,
+        finished_at=now,
+    )
+
+
+def run_plan(
+    plan: RunPlan,
+    *,
+    runner: Runner | None = None,
+    out: Path | None = None,
+    on_start: Callable[[JobSpec], None] | None = None,
+    on_done: Callable[[JobSpec, JobResult], None] | None = None,
+) -> ResultDocument:
+    """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
+
+    Without `out` the in-progress document goes to :func:`partial_path`. `on_start` / `on_done` let a
+    caller drive a progress bar.
+    """
+    from .ceilings import ceilings_for, work_figures
+    from .environment import collect_environment
+    from .isolated import IsolatedRunner
+
+    runner = runner or IsolatedRunner()
+    env = collect_environment(plan.device)
+    doc = ResultDocument(
+        suite=plan.suite.name,
+        baselines=plan.suite.baselines,
+        environment=env,
+        ceilings=ceilings_for(plan.device, env.device_name),
+        meta={"suite_source": plan.suite.source, "device": plan.device, "complete": False},
+    )
+    target = out or partial_path(doc.run_id)
+    write_document(doc, target)
+    for job in plan.jobs:
+        if on_start:
+            on_start(job)
+        case = job.to_case()
+        impl = get_impl(case.op, job.impl)
+        why = impl.check_case(case)
+        result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
+        if result.status != "ok":
+            result.timing = None  # only a job that passed the gate has a valid timing
+        median = result.timing.median_ms if result.timing else None
+        result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, doc.ceilings)
+        doc.jobs.append(result)
+        write_document(doc, target)
+        if on_done:
+            on_done(job, result)
+    doc.meta["complete"] = True
+    write_document(doc, target)
+    return doc

@@ -1,0 +1,371 @@
+"""How the store holds up at scale: fill a database with 1,000,000 results, then measure.
+
+Figures (the service issue's targets in brackets):
+
+- batch ingest through ``db.ingest.ingest_document`` into the full database, in results/s, with and without
+  parsing the JSON of the documents first [>= 2,000 results/s];
+- p95 latency of the queries behind the pages and the API [< 150 ms each]: the runs list, a run page (the run and
+  its results), a comparison of two runs, a series' full history.
+
+The fill writes rows straight through SQLAlchemy Core with ids assigned here (no per-row round trips), shaped
+like real suites: runs of ``--per-run`` results over 3 ops x 4 impls x 7 shapes x 2 dtypes x 3 modes, on three
+machine kinds, one commit per run, a few percent of the jobs incorrect (with no timing), every result with raw
+samples and two verification records. Reuse it for page and API timings: ``--keep`` leaves the file, and
+``--skip-fill`` measures an existing one.
+
+    python benchmarks/db_scale.py                      # 1,000,000 results in /tmp/deltabench_scale.db
+    python benchmarks/db_scale.py --results 50000      # a quick look
+    python benchmarks/db_scale.py --db postgresql+psycopg://postgres@127.0.0.1/test   # any URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import os
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from deltabench.db import queries
+from deltabench.db.engine import get_engine, session_scope
+from deltabench.db.ingest import environment_fingerprint, ingest_document, pack_samples
+from deltabench.db.models import Check, Environment, Machine, Result, ResultSamples, Run
+from deltabench.harness.document import (
+    CaseSpec,
+    CheckRecord,
+    JobResult,
+    ResultDocument,
+    TimingStats,
+)
+from deltabench.harness.document import Environment as EnvironmentDoc
+from sqlalchemy import Engine, func, insert, select, text
+
+OPS = ("gdn", "gdn2", "kda")
+IMPLS = ("torch_chunk", "triton_chunk", "fla_chunk", "jax_chunk")
+SHAPES = [(1, 1024, 6, 128), (4, 4096, 6, 128), (8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128)]
+SHAPES += [(2, 2048, 8, 64), (16, 1024, 4, 256)]
+DTYPES = ("bf16", "fp32")
+MODES = ("fwd", "fwd+bwd", "bwd")
+KINDS = ("h200", "cpu", "tpu-v5e")
+CASES = list(itertools.product(OPS, IMPLS, SHAPES, DTYPES, MODES))  # 504 per run
+N_SAMPLES = 20
+T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _environment(kind: str, commit: str) -> EnvironmentDoc:
+    return EnvironmentDoc(
+        host=f"{kind}-node-1",
+        machine_kind=kind,
+        device_name={"h200": "NVIDIA H200", "cpu": "AMD EPYC", "tpu-v5e": "TPU v5e"}[kind],
+        torch="2.11.0",
+        triton="3.6.0",
+        cuda="13.0" if kind == "h200" else None,
+        git_commit=commit,
+        deltabench="0.1.0",
+    )
+
+
+def _next_id(conn: Any, model: type) -> int:
+    return (conn.execute(select(func.max(model.id))).scalar() or 0) + 1  # type: ignore[attr-defined]
+
+
+def fill(engine: Engine, n_results: int, per_run: int, seed: int = 0) -> float:
+    """Add about `n_results` results in runs of `per_run`; returns the seconds it took."""
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    n_runs = max(1, n_results // per_run)
+    with engine.begin() as conn:
+        run_id, result_id, check_id = _next_id(conn, Run), _next_id(conn, Result), _next_id(conn, Check)
+        machine_ids = {}
+        for kind in KINDS:
+            env = _environment(kind, "0" * 40)
+            found = conn.execute(select(Machine.id).where(Machine.machine_kind == kind)).scalar()
+            if found is None:
+                row = {"host": env.host, "machine_kind": kind, "device_name": env.device_name, "device_count": 1}
+                found = conn.execute(insert(Machine).returning(Machine.id), [{**row, "first_seen": T0}]).scalar()
+            machine_ids[kind] = found
+    for r in range(n_runs):
+        kind = KINDS[r % len(KINDS)]
+        commit = uuid.UUID(int=rng.getrandbits(128)).hex + "00000000"
+        created = T0 + dt.timedelta(minutes=30 * r)
+        env = _environment(kind, commit)
+        runs, results, samples, checks = [], [], [], []
+        with engine.begin() as conn:
+            env_id = conn.execute(
+                insert(Environment).returning(Environment.id),
+                [{"fingerprint": environment_fingerprint(env), **env.model_dump()}],
+            ).scalar()
+            runs.append(
+                {
+                    "id": run_id,
+                    "run_id": uuid.uuid4().hex,
+                    "schema_version": 1,
+                    "created_at": created,
+                    "ingested_at": created,
+                    "suite": "train",
+                    "git_commit": commit,
+                    "git_dirty": False,
+                    "environment_id": env_id,
+                    "machine_id": machine_ids[kind],
+                    "baselines": {"gdn": "torch_chunk"},
+                    "ceilings": {},
+                    "meta": {},
+                }
+            )
+            for position, (op, impl, (B, T, H, K), dtype, mode) in enumerate(CASES[:per_run]):
+                ok = rng.random() > 0.03
+                median = (B * T * H * K / 2e7) * (1 + IMPLS.index(impl) * 0.2) * (1 + 0.01 * rng.gauss(0, 1))
+                results.append(
+                    {
+                        "id": result_id,
+                        "run_pk": run_id,
+                        "job_id": uuid.uuid4().hex,
+                        "attempt": 1,
+                        "position": position,
+                        "op": op,
+                        "impl": impl,
+                        "B": B,
+                        "T": T,
+                        "H": H,
+                        "K": K,
+                        "V": K,
+                        "dtype": dtype,
+                        "mode": mode,
+                        "regime": "typical",
+                        "seed": 0,
+                        "initial_state": False,
+                        "run_created_at": created,
+                        "git_commit": commit,
+                        "machine_kind": kind,
+                        "backend": "torch",
+                        "device": "cuda",
+                        "status": "ok" if ok else "incorrect",
+                        "reason": "" if ok else "output rel_fro 0.2 > 0.016",
+                        "gate_reference": "float64 oracle",
+                        "notes": "",
+                        "started_at": created,
+                        "finished_at": created,
+                        "clock": "cuda_events" if ok else None,
+                        "median_ms": median if ok else None,
+                        "q1_ms": median * 0.99 if ok else None,
+                        "q3_ms": median * 1.01 if ok else None,
+                        "mean_ms": median if ok else None,
+                        "stdev_ms": median * 0.01 if ok else None,
+                        "sem_rel": 0.004 if ok else None,
+                        "n_samples": N_SAMPLES if ok else None,
+                        "warmup": 10 if ok else None,
+                        "l2_flush": True if ok else None,
+                        "compile_s": None,
+                        "stop_reason": "sem" if ok else None,
+                        "peak_bytes": 1 << 27 if ok else None,
+                        "inputs_bytes": 1 << 20 if ok else None,
+                        "memory_method": "torch" if ok else None,
+                        "flops": 1e9,
+                        "bytes_moved": 1e8,
+                        "tflops": None,
+                        "gbps": None,
+                        "floor_ms": None,
+                        "pct_of_floor": None,
+                    }
+                )
+                if ok:
+                    samples.append(
+                        {
+                            "result_id": result_id,
+                            "samples": pack_samples([median * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(N_SAMPLES)]),
+                        }
+                    )
+                for position_c, check in enumerate(("output", "final_state")):
+                    checks.append(
+                        {
+                            "id": check_id,
+                            "result_id": result_id,
+                            "position": position_c,
+                            "check": check,
+                            "metric": "rel_fro",
+                            "value": 1e-3 if ok else 0.2,
+                            "threshold": 0.016,
+                            "passed": ok,
+                            "gating": True,
+                            "worst_index": None,
+                            "seed": 0,
+                            "regime": "typical",
+                            "initial_state": False,
+                            "reference": "oracle",
+                            "detail": "",
+                        }
+                    )
+                    check_id += 1
+                result_id += 1
+            conn.execute(insert(Run), runs)
+            conn.execute(insert(Result), results)
+            conn.execute(insert(ResultSamples), samples)
+            conn.execute(insert(Check), checks)
+        run_id += 1
+        if r % 200 == 0:
+            print(
+                f"  fill: {r * per_run:,} / {n_runs * per_run:,} results, {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+    if engine.dialect.name == "postgresql":  # ids were assigned here: move the sequences past them
+        with engine.begin() as conn:
+            for table in ("runs", "results", "checks"):
+                conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), MAX(id)) FROM {table}"))
+    return time.perf_counter() - start
+
+
+def _document(kind: str, per_run: int, rng: random.Random) -> ResultDocument:
+    jobs = []
+    for op, impl, (B, T, H, K), dtype, mode in CASES[:per_run]:
+        median = B * T * H * K / 2e7
+        samples = [median * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(N_SAMPLES)]
+        jobs.append(
+            JobResult(
+                case=CaseSpec(op=op, B=B, T=T, H=H, K=K, V=K, dtype=dtype, mode=mode),  # type: ignore[arg-type]
+                impl=impl,
+                status="ok",
+                verification=[
+                    CheckRecord(check=c, metric="rel_fro", value=1e-3, threshold=0.016, passed=True)
+                    for c in ("output", "final_state")
+                ],
+                timing=TimingStats(
+                    clock="cuda_events",
+                    samples_ms=samples,
+                    median_ms=median,
+                    q1_ms=median,
+                    q3_ms=median,
+                    mean_ms=median,
+                    stdev_ms=0.0,
+                    sem_rel=0.004,
+                ),
+            )
+        )
+    commit = uuid.UUID(int=rng.getrandbits(128)).hex
+    return ResultDocument(
+        created_at=dt.datetime.now(dt.timezone.utc), suite="train", environment=_environment(kind, commit), jobs=jobs
+    )
+
+
+def measure_ingest(engine: Engine, n_docs: int, per_run: int) -> tuple[float, float]:
+    """Results/s of ingest_document alone, and of JSON parsing plus ingest_document."""
+    rng = random.Random(1)
+    docs = [_document(KINDS[i % 3], per_run, rng) for i in range(n_docs)]
+    texts = [_document(KINDS[i % 3], per_run, rng).to_json() for i in range(n_docs)]
+    t = time.perf_counter()
+    for doc in docs:
+        with session_scope(engine) as session:
+            ingest_document(session, doc)
+    alone = n_docs * per_run / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for body in texts:
+        with session_scope(engine) as session:
+            ingest_document(session, ResultDocument.from_json(body))
+    parsed = n_docs * per_run / (time.perf_counter() - t)
+    return alone, parsed
+
+
+def p95(fn: Callable[[], object], trials: int) -> tuple[float, float]:
+    """(median, p95) of `fn`'s wall time in ms over `trials` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(trials):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    times.sort()
+    return statistics.median(times), times[min(len(times) - 1, int(0.95 * len(times)))]
+
+
+def measure_queries(engine: Engine, trials: int) -> dict[str, tuple[float, float]]:
+    """Median and p95 (ms) of the queries behind the runs list, a run page, a comparison and a history plot."""
+    rng = random.Random(2)
+    with session_scope(engine) as session:
+        run_ids = list(session.scalars(select(Run.run_id).order_by(Run.id)))
+        query = select(Run.run_id, Machine.machine_kind).join(Machine, Run.machine_id == Machine.id)
+        kinds = {run_id: kind for run_id, kind in session.execute(query)}
+
+    def runs_list() -> None:
+        with session_scope(engine) as s:
+            queries.list_runs(s, limit=50, offset=rng.randrange(0, 200))
+            queries.count_runs(s)
+
+    def run_page() -> None:
+        with session_scope(engine) as s:
+            run_id = rng.choice(run_ids)
+            queries.get_run(s, run_id=run_id)
+            rows = queries.run_results(s, run_id=run_id)
+            queries.result_checks(s, result_ids=[r.id for r in rows if r.status != "ok"])
+
+    def comparison() -> None:
+        base = rng.choice(run_ids)
+        same_kind = [r for r in run_ids[-300:] if kinds[r] == kinds[base]]
+        with session_scope(engine) as s:
+            pairs = queries.compare_runs(s, base_run_id=base, head_run_id=rng.choice(same_kind))
+            ids = [p.base.id for p in pairs if p.base] + [p.head.id for p in pairs if p.head]
+            queries.result_samples(s, result_ids=ids)
+
+    def history() -> None:
+        op, impl, (B, T, H, K), dtype, mode = rng.choice(CASES)
+        with session_scope(engine) as s:
+            queries.series_history(
+                s,
+                op=op,
+                impl=impl,
+                shape={"B": B, "T": T, "H": H, "K": K, "V": K},
+                dtype=dtype,
+                mode=mode,
+                machine_kind=rng.choice(KINDS),
+            )
+
+    return {
+        "runs list (50 runs + count)": p95(runs_list, trials),
+        "run page (run + its results)": p95(run_page, trials),
+        "comparison (two runs, with samples)": p95(comparison, trials),
+        "series history (full)": p95(history, trials),
+    }
+
+
+def main() -> None:
+    """Fill (unless --skip-fill), measure, print."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="/tmp/deltabench_scale.db", help="URL or SQLite path (default: %(default)s)")
+    parser.add_argument("--results", type=int, default=1_000_000, help="results to fill (default: %(default)s)")
+    parser.add_argument("--per-run", type=int, default=len(CASES), help="results per run (default: %(default)s)")
+    parser.add_argument("--ingest-docs", type=int, default=10, help="documents to time ingest on")
+    parser.add_argument("--trials", type=int, default=100, help="calls per query for the p95")
+    parser.add_argument("--skip-fill", action="store_true", help="measure the database as it is")
+    parser.add_argument("--keep", action="store_true", help="keep the SQLite file afterwards")
+    args = parser.parse_args()
+    fresh_file = "://" not in args.db and not args.skip_fill
+    if fresh_file:
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(args.db + suffix):
+                os.remove(args.db + suffix)
+    engine = get_engine(args.db)
+    if not args.skip_fill:
+        seconds = fill(engine, args.results, args.per_run)
+        print(f"fill: {args.results:,} results in {seconds:.0f} s ({args.results / seconds:,.0f} results/s, bulk)")
+    with session_scope(engine) as s:
+        total = s.scalar(select(func.count()).select_from(Result))
+    print(f"database: {engine.url.render_as_string(hide_password=True)} with {total:,} results")
+    alone, parsed = measure_ingest(engine, args.ingest_docs, args.per_run)
+    print(
+        f"batch ingest ({args.ingest_docs} documents x {args.per_run} results): {alone:,.0f} results/s "
+        f"(ingest_document), {parsed:,.0f} results/s (JSON parse + ingest_document)   [target >= 2,000]"
+    )
+    for name, (median, p) in measure_queries(engine, args.trials).items():
+        print(f"{name:40s} median {median:7.1f} ms   p95 {p:7.1f} ms   [target p95 < 150 ms]")
+    if fresh_file and not args.keep:
+        engine.dispose()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(args.db + suffix):
+                os.remove(args.db + suffix)
+
+
+if __name__ == "__main__":
+    main()

@@ -821,7 +821,7 @@ def run_ids_by_pk(session: Session, *, run_pks: Sequence[int]) -> dict[int, str]
     out: dict[int, str] = {}
     for start in range(0, len(pks), 900):
         chunk = pks[start : start + 900]
-        out.update(dict(session.execute(select(Run.id, Run.run_id).where(Run.id.in_(chunk))).tuples().all()))
+        out.update({pk: run_id for pk, run_id in session.execute(select(Run.id, Run.run_id).where(Run.id.in_(chunk)))})
     return out
 
 

@@ -1,0 +1,220 @@
+"""The JSON API on a real database (SQLite and PostgreSQL): ingest, reads, comparisons, history, jobs, access."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+UTC = dt.timezone.utc
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_ingest_needs_a_live_token_and_is_idempotent(app_client, db_url, build) -> None:
+    client = app_client()
+    doc = build.document()
+    body = build.body(doc)
+    assert client.post("/api/v1/runs", json=body).status_code == 401
+    assert client.post("/api/v1/runs", json=body, headers=_auth("dbt_not-a-real-token")).status_code == 403
+    token = build.token(db_url, "ci")
+    first = client.post("/api/v1/runs", json=body, headers=_auth(token))
+    assert first.status_code == 201, first.text
+    assert first.json() == {"runs": [doc.run_id], "jobs": 3}
+    again = client.post("/api/v1/runs", json=body, headers=_auth(token))
+    assert again.status_code == 201
+    stored = client.get(f"/api/v1/runs/{doc.run_id}").json()
+    assert len(stored["jobs"]) == 3, "a re-upload must not store a job twice"
+    listing = client.get("/api/v1/runs").json()
+    assert listing["count"] == 1
+    assert listing["data"][0]["status_counts"] == {"ok": 2, "incorrect": 1}
+    # A revoked token no longer writes.
+    from deltabench.db.engine import get_engine, session_scope
+    from deltabench.web.security.tokens import revoke_token
+
+    with session_scope(get_engine(db_url)) as session:
+        revoke_token(session, name="ci")
+    assert client.post("/api/v1/runs", json=body, headers=_auth(token)).status_code == 403
+
+
+def test_results_filters(app_client, db_url, build) -> None:
+    client = app_client()
+    token = build.token(db_url)
+    t0 = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    docs = [
+        build.document(created_at=t0, commit="1" * 40),
+        build.document(created_at=t0 + dt.timedelta(days=1), commit="2" * 40, machine_kind="h200"),
+        build.document(created_at=t0 + dt.timedelta(days=2), commit="3" * 40),
+    ]
+    assert client.post("/api/v1/runs", json=build.body(*docs), headers=_auth(token)).status_code == 201
+
+    def get(**params: object) -> list[dict]:
+        r = client.get("/api/v1/results", params=params)
+        assert r.status_code == 200, r.text
+        return r.json()["data"]
+
+    assert len(get()) == 9
+    assert {r["impl"] for r in get(impl="triton_chunk")} == {"triton_chunk"}
+    assert len(get(impl=["triton_chunk", "torch_chunk"], shape="T=4096")) == 3
+    assert len(get(shape="B2-T1024-H4-K64-V64", dtype="bf16", mode="fwd", op="gdn")) == 6
+    assert {r["machine_kind"] for r in get(machine="h200")} == {"h200"}
+    in_range = get(commit_from="2222", commit_to="3333")
+    assert {r["git_commit"][0] for r in in_range} == {"2", "3"}
+    assert get(status="incorrect")[0]["reason"].startswith("grad:q")
+    assert {r["run_id"] for r in get()} == {d.run_id for d in docs}
+    assert client.get("/api/v1/results", params={"shape": "Z=3"}).status_code == 422
+    assert client.get("/api/v1/results", params={"commit_from": "2222"}).status_code == 422
+    assert client.get("/api/v1/results", params={"commit_from": "ffff", "commit_to": "3333"}).status_code == 422
+    assert client.get("/api/v1/results", params={"op": "gdn\x00"}).status_code == 422
+    assert client.get("/api/v1/results", params={"limit": 10**30}).status_code == 422
+
+
+def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
+    client = app_client()
+    token = build.token(db_url)
+    base = build.document(jobs=[build.job(impl="torch_chunk", median=1.0), build.job(impl="triton_chunk", median=0.5)])
+    head = build.document(
+        jobs=[build.job(impl="torch_chunk", median=1.10), build.job(impl="triton_chunk", median=0.5, spread=0.012)]
+    )
+    client.post("/api/v1/runs", json=build.body(base, head), headers=_auth(token))
+    r = client.get("/api/v1/compare/runs", params={"base": base.run_id, "head": head.run_id[:10]})
+    assert r.status_code == 200, r.text
+    by_impl = {row["impl"]: row for row in r.json()["rows"]}
+    assert by_impl["torch_chunk"]["outcome"] == "regression"
+    assert by_impl["torch_chunk"]["stats"]["ci_low"] > 1.0
+    assert by_impl["triton_chunk"]["outcome"] == "within_noise"
+    assert r.json()["failed"] is True
+    impls = client.get(
+        "/api/v1/compare/impls", params={"run": base.run_id, "base_impl": "torch_chunk", "head_impl": "triton_chunk"}
+    ).json()
+    assert impls["rows"][0]["outcome"] == "improvement"
+    assert abs(impls["rows"][0]["stats"]["ratio"] - 0.5) < 0.01
+    assert client.get("/api/v1/compare/runs", params={"base": "nope", "head": head.run_id}).status_code == 404
+    bad_alpha = {"base": base.run_id, "head": head.run_id, "alpha": 2}
+    assert client.get("/api/v1/compare/runs", params=bad_alpha).status_code == 422
+
+
+def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, build) -> None:
+    client = app_client()
+    token = build.token(db_url)
+    start = dt.datetime.now(UTC) - dt.timedelta(days=40)
+    docs = []
+    for i in range(30):
+        median = (1.0 if i < 18 else 1.15) * (1 + 0.004 * ((i * 5) % 3 - 1))
+        docs.append(
+            build.document(
+                created_at=start + dt.timedelta(days=i),
+                commit=f"{i:040x}",
+                jobs=[build.job(impl="torch_chunk", median=median), build.job(impl="triton_chunk", median=0.5)],
+            )
+        )
+    client.post("/api/v1/runs", json=build.body(*docs), headers=_auth(token))
+    params = {
+        "op": "gdn",
+        "impl": "torch_chunk",
+        "shape": "B2-T1024-H4-K64-V64",
+        "dtype": "bf16",
+        "mode": "fwd",
+        "machine": "cpu",
+    }
+    r = client.get("/api/v1/history", params=params)
+    assert r.status_code == 200, r.text
+    h = r.json()
+    assert len(h["points"]) == 30
+    assert [p["run_id"] for p in h["points"]] == [d.run_id for d in docs], "oldest first"
+    assert [cp["index"] for cp in h["change_points"]] == [18]
+    assert h["change_points"][0]["run_id"] == docs[18].run_id
+    assert 1.1 < h["change_points"][0]["ratio"] < 1.2
+    assert client.get("/api/v1/history", params={**params, "impl": "nope"}).status_code == 404
+    assert client.get("/api/v1/history", params={**params, "shape": "B2-T1024"}).status_code == 422
+
+    regs = client.get("/api/v1/regressions", params={"only_regressions": True}).json()
+    assert regs["series_scanned"] == 2
+    assert [r["impl"] for r in regs["data"]] == ["torch_chunk"]
+    key = regs["data"][0]["series_key"]
+    note = {"series_key": key, "kind": "expected", "note": "new masking", "run_id": docs[18].run_id}
+    assert client.post("/api/v1/annotations", json=note).status_code == 401
+    made = client.post("/api/v1/annotations", json=note, headers=_auth(token))
+    assert made.status_code == 201, made.text
+    assert client.post("/api/v1/annotations", json={**note, "kind": "nah"}, headers=_auth(token)).status_code == 422
+    regs = client.get("/api/v1/regressions").json()
+    assert regs["data"][0]["annotation"]["note"] == "new masking"
+    assert client.get("/api/v1/annotations", params={"series_key": key}).json()["count"] == 1
+    assert client.get("/api/v1/history", params=params).json()["annotations"][0]["kind"] == "expected"
+
+
+def test_jobs_submit_list_status_cancel(app_client, db_url, build) -> None:
+    client = app_client()
+    token = build.token(db_url, "alice")
+    spec = {"ops": ["gdn"], "impls": ["torch_chunk"], "shapes": ["B=1,T=64,H=2,K=16"], "device_kind": "cpu"}
+    assert client.post("/api/v1/jobs", json=spec).status_code == 401
+    r = client.post("/api/v1/jobs", json=spec, headers=_auth(token))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["submitted_by"] == "alice"
+    assert job["spec"]["shapes"] == ["B=1,T=64,H=2,K=16,V=16"]
+    for bad in (
+        {"ops": ["nope"], "shapes": ["B=1,T=64,H=2,K=16"]},
+        {"ops": ["gdn"]},
+        {"ops": ["gdn"], "shapes": ["B=1"]},
+        {"suite": "smoke", "impls": ["nope"]},
+        {"suite": "no-such-suite"},
+        {"suite": "smoke", "device_kind": "H 200"},
+        {"suite": "smoke", "extra": 1},
+    ):
+        assert client.post("/api/v1/jobs", json=bad, headers=_auth(token)).status_code == 422, bad
+    job_id = job["id"]
+    # A worker reports progress, then posts its run: the run names the job, which is then done.
+    report = {"status": "running", "worker": "w1"}
+    running = client.post(f"/api/v1/jobs/{job_id}/status", json=report, headers=_auth(token))
+    assert running.json()["status"] == "running" and running.json()["attempts"] == 1
+    doc = build.document(meta={"queue_job_id": job_id, "worker": "w1"})
+    client.post("/api/v1/runs", json=build.body(doc), headers=_auth(token))
+    done = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert (done["status"], done["run_id"]) == ("done", doc.run_id)
+    workers = client.get("/api/v1/workers").json()["data"]
+    assert workers[0]["name"] == "w1" and workers[0]["jobs_done"] == 1
+    other = client.post("/api/v1/jobs", json={"suite": "smoke", "ops": ["kda"]}, headers=_auth(token)).json()
+    listing = client.get("/api/v1/jobs", params={"status": "queued"}).json()
+    assert [j["id"] for j in listing["data"]] == [other["id"]]
+    assert client.post(f"/api/v1/jobs/{other['id']}/cancel").status_code == 401
+    assert client.post(f"/api/v1/jobs/{other['id']}/cancel", headers=_auth(token)).json()["status"] == "cancelled"
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel", headers=_auth(token)).json()["status"] == "done"
+    assert client.get("/api/v1/jobs/999999").status_code == 404
+    assert client.get("/api/v1/jobs/0").status_code == 422
+    assert client.get("/api/v1/machines").json()["data"][0]["machine_kind"] == "cpu"
+
+
+def test_bad_bodies_get_413_and_422_never_500(app_client, db_url, build) -> None:
+    client = app_client(max_body_bytes=4096)
+    token = build.token(db_url)
+    big = build.body(build.document(jobs=[build.job(n=400)]))
+    r = client.post("/api/v1/runs", json=big, headers=_auth(token))
+    assert r.status_code == 413 and "limit" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it streams
+        yield b'{"documents": ['
+        for _ in range(100):
+            yield b" " * 100
+        yield b"]}"
+
+    r = client.post("/api/v1/runs", content=chunks(), headers={**_auth(token), "content-type": "application/json"})
+    assert r.status_code == 413
+    headers = {**_auth(token), "content-type": "application/json"}
+    assert client.post("/api/v1/runs", content=b"{not json", headers=headers).status_code == 422
+    assert client.post("/api/v1/runs", json={"documents": [{"run_id": "x"}]}, headers=_auth(token)).status_code == 422
+    nul = build.document()
+    nul.suite = "bad\x00suite"
+    r = client.post("/api/v1/runs", json=build.body(nul), headers=_auth(token))
+    assert r.status_code in (201, 422), r.text  # SQLite stores a NUL; PostgreSQL refuses it: a 422, not a 500
+    assert client.post("/api/v1/jobs/1/status", json={"status": "exploded"}, headers=_auth(token)).status_code == 422
+
+
+def test_reads_can_require_a_token(app_client, db_url, build) -> None:
+    client = app_client(read_token_required=True)
+    token = build.token(db_url)
+    assert client.get("/api/v1/runs").status_code == 401
+    assert client.get("/").status_code == 401
+    assert client.get("/api/v1/runs", headers=_auth(token)).status_code == 200
+    open_client = app_client()
+    assert open_client.get("/api/v1/runs").status_code == 200

@@ -108,9 +108,9 @@ def test_pure_jax_functions_agree_with_the_torch_wrapper() -> None:
         np.testing.assert_allclose(np.asarray(g_jax), g_torch.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_chunk_and_scan_agree_on_a_strongly_decaying_long_sequence() -> None:
+def test_strong_decay_stays_finite() -> None:
     """g = -30 per token would overflow any exp(G) / exp(G) factoring within a chunk; pairwise decays stay finite."""
-    inputs = make_inputs(1, 200, 2, 8, 8, seed=5)
+    inputs = make_inputs(B, 130, H, K, V, seed=5)  # a shape compiled above: no new compilation
     inputs["g"] = torch.full_like(inputs["g"], -30.0)
     leaves = {n: inputs[n].clone().requires_grad_(True) for n in ARGS}
     o, s = get_impl("gdn", "jax_chunk")(*(leaves[n] for n in ARGS))
@@ -137,7 +137,7 @@ def test_passes_the_verification_gate() -> None:
     from deltabench.harness.verify import verify_case
 
     report = verify_case(
-        get_impl("gdn", "jax_chunk"), Case("gdn", 1, 70, 2, 16, 8, mode="fwd+bwd"), seeds=1, extra_seed=False
+        get_impl("gdn", "jax_chunk"), Case("gdn", B, 65, H, K, V, mode="fwd+bwd"), seeds=1, extra_seed=False
     )
     failing = [r for r in report.records if r.gating and not r.passed]
     assert report.passed, failing

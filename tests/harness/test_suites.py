@@ -1,0 +1,100 @@
+"""Suites: the shipped ones load and validate; bad suites are one-line BadInput errors."""
+
+from __future__ import annotations
+
+import pytest
+from deltabench.harness.errors import BadInput
+from deltabench.harness.suites import load_suite, parse_suite, shipped_suites
+
+GOOD = {
+    "name": "mine",
+    "shapes": ["B=1,T=20,H=1,K=8,V=8"],
+    "dtypes": ["fp32", "bfloat16"],
+    "modes": ["fwd", "fwd+bwd"],
+    "ops": {
+        "gdn": {"impls": ["torch_recurrent", "torch_chunk"], "baseline": "torch_recurrent"},
+        "kda": {"impls": ["torch_chunk"], "shapes": [{"B": 2, "T": 9, "H": 1, "K": 4}], "modes": ["bwd"]},
+    },
+}
+
+
+def test_shipped_suites_load_and_validate():
+    assert {"smoke", "train", "gdn2-gpu", "kda-gpu"} <= set(shipped_suites())
+    for name in shipped_suites():
+        suite = load_suite(name)
+        assert suite.ops and all(p.baseline in p.impls for p in suite.ops)
+    smoke = load_suite("smoke")
+    assert smoke.device == "cpu"
+    assert {p.op for p in smoke.ops} == {"gdn", "gdn2", "kda"}
+    jobs = smoke.jobs(device="cpu")
+    assert {c.dtype for c, _ in jobs} == {"fp32", "bf16"} and {c.mode for c, _ in jobs} == {"fwd", "fwd+bwd"}
+    train = load_suite("train")
+    assert train.baselines == {"gdn": "fla_chunk"}
+    assert {"fla_chunk", "flash_qla", "triton_chunk"} <= set(train.ops[0].impls)
+    assert {tuple(d.values()) for d in train.ops[0].shapes} >= {(8, 4096, 6, 128, 128), (1, 32768, 16, 128, 128)}
+
+
+def test_jobs_expand_in_order_with_defaults_and_overrides():
+    suite = parse_suite(GOOD)
+    jobs = suite.jobs(device="cpu")
+    assert len(jobs) == 1 * 2 * 2 * 2 + 1 * 2 * 1 * 1
+    first, second = jobs[0], jobs[1]
+    assert (first[0].op, first[0].dtype, first[0].mode, first[1]) == ("gdn", "fp32", "fwd", "torch_recurrent")
+    assert second[1] == "torch_chunk" and second[0] == first[0]
+    kda = [c for c, _ in jobs if c.op == "kda"]
+    assert kda[0].dims == {"B": 2, "T": 9, "H": 1, "K": 4, "V": 4} and kda[0].mode == "bwd"
+    assert suite.baselines == {"gdn": "torch_recurrent", "kda": "torch_chunk"}  # first impl by default
+    only = suite.jobs(device="cpu", impls=["torch_chunk"], ops=["gdn"])
+    assert {(c.op, i) for c, i in only} == {("gdn", "torch_chunk")}
+
+
+def test_user_suite_by_path(tmp_path):
+    path = tmp_path / "user.toml"
+    path.write_text('shapes = ["B=1,T=8,H=1,K=4"]\n[ops.gdn2]\nimpls = ["torch_chunk"]\n')
+    suite = load_suite(str(path))
+    assert suite.name == "user" and suite.jobs(device="cpu")[0][0].V == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ops": {"nope": {"impls": ["x"]}}}, "unknown op 'nope'"),
+        ({"ops": {"gdn": {"impls": ["not_an_impl"]}}}, "unknown impl 'not_an_impl' for op 'gdn'"),
+        ({"shapes": ["B=1,T=0,H=1,K=8"]}, "T must be at least 1"),
+        ({"shapes": ["B=1,T=8,H=1"]}, "lacks K"),
+        ({"shapes": ["B=1;T=8"]}, "malformed shape"),
+        ({"dtypes": ["fp64"]}, "unsupported dtype 'fp64'"),
+        ({"modes": ["backward"]}, "unknown mode 'backward'"),
+        ({"shapez": []}, "unknown key 'shapez'"),
+        ({"ops": {"gdn": {"impls": ["torch_chunk"], "baseline": "torch_recurrent"}}}, "baseline 'torch_recurrent'"),
+        ({"timing": {"budget_s": -1}}, "[timing] budget_s"),
+        ({"gate": {"seedz": 2}}, "[gate] seedz"),
+        ({"ops": {}}, "needs at least one [ops.<op>] table"),
+        ({"device": "tpu"}, "device must be one of cpu, cuda"),
+    ],
+)
+def test_bad_suites_are_bad_input(change, message):
+    data = {**GOOD, **change}
+    with pytest.raises(BadInput) as info:
+        parse_suite(data, source="bad.toml")
+    text = str(info.value)
+    assert message in text and "bad.toml" in text and "\n" not in text
+
+
+def test_unknown_suite_and_filters():
+    with pytest.raises(BadInput, match=r"unknown suite 'nope'.*smoke"):
+        load_suite("nope")
+    with pytest.raises(BadInput, match="does not exist"):
+        load_suite("/no/such/suite.toml")
+    suite = parse_suite(GOOD)
+    with pytest.raises(BadInput, match="no impl 'fla_chunk'"):
+        suite.jobs(device="cpu", impls=["fla_chunk"])
+    with pytest.raises(BadInput, match="no op 'gdn2'"):
+        suite.jobs(device="cpu", ops=["gdn2"])
+
+
+def test_invalid_toml_is_bad_input(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("shapes = [\n")
+    with pytest.raises(BadInput, match="invalid TOML"):
+        load_suite(str(path))

@@ -1,0 +1,54 @@
+"""Deliberately broken gdn impls, registered for the runner's fault tests (imported with --import).
+
+Each has the op's signature; all but the wrong one never return. They wrap the chunked PyTorch reference
+so that the one impl that does return is fast and right except for its planted error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from deltabench.harness.registry import register_impl
+from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+
+_ANY = dict(backend="torch", devices=("cpu", "cuda"), dtypes=("fp32", "bf16", "fp16"))
+
+
+@register_impl("gdn", "planted_wrong", **_ANY)
+def planted_wrong(q, k, v, g, beta, scale=None, initial_state=None):
+    """Right state, output 10% too large: the gate must reject it."""
+    o, state = gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+    return o * 1.1, state
+
+
+@register_impl("gdn", "planted_raise", **_ANY)
+def planted_raise(q, k, v, g, beta, scale=None, initial_state=None):
+    """Raises, as a kernel with a launch error would."""
+    raise RuntimeError("planted failure: kernel launch refused")
+
+
+@register_impl("gdn", "planted_hang", **_ANY)
+def planted_hang(q, k, v, g, beta, scale=None, initial_state=None):
+    """Never returns, as a deadlocked kernel would."""
+    while True:
+        time.sleep(1)
+
+
+@register_impl("gdn", "planted_segfault", **_ANY)
+def planted_segfault(q, k, v, g, beta, scale=None, initial_state=None):
+    """Dereferences a null pointer: the process dies by SIGSEGV."""
+    ctypes.string_at(0)
+
+
+@register_impl("gdn", "planted_exit", **_ANY)
+def planted_exit(q, k, v, g, beta, scale=None, initial_state=None):
+    """Leaves the process at once with exit code 3, writing no result."""
+    os._exit(3)
+
+
+@register_impl("gdn", "planted_cuda_only", backend="torch", devices=("cuda",), dtypes=("fp32",))
+def planted_cuda_only(q, k, v, g, beta, scale=None, initial_state=None):
+    """Declared for CUDA only: on a CPU run it is `unsupported`, and no process is started for it."""
+    return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

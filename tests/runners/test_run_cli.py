@@ -1,0 +1,132 @@
+"""`deltabench run` end to end on the CPU: real subprocesses, the real gate, a real SQLite file.
+
+One tiny suite holds a right impl and planted faults: the wrong one ends `incorrect` with its records and
+no timing, the raising one and the segfaulting one end `failed`, the CUDA-only one `unsupported`; the run
+completes, exits 1, writes its document and stores it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from deltabench.harness.cli import main
+from deltabench.harness.document import ResultDocument
+
+PLANTED = str(Path(__file__).with_name("planted_impls.py"))
+
+SUITE = """
+name = "faults"
+device = "cpu"
+shapes = ["B=1,T=20,H=1,K=8,V=8"]
+dtypes = ["fp32"]
+modes = ["fwd"]
+timeout_s = 120
+[timing]
+budget_s = 0.05
+min_reps = 3
+warmup_s = 0.02
+[gate]
+seeds = 1
+extra_seed = false
+[ops.gdn]
+impls = ["torch_chunk", "planted_wrong", "planted_raise", "planted_segfault", "planted_cuda_only"]
+baseline = "torch_chunk"
+"""
+
+
+@pytest.fixture(scope="module")
+def faulty_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    suite = tmp / "faults.toml"
+    suite.write_text(SUITE)
+    out, db = tmp / "results.json", tmp / "store.db"
+    argv = ["run", "--suite", str(suite), "--import", PLANTED, "--out", str(out), "--db", str(db)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    doc = ResultDocument.from_json(out.read_text())
+    return exit_info.value.code, doc, db
+
+
+def _job(doc: ResultDocument, impl: str):
+    (job,) = [j for j in doc.jobs if j.impl == impl]
+    return job
+
+
+def test_run_exits_1_and_completes_every_job(faulty_run):
+    code, doc, _ = faulty_run
+    assert code == 1
+    assert doc.meta["complete"] is True
+    assert [j.impl for j in doc.jobs] == [
+        "torch_chunk",
+        "planted_wrong",
+        "planted_raise",
+        "planted_segfault",
+        "planted_cuda_only",
+    ]
+    assert doc.suite == "faults" and doc.baselines == {"gdn": "torch_chunk"}
+    assert doc.environment.machine_kind == "cpu"
+    assert doc.ceilings["matmul_tflops"] > 0 and doc.ceilings["copy_gbps"] > 0
+
+
+def test_right_impl_is_gated_timed_and_placed_against_the_ceilings(faulty_run):
+    job = _job(faulty_run[1], "torch_chunk")
+    assert job.status == "ok", job.reason
+    assert job.verification and all(r.passed for r in job.verification if r.gating)
+    assert job.gate_reference  # the gate names what it compared against
+    t = job.timing
+    assert t.clock == "cpu_monotonic" and len(t.samples_ms) >= 3 and t.median_ms > 0
+    assert t.q1_ms <= t.median_ms <= t.q3_ms and t.compile_s is not None and t.stop_reason
+    assert job.work.flops > 0 and job.work.tflops > 0 and job.work.pct_of_floor > 0
+    assert job.memory is not None and "RSS" in job.memory.method
+
+
+def test_wrong_impl_is_incorrect_with_records_and_no_timing(faulty_run):
+    job = _job(faulty_run[1], "planted_wrong")
+    assert job.status == "incorrect"
+    assert job.timing is None and job.memory is None
+    failed = [r for r in job.verification if r.gating and not r.passed]
+    assert any(r.check.startswith("output") for r in failed)
+    assert job.reason.startswith("failed the gate")
+
+
+def test_raising_and_crashing_impls_fail_with_their_message(faulty_run):
+    raised = _job(faulty_run[1], "planted_raise")
+    assert raised.status == "failed"
+    assert "RuntimeError: planted failure: kernel launch refused" in raised.reason
+    crashed = _job(faulty_run[1], "planted_segfault")
+    assert crashed.status == "failed"
+    assert "SIGSEGV" in crashed.reason
+    assert raised.timing is None and crashed.timing is None
+
+
+def test_impl_that_cannot_run_here_is_unsupported_with_its_reason(faulty_run):
+    job = _job(faulty_run[1], "planted_cuda_only")
+    assert job.status == "unsupported"
+    assert "runs on cuda, not cpu" in job.reason
+
+
+def test_run_is_stored_in_the_database(faulty_run):
+    from deltabench.db.engine import get_engine, session_scope
+    from deltabench.db.queries import load_run_document
+
+    _, doc, db = faulty_run
+    with session_scope(get_engine(str(db))) as session:
+        stored = load_run_document(session, doc.run_id)
+    assert [j.status for j in stored.jobs] == [j.status for j in doc.jobs]
+    assert stored.jobs[0].timing.samples_ms == doc.jobs[0].timing.samples_ms
+
+
+def test_unknown_suite_is_bad_input(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--suite", "no-such-suite", "--no-db"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown suite 'no-such-suite'" in err and "smoke" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_results_document_is_valid_json(faulty_run):
+    text = faulty_run[1].to_json()
+    assert json.loads(text)["schema_version"] == 1

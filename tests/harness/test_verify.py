@@ -1,0 +1,182 @@
+"""The verification engine: which checks it runs, what it records, and how it treats broken impls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from deltabench.harness import BadInput, Case, get_impl, get_op
+from deltabench.harness.checks import compare, rel_fro, worst_element
+from deltabench.harness.tolerances import TOLERANCES, family_of, threshold
+from deltabench.harness.verify import split_point, verify_case
+
+TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def oracle_cast(op: str, *, nan_at: int | None = None, out_dtype: torch.dtype | None = None, noise: float = 0.0):
+    """The float64 oracle, its output cast to v's dtype and its state to float32 (optionally broken)."""
+    spec = get_op(op)
+
+    def fn(q, k, v, *gates, scale=None, initial_state=None):
+        o, s = spec.oracle(q, k, v, *gates, scale=scale, initial_state=initial_state)
+        o = o.to(out_dtype or v.dtype)
+        if nan_at is not None:
+            o = o.clone()
+            o[0, nan_at, 0, 0] = float("nan")
+        if noise:
+            o = o + noise * torch.randn_like(o)  # a different result on every call
+        return o, s.float()
+
+    return fn
+
+
+def test_split_point_avoids_chunk_multiples() -> None:
+    assert split_point(1) is None
+    assert split_point(2) == 1
+    assert split_point(200) == 100
+    assert split_point(128) == 63
+    for T in range(2, 400):
+        t1 = split_point(T)
+        assert 1 <= t1 < T and t1 % 64 != 0
+
+
+def test_metrics() -> None:
+    ref = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    x = ref.clone()
+    x[0, 1] = 4.5
+    assert rel_fro(x, ref) == pytest.approx(0.1)
+    assert worst_element(x, ref) == (pytest.approx(0.5), [0, 1])
+    x[1, 0] = float("nan")
+    assert rel_fro(x, ref) == float("inf")
+    assert worst_element(x, ref)[1] == [1, 0]
+    recs = compare("output", x, ref, threshold=1.0, seed=0, regime="typical", initial_state=False, reference="oracle")
+    assert [r.metric for r in recs] == ["rel_fro", "max_abs"]
+    assert not recs[0].passed and recs[0].gating and not recs[1].gating
+
+
+def test_tolerances_cover_every_dtype_and_family() -> None:
+    for dtype, bounds in TOLERANCES.items():
+        assert set(bounds) == {"output", "state", "gradient", "streaming"}
+        assert all(0 < b < 0.05 for b in bounds.values()), dtype
+    assert family_of("grad:initial_state") == "gradient"
+    assert family_of("streaming:final_state") == "streaming"
+    assert threshold("bfloat16", "final_state") == TOLERANCES["bf16"]["state"]
+    # A gradient off by 1% must fail at every dtype (the planted-bug tests show it on real impls).
+    assert all(bounds["gradient"] < 0.01 for bounds in TOLERANCES.values())
+
+
+@pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
+def test_oracle_cast_passes_with_every_check(op: str) -> None:
+    case = Case(op, **TINY, dtype="bf16", mode="fwd+bwd", seed=5)
+    report = verify_case(oracle_cast(op), case, seeds=2)
+    assert report.passed, [(r.check, r.value) for r in report.failures]
+    assert report.seeds[:2] == [5, 6] and report.seeds[2] == report.drawn_seed and len(report.seeds) == 3
+    assert report.reference == "float64 oracle"
+    grads = {f"grad:{n}" for n in get_op(op).args}
+    for seed in report.seeds:
+        for h0 in (False, True):
+            checks = {r.check for r in report.records if r.seed == seed and r.initial_state == h0}
+            expected = {"finite", "output", "final_state", "streaming:output", "streaming:final_state", *grads}
+            assert expected <= checks
+            assert ("grad:initial_state" in checks) == h0
+    det = [r for r in report.records if r.check == "determinism"]
+    assert len(det) == 1 and det[0].passed and not det[0].gating
+    for r in report.records:
+        if r.metric == "rel_fro" and r.reference == "oracle":
+            assert r.threshold == threshold("bf16", r.check) and r.worst_index is not None
+    json.dumps(report.to_dict())
+
+
+def test_forward_mode_checks_no_gradient() -> None:
+    report = verify_case(oracle_cast("gdn"), Case("gdn", **TINY, mode="fwd"), seeds=1, extra_seed=False)
+    assert report.passed and report.seeds == [0] and report.drawn_seed is None
+    assert not any(r.check.startswith("grad:") for r in report.records)
+
+
+def test_t_equal_one_skips_streaming_without_failing() -> None:
+    report = verify_case(oracle_cast("kda"), Case("kda", 1, 1, 1, 4, 4, mode="fwd+bwd"), seeds=1, extra_seed=False)
+    assert report.passed
+    notes = [r for r in report.records if r.check == "streaming"]
+    assert notes and all(not r.gating and "T=1" in r.detail for r in notes)
+
+
+def test_non_finite_output_fails_and_is_located() -> None:
+    report = verify_case(oracle_cast("gdn", nan_at=3), Case("gdn", **TINY), seeds=1, extra_seed=False)
+    assert not report.passed
+    finite = [r for r in report.records if r.check == "finite" and r.initial_state is False]
+    assert finite[0].value == 1 and not finite[0].passed and "o: 1 non-finite" in finite[0].detail
+    out = next(r for r in report.records if r.check == "output" and r.metric == "rel_fro")
+    assert not out.passed and out.worst_index == [0, 3, 0, 0]
+    json.dumps(report.to_dict())  # inf becomes null, the document stays valid JSON
+
+
+def test_output_in_the_wrong_dtype_breaks_the_contract() -> None:
+    fn = oracle_cast("gdn", out_dtype=torch.float32)
+    report = verify_case(fn, Case("gdn", **TINY, dtype="bf16"), seeds=1, extra_seed=False)
+    assert {r.check for r in report.failures} == {"contract"}
+    assert "expected v's dtype" in report.failures[0].detail
+
+
+def test_impl_exceptions_propagate() -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("kernel launch failed")
+
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        verify_case(broken, Case("gdn", **TINY), seeds=1, extra_seed=False)
+
+
+def test_determinism_is_reported_and_gates_only_on_request() -> None:
+    fn = oracle_cast("gdn", noise=1e-9)
+    case = Case("gdn", **TINY, dtype="fp32")
+    relaxed = verify_case(fn, case, seeds=1, extra_seed=False)
+    det = next(r for r in relaxed.records if r.check == "determinism")
+    assert relaxed.passed and not det.passed and not det.gating and det.value > 0 and "o" in det.detail
+    strict = verify_case(fn, case, seeds=1, extra_seed=False, gate_determinism=True)
+    assert not strict.passed and [r.check for r in strict.failures] == ["determinism"]
+
+
+def test_forward_only_impl_is_noted_not_failed() -> None:
+    impl = get_impl("gdn", "triton_recurrent")
+    assert not impl.supports_backward
+    report = verify_case(impl, Case("gdn", 1, 40, 1, 16, 16, mode="fwd+bwd"), seeds=1, extra_seed=False)
+    assert report.passed
+    assert any(r.check == "gradients" and not r.gating for r in report.records)
+    assert not any(r.check.startswith("grad:") for r in report.records)
+
+
+def test_auto_reference_leaves_the_oracle_at_large_shapes() -> None:
+    """Above the oracle budget: torch_chunk in fp32 at the full shape, plus the oracle at a shorter T."""
+    case = Case("gdn", B=2, T=300, H=2, K=8, V=8, dtype="bf16", mode="fwd+bwd")
+    report = verify_case(get_impl("gdn", "torch_chunk"), case, seeds=1, extra_seed=False, oracle_max_elements=5e4)
+    assert report.passed, [(r.check, r.reference, r.value) for r in report.failures]
+    assert report.reference == "torch_chunk in fp32 at full T, float64 oracle at B1-T256-H2-K8-V8"
+    refs = {r.reference for r in report.records if r.metric == "rel_fro"}
+    assert {"torch_chunk_fp32", "oracle at B1-T256-H2-K8-V8"} <= refs
+    small = verify_case(oracle_cast("gdn"), case, seeds=1, extra_seed=False, reference="oracle")
+    assert small.reference == "float64 oracle"
+
+
+def test_unknown_reference_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="unknown reference"):
+        verify_case(oracle_cast("gdn"), Case("gdn", **TINY), reference="fla")
+
+
+def test_nan_filled_empty_reaches_kernel_code_only(nan_filled_empty: None) -> None:
+    """The conftest fixture NaN-fills allocations made from deltabench.kernels code, not from anywhere else."""
+    kernel_globals = {"__name__": "deltabench.kernels.fake", "torch": torch}
+    exec("def alloc():\n    return torch.empty(4), torch.empty_like(torch.ones(2))", kernel_globals)
+    a, b = kernel_globals["alloc"]()
+    assert torch.isnan(a).all() and torch.isnan(b).all()
+    assert not torch.isnan(torch.zeros(3).new_empty(3).fill_(0)).any()
+    assert not torch.isnan(torch.empty(5).zero_()).any()

@@ -15,7 +15,12 @@ def register(app: typer.Typer) -> None:
     @app.command("ingest")
     def ingest_command(
         files: list[Path] = typer.Argument(..., help="Result documents (JSON) or pytest-benchmark JSON files."),
-        db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
+        db: str = typer.Option(
+            None,
+            "--db",
+            help="Database URL or SQLite path (default: $DELTABENCH_DB, else "
+            "${XDG_DATA_HOME:-~/.local/share}/deltabench/deltabench.db).",
+        ),
         json_: bool = typer.Option(False, "--json", help='Print {"runs": [...]} instead of one run id a line.'),
     ) -> int:
         """Store result files; print the run ids stored. Storing a file twice stores it once."""

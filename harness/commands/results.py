@@ -13,7 +13,12 @@ def register(app: typer.Typer) -> None:
     @app.command("results")
     def results_command(
         run: str = typer.Option(None, "--run", help="Run id or a unique prefix of it (default: the latest run)."),
-        db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
+        db: str = typer.Option(
+            None,
+            "--db",
+            help="Database URL or SQLite path (default: $DELTABENCH_DB, else "
+            "${XDG_DATA_HOME:-~/.local/share}/deltabench/deltabench.db).",
+        ),
         fmt: str = typer.Option("table", "--format", help="table, csv, json or markdown."),
     ) -> int:
         """Print a stored run's results: per op, impl x shape with median, IQR, speedup, TFLOP/s, memory, status."""

@@ -30,17 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-__all__ = ["TorchFacingJaxOp", "jax_device_for", "jax_to_torch", "torch_to_jax"]
-
-
-def jax_device_for(device: torch.device | str) -> jax.Device:
-    """The JAX device that matches a torch device (``cpu``, ``cuda[:i]``), or a deltabench device name (``tpu``)."""
-    dev = torch.device(device) if not isinstance(device, torch.device) else device
-    if dev.type == "cpu":
-        return jax.devices("cpu")[0]
-    if dev.type == "cuda":
-        return jax.devices("gpu")[dev.index or 0]
-    return jax.devices(dev.type)[dev.index or 0]
+__all__ = ["TorchFacingJaxOp", "jax_to_torch", "torch_to_jax"]
 
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:

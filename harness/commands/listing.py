@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 __all__ = ["register"]
@@ -24,7 +26,6 @@ def register(app: typer.Typer) -> None:
         from deltabench.harness.ops import OPS
         from deltabench.harness.registry import all_impls, load_module
         from rich.console import Console
-        from rich.table import Table
 
         for spec in import_:
             load_module(spec)
@@ -54,27 +55,64 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"device": device, "ops": ops, "impls": rows}, indent=1))
             return 0
         console = Console()
-        ops_table = Table(title="ops", title_justify="left")
-        for col in ("op", "name", "signature", "per token"):
-            ops_table.add_column(col)
-        for name, s in OPS.items():
-            ops_table.add_row(name, s.title, f"({', '.join(s.args)}, scale, initial_state)", s.rule)
-        console.print(ops_table)
-        table = Table(title=f"impls (availability on {device})", title_justify="left")
-        for col in ("op", "impl", "backend", "devices", "dtypes", "bwd", "available"):
-            table.add_column(col)
-        for r in rows:
-            avail = "[green]yes[/]" if r["available"] else f"[red]no[/]: {r['reason']}"
-            if r["notes"]:
-                avail += f" ({r['notes']})"
-            table.add_row(
-                r["op"],
-                r["impl"],
-                r["backend"],
-                ",".join(r["devices"]),
-                ",".join(r["dtypes"]),
-                "yes" if r["backward"] else "no",
-                avail,
-            )
-        console.print(table)
+        _print_ops(console, OPS)
+        _print_impls(console, rows, device)
         return 0
+
+
+_ALL_DTYPES = ["fp32", "bf16", "fp16"]
+
+
+def _print_ops(console: Any, ops: dict[str, Any]) -> None:
+    """The op contracts: a short table, then each op's per-token rule on its own line (never cut)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="ops", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("op", "name", "call"):
+        table.add_column(col, no_wrap=col != "call")
+    for name, spec in ops.items():
+        table.add_row(name, spec.title, f"{name}({', '.join(spec.args)}, scale, initial_state) -> (o, final_state)")
+    console.print(table)
+    for name, spec in ops.items():
+        console.print(f"  {name}: {spec.rule}", highlight=False, soft_wrap=True)
+    console.print()
+
+
+def _print_impls(console: Any, rows: list[dict[str, Any]], device: str) -> None:
+    """The impls: one compact row each, then the full reason (and notes) of each one not available here."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title=f"impls (availability on {device})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    for col in ("op", "impl", "backend", "devices", "dtypes", "bwd", "here"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        dtypes = "all" if sorted(r["dtypes"]) == sorted(_ALL_DTYPES) else ",".join(r["dtypes"])
+        table.add_row(
+            r["op"],
+            r["impl"],
+            r["backend"],
+            ",".join(r["devices"]),
+            dtypes,
+            "yes" if r["backward"] else "no",
+            "[green]yes[/]" if r["available"] else "[red]no[/]",
+        )
+    console.print(table)
+    unavailable = [r for r in rows if not r["available"]]
+    if unavailable:
+        console.print(f"why not on {device}:")
+        for r in unavailable:
+            console.print(f"  {r['op']}/{r['impl']}: {r['reason']}", highlight=False, soft_wrap=True)
+    noted = [r for r in rows if r["notes"]]
+    if noted:
+        console.print("notes:")
+        for r in noted:
+            console.print(f"  {r['op']}/{r['impl']}: {r['notes']}", highlight=False, soft_wrap=True)

@@ -1,0 +1,145 @@
+"""``deltabench verify`` and ``deltabench list`` end to end: exit codes 0/1/2, the table, JSON, --import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from deltabench.harness.cli import main
+
+TINY = "B=1,T=40,H=1,K=8,V=8"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exit_info.value.code or 0), out, err
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_verify_passes_and_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "gdn", "--impl", "torch_chunk", "--shape", TINY, "--dtype", "bf16", "--seeds", "2",
+        "--device", "cpu", "--regime", "long",
+    )  # fmt: skip
+    assert code == 0, out
+    for text in ("grad:beta", "stream:output", "rel err", "bound", "worst at", "(drawn)", "PASS", "float64 oracle"):
+        assert text in out
+    assert "seeds: 0, 1, " in out
+    assert max(len(line) for line in out.splitlines()) <= 80  # readable in a plain terminal
+
+
+def test_verify_json_lists_every_record(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "kda", "--impl", "torch_recurrent", "--shape", TINY, "--dtype", "fp32",
+        "--seeds", "1", "--mode", "fwd", "--json", "--device", "cpu",
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] is True
+    assert doc["case"]["mode"] == "fwd" and len(doc["seeds"]) == 2 and doc["seeds"][1] == doc["drawn_seed"]
+    checks = {r["check"] for r in doc["records"]}
+    assert {"output", "final_state", "finite", "streaming:output", "determinism"} <= checks
+    assert not any(c.startswith("grad:") for c in checks)
+
+
+def test_verify_a_user_file_with_a_bug_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    user = tmp_path / "my_impls.py"
+    user.write_text(
+        textwrap.dedent(
+            """
+            from deltabench.harness import register_impl, get_impl
+
+            @register_impl("gdn", "cli_test_off_by_scale", backend="torch", devices=("cpu",), dtypes=("fp32",))
+            def off_by_scale(q, k, v, g, beta, scale=None, initial_state=None):
+                o, s = get_impl("gdn", "torch_chunk")(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+                return o * 1.001, s
+
+            @register_impl("gdn", "cli_test_raises", backend="torch", devices=("cpu",), dtypes=("fp32",))
+            def raises(q, k, v, g, beta, scale=None, initial_state=None):
+                raise ValueError("no kernel for you")
+            """
+        )
+    )
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "gdn", "--impl", "cli_test_off_by_scale", "--shape", TINY, "--dtype", "fp32",
+        "--seeds", "1", "--import", str(user), "--device", "cpu",
+    )  # fmt: skip
+    assert code == 1
+    assert "FAIL" in out and "output" in out
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "gdn", "--impl", "cli_test_raises", "--shape", TINY, "--dtype", "fp32",
+        "--import", str(user), "--device", "cpu",
+    )  # fmt: skip
+    assert code == 1 and "raised ValueError: no kernel for you" in out
+
+
+BAD_INPUTS = {
+    "unknown op": (["--op", "gdx", "--impl", "torch_chunk", "--shape", TINY], "unknown op 'gdx'"),
+    "unknown impl": (["--op", "gdn", "--impl", "nope", "--shape", TINY], "unknown impl 'nope'"),
+    "malformed shape": (["--op", "gdn", "--impl", "torch_chunk", "--shape", "B2,T=3"], "malformed shape"),
+    "missing dims": (["--op", "gdn", "--impl", "torch_chunk", "--shape", "B=2,T=3"], "lacks H, K, V"),
+    "bad dtype": (["--op", "gdn", "--impl", "torch_chunk", "--shape", TINY, "--dtype", "fp8"], "unsupported dtype"),
+    "bad regime": (["--op", "gdn", "--impl", "torch_chunk", "--shape", TINY, "--regime", "x"], "unknown gate regime"),
+    "forward-only impl": (
+        ["--op", "gdn", "--impl", "triton_recurrent", "--shape", TINY, "--mode", "fwd+bwd", "--device", "cpu"],
+        "forward only",
+    ),
+    "missing import": (["--op", "gdn", "--impl", "x", "--shape", TINY, "--import", "no/such.py"], "no such file"),
+    "missing option": (["--op", "gdn", "--shape", TINY], "--impl"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    args, message = BAD_INPUTS[name]
+    code, out, err = run_cli(capsys, "verify", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deltabench: error:") and message in lines[0], err
+    assert out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "verify", "--op", "gdn", "--impl", "torch_chunk", "--shape", TINY,
+                           "--device", "cuda")  # fmt: skip
+    assert code == 2 and "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_triton_on_cpu_runs_under_the_interpreter() -> None:
+    """In a fresh process without TRITON_INTERPRET: the command sets it before triton is imported."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "deltabench.harness.cli", "verify", "--op", "gdn", "--impl", "triton_recurrent",
+         "--shape", "B=1,T=20,H=1,K=16,V=16", "--dtype", "fp32", "--seeds", "1", "--device", "cpu"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout
+
+
+def test_list_shows_availability_and_full_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "list", "--device", "cpu")
+    assert code == 0
+    assert "torch_chunk" in out and "gdn2" in out
+    code, out, _ = run_cli(capsys, "list", "--device", "cpu", "--json")
+    doc = json.loads(out)
+    reasons = [r["reason"] for r in doc["impls"] if not r["available"]]
+    _, table, _ = run_cli(capsys, "list", "--device", "cpu")
+    flat = " ".join(table.split())
+    for reason in reasons:  # each reason is printed whole, not cut off
+        assert " ".join(reason.split()) in flat

@@ -62,6 +62,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.exception("database error on %s", request.url.path)
         return _error(request, 500, "internal database error")
 
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unstorable(request: Request, exc: Exception) -> Response:
+        # Raised by a database driver for a value it cannot bind (a 65-bit integer, a lone surrogate).
+        return _error(request, 422, f"a value cannot be stored: {exc}")
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
         if _wants_html(request):

@@ -30,7 +30,8 @@ class Settings:
     read_token_required: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     broker_url: str | None = None
-    start_local_worker: bool = False
+    # False: submitted jobs are only stored (queued) for workers to pick up, never handed to the dispatcher.
+    dispatch_jobs: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -12,6 +12,7 @@ from typing import Any
 from deltabench.db.ingest import ingest_document
 from deltabench.db.models import Annotation, QueuedJob
 from deltabench.harness.document import ResultDocument
+from deltabench.harness.errors import BadInput
 from sqlalchemy.orm import Session
 
 __all__ = [
@@ -78,11 +79,39 @@ def update_job_status(
     session.flush()
 
 
+_INT64 = 2**63 - 1
+
+
+def _check_storable(value: Any, where: str) -> None:
+    """Refuse what a database cannot hold: integers beyond 64 bits, strings with NUL or lone surrogates."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    if isinstance(value, int):
+        if not -_INT64 - 1 <= value <= _INT64:
+            raise BadInput(f"{where}: integer {value} does not fit in 64 bits")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise BadInput(f"{where}: text may not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{where}: text is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_storable(key, where)
+            _check_storable(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_storable(item, f"{where}[{i}]")
+
+
 def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int]:
     """Store result documents (idempotently); returns the run ids and how many jobs the batch carried.
 
     A document whose ``meta`` names a queued job (``queue_job_id``) marks that job done with this run.
     """
+    for i, doc in enumerate(docs):
+        _check_storable(doc.model_dump(), f"documents[{i}]")
     run_ids: list[str] = []
     for doc in docs:
         run_ids.append(ingest_document(session, doc))

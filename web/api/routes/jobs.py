@@ -31,8 +31,11 @@ Kind = Annotated[str | None, Query(pattern=schemas.DEVICE_KIND_PATTERN)]
 def dispatch_job(request: Request, job_id: int) -> str | None:
     """Hand a stored job to the runners' dispatcher; the error text when it could not be handed over.
 
-    Without ``deltabench.runners.dispatch`` installed the job stays queued for a worker started later.
+    Without ``deltabench.runners.dispatch`` installed (or with ``Settings.dispatch_jobs`` off) the job stays
+    queued for a worker started later.
     """
+    if not request.app.state.settings.dispatch_jobs:
+        return None
     try:
         from deltabench.runners.dispatch import submit_job
     except ImportError:

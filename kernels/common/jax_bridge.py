@@ -37,7 +37,11 @@ def torch_to_jax(x: torch.Tensor) -> jax.Array:
     """A JAX array holding the values of torch tensor `x`, on the matching JAX device, same dtype."""
     x = x.detach()
     if x.device.type == "cuda":
-        return jax.dlpack.from_dlpack(x.contiguous())
+        x = x.contiguous()
+        # torch's producing kernels run on torch's stream, which JAX does not wait on: finish them first (this
+        # path serves the correctness gate; the JAX timer never crosses over)
+        torch.cuda.synchronize(x.device)
+        return jax.dlpack.from_dlpack(x)
     x = x.cpu().contiguous()
     if x.dtype == torch.bfloat16:
         # numpy has no bfloat16: ship the bit pattern and let ml_dtypes (JAX's own bf16 numpy type) reinterpret it.
@@ -51,7 +55,7 @@ def jax_to_torch(a: jax.Array, device: torch.device | str) -> torch.Tensor:
     """A torch tensor on `device` holding the values of JAX array `a`, same dtype."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        return torch.from_dlpack(a)
+        return torch.from_dlpack(a.block_until_ready())  # likewise: JAX's stream done before torch reads
     arr = np.array(a, copy=True)  # writable and owned, so torch may keep it
     if arr.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16).to(dev)

@@ -23,7 +23,10 @@ import triton.language as tl
 from ..common.mma import mma
 from .wy import CHUNK, dot_precision, padded
 
-__all__ = ["local_bwd"]
+__all__ = ["LAUNCH", "local_bwd"]
+
+# Fixed launch settings (no autotuning): warps for K >= 128, V block of the in-kernel loop.
+LAUNCH = {"warps": 8, "block_v": 64}
 
 
 @triton.jit
@@ -181,7 +184,7 @@ def local_bwd(
     BK = padded(K)
     local_bwd_kernel[(NT, B * H)](
         q, k, v, g, beta, L, h, dh, vnew, dvnew, do, dq, dk, dv, dg, dbeta, scale, T, NT,
-        H=H, K=K, V=V, BK=BK, BV=min(64, padded(V)), C=CHUNK, PREC=dot_precision(q.dtype),
-        num_warps=8 if BK >= 128 else 4, num_stages=1,
+        H=H, K=K, V=V, BK=BK, BV=min(LAUNCH["block_v"], padded(V)), C=CHUNK, PREC=dot_precision(q.dtype),
+        num_warps=LAUNCH["warps"] if BK >= 128 else 4, num_stages=1,
     )  # fmt: skip
     return dq, dk, dv, dg, dbeta

@@ -27,7 +27,7 @@ import triton.language as tl
 from ..common.mma import mma
 from .wy import CHUNK, dot_precision, padded
 
-__all__ = ["state_bwd", "state_fwd"]
+__all__ = ["LAUNCH", "state_bwd", "state_fwd"]
 
 
 @triton.jit
@@ -146,12 +146,22 @@ def state_bwd_kernel(
     tl.store(dh0 + state_off, dH, mask=mkv)
 
 
+# Fixed launch settings (no autotuning: the gate must cover every config a run can pick).
+# Measured on the H200 with Triton 3.6 (benchmarks/NOTES.md): a 32-column V block hit an illegal memory
+# access in state_fwd (4 warps at K = 64; 8 warps at K = 128), so V blocks are 64 columns (8 warps), or
+# 16 (4 warps) when V is under 64; 64/8 and 16/4 ran clean. `stages` = 1: no software-pipelined loads.
+LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
+
+
 def _block_v(V: int, programs_per_block: int) -> int:
-    """V block of the sequential stages: 64 columns, or 32 when that leaves the GPU under-filled."""
-    bv = min(64, padded(V))
-    if bv == 64 and programs_per_block * triton.cdiv(V, 64) < 256:
-        bv = 32
-    return bv
+    """V block of the sequential stages: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
+    del programs_per_block  # more programs (smaller blocks) would help small B*H, but see LAUNCH
+    return LAUNCH["block_v"] if padded(V) >= 64 else 16
+
+
+def _warps(BK: int, BV: int) -> int:
+    """Warps of a sequential-stage program: LAUNCH's for 64-column blocks, 4 for 16-column ones."""
+    return LAUNCH["warps"] if BV >= 64 else 4
 
 
 def state_fwd(
@@ -183,7 +193,7 @@ def state_fwd(
         q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
-        PREC=dot_precision(q.dtype), num_warps=8 if BK * BV >= 128 * 64 else 4, num_stages=2,
+        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
     )  # fmt: skip
     return o, ht, h, vnew
 
@@ -210,6 +220,6 @@ def state_bwd(
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
-        PREC=dot_precision(q.dtype), num_warps=8 if BK * BV >= 128 * 64 else 4, num_stages=2,
+        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
     )  # fmt: skip
     return dh, dvnew, dh0

@@ -21,10 +21,11 @@ import triton.language as tl
 
 from ..common.mma import mma
 
-__all__ = ["CHUNK", "wy_fwd"]
+__all__ = ["CHUNK", "LAUNCH", "wy_fwd"]
 
 CHUNK = 64
 _SUB = 16  # row block of the blockwise inverse
+LAUNCH = {"warps": 4}  # fixed (no autotuning)
 
 
 @triton.jit
@@ -219,6 +220,6 @@ def wy_fwd(
     wy_fwd_kernel[grid](
         k, v, g, beta, L, w, u, T,
         H=H, K=K, V=V, BK=padded(K), BV=padded(V), BC=_SUB, C=CHUNK, PREC=dot_precision(k.dtype),
-        num_warps=4, num_stages=1,
+        num_warps=LAUNCH["warps"], num_stages=1,
     )  # fmt: skip
     return L, w, u

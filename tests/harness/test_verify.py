@@ -10,7 +10,7 @@ import pytest
 import torch
 from deltabench.harness import BadInput, Case, get_impl, get_op
 from deltabench.harness.checks import compare, rel_fro, worst_element
-from deltabench.harness.tolerances import TOLERANCES, family_of, threshold
+from deltabench.harness.tolerances import TOLERANCES, TRITON_INTERPRETER_BF16, family_of, threshold
 from deltabench.harness.verify import split_point, verify_case
 
 TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
@@ -74,6 +74,9 @@ def test_tolerances_cover_every_dtype_and_family() -> None:
     assert threshold("bfloat16", "final_state") == TOLERANCES["bf16"]["state"]
     # A gradient off by 1% must fail at every dtype (the planted-bug tests show it on real impls).
     assert all(bounds["gradient"] < 0.01 for bounds in TOLERANCES.values())
+    # The Triton interpreter's truncating bf16 casts get their own bound; its fp32 and fp16 do not.
+    assert threshold("bf16", "grad:q", profile="triton_interpreter") == TRITON_INTERPRETER_BF16
+    assert threshold("fp32", "grad:q", profile="triton_interpreter") == TOLERANCES["fp32"]["gradient"]
 
 
 @pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])

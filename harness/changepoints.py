@@ -33,7 +33,7 @@ __all__ = ["ChangePoint", "find_change_points", "point_values", "robust_noise"]
 
 # Defaults calibrated with benchmarks/regression_detection.py (see the module docstring).
 DEFAULT_MAX_PVALUE = 0.001
-DEFAULT_PENALTY = 4.0
+DEFAULT_PENALTY = 5.0
 DEFAULT_MIN_SIZE = 3
 DEFAULT_CLIP = 3.0
 _MEDIAN_WINDOW = 5

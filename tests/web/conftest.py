@@ -185,7 +185,7 @@ class Factory:
     token = staticmethod(make_token)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def build() -> type[Factory]:
     """Document, job, ingest-body and token builders."""
     return Factory

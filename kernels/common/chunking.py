@@ -67,5 +67,6 @@ def pairwise_decay(cum_log_decay: torch.Tensor, *, per_channel: bool) -> torch.T
         diff = cum_log_decay[..., :, None] - cum_log_decay[..., None, :]
         C = cum_log_decay.shape[-1]
         causal = torch.ones(C, C, dtype=torch.bool, device=diff.device).tril()
-    # Zero the acausal differences BEFORE exp (they are positive and may overflow), then zero their result.
-    return diff.masked_fill(~causal, 0.0).exp().masked_fill(~causal, 0.0)
+    # The acausal differences are positive and may overflow: replace them by -inf BEFORE exp, so they come out as
+    # exact zeros (and their gradient, grad * exp(-inf), is zero too). One pass cheaper than masking twice.
+    return torch.where(causal, diff, float("-inf")).exp()

@@ -416,8 +416,10 @@ def result_checks(session: Session, *, result_ids: Sequence[int]) -> dict[int, l
     return out
 
 
-def _check_record(row: Check) -> CheckRecord:
-    return CheckRecord(
+def _check_record(row: Any) -> CheckRecord:
+    # model_construct: what is stored was validated when it was ingested; validating again costs the run page
+    # most of its time.
+    return CheckRecord.model_construct(
         check=row.check,
         metric=row.metric,
         value=row.value,
@@ -458,10 +460,10 @@ def _environment_doc(env: Environment) -> EnvironmentDoc:
     )
 
 
-def _job_result(row: Result, samples: list[float] | None, checks: list[CheckRecord], run: Run) -> JobResult:
+def _job_result(row: Any, samples: list[float] | None, checks: list[CheckRecord], run: Run) -> JobResult:
     timing = None
     if row.median_ms is not None:
-        timing = TimingStats(
+        timing = TimingStats.model_construct(
             clock=row.clock,  # type: ignore[arg-type]
             samples_ms=samples or [],
             median_ms=row.median_ms,
@@ -477,12 +479,12 @@ def _job_result(row: Result, samples: list[float] | None, checks: list[CheckReco
         )
     memory = None
     if row.peak_bytes is not None:
-        memory = MemoryStats(
+        memory = MemoryStats.model_construct(
             peak_bytes=row.peak_bytes, inputs_bytes=row.inputs_bytes or 0, method=row.memory_method or ""
         )
     work = None
     if row.flops is not None:
-        work = WorkFigures(
+        work = WorkFigures.model_construct(
             flops=row.flops,
             bytes=row.bytes_moved or 0.0,
             tflops=row.tflops,
@@ -490,10 +492,10 @@ def _job_result(row: Result, samples: list[float] | None, checks: list[CheckReco
             floor_ms=row.floor_ms,
             pct_of_floor=row.pct_of_floor,
         )
-    return JobResult(
+    return JobResult.model_construct(
         job_id=row.job_id,
         attempt=row.attempt,
-        case=CaseSpec(
+        case=CaseSpec.model_construct(
             op=row.op,
             B=row.B,
             T=row.T,
@@ -522,6 +524,33 @@ def _job_result(row: Result, samples: list[float] | None, checks: list[CheckReco
     )
 
 
+def _run_children(
+    session: Session, run_pk: int
+) -> tuple[list[Any], dict[int, list[float]], dict[int, list[CheckRecord]]]:
+    """A run's result rows (Core rows: several times cheaper than ORM objects), samples and checks."""
+    results_table, checks_table = Result.__table__, Check.__table__
+    rows = session.execute(
+        select(results_table).where(results_table.c.run_pk == run_pk).order_by(Result.position, Result.id)
+    ).all()
+    samples = {
+        result_id: unpack_samples(blob)
+        for result_id, blob in session.execute(
+            select(ResultSamples.result_id, ResultSamples.samples)
+            .join(Result, Result.id == ResultSamples.result_id)
+            .where(Result.run_pk == run_pk)
+        )
+    }
+    checks: dict[int, list[CheckRecord]] = {}
+    for row in session.execute(
+        select(checks_table)
+        .join(results_table, results_table.c.id == checks_table.c.result_id)
+        .where(results_table.c.run_pk == run_pk)
+        .order_by(checks_table.c.result_id, checks_table.c.position)
+    ):
+        checks.setdefault(row.result_id, []).append(_check_record(row))
+    return rows, samples, checks
+
+
 def load_run_document(session: Session, run_id: str) -> ResultDocument:
     """Rebuild the stored run as a :class:`ResultDocument` (what was ingested, jobs in document order).
 
@@ -531,10 +560,7 @@ def load_run_document(session: Session, run_id: str) -> ResultDocument:
     run = get_run(session, run_id=run_id)
     if run is None:
         raise BadInput(f"no run {run_id!r} in this database")
-    rows = run_results(session, run_id=run_id)
-    ids = [row.id for row in rows]
-    samples = result_samples(session, result_ids=ids)
-    checks = result_checks(session, result_ids=ids)
+    rows, samples, checks = _run_children(session, run.id)
     return ResultDocument(
         schema_version=run.schema_version,
         run_id=run.run_id,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
+import pytest
 from deltabench.harness.cases import Case
 from deltabench.runners.base import GateSettings, JobSpec, TimingSettings
 from deltabench.runners.isolated import run_isolated
@@ -34,8 +36,9 @@ def test_hanging_impl_times_out_and_its_process_group_is_killed():
     assert elapsed < 15, f"the kill took {elapsed:.1f} s"
 
 
-def test_process_that_exits_without_a_result_fails_with_its_exit_code():
-    result = run_isolated(_job("planted_exit", timeout_s=120))
+@pytest.mark.parametrize("python", [None, sys.executable], ids=["forked", "exec"])
+def test_process_that_exits_without_a_result_fails_with_its_exit_code(python):
+    result = run_isolated(_job("planted_exit", timeout_s=120), python=python)
     assert result.status == "failed"
     assert "exited with code 3 without a result" in result.reason
     assert "first call" in result.reason  # the phase it died in

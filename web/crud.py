@@ -121,6 +121,9 @@ def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[l
             if job is not None and job.status != "cancelled":
                 worker = doc.meta.get("worker") if isinstance(doc.meta.get("worker"), str) else None
                 update_job_status(session, job=job, status="done", run_id=doc.run_id, worker=worker)
+    from .services import forget_runs
+
+    forget_runs(run_ids)
     return run_ids, sum(len(doc.jobs) for doc in docs)
 
 

@@ -26,13 +26,14 @@ __all__ = [
     "SessionDep",
     "SettingsDep",
     "WriteTokenDep",
+    "bearer",
     "check_token",
     "get_session",
     "get_settings",
 ]
 
 TOKEN_COOKIE = "deltabench_token"
-_bearer = HTTPBearer(auto_error=False, description="A token made with `deltabench token create --name NAME`.")
+bearer = HTTPBearer(auto_error=False, description="A token made with `deltabench token create --name NAME`.")
 
 
 def get_settings(request: Request) -> Settings:
@@ -73,7 +74,7 @@ def _request_token(request: Request, credentials: HTTPAuthorizationCredentials |
 def require_write_token(
     request: Request,
     session: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> ApiToken:
     """The caller's token, which every write needs."""
     return check_token(session, _request_token(request, credentials))
@@ -83,7 +84,7 @@ def require_read_access(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> ApiToken | None:
     """Nothing when reads are open (the default); the caller's token when reads need one."""
     if not settings.read_token_required:

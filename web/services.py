@@ -6,8 +6,10 @@ Each function takes a session and plain arguments, reads through ``deltabench.db
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as _dt
+import threading
 from typing import Any
 
 from deltabench.db import queries
@@ -22,6 +24,7 @@ __all__ = [
     "OpTable",
     "compare_impls_in_run",
     "compare_two_runs",
+    "forget_runs",
     "latest_change_points",
     "load_run",
     "run_tables",
@@ -118,21 +121,71 @@ def _comparison_public(comparison: Any, *, base_label: str, head_label: str) -> 
     return schemas.ComparisonPublic(base_label=base_label, head_label=head_label, **d)
 
 
+# Comparisons are deterministic (seeded bootstrap) and cost ~10 ms a job, so each is kept until a run it reads
+# gets new jobs (see forget_runs, called on ingest). Bounded: the oldest entries go first.
+_COMPARISONS: collections.OrderedDict[tuple[Any, ...], schemas.ComparisonPublic] = collections.OrderedDict()
+_COMPARISONS_MAX = 256
+_COMPARISONS_LOCK = threading.Lock()
+
+
+def forget_runs(run_ids: list[str]) -> None:
+    """Drop cached comparisons that read any of `run_ids` (their jobs changed)."""
+    changed = set(run_ids)
+    with _COMPARISONS_LOCK:
+        for key in [k for k in _COMPARISONS if changed & set(k[:2])]:
+            del _COMPARISONS[key]
+
+
+def _cached(key: tuple[Any, ...], compute: Any) -> schemas.ComparisonPublic:
+    with _COMPARISONS_LOCK:
+        if key in _COMPARISONS:
+            _COMPARISONS.move_to_end(key)
+            return _COMPARISONS[key]
+    value = compute()
+    with _COMPARISONS_LOCK:
+        _COMPARISONS[key] = value
+        while len(_COMPARISONS) > _COMPARISONS_MAX:
+            _COMPARISONS.popitem(last=False)
+    return value
+
+
+def _resolve(session: Session, ref: str) -> str:
+    try:
+        return queries.resolve_run_id(session, ref=ref)
+    except BadInput as exc:
+        raise NotFound(str(exc)) from None
+
+
 def compare_two_runs(
     session: Session, *, base: str, head: str, threshold: float, alpha: float
 ) -> schemas.ComparisonPublic:
     """Head run vs base run, job by job (see ``harness.stats.compare_documents``)."""
     from deltabench.harness.stats import compare_documents
 
-    base_doc, head_doc = load_run(session, base), load_run(session, head)
-    comparison = compare_documents(base_doc, head_doc, threshold=threshold, alpha=alpha)
-    return _comparison_public(comparison, base_label=base_doc.run_id[:12], head_label=head_doc.run_id[:12])
+    base_id, head_id = _resolve(session, base), _resolve(session, head)
+
+    def compute() -> schemas.ComparisonPublic:
+        base_doc, head_doc = load_run(session, base_id), load_run(session, head_id)
+        comparison = compare_documents(base_doc, head_doc, threshold=threshold, alpha=alpha)
+        return _comparison_public(comparison, base_label=base_id[:12], head_label=head_id[:12])
+
+    return _cached((base_id, head_id, "runs", threshold, alpha), compute)
 
 
 def compare_impls_in_run(
     session: Session, *, run: str, base_impl: str, head_impl: str, threshold: float, alpha: float
 ) -> schemas.ComparisonPublic:
     """Two impls of one run, case by case: head impl vs base impl (same machine, same software)."""
+    run_id = _resolve(session, run)
+    return _cached(
+        (run_id, run_id, base_impl, head_impl, threshold, alpha),
+        lambda: _compare_impls(session, run_id, base_impl, head_impl, threshold, alpha),
+    )
+
+
+def _compare_impls(
+    session: Session, run: str, base_impl: str, head_impl: str, threshold: float, alpha: float
+) -> schemas.ComparisonPublic:
     from deltabench.harness.stats import Comparison, compare_jobs
 
     doc = load_run(session, run)

@@ -6,10 +6,16 @@ import datetime as _dt
 from typing import Annotated, Any
 
 from deltabench.db import queries
-from fastapi import APIRouter, Query
+from deltabench.db.engine import session_scope
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import ValidationError
+from sqlalchemy import Engine
 
 from ... import crud, schemas, services
-from ...deps import ReadAccessDep, SessionDep, WriteTokenDep
+from ...deps import TOKEN_COOKIE, ReadAccessDep, SessionDep, bearer, check_token
 from ._common import ERRORS, WRITE_ERRORS, Limit, Offset, Text
 
 __all__ = ["router"]
@@ -17,11 +23,42 @@ __all__ = ["router"]
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
-@router.post("", status_code=201, response_model=schemas.IngestResponse, responses=WRITE_ERRORS)
-def ingest_runs(body: schemas.RunsIngest, session: SessionDep, _token: WriteTokenDep) -> schemas.IngestResponse:
-    """Store a batch of result documents. Idempotent: a run or job already stored is not stored again."""
-    run_ids, jobs = crud.ingest_batch(session, docs=body.documents)
+def _ingest(engine: Engine, token: str | None, body: schemas.RunsIngest) -> schemas.IngestResponse:
+    with session_scope(engine) as session:
+        check_token(session, token)
+        run_ids, jobs = crud.ingest_batch(session, docs=body.documents)
     return schemas.IngestResponse(runs=run_ids, jobs=jobs)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=schemas.IngestResponse,
+    responses=WRITE_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunsIngest"}}},
+        }
+    },
+)
+async def ingest_runs(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> schemas.IngestResponse:
+    """Store a batch of result documents. Idempotent: a run or job already stored is not stored again.
+
+    The body is a :class:`RunsIngest` (``{"documents": [...]}``), parsed straight from its bytes by pydantic's
+    JSON parser (several times faster than decoding to Python objects first: a worker posts thousands of jobs).
+    """
+    token = credentials.credentials if credentials is not None else request.cookies.get(TOKEN_COOKIE)
+    if not token:
+        check_token(None, None)  # type: ignore[arg-type]  # raises the 401
+    raw = await request.body()
+    try:
+        body = schemas.RunsIngest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
+    return await run_in_threadpool(_ingest, request.app.state.engine, token, body)
 
 
 @router.get("", response_model=schemas.RunsPublic, responses=ERRORS)

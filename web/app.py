@@ -14,10 +14,10 @@ import pathlib
 from deltabench.db.engine import get_engine
 from deltabench.harness.errors import BadInput
 from fastapi import FastAPI, Request
-from fastapi.exceptions import HTTPException
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError, StatementError
+from starlette.exceptions import HTTPException
 
 from .api.main import api_router
 from .config import Settings

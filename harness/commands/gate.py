@@ -149,7 +149,8 @@ def load_run(
 def _fmt_ms(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"{v:#.4g}"
+    # Four significant digits, trailing zeros kept (2.200, not 2.2), no dangling point on large values.
+    return f"{v:.0f}" if v >= 1000 else f"{v:#.4g}"
 
 
 def _fmt_ratio(r: JobComparison) -> str:

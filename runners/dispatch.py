@@ -183,17 +183,22 @@ class LocalWorker:
             return session.scalar(select(QueuedJob.status).where(QueuedJob.id == job_id))
 
     def _fail_unserved(self) -> None:
-        kinds = self.kinds
+        kinds = sorted(self.kinds)
+        unserved = (QueuedJob.status == "queued", QueuedJob.device_kind.not_in(kinds))
+        with self.sessions() as session:
+            # Look before writing: an UPDATE that matches nothing would still take SQLite's write lock each poll.
+            if session.scalar(select(QueuedJob.id).where(*unserved).limit(1)) is None:
+                return
         with self.sessions.begin() as session:
             session.execute(
                 update(QueuedJob)
-                .where(QueuedJob.status == "queued", QueuedJob.device_kind.not_in(sorted(kinds)))
+                .where(*unserved)
                 .values(
                     status="failed",
                     updated_at=_now(),
                     error=(
                         f"no broker is configured ({BROKER_ENV}) and this server's local worker has no such device "
-                        f"(it serves {', '.join(sorted(kinds))})"
+                        f"(it serves {', '.join(kinds)})"
                     ),
                 )
             )

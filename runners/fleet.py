@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -150,6 +151,34 @@ class WorkerConfig:
     imports: list[str] = []  # noqa: RUF012 - replaced as a whole by configure_worker
     timeout_s: float | None = None
     cancel_poll_s: float = 5.0
+    concurrency: int = 1
+    retry_s: float = 60.0  # wait before retrying a job whose server could not be reached
+    max_retries: int = 30
+
+
+class _Accelerators:
+    """Which accelerator each running job has: with ``--concurrency N``, N jobs each pinned to their own GPU."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[int] = [0]
+
+    def reset(self, count: int) -> None:
+        with self._lock:
+            self._free = list(range(count))
+
+    def take(self) -> int:
+        with self._lock:
+            # Celery runs at most `concurrency` tasks at once, so one is free; 0 is only a guard.
+            return self._free.pop(0) if self._free else 0
+
+    def give_back(self, index: int) -> None:
+        with self._lock:
+            self._free.append(index)
+            self._free.sort()
+
+
+_accelerators = _Accelerators()
 
 
 def configure_worker(
@@ -160,8 +189,10 @@ def configure_worker(
     device: str | None = None,
     imports: list[str] | None = None,
     timeout_s: float | None = None,
+    concurrency: int = 1,
 ) -> None:
-    """Set this process's worker configuration (read by the task when a job arrives)."""
+    """Set this process's worker configuration (read by the task when a job arrives); `concurrency` jobs at a
+    time, job i on GPU i."""
     WorkerConfig.server = server
     WorkerConfig.token = token
     name = name or f"worker{os.getpid()}"
@@ -169,6 +200,14 @@ def configure_worker(
     WorkerConfig.device = device
     WorkerConfig.imports = list(imports or [])
     WorkerConfig.timeout_s = timeout_s
+    WorkerConfig.concurrency = concurrency
+    _accelerators.reset(concurrency)
+
+
+def gpu_pinning() -> bool:
+    """Whether jobs are pinned to one GPU each: when this worker runs several at a time and the host's GPU
+    selection was not already narrowed by the user (``CUDA_VISIBLE_DEVICES`` unset)."""
+    return WorkerConfig.concurrency > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
 def _redelivered(task: Any) -> bool:
@@ -177,9 +216,23 @@ def _redelivered(task: Any) -> bool:
 
 
 def _run_job_task(task: Any, job_id: int, spec: dict[str, Any], run_id: str) -> str:
-    """The Celery task: run one queued job here and post its document to the server; returns what happened."""
+    """The Celery task: run one queued job here and post its document to the server; returns what happened.
+
+    A server that cannot be reached sends the job back to the queue (retried every ``retry_s`` seconds): a job
+    is never dropped because its server was briefly down.
+    """
+    import httpx
+
     if not WorkerConfig.server:
         raise RuntimeError("this process is not a configured deltabench worker (use `deltabench worker`)")
+    try:
+        return _run_job(task, job_id, spec, run_id)
+    except httpx.TransportError as exc:
+        log.warning("job %s: server %s unreachable (%s): retrying later", job_id, WorkerConfig.server, exc)
+        raise task.retry(exc=exc, countdown=WorkerConfig.retry_s, max_retries=WorkerConfig.max_retries) from exc
+
+
+def _run_job(task: Any, job_id: int, spec: dict[str, Any], run_id: str) -> str:
     client = ServerClient(WorkerConfig.server, WorkerConfig.token)
     status = client.job_status(job_id)
     if status in (None, "done", "cancelled", "failed"):
@@ -209,7 +262,12 @@ def _run_job_task(task: Any, job_id: int, spec: dict[str, Any], run_id: str) -> 
             return False
 
     log.info("job %s: running %s", job_id, run_id)
-    outcome = execute_queued_job(request, should_cancel=should_cancel)
+    gpu = _accelerators.take()
+    try:
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if request.device == "cuda" and gpu_pinning() else None
+        outcome = execute_queued_job(request, should_cancel=should_cancel, env=env)
+    finally:
+        _accelerators.give_back(gpu)
     if outcome.cancelled:
         return "cancelled"
     if outcome.document is None:

@@ -157,7 +157,7 @@ class QueuedJobRequest:
     imports: list[str] = dataclasses.field(default_factory=list)
     timeout_s: float | None = None
     worker: str = ""
-    delivery: int = 1
+    delivery: int = 1  # 1 on the first delivery; more when the job runs again (a fleet worker knows only 2)
     out: str = ""
 
 

@@ -28,7 +28,9 @@ def register(app: typer.Typer) -> None:
             None, "--token", help="A write token of that server (default: $DELTABENCH_TOKEN).", show_default=False
         ),
         broker: str = typer.Option(None, "--broker", help="Celery broker URL (default: $DELTABENCH_BROKER)."),
-        concurrency: int = typer.Option(1, "--concurrency", "-c", help="Jobs at a time (one per accelerator)."),
+        concurrency: int = typer.Option(
+            1, "--concurrency", "-c", help="Jobs at a time, one per accelerator (job i sees only GPU i)."
+        ),
         device: str = typer.Option(None, "--device", help="cpu or cuda (default: from each job's device kind)."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         timeout: float = typer.Option(None, "--timeout", help="Seconds per case before it is killed (timeout)."),
@@ -69,7 +71,15 @@ def register(app: typer.Typer) -> None:
 
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll is noise
 
-        configure_worker(server=server, token=token, name=name, device=device, imports=imports, timeout_s=timeout)
+        configure_worker(
+            server=server,
+            token=token,
+            name=name,
+            device=device,
+            imports=imports,
+            timeout_s=timeout,
+            concurrency=concurrency,
+        )
         celery_app = make_celery(broker)
         # One job per accelerator: `solo` runs the job in this process's main thread (nothing else to lose
         # when the worker is killed); several at a time run in threads, each job in its own process anyway.

@@ -77,14 +77,14 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         token = create_token(session, name="local-test")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deltabench.harness.cli", "serve", "--db", db, "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=tmp_path,
-    )
+    with open(tmp_path / "serve.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deltabench.harness.cli", "serve", "--db", db, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+        )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -104,11 +104,10 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
 
 
 def test_serve_runs_a_submitted_job_on_its_local_worker(served: tuple[str, str, str]) -> None:
-    base, token, db = served
+    base, token, _db = served
     auth = {"Authorization": f"Bearer {token}"}
     spec = {"suite": "smoke", "ops": ["gdn"], "impls": ["torch_chunk"], "dtypes": ["fp32"], "modes": ["fwd"]}
     submitted = httpx.post(f"{base}/api/v1/jobs", json={**spec, "device_kind": "cpu"}, headers=auth, timeout=10)

@@ -64,3 +64,27 @@ def test_run_and_job_ids_are_fixed_by_the_queued_job() -> None:
 )
 def test_device_kinds_map_to_runner_devices(kind: str, device: str) -> None:
     assert device_for_kind(kind) == device
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--queue", "cpu", "--server", "http://127.0.0.1:1", "--broker", "redis://127.0.0.1:6379/13"], "--token"),
+        (["--queue", "cpu", "--server", "http://127.0.0.1:1", "--token", "t"], "--broker"),
+        (["--queue", "cpu", "--server", "127.0.0.1:1", "--token", "t", "--broker", "redis://x"], "http://"),
+        (["--queue", "H200!", "--server", "http://x", "--token", "t", "--broker", "redis://x"], "device kind"),
+        (["--queue", "cpu", "--server", "http://x", "--token", "t", "--broker", "redis://x", "-c", "0"], "at least 1"),
+    ],
+)
+def test_worker_command_refuses_bad_options_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltabench.harness.cli import main
+
+    monkeypatch.delenv("DELTABENCH_TOKEN", raising=False)
+    monkeypatch.delenv("DELTABENCH_BROKER", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err

@@ -123,9 +123,8 @@ class Fleet:
         self.base = f"http://127.0.0.1:{self.port}"
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
-        log.close()
+        with open(self.tmp / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
         self.procs.append(proc)
         return proc
 

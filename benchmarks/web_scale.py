@@ -1,7 +1,7 @@
 """Dashboard and API latency at scale: 1,000,000 stored results in SQLite (a benchmark script, not a test).
 
-Fills an SQLite store with ``--results`` results (runs of ``--per-run`` jobs: 3 ops x impls x shapes x dtypes x
-modes, 20 raw samples and 2 verification records each, one run an hour on one machine), then starts the real
+Fills an SQLite store with ``--results`` results (with benchmarks/db_scale.py's filler: runs of ``--per-run``
+jobs shaped like real suites, raw samples and 2 verification records each), then starts the real
 app under uvicorn on a free port and measures, with an HTTP client over a socket:
 
 - p50/p95 of the run page (random runs), the comparison page (random pairs of runs, bootstrap and rank test on
@@ -108,27 +108,37 @@ def make_document(i: int, grid: list, rng: random.Random) -> ResultDocument:
 
 
 def fill(db: str, n_results: int, per_run: int) -> None:
-    """Store runs until the store holds `n_results` results (resumes a partly filled store)."""
+    """Bring the store to `n_results` results: benchmarks/db_scale.py's Core filler when present (fast), else
+    runs of this script's grid through ``ingest_document``."""
+    import sys
+
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.ingest import ingest_document
-    from deltabench.db.queries import count_runs
+    from deltabench.db.models import Result
+    from sqlalchemy import func, select
 
     engine = get_engine(db)
-    grid = job_grid(per_run)
     with session_scope(engine) as session:
-        have = count_runs(session)
-    want = n_results // per_run
+        have = session.execute(select(func.count()).select_from(Result)).scalar_one()
+    if have >= n_results:
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    try:
+        from db_scale import fill as core_fill
+    except ImportError:
+        core_fill = None
+    if core_fill is not None:
+        print(f"filling {n_results - have:,} results with benchmarks/db_scale.py's filler ...", flush=True)
+        seconds = core_fill(engine, n_results - have, per_run)
+        print(f"filled in {seconds:.0f} s")
+        return
+    grid = job_grid(per_run)
     rng = random.Random(have)
-    t0 = time.perf_counter()
-    for start in range(have, want, 50):
-        docs = [make_document(i, grid, rng) for i in range(start, min(start + 50, want))]
+    for start in range(have // per_run, n_results // per_run, 50):
+        docs = [make_document(i, grid, rng) for i in range(start, min(start + 50, n_results // per_run))]
         with session_scope(engine) as session:
             for doc in docs:
                 ingest_document(session, doc)
-        done = min(start + 50, want)
-        rate = (done - have) * per_run / (time.perf_counter() - t0)
-        print(f"\rfilling: {done * per_run:,} / {want * per_run:,} results ({rate:,.0f}/s)", end="", flush=True)
-    print()
 
 
 def _free_port() -> int:
@@ -163,6 +173,16 @@ def timed(client, urls: list[str]) -> list[float]:  # type: ignore[no-untyped-de
         if r.status_code != 200:
             raise SystemExit(f"GET {url}: {r.status_code} {r.text[:300]}")
     return out
+
+
+def history_url(key) -> str:  # type: ignore[no-untyped-def]
+    """The history API's URL for a ``db.queries.SeriesKey``."""
+    shape = f"B{key.B}-T{key.T}-H{key.H}-K{key.K}-V{key.V}"
+    query = {"op": key.op, "impl": key.impl, "shape": shape, "dtype": key.dtype, "mode": key.mode}
+    query["machine"] = key.machine_kind
+    from urllib.parse import urlencode
+
+    return "/api/v1/history?" + urlencode(query)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -202,7 +222,9 @@ def main() -> None:
         runs = [r.run_id for r in queries.list_runs(session, limit=100_000)]
         stored = session.execute(select(func.count()).select_from(Result)).scalar_one()
         token = create_token(session, name=f"bench-{uuid.uuid4().hex[:6]}")
-    print(f"store: {stored:,} results in {len(runs):,} runs ({pathlib.Path(args.db).stat().st_size / 2**30:.2f} GiB)")
+        all_series = queries.list_series(session, limit=100_000)
+    size_gib = pathlib.Path(args.db).stat().st_size / 2**30
+    print(f"store: {stored:,} results in {len(runs):,} runs, {len(all_series):,} series ({size_gib:.2f} GiB)")
 
     base, server = serve(args.db)
     rng = random.Random(0)
@@ -213,15 +235,7 @@ def main() -> None:
         results["run page"] = timed(client, [f"/runs/{rng.choice(runs)}" for _ in range(args.requests)])
         pairs = [(rng.choice(runs), rng.choice(runs)) for _ in range(args.requests)]
         results["comparison page"] = timed(client, [f"/compare?base={a}&head={b}" for a, b in pairs])
-        series = [rng.choice(grid) for _ in range(args.requests)]
-        results["history API"] = timed(
-            client,
-            [
-                f"/api/v1/history?op={op}&impl={impl}&shape=B{B}-T{T}-H{H}-K{D}-V{D}&dtype={dt_}"
-                f"&mode={mode.replace('+', '%2B')}&machine=h200"
-                for op, impl, (B, T, H, D), dt_, mode in series
-            ],
-        )
+        results["history API"] = timed(client, [history_url(rng.choice(all_series)) for _ in range(args.requests)])
         # The same pairs again: comparisons are cached until a run they read changes.
         results["comparison, cached"] = timed(client, [f"/compare?base={a}&head={b}" for a, b in pairs])
         for name, ms in results.items():

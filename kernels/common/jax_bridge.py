@@ -12,7 +12,8 @@ torch inputs), so each JAX op is wrapped in a :class:`TorchFacingJaxOp`:
 
 Importing this module imports JAX. It sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` first (unless the user
 chose otherwise) because JAX would otherwise reserve most of a GPU's memory and starve PyTorch in the same
-process.
+process; then it applies deltabench's compilation settings (:mod:`.jax_compile`: a persistent compilation cache,
+and cheap CPU compiles when ``DELTABENCH_JAX_FAST_COMPILE=1``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from .jax_compile import configure_compilation
+
 __all__ = ["TorchFacingJaxOp", "jax_to_torch", "torch_to_jax"]
+
+configure_compilation()  # persistent cache; cheap CPU compiles when DELTABENCH_JAX_FAST_COMPILE=1
 
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:

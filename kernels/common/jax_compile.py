@@ -1,0 +1,92 @@
+"""How deltabench's JAX kernels get compiled: a persistent compilation cache, and an opt-in cheap CPU compiler.
+
+* **Persistent cache** (on by default). deltabench runs every job in a fresh process, so without a cache each
+  job recompiles the same programs: seconds each on a CPU, more for a forward+backward on a GPU. Compiled
+  programs are kept in ``$DELTABENCH_JAX_CACHE_DIR`` (default ``$XDG_CACHE_HOME/deltabench/jax``, that is
+  ``~/.cache/deltabench/jax``); ``DELTABENCH_JAX_CACHE_DIR=off`` disables it, and a cache directory already set
+  in JAX's own configuration is left alone. A program loaded from the cache reports its loading time as
+  ``compile_s``.
+* **Cheap compiles** (``DELTABENCH_JAX_FAST_COMPILE=1``, off by default). XLA's CPU compiler then uses its
+  classic loop emitters and LLVM at ``-O0``: about ten times cheaper compiles, slower code. Meant for
+  correctness work on a CPU (tests, smoke runs), never for timings that matter: the LLVM setting also applies to
+  GPU code generation. The flags are probed in a subprocess first (XLA aborts on a flag it does not know), and
+  apply only if JAX has not started a backend yet in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+
+__all__ = ["FAST_CPU_COMPILE_FLAGS", "configure_compilation", "enable_persistent_cache", "use_fast_cpu_compilation"]
+
+FAST_CPU_COMPILE_FLAGS = (
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+)
+_CACHE_MIN_COMPILE_S = 0.25  # smaller programs compile faster than a cache lookup pays back
+_PROBED_ENV = "DELTABENCH_JAX_FAST_COMPILE_PROBED"  # "<jax version>:<0|1>", so child processes skip the probe
+
+
+def enable_persistent_cache() -> str | None:
+    """Point JAX's persistent compilation cache at deltabench's directory; returns it, or None when disabled."""
+    wanted = os.environ.get("DELTABENCH_JAX_CACHE_DIR", "")
+    if wanted.lower() in ("off", "0", "none", "false"):
+        return None
+    current = getattr(jax.config, "jax_compilation_cache_dir", None)
+    if current:
+        return str(current)
+    if not wanted:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        wanted = str(Path(base) / "deltabench" / "jax")
+    try:
+        jax.config.update("jax_compilation_cache_dir", wanted)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_S)
+    except (AttributeError, KeyError, ValueError):  # a JAX without these options: compile every time
+        return None
+    return wanted
+
+
+def _xla_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether this XLA starts with `flags` (checked in a subprocess: an unknown flag aborts the process)."""
+    version = jax.__version__
+    seen = os.environ.get(_PROBED_ENV, "")
+    if seen.startswith(version + ":"):
+        return seen.endswith(":1")
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, timeout=120
+        )
+        ok = probe.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    os.environ[_PROBED_ENV] = f"{version}:{int(ok)}"
+    return ok
+
+
+def use_fast_cpu_compilation() -> bool:
+    """Add :data:`FAST_CPU_COMPILE_FLAGS` to ``XLA_FLAGS`` when this XLA knows them; returns whether it did.
+
+    Call it before JAX's first computation in the process (XLA reads its flags when the backend starts).
+    """
+    current = os.environ.get("XLA_FLAGS", "").split()
+    missing = tuple(f for f in FAST_CPU_COMPILE_FLAGS if f not in current)
+    if not missing:
+        return True
+    if not _xla_accepts(FAST_CPU_COMPILE_FLAGS):
+        return False
+    os.environ["XLA_FLAGS"] = " ".join([*current, *missing])
+    return True
+
+
+def configure_compilation() -> None:
+    """Apply deltabench's compilation settings from the environment (see the module docstring)."""
+    if os.environ.get("DELTABENCH_JAX_FAST_COMPILE", "") == "1":
+        use_fast_cpu_compilation()
+    enable_persistent_cache()

@@ -86,6 +86,9 @@ class TimingSettings(_Settings):
     warmup_s: float = Field(default=1.0, ge=0, description="cap on warm-up time after the first call")
     l2_flush: bool = Field(default=True, description="CUDA: flush L2 before each sample")
     cuda_graph: bool = Field(default=False, description="CUDA: time graph replays of several calls")
+    cpu_threads: int | None = Field(
+        default=None, ge=1, description="CPU: torch intra-op threads for the job (default: torch's own choice)"
+    )
 
 
 class GateSettings(_Settings):

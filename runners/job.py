@@ -153,6 +153,10 @@ def execute(job: JobSpec) -> JobResult:
         from . import memory
         from .closures import build_subject
 
+        if case.device == "cpu" and job.timing.cpu_threads:
+            # Tiny CPU cases gain nothing from intra-op threads and suffer from them on a busy machine.
+            torch.set_num_threads(job.timing.cpu_threads)
+            result.notes = "; ".join(x for x in (result.notes, f"torch threads={job.timing.cpu_threads}") if x)
         torch.manual_seed(case.seed)
         inputs = get_op(case.op).make_inputs(
             case.B,

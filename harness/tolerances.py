@@ -62,9 +62,11 @@ TOLERANCES: dict[str, dict[str, float]] = {
 # The Triton interpreter (TRITON_INTERPRET=1, Triton impls on the CPU) converts fp32 to bf16 by truncation, not
 # round-to-nearest-even as GPUs do: measured on 1024 normal draws, a cast's relative error is 3.3e-3 against 1.7e-3,
 # and biased, so it accumulates through a chunked kernel's bf16 intermediates. triton_chunk (gdn) at bf16 under the
-# interpreter measures up to 1.5e-2 (B2-T200-H4-K64, typical) and 1.6e-2 (B1-T150-H2-K32, long) while its fp16 run
-# (numpy's rounding) sits at 5.7e-4. Bound 4e-2 is a 2.5x margin for that emulation only; the real gate for such a
-# kernel runs on its GPU with the bounds above. fp32 and fp16 are emulated exactly and keep their own bounds.
+# interpreter measures up to 1.5e-2 (B2-T200-H4-K64 and B1-T300-H2-K128, both regimes; 1.6e-2 at B1-T150-H2-K32,
+# long) while its fp16 run (numpy's rounding) sits at 5.7e-4, and triton_recurrent's o, one truncating cast from an
+# fp32 state, measures 3.3e-3 where the torch impls' rounded o measures 1.68e-3. Bound 4e-2 is a 2.5x margin for
+# that emulation only; the real gate for such a kernel runs on its GPU with the bounds above. fp32 and fp16 are
+# emulated exactly and keep their own bounds.
 TRITON_INTERPRETER_BF16 = 4e-2
 PROFILES = ("native", "triton_interpreter")
 

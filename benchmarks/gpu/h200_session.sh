@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The H200 session in two back-to-back device calls (FlashQLA's wheels need two: see README.md here).
+#
+#   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/qla1]:  bash benchmarks/gpu/h200_session.sh 1
+#   call 2, carry [.whl/qla2], within 30 s:                          bash benchmarks/gpu/h200_session.sh 2
+#
+# Phase 1: install, environment, the gate for triton_chunk / triton_recurrent at awkward shapes on the GPU,
+# measurement quality. Phase 2: the `train` suite (every target shape of the Triton issue) side by side with
+# FLA's Triton path and FlashQLA, written to $OUT/train-h200.json (job by job: a run cut short keeps its jobs).
+set -uo pipefail
+phase=${1:?phase 1 or 2}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+bash benchmarks/gpu/install.sh >"$OUT/install-$phase.log" 2>&1 || { tail -40 "$OUT/install-$phase.log"; exit 1; }
+tail -12 "$OUT/install-$phase.log"
+export PYTHONPATH=/tmp/site
+db() { python3 -m deltabench.harness.cli "$@"; }
+
+if [[ $phase == 1 ]]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt"
+    cat "$OUT/gpu.txt"
+    db list --device cuda >"$OUT/list.txt" 2>&1; tail -25 "$OUT/list.txt"
+    timeout 200 python3 benchmarks/gpu/verify_matrix.py --device cuda >"$OUT/verify-gpu.log" 2>&1
+    echo "verify exit=$?"; grep -v "^PASS" "$OUT/verify-gpu.log" | tail -25; grep -c "^PASS" "$OUT/verify-gpu.log"
+    timeout 240 python3 benchmarks/measurement_quality.py --impl fla_chunk --impl triton_chunk --mode fwd+bwd \
+        --mode fwd --repeats 5 --budget-s 1.0 >"$OUT/mq.log" 2>&1
+    tail -15 "$OUT/mq.log"
+else
+    timeout 560 python3 -m deltabench.harness.cli run --suite train --device cuda --no-db --timeout 200 \
+        --impl fla_chunk --impl flash_qla --impl triton_chunk --impl fla_recurrent --impl triton_recurrent \
+        --out "$OUT/train-h200.json" --format markdown >"$OUT/train-run.log" 2>&1
+    echo "run exit=$?"
+    tail -60 "$OUT/train-run.log"
+fi

@@ -6,7 +6,8 @@
 #
 # Phase 1: install, environment, the gate for triton_chunk / triton_recurrent at awkward shapes on the GPU,
 # measurement quality. Phase 2: the `train` suite (every target shape of the Triton issue) side by side with
-# FLA's Triton path and FlashQLA, written to $OUT/train-h200.json (job by job: a run cut short keeps its jobs).
+# FLA's Triton path into $OUT/train-h200.json (job by job: a run cut short keeps its jobs), then FlashQLA
+# beside FLA and triton_chunk (flashqla-h200.toml) into $OUT/flashqla-h200.json.
 set -uo pipefail
 phase=${1:?phase 1 or 2}
 OUT=${OUT:-/tmp/out}
@@ -21,15 +22,19 @@ if [[ $phase == 1 ]]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt"
     cat "$OUT/gpu.txt"
     db list --device cuda >"$OUT/list.txt" 2>&1; tail -25 "$OUT/list.txt"
-    timeout 200 python3 benchmarks/gpu/verify_matrix.py --device cuda >"$OUT/verify-gpu.log" 2>&1
+    timeout 130 python3 benchmarks/gpu/verify_matrix.py --device cuda >"$OUT/verify-gpu.log" 2>&1
     echo "verify exit=$?"; grep -v "^PASS" "$OUT/verify-gpu.log" | tail -25; grep -c "^PASS" "$OUT/verify-gpu.log"
-    timeout 240 python3 benchmarks/measurement_quality.py --impl fla_chunk --impl triton_chunk --mode fwd+bwd \
-        --mode fwd --repeats 5 --budget-s 1.0 >"$OUT/mq.log" 2>&1
+    timeout 150 python3 benchmarks/measurement_quality.py --impl fla_chunk --impl triton_chunk --mode fwd+bwd \
+        --repeats 5 --budget-s 1.0 >"$OUT/mq.log" 2>&1
     tail -15 "$OUT/mq.log"
 else
-    timeout 560 python3 -m deltabench.harness.cli run --suite train --device cuda --no-db --timeout 200 \
-        --impl fla_chunk --impl flash_qla --impl triton_chunk --impl fla_recurrent --impl triton_recurrent \
+    timeout 330 python3 -m deltabench.harness.cli run --suite train --device cuda --no-db --timeout 120 \
+        --impl fla_chunk --impl triton_chunk --impl fla_recurrent --impl triton_recurrent \
         --out "$OUT/train-h200.json" --format markdown >"$OUT/train-run.log" 2>&1
-    echo "run exit=$?"
-    tail -60 "$OUT/train-run.log"
+    echo "train exit=$?"
+    grep -E "^\|" "$OUT/train-run.log" | cut -c1-160 | tail -45
+    timeout 200 python3 -m deltabench.harness.cli run --suite benchmarks/gpu/flashqla-h200.toml --device cuda --no-db \
+        --out "$OUT/flashqla-h200.json" --format markdown >"$OUT/flashqla-run.log" 2>&1
+    echo "flashqla exit=$?"
+    grep -E "^\|" "$OUT/flashqla-run.log" | cut -c1-160 | tail -16
 fi

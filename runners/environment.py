@@ -8,6 +8,7 @@ checkout; the kernel hash covers ``kernels/**/*.py`` so that a changed kernel is
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import socket
@@ -48,8 +49,13 @@ def machine_kind(device_name: str) -> str:
 
 
 def git_state(root: Path | None = None) -> tuple[str | None, bool]:
-    """(commit, dirty) of the deltabench source tree, or (None, False) when it is not a git checkout."""
+    """(commit, dirty) of the deltabench source tree, or (None, False) when it is not a git checkout.
+
+    A copy without ``.git`` (a tree shipped to a GPU host) can name its commit in ``DELTABENCH_GIT_COMMIT``.
+    """
     root = root or source_root()
+    if os.environ.get("DELTABENCH_GIT_COMMIT"):
+        return os.environ["DELTABENCH_GIT_COMMIT"], False
 
     def git(*args: str) -> str:
         return subprocess.run(

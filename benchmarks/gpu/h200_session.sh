@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 session in two back-to-back device calls (FlashQLA's wheels need two: see README.md here).
 #
+#   first, here: git rev-parse HEAD > .deltabench-commit   (git-ignored; travels with the tree)
 #   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/qla1]:  bash benchmarks/gpu/h200_session.sh 1
 #   call 2, carry [.whl/qla2], within 30 s:                          bash benchmarks/gpu/h200_session.sh 2
 #
@@ -13,6 +14,8 @@ phase=${1:?phase 1 or 2}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+# the device copy has no .git: pass the commit along (run `DELTABENCH_GIT_COMMIT=$(git rev-parse HEAD)` here)
+export DELTABENCH_GIT_COMMIT=${DELTABENCH_GIT_COMMIT:-$(cat .deltabench-commit 2>/dev/null || true)}
 bash benchmarks/gpu/install.sh >"$OUT/install-$phase.log" 2>&1 || { tail -40 "$OUT/install-$phase.log"; exit 1; }
 tail -12 "$OUT/install-$phase.log"
 export PYTHONPATH=/tmp/site

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 session in two back-to-back device calls (FlashQLA's wheels need two: see README.md here).
 #
-#   first, here: git rev-parse HEAD > .deltabench-commit   (git-ignored; travels with the tree)
+#   first, here: git rev-parse HEAD > .deltabench-commit   (git-ignored: name it in each call's carry)
 #   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/qla1]:  bash benchmarks/gpu/h200_session.sh 1
 #   call 2, carry [.whl/qla2], within 30 s:                          bash benchmarks/gpu/h200_session.sh 2
 #

@@ -5,6 +5,8 @@
   return NaN-filled tensors, so a kernel that reads memory it never wrote produces NaN and fails its check. It is
   automatic for tests under ``tests/kernels/`` and opt-in elsewhere (request the fixture by name), so it cannot
   disturb other layers' tests.
+- ``DELTABENCH_REQUIRE_SERVICES=1`` (set by ``.ci/run``): a test skipped because PostgreSQL, Redis or Chromium is
+  missing fails instead, so CI can never pass by skipping the real components it is meant to exercise.
 """
 
 from __future__ import annotations
@@ -55,3 +57,20 @@ def _nan_fill_in_kernel_tests(request: pytest.FixtureRequest) -> None:
     parts = request.node.path.parts
     if "tests" in parts and parts[parts.index("tests") + 1 : parts.index("tests") + 2] == ("kernels",):
         request.getfixturevalue("nan_filled_empty")
+
+
+# Skip reasons that mean "a real component is missing", as the db, web and fleet tests word them.
+_MISSING_SERVICE = ("not reachable", "is not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under DELTABENCH_REQUIRE_SERVICES=1, turn a skip for a missing service into a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("DELTABENCH_REQUIRE_SERVICES") != "1" or not report.skipped:
+        return
+    reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if any(marker in reason for marker in _MISSING_SERVICE):
+        report.outcome = "failed"
+        report.longrepr = f"required service missing (DELTABENCH_REQUIRE_SERVICES=1): {reason}"

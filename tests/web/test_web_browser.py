@@ -199,7 +199,6 @@ def test_submit_form_refuses_a_bad_token(server, page) -> None:  # type: ignore[
 
 
 def test_job_submitted_from_the_form_runs_and_shows_up(server, page) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("deltabench.runners.dispatch", reason="the local worker (runners/dispatch.py) is not here yet")
     base, token, _ = server
     page.goto(f"{base}/jobs")
     page.locator("#submit-job select[name=suite]").select_option("smoke")

@@ -4,8 +4,9 @@ Fills an SQLite store with ``--results`` results (with benchmarks/db_scale.py's 
 jobs shaped like real suites, raw samples and 2 verification records each), then starts the real
 app under uvicorn on a free port and measures, with an HTTP client over a socket:
 
-- p50/p95 of the run page (random runs), the comparison page (random pairs of runs, bootstrap and rank test on
-  every job) and the history API (random series, change points included), each over ``--requests`` requests;
+- p50/p95 of the run page (random runs), the comparison page's first views (distinct random pairs of runs with the
+  comparison cache cold: bootstrap and rank test on every job), the same pages again (cached) and the history
+  API (random series, change points included), each over ``--requests`` requests;
 - the batch ingest rate through ``POST /api/v1/runs`` (documents of ``--per-run`` jobs, ``--batch`` per request),
   on top of the full store.
 
@@ -233,7 +234,16 @@ def main() -> None:
         timed(client, ["/", f"/runs/{runs[0]}"])  # warm the app (imports, templates) before measuring
         results: dict[str, list[float]] = {}
         results["run page"] = timed(client, [f"/runs/{rng.choice(runs)}" for _ in range(args.requests)])
-        pairs = [(rng.choice(runs), rng.choice(runs)) for _ in range(args.requests)]
+        # First views: distinct pairs never requested before, and the comparison cache emptied, so every measured
+        # request loads both runs and grades every job.
+        from deltabench.web import services
+
+        pairs: list[tuple[str, str]] = []
+        while len(pairs) < args.requests:
+            pair = (rng.choice(runs), rng.choice(runs))
+            if pair[0] != pair[1] and pair not in pairs:
+                pairs.append(pair)
+        services.forget_runs(runs)
         results["comparison page"] = timed(client, [f"/compare?base={a}&head={b}" for a, b in pairs])
         results["history API"] = timed(client, [history_url(rng.choice(all_series)) for _ in range(args.requests)])
         # The same pairs again: comparisons are cached until a run they read changes.

@@ -10,10 +10,13 @@ from deltabench.harness.document import CaseSpec, Environment, JobResult, Result
 from deltabench.harness.series import SeriesKey, context_mismatch, job_key, major_minor, series_key
 from deltabench.harness.stats import (
     bootstrap_ratio_ci,
+    bootstrap_ratio_cis,
     compare_documents,
     compare_jobs,
+    compare_sample_pairs,
     compare_samples,
     compare_summaries,
+    mann_whitney_ps,
     min_attainable_p,
 )
 
@@ -217,3 +220,47 @@ def test_series_keys() -> None:
     assert len(key.fingerprint) == 16
     assert job_key(job) == ("gdn", "triton_chunk", "B8-T4096-H6-K128-V128", "bf16", "fwd")
     assert context_mismatch(_env(), _env(torch="2.13.5")) is None
+
+
+def _old_style_bootstrap(
+    b: np.ndarray, h: np.ndarray, level: float, n_resamples: int, seed: int
+) -> tuple[float, float]:
+    """The textbook percentile bootstrap (gather the resampled values, take their medians): the reference."""
+    rng = np.random.default_rng(seed)
+    mb = np.median(b[rng.integers(0, b.size, (n_resamples, b.size))], axis=1)
+    mh = np.median(h[rng.integers(0, h.size, (n_resamples, h.size))], axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(mh / mb, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def test_vectorised_bootstrap_matches_the_per_pair_and_the_textbook_intervals() -> None:
+    rng = np.random.default_rng(14)
+    sizes = [(20, 20), (20, 20), (35, 12), (20, 20), (9, 50), (35, 12), (101, 100)]
+    pairs = [(_samples(rng, nb), _samples(rng, nh, 1.0 + 0.03 * i)) for i, (nb, nh) in enumerate(sizes)]
+    batch = bootstrap_ratio_cis(pairs, level=0.99, seed=5)
+    # Batched or alone: the very same interval (same seed, same resample indices).
+    assert batch == [bootstrap_ratio_ci(b, h, level=0.99, seed=5) for b, h in pairs]
+    for (b, h), (lo, hi) in zip(pairs, batch, strict=True):
+        ref_lo, ref_hi = _old_style_bootstrap(b, h, 0.99, 20_000, seed=1)
+        # Monte-Carlo noise of a 0.5% percentile from 2000 resamples: well under a quarter of the interval's width.
+        tol = 0.25 * (ref_hi - ref_lo) + 1e-9
+        assert abs(lo - ref_lo) < tol and abs(hi - ref_hi) < tol, (len(b), len(h), (lo, hi), (ref_lo, ref_hi))
+
+
+def test_batched_rank_test_equals_scipy_auto_per_pair() -> None:
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(15)
+    pairs = [(_samples(rng, n), _samples(rng, n, 1.02)) for n in (5, 8, 9, 20, 20, 40)]
+    pairs.append((np.round(_samples(rng, 30), 2), np.round(_samples(rng, 30), 2)))  # ties
+    pairs.append(([1.0, 1.0], [1.0, 1.0, 1.0]))  # everything ties
+    got = mann_whitney_ps(pairs)
+    want = [float(mannwhitneyu(h, b, alternative="two-sided").pvalue) for b, h in pairs[:-1]] + [1.0]
+    assert got == pytest.approx(want, rel=1e-12, abs=0.0)
+
+
+def test_batched_grading_equals_one_by_one() -> None:
+    rng = np.random.default_rng(16)
+    pairs = [(_samples(rng, 30), _samples(rng, 30, s)) for s in (0.9, 1.0, 1.03, 1.1, 1.1)] + [([1.0, 1.1], [2.0])]
+    assert compare_sample_pairs(pairs) == [compare_samples(b, h) for b, h in pairs]

@@ -40,6 +40,16 @@ register_impl(
 )(lazy("deltabench.kernels.gdn.chunk:gdn_triton_chunk"))
 register_impl(
     "gdn",
+    "triton_chunk_split",
+    backend="triton",
+    devices=("cuda", "cpu"),
+    dtypes=ALL_DTYPES,
+    constraint=_triton_dims,
+    requires=("triton",),
+    notes="experimental: lever 1 of benchmarks/NOTES.md, not yet measured on a GPU",
+)(lazy("deltabench.kernels.gdn.chunk_split:gdn_triton_chunk_split"))
+register_impl(
+    "gdn",
     "triton_recurrent",
     backend="triton",
     devices=("cuda", "cpu"),

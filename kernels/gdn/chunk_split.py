@@ -1,0 +1,112 @@
+"""Chunked Gated DeltaNet in Triton with the forward split in three stages (lever 1 of benchmarks/NOTES.md).
+
+Same contract, layout and arithmetic as chunk.py's ``chunk_gated_delta_rule``; only the forward's stages
+differ. chunk.py runs the outputs inside the chunk-serial walk (state.py's ``state_fwd``); here:
+
+1. wy.py ``wy_fwd``: per (chunk, head), L = (I + A)^{-1}, W and U (unchanged);
+2. walk.py ``state_walk``: per (V block, head), chunk by chunk, only ``v_new = U - W S`` and the state
+   update, storing the state at each chunk's start (h) and v_new;
+3. output.py ``chunk_output``: per (chunk, V block, head), all at once, ``o`` from q, k, h and v_new.
+
+The forward stores exactly what chunk.py's forward stores for its backward (L, W, h, v_new), so the
+backward is chunk.py's, unchanged (state.py's reverse walk, then local_bwd.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunk import chunk_gdn_bwd
+from .output import chunk_output
+from .walk import state_walk
+from .wy import wy_fwd
+
+__all__ = ["chunk_gated_delta_rule_split", "gdn_triton_chunk_split"]
+
+
+def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
+    """Forward orchestrator: returns ``(o, final_state, saved)``; `saved` is chunk.py's ``(L, W, h, v_new)``."""
+    L, w, u = wy_fwd(k, v, g, beta)
+    h, vnew, ht = state_walk(k, w, u, g, initial_state, output_final_state)
+    o = chunk_output(q, k, g, h, vnew, scale)
+    return o, ht, (L, w, h, vnew)
+
+
+class ChunkGatedDeltaRuleSplitFunction(torch.autograd.Function):
+    """autograd wrapper: stores L, W, per-chunk states and new values; the backward is chunk.py's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
+        o, ht, saved = chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state)
+        ctx.save_for_backward(q, k, v, g, beta, *saved)
+        ctx.scale = scale
+        ctx.beta_dtype = beta.dtype
+        ctx.has_h0 = initial_state is not None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = chunk_gdn_bwd(
+            q, k, v, g, beta, ctx.scale, saved, do.contiguous(), None if dht is None else dht.contiguous()
+        )
+        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0 if ctx.has_h0 else None, None
+
+
+def chunk_gated_delta_rule_split(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked Gated DeltaNet (Triton, split forward), differentiable in every input.
+
+    Arguments and results as ``chunk.chunk_gated_delta_rule`` (FLA's order): q, k ``[B, T, H, K]``,
+    v ``[B, T, H, V]``, g (log-decay <= 0) and beta ``[B, T, H]``, scale (default ``K ** -0.5``), optional
+    fp32 initial_state ``[B, H, K, V]``; returns ``(o, final_state)`` with o in v's dtype and the fp32 final
+    state (or None). K and V up to 256; any B, T, H.
+
+    Unlike chunk.py, the forward always keeps the per-chunk states h (``[B, ceil(T/64), H, K, V]`` in the
+    inputs' dtype) and v_new in memory, gradients or not: the output stage reads them.
+
+    Examples::
+
+        >>> q = torch.nn.functional.normalize(torch.randn(2, 100, 4, 64, device="cuda"), dim=-1).bfloat16()
+        >>> k = torch.nn.functional.normalize(torch.randn(2, 100, 4, 64, device="cuda"), dim=-1).bfloat16()
+        >>> v = torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16)
+        >>> g = torch.nn.functional.logsigmoid(torch.randn(2, 100, 4, device="cuda"))
+        >>> beta = torch.rand(2, 100, 4, device="cuda", dtype=torch.bfloat16)
+        >>> o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta)
+    """
+    K = q.shape[-1]
+    if scale is None:
+        scale = K**-0.5
+    if max(K, v.shape[-1]) > 256:
+        raise ValueError(f"chunk_gated_delta_rule_split supports K and V up to 256, got K={K}, V={v.shape[-1]}")
+    q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+    )
+    if needs_grad:
+        return ChunkGatedDeltaRuleSplitFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
+    o, ht, _ = chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state)
+    return o, ht
+
+
+def gdn_triton_chunk_split(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Registry entry (impl ``triton_chunk_split``): ``chunk_gated_delta_rule_split`` with the final state."""
+    return chunk_gated_delta_rule_split(q, k, v, g, beta, scale, initial_state, output_final_state=True)

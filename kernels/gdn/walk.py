@@ -1,0 +1,127 @@
+"""State walk of chunked Gated DeltaNet: the chunk-to-chunk state recurrence alone, one Triton program per
+(V block, batch*head).
+
+For chunk n with state S_n [K, V] at its start (G the in-chunk cumulative log-decay, G_C its total, W and U
+from wy.py)::
+
+    v_new = U - W S_n
+    S_n+1 = exp(G_C) S_n + (k * exp(G_C - G))^T v_new
+
+Each program stores S_n (as ``h``, in the inputs' dtype) and v_new for every chunk, and the final state in
+fp32. The outputs are left to a fully parallel kernel (output.py), so only the two products above sit on
+the chunk-serial path (state.py's ``state_fwd`` also computes ``q k^T``, ``q S`` and ``M v_new`` there).
+
+Why V blocks only, no K split: column j of S evolves on its own (W and k are shared by every column), so V
+blocks are independent programs. Rows are not: every row block of S_n+1 needs the whole v_new, and v_new
+needs the full contraction ``W S_n`` over K, so a K split would have to exchange partial sums between
+programs once per chunk (a grid-wide barrier per chunk), which Triton does not offer safely.
+
+Why h in the inputs' dtype: the state is carried in fp32 across chunks; the stored copy is the one the
+products read. state.py's forward already multiplies W and q by the 16-bit-rounded state, so storing it
+rounded keeps this path's arithmetic identical to the gated ``triton_chunk`` (same error, measured on the
+H200 at 3e-3 to 4e-3 for o in bf16) and halves the bytes written and re-read against fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.mma import mma
+from .wy import CHUNK, dot_precision, padded
+
+__all__ = ["LAUNCH", "state_walk"]
+
+# Fixed launch settings (no autotuning). The V block and warps follow state.py's H200-tested pairs
+# (benchmarks/NOTES.md): 64 columns with 8 warps, 16 columns with 4 warps below V = 64; never 32 columns
+# (illegal memory access on the H200 with Triton 3.6). One stage: no software-pipelined loads.
+LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
+
+
+@triton.jit
+def state_walk_kernel(
+    k, w, u, g, h0, h, vnew, ht,
+    T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    mv = rv < V
+    mkv = mk[:, None] & mv[None, :]
+    dt = k.dtype.element_ty
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(NT):
+        t = n * C + rc
+        mt = t < T
+        row = (i_b * T + t).to(tl.int64) * H + i_h
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        # none of these loads depends on S: with LAUNCH stages > 1 Triton may prefetch them a chunk ahead
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        uc = tl.load(u + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
+        G = tl.cumsum(gc, axis=0)
+        G_last = tl.sum(gc, axis=0)
+        Sd = S.to(dt)
+        h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
+        tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
+        vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
+        tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
+        # past T: k = 0 and g = 0, so padded rows add nothing to the state
+        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
+        S = S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
+    if STORE_FINAL:
+        tl.store(ht + state_off, S, mask=mkv)
+
+
+def _block_v(V: int) -> int:
+    """V block of the walk: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
+    return LAUNCH["block_v"] if padded(V) >= 64 else 16
+
+
+def state_walk(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the state walk.
+
+    Args:
+        k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
+            log-decay; initial_state: ``[B, H, K, V]`` fp32 or None.
+
+    Returns:
+        ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
+        ``[B, T, H, V]`` in the inputs' dtype; final_state ``[B, H, K, V]`` fp32, or None.
+    """
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    h = k.new_empty(B, NT, H, K, V)
+    vnew = torch.empty_like(u)
+    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    BV = _block_v(V)
+    state_walk_kernel[(triton.cdiv(V, BV), B * H)](
+        k, w, u, g, initial_state, h, vnew, ht, T, NT,
+        H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
+        HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
+        num_warps=LAUNCH["warps"] if BV >= 64 else 4, num_stages=LAUNCH["stages"],
+    )  # fmt: skip
+    return h, vnew, ht

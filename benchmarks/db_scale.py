@@ -43,6 +43,7 @@ from deltabench.harness.document import (
     TimingStats,
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
+from deltabench.harness.series import series_software
 from sqlalchemy import Engine, func, insert, select, text
 
 OPS = ("gdn", "gdn2", "kda")
@@ -142,6 +143,7 @@ def fill(engine: Engine, n_results: int, per_run: int, seed: int = 0) -> float:
                         "run_created_at": created,
                         "git_commit": commit,
                         "machine_kind": kind,
+                        "software": series_software(env),
                         "backend": "torch",
                         "device": "cuda",
                         "status": "ok" if ok else "incorrect",

@@ -181,6 +181,7 @@ def history_url(key) -> str:  # type: ignore[no-untyped-def]
     shape = f"B{key.B}-T{key.T}-H{key.H}-K{key.K}-V{key.V}"
     query = {"op": key.op, "impl": key.impl, "shape": shape, "dtype": key.dtype, "mode": key.mode}
     query["machine"] = key.machine_kind
+    query["software"] = key.software
     from urllib.parse import urlencode
 
     return "/api/v1/history?" + urlencode(query)

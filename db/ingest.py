@@ -20,6 +20,7 @@ from typing import Any
 
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.series import series_software
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
@@ -143,6 +144,7 @@ def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument)
         "run_created_at": utc(doc.created_at),
         "git_commit": doc.environment.git_commit,
         "machine_kind": doc.environment.machine_kind,
+        "software": series_software(doc.environment),
         "backend": job.backend,
         "device": job.device,
         "status": job.status,

@@ -150,7 +150,8 @@ class Result(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", name="uq_results_job_attempt"),
         Index("ix_results_run_status", "run_pk", "status"),
-        # A series' history: one (op, impl, shape, dtype, mode) on one machine class, in time order.
+        # A series' history (harness/series.py: one (op, impl, shape, dtype, mode) on one machine class with the
+        # same major.minor software), in time order.
         Index(
             "ix_results_series",
             "op",
@@ -163,6 +164,7 @@ class Result(Base):
             "dtype",
             "mode",
             "machine_kind",
+            "software",
             "run_created_at",
         ),
         Index("ix_results_commit_created", "git_commit", "run_created_at"),
@@ -191,6 +193,9 @@ class Result(Base):
     run_created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True))
     git_commit: Mapped[str | None] = mapped_column(String(64))
     machine_kind: Mapped[str] = mapped_column(String(64))
+    software: Mapped[str] = mapped_column(
+        String(255), default="", server_default="", doc="the series' software part: harness.series.series_software"
+    )
     # outcome
     backend: Mapped[str] = mapped_column(String(64), default="")
     device: Mapped[str] = mapped_column(String(64), default="cpu")

@@ -4,8 +4,9 @@ The CLI, the web routes and the regression tools call these; none of them builds
 return ORM rows (:class:`~deltabench.db.models.Result`, :class:`~deltabench.db.models.Run`) or small frozen
 dataclasses defined here, never open cursors.
 
-A *series* is one (op, impl, shape, dtype, mode) on one ``machine_kind``; its key string
-(:meth:`SeriesKey.key`) is what annotations refer to.
+A *series* is harness/series.py's: one (op, impl, shape, dtype, mode) on one ``machine_kind`` with the same
+major.minor software versions (``results.software``, set at ingest); its key string (:meth:`SeriesKey.key`, the
+same string as ``harness.series.SeriesKey.key``) is what annotations refer to.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from deltabench.harness.document import (
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput
+from deltabench.harness.series import SeriesKey as HarnessSeriesKey
+from deltabench.harness.series import parse_software
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
@@ -65,6 +68,7 @@ __all__ = [
     "run_ids_by_pk",
     "run_results",
     "series_history",
+    "series_software_now",
 ]
 
 _DIMS = ("B", "T", "H", "K", "V")
@@ -93,7 +97,10 @@ class RunSummary:
 
 @dataclasses.dataclass(frozen=True)
 class SeriesKey:
-    """What identifies a series: one (op, impl, shape, dtype, mode) on one machine class."""
+    """What identifies a series: one (op, impl, shape, dtype, mode) on one machine class and major software.
+
+    `software` is ``harness.series.series_software`` of the runs' environment (``"python=3.11,torch=2.13"``).
+    """
 
     op: str
     impl: str
@@ -105,6 +112,7 @@ class SeriesKey:
     dtype: str
     mode: str
     machine_kind: str
+    software: str = ""
 
     @property
     def shape(self) -> dict[str, int]:
@@ -112,10 +120,26 @@ class SeriesKey:
         return {d: getattr(self, d) for d in _DIMS}
 
     @property
+    def shape_id(self) -> str:
+        """``B2-T256-H4-K64-V64``."""
+        return "-".join(f"{d}{getattr(self, d)}" for d in _DIMS)
+
+    def to_harness(self) -> HarnessSeriesKey:
+        """The same series as ``harness.series.SeriesKey`` (the definition's source of truth)."""
+        software = parse_software(self.software)
+        return HarnessSeriesKey(self.op, self.impl, self.shape_id, self.dtype, self.mode, self.machine_kind, software)
+
+    @property
     def key(self) -> str:
-        """``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd/cpu``: the string annotations refer to."""
-        shape = "-".join(f"{d}{getattr(self, d)}" for d in _DIMS)
-        return f"{self.op}/{self.impl}/{shape}/{self.dtype}/{self.mode}/{self.machine_kind}"
+        """``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd@cpu[python=3.11,torch=2.13]``: what annotations refer to
+        (``harness.series.SeriesKey.key``)."""
+        return self.to_harness().key
+
+    @property
+    def legacy_key(self) -> str:
+        """The key annotations were stored under before series carried their software
+        (``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd/cpu``)."""
+        return f"{self.op}/{self.impl}/{self.shape_id}/{self.dtype}/{self.mode}/{self.machine_kind}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -586,6 +610,7 @@ def series_history(
     dtype: str,
     mode: str,
     machine_kind: str,
+    software: str | None = None,
     statuses: Sequence[str] | None = ("ok",),
     since: _dt.datetime | None = None,
     until: _dt.datetime | None = None,
@@ -596,12 +621,20 @@ def series_history(
 
     Args:
         shape: all five dims (``"B8-T4096-H6-K128-V128"`` or a dict).
+        software: the series' software part (``SeriesKey.software``); None: the software of the newest result of
+            this case on this machine class (the series it is in now). Results on other major software versions
+            belong to other series and are never mixed in.
         statuses: which statuses to include (default: only timed, correct results); None for all.
         with_samples: also load each point's raw samples (for rank tests and bootstraps).
     """
     dims = parse_shape_filter(shape)
     if set(dims) != set(_DIMS):
         raise BadInput(f"a series needs all of B, T, H, K, V; got {shape!r}")
+    same_case = _same_case(op, impl, dims, dtype, mode, machine_kind)
+    if software is None:
+        software = _software_now(session, same_case, statuses)
+        if software is None:
+            return []
     query = (
         select(
             Result.id,
@@ -624,14 +657,7 @@ def series_history(
         .join(Run, Result.run_pk == Run.id)
         .join(Machine, Run.machine_id == Machine.id)
         .join(Environment, Run.environment_id == Environment.id)
-        .where(
-            Result.op == op,
-            Result.impl == impl,
-            *(getattr(Result, d) == v for d, v in dims.items()),
-            Result.dtype == dtype,
-            Result.mode == mode,
-            Result.machine_kind == machine_kind,
-        )
+        .where(*same_case, Result.software == software)
     )
     if statuses is not None:
         query = query.where(Result.status.in_(list(statuses)))
@@ -668,6 +694,34 @@ def series_history(
     ]
 
 
+def series_software_now(session: Session, *, key: SeriesKey, statuses: Sequence[str] | None = ("ok",)) -> str | None:
+    """The software part of the newest result of `key`'s case on its machine class (``key.software`` is ignored):
+    the series that case is in now. None when no such result is stored."""
+    return _software_now(
+        session, _same_case(key.op, key.impl, key.shape, key.dtype, key.mode, key.machine_kind), statuses
+    )
+
+
+def _same_case(
+    op: str, impl: str, dims: Mapping[str, int], dtype: str, mode: str, machine_kind: str
+) -> tuple[Any, ...]:
+    return (
+        Result.op == op,
+        Result.impl == impl,
+        *(getattr(Result, d) == v for d, v in dims.items()),
+        Result.dtype == dtype,
+        Result.mode == mode,
+        Result.machine_kind == machine_kind,
+    )
+
+
+def _software_now(session: Session, same_case: Sequence[Any], statuses: Sequence[str] | None) -> str | None:
+    query = select(Result.software).where(*same_case)
+    if statuses is not None:
+        query = query.where(Result.status.in_(list(statuses)))
+    return session.execute(query.order_by(Result.run_created_at.desc(), Result.id.desc()).limit(1)).scalar()
+
+
 def list_series(
     session: Session,
     *,
@@ -677,23 +731,28 @@ def list_series(
     since: _dt.datetime | None = None,
     limit: int = 10_000,
 ) -> list[SeriesKey]:
-    """The distinct series with at least one ok result (optionally since a time), sorted by key."""
+    """The distinct series with at least one ok result (optionally since a time), sorted by their fields."""
     columns = [Result.op, Result.impl, *(getattr(Result, d) for d in _DIMS), Result.dtype, Result.mode]
-    query = select(*columns, Result.machine_kind).where(Result.status == "ok").distinct()
+    query = select(*columns, Result.machine_kind, Result.software).where(Result.status == "ok").distinct()
     for column, value in ((Result.op, op), (Result.impl, impl), (Result.machine_kind, machine_kind)):
         if value is not None:
             query = query.where(column == value)
     if since is not None:
         query = query.where(Result.run_created_at >= utc(since))
-    query = query.order_by(*columns, Result.machine_kind).limit(limit)
+    query = query.order_by(*columns, Result.machine_kind, Result.software).limit(limit)
     return [SeriesKey(*row) for row in session.execute(query)]
 
 
-def list_annotations(session: Session, *, series_key: str | None = None, limit: int = 1000) -> list[Annotation]:
-    """Annotations on change points, newest first (of one series when `series_key` is given)."""
+def list_annotations(
+    session: Session, *, series_key: str | Sequence[str] | None = None, limit: int = 1000
+) -> list[Annotation]:
+    """Annotations on change points, newest first (of one series when `series_key` is given; several keys of one
+    series, e.g. its key and :attr:`SeriesKey.legacy_key`, may be given as a list)."""
     query = select(Annotation)
-    if series_key is not None:
+    if isinstance(series_key, str):
         query = query.where(Annotation.series_key == series_key)
+    elif series_key is not None:
+        query = query.where(Annotation.series_key.in_(list(series_key)))
     return list(session.scalars(query.order_by(Annotation.created_at.desc(), Annotation.id.desc()).limit(limit)))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .document import Environment, JobResult
@@ -28,7 +29,10 @@ __all__ = [
     "context_of",
     "job_key",
     "major_minor",
+    "parse_software",
     "series_key",
+    "series_software",
+    "software_context",
 ]
 
 # Environment fields whose major.minor version splits a series. Patch releases stay in one series: they rarely move
@@ -54,6 +58,34 @@ def context_of(env: Environment) -> dict[str, str | None]:
     for name in SOFTWARE_FIELDS:
         ctx[name] = major_minor(getattr(env, name))
     return ctx
+
+
+def software_context(versions: Mapping[str, str | None]) -> str:
+    """The software part of a series, as stored with each result: ``"python=3.11,torch=2.13,triton=3.6"``.
+
+    `versions` maps the names in :data:`SOFTWARE_FIELDS` to full version strings (missing or None: not used).
+    Sorted by name, major.minor only; the same string :attr:`SeriesKey.key` carries in brackets.
+    """
+    pairs = ((name, major_minor(versions.get(name))) for name in SOFTWARE_FIELDS)
+    # An unparsable version is kept as given; its separators are swapped so the string still parses back.
+    return ",".join(
+        f"{k}={v.replace(',', ';').replace('=', ':')}" for k, v in sorted((k, v) for k, v in pairs if v is not None)
+    )
+
+
+def parse_software(text: str) -> tuple[tuple[str, str], ...]:
+    """Inverse of :func:`software_context`: ``"python=3.11,torch=2.13"`` -> ``(("python", "3.11"), ("torch", "2.13"))``.
+
+    Raises:
+        ValueError: an item is not ``name=version``.
+    """
+    items = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, version = item.partition("=")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"software context items are name=version, got {item!r}")
+        items.append((name.strip(), version.strip()))
+    return tuple(sorted(items))
 
 
 def context_mismatch(a: Environment, b: Environment) -> str | None:
@@ -84,8 +116,12 @@ class SeriesKey:
     @property
     def key(self) -> str:
         """Stable readable string, e.g. ``gdn/triton_chunk/B8-T4096-H6-K128-V128/bf16/fwd@h200[torch=2.13,...]``."""
-        sw = ",".join(f"{k}={v}" for k, v in self.software)
-        return f"{self.op}/{self.impl}/{self.shape}/{self.dtype}/{self.mode}@{self.machine_kind}[{sw}]"
+        return f"{self.op}/{self.impl}/{self.shape}/{self.dtype}/{self.mode}@{self.machine_kind}[{self.software_text}]"
+
+    @property
+    def software_text(self) -> str:
+        """The software part as one string (``"python=3.11,torch=2.13"``), as the store keeps it per result."""
+        return ",".join(f"{k}={v}" for k, v in self.software)
 
     @property
     def fingerprint(self) -> str:
@@ -119,6 +155,9 @@ class SeriesKey:
 def series_key(job: JobResult, env: Environment) -> SeriesKey:
     """The series `job` (measured in `env`) belongs to. Software a run did not use (None) is left out."""
     op, impl, shape, dtype, mode = job_key(job)
-    ctx = context_of(env)
-    software = tuple(sorted((k, v) for k, v in ctx.items() if k != "machine_kind" and v is not None))
-    return SeriesKey(op, impl, shape, dtype, mode, env.machine_kind, software)
+    return SeriesKey(op, impl, shape, dtype, mode, env.machine_kind, parse_software(series_software(env)))
+
+
+def series_software(env: Environment) -> str:
+    """:func:`software_context` of a run's environment: the software part of every series it measured."""
+    return software_context({name: getattr(env, name) for name in SOFTWARE_FIELDS})

@@ -215,6 +215,7 @@ class HistoryPublic(BaseModel):
     dtype: str
     mode: str
     machine_kind: str
+    software: str = Field("", description="major.minor software versions of the series, e.g. python=3.11,torch=2.13")
     points: list[HistoryPointPublic]
     change_points: list[ChangePointPublic]
     annotations: list[AnnotationPublic]
@@ -230,6 +231,7 @@ class RegressionPublic(BaseModel):
     dtype: str
     mode: str
     machine_kind: str
+    software: str = Field("", description="major.minor software versions of the series, e.g. python=3.11,torch=2.13")
     change_point: ChangePointPublic
     annotation: AnnotationPublic | None
 

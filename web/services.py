@@ -220,12 +220,42 @@ def _compare_impls(
 # ---------------------------------------------------------------------------------------------------- series
 
 
-def series_key_of(*, op: str, impl: str, shape: str, dtype: str, mode: str, machine_kind: str) -> queries.SeriesKey:
-    """The db's series key for these fields (`shape` must give all five dims)."""
+def series_key_of(
+    session: Session,
+    *,
+    op: str,
+    impl: str,
+    shape: str,
+    dtype: str,
+    mode: str,
+    machine_kind: str,
+    software: str | None = None,
+) -> queries.SeriesKey:
+    """The series of these fields (`shape` must give all five dims), as ``harness.series`` defines it.
+
+    `software` is the series' software part (``"python=3.11,torch=2.13"``, as ``harness.series`` writes it); None
+    means the series the newest ok result of this case on this machine class is in.
+
+    Raises:
+        BadInput: a malformed shape or software part.
+        NotFound: `software` is None and no ok result of this case is stored.
+    """
+    from deltabench.harness.series import parse_software
+
     dims = queries.parse_shape_filter(shape)
     if set(dims) != {"B", "T", "H", "K", "V"}:
         raise BadInput(f"a series needs all of B, T, H, K, V; got {shape!r}")
-    return queries.SeriesKey(op, impl, dims["B"], dims["T"], dims["H"], dims["K"], dims["V"], dtype, mode, machine_kind)
+    case = queries.SeriesKey(op, impl, dims["B"], dims["T"], dims["H"], dims["K"], dims["V"], dtype, mode, machine_kind)
+    if software is None:
+        software = queries.series_software_now(session, key=case)
+        if software is None:
+            raise NotFound(f"no ok result stored for series {case.legacy_key}")
+    else:
+        try:
+            software = ",".join(f"{k}={v}" for k, v in parse_software(software))  # canonical order
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+    return dataclasses.replace(case, software=software)
 
 
 def _change_point_public(cp: Any, points: list[queries.SeriesPoint]) -> schemas.ChangePointPublic:
@@ -251,13 +281,9 @@ def _change_points(points: list[queries.SeriesPoint]) -> list[schemas.ChangePoin
     return [_change_point_public(cp, timed) for cp in found]
 
 
-def series_history(session: Session, key: queries.SeriesKey, *, limit: int = HISTORY_POINTS) -> schemas.HistoryPublic:
-    """A series' newest `limit` ok results (oldest first), its change points and their annotations.
-
-    Raises:
-        NotFound: the series has no ok result.
-    """
-    points = queries.series_history(
+def _points(session: Session, key: queries.SeriesKey, limit: int) -> list[queries.SeriesPoint]:
+    """The newest `limit` ok results of exactly this series (its software included)."""
+    return queries.series_history(
         session,
         op=key.op,
         impl=key.impl,
@@ -265,20 +291,31 @@ def series_history(session: Session, key: queries.SeriesKey, *, limit: int = HIS
         dtype=key.dtype,
         mode=key.mode,
         machine_kind=key.machine_kind,
+        software=key.software,
         limit=limit,
     )
+
+
+def series_history(session: Session, key: queries.SeriesKey, *, limit: int = HISTORY_POINTS) -> schemas.HistoryPublic:
+    """A series' newest `limit` ok results (oldest first), its change points and their annotations.
+
+    Raises:
+        NotFound: the series has no ok result.
+    """
+    points = _points(session, key, limit)
     if not points:
         raise NotFound(f"no ok result stored for series {key.key}")
     timed = [p for p in points if p.median_ms is not None and p.median_ms > 0]
-    annotations = queries.list_annotations(session, series_key=key.key, limit=200)
+    annotations = queries.list_annotations(session, series_key=[key.key, key.legacy_key], limit=200)
     return schemas.HistoryPublic(
         series_key=key.key,
         op=key.op,
         impl=key.impl,
-        shape="-".join(f"{d}{v}" for d, v in key.shape.items()),
+        shape=key.shape_id,
         dtype=key.dtype,
         mode=key.mode,
         machine_kind=key.machine_kind,
+        software=key.software,
         points=[
             schemas.HistoryPointPublic(
                 run_id=p.run_id,
@@ -315,33 +352,25 @@ def latest_change_points(
     keys = queries.list_series(session, op=op, machine_kind=machine_kind, since=since, limit=max_series)
     found: list[schemas.RegressionPublic] = []
     for key in keys:
-        points = queries.series_history(
-            session,
-            op=key.op,
-            impl=key.impl,
-            shape=key.shape,
-            dtype=key.dtype,
-            mode=key.mode,
-            machine_kind=key.machine_kind,
-            limit=points_per_series,
-        )
+        points = _points(session, key, points_per_series)
         cps = _change_points([p for p in points if p.median_ms])
         if not cps:
             continue
         latest = cps[-1]
         if only_regressions and latest.ratio <= 1.0:
             continue
-        notes = [a for a in queries.list_annotations(session, series_key=key.key, limit=50)]
+        notes = queries.list_annotations(session, series_key=[key.key, key.legacy_key], limit=50)
         mine = next((a for a in notes if a.run_id in (None, latest.run_id)), None)
         found.append(
             schemas.RegressionPublic(
                 series_key=key.key,
                 op=key.op,
                 impl=key.impl,
-                shape="-".join(f"{d}{v}" for d, v in key.shape.items()),
+                shape=key.shape_id,
                 dtype=key.dtype,
                 mode=key.mode,
                 machine_kind=key.machine_kind,
+                software=key.software,
                 change_point=latest,
                 annotation=schemas.AnnotationPublic.model_validate(mine) if mine else None,
             )

@@ -31,7 +31,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0002"
+    assert current_revision(fresh_engine) == head_revision() == "0003"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -39,7 +39,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0002"
+    assert current_revision(fresh_engine) == "0003"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -54,3 +54,34 @@ def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-un
     indexes = {ix["name"]: ix["column_names"] for ix in inspector.get_indexes("results")}
     assert indexes["ix_results_series"][-1] == "run_created_at"
     assert indexes["ix_results_run_status"] == ["run_pk", "status"]
+
+
+def test_0003_backfills_the_series_software_and_downgrades(fresh_engine, factory) -> None:  # type: ignore[no-untyped-def]
+    from deltabench.db.engine import session_scope
+    from deltabench.db.ingest import ingest_document
+    from deltabench.harness.series import series_software
+    from sqlalchemy import text
+
+    upgrade(fresh_engine)
+    docs = [factory.document(commit=f"{i:040x}", torch=torch) for i, torch in enumerate(("2.11.0", "2.12.1"))]
+    docs.append(factory.document(commit="f" * 40, torch=None, triton=None, cuda=None, python=""))
+    with session_scope(fresh_engine) as s:
+        for doc in docs:
+            ingest_document(s, doc)
+    query = text("SELECT runs.run_id, results.software FROM results JOIN runs ON runs.id = results.run_pk")
+    with fresh_engine.connect() as conn:
+        at_ingest = sorted(conn.execute(query).all())
+    want = {doc.run_id: series_software(doc.environment) for doc in docs}
+    assert at_ingest == sorted((run_id, want[run_id]) for run_id, _ in at_ingest)
+    assert want[docs[2].run_id] == "" and "torch=2.12" in want[docs[1].run_id]
+
+    downgrade(fresh_engine, "0002")
+    columns = {c["name"] for c in inspect(fresh_engine).get_columns("results")}
+    assert "software" not in columns
+    indexes = {ix["name"]: ix["column_names"] for ix in inspect(fresh_engine).get_indexes("results")}
+    assert "software" not in indexes["ix_results_series"]
+    upgrade(fresh_engine)  # 0003 again: the column comes back, filled from the stored environments
+    with fresh_engine.connect() as conn:
+        assert sorted(conn.execute(query).all()) == at_ingest
+    indexes = {ix["name"]: ix["column_names"] for ix in inspect(fresh_engine).get_indexes("results")}
+    assert indexes["ix_results_series"][-2:] == ["software", "run_created_at"]

@@ -10,6 +10,7 @@ from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document
 from deltabench.db.models import Annotation
 from deltabench.harness.errors import BadInput
+from deltabench.harness.series import series_key
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
 
@@ -123,8 +124,42 @@ def test_series_history(engine, factory) -> None:  # type: ignore[no-untyped-def
             queries.series_history(s, **{**key, "shape": "B2-T1024"}, machine_kind="h200")
         series = queries.list_series(s)
         assert len(series) == 4  # incorrect-only series are not listed
-        assert series[0].key == "gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd/cpu"
+        software = "cuda=13.0,python=3.11,torch=2.11,triton=3.6"
+        assert series[0].key == f"gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd@cpu[{software}]"
+        assert series[0].software == software
+        assert series[0].legacy_key == "gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd/cpu"
         assert len(queries.list_series(s, machine_kind="h200", op="gdn")) == 2
+
+
+def test_a_major_software_change_starts_a_new_series(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    """harness/series.py's definition: the same case on the same machine class with torch 2.11 and with torch 2.12
+    are two series; a patch release (2.11.1) stays in the series."""
+    versions = ["2.11.0", "2.11.1", "2.12.0", "2.12.0"]
+    docs = [
+        factory.document(
+            jobs=[factory.job(impl="torch_chunk", median=1.0 + i)],
+            created_at=T0 + dt.timedelta(days=i),
+            commit=f"c{i}" + "0" * 38,
+            torch=torch,
+        )
+        for i, torch in enumerate(versions)
+    ]
+    with session_scope(engine) as s:
+        for doc in docs:
+            ingest_document(s, doc)
+    key = {"op": "gdn", "impl": "torch_chunk", "shape": "B2-T1024-H4-K64-V64", "dtype": "bf16", "mode": "fwd"}
+    old, new = "cuda=13.0,python=3.11,torch=2.11,triton=3.6", "cuda=13.0,python=3.11,torch=2.12,triton=3.6"
+    with session_scope(engine) as s:
+        listed = queries.list_series(s, op="gdn")
+        assert [k.software for k in listed] == [old, new]
+        by_harness = {series_key(job, doc.environment).key for doc in docs for job in doc.jobs}
+        assert {k.key for k in listed} == by_harness, "the db's series are harness/series.py's"
+        assert [p.median_ms for p in queries.series_history(s, **key, machine_kind="h200", software=old)] == [1.0, 2.0]
+        assert [p.median_ms for p in queries.series_history(s, **key, machine_kind="h200", software=new)] == [3.0, 4.0]
+        # No software given: the series the newest result is in, never a mix.
+        assert [p.median_ms for p in queries.series_history(s, **key, machine_kind="h200")] == [3.0, 4.0]
+        assert queries.series_software_now(s, key=listed[0]) == new
+        assert queries.series_history(s, **key, machine_kind="h200", software="torch=9.9") == []
 
 
 def test_latest_run_for_commit_and_machines(engine, factory) -> None:  # type: ignore[no-untyped-def]

@@ -143,6 +143,42 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     assert client.get("/api/v1/history", params=params).json()["annotations"][0]["kind"] == "expected"
 
 
+def test_history_and_series_follow_the_harness_series_definition(app_client, db_url, build) -> None:
+    """A torch major.minor upgrade starts a new series (harness/series.py); the history never mixes the two."""
+    client = app_client()
+    token = build.token(db_url)
+    start = dt.datetime.now(UTC) - dt.timedelta(days=10)
+    docs = []
+    for i in range(6):
+        doc = build.document(
+            created_at=start + dt.timedelta(days=i),
+            commit=f"{i:040x}",
+            jobs=[build.job(impl="torch_chunk", median=1.0 if i < 3 else 3.0)],
+        )
+        torch = "2.13.2" if i < 3 else "2.14.0"
+        docs.append(doc.model_copy(update={"environment": doc.environment.model_copy(update={"torch": torch})}))
+    assert client.post("/api/v1/runs", json=build.body(*docs), headers=_auth(token)).status_code == 201
+    old, new = "python=3.11,torch=2.13", "python=3.11,torch=2.14"
+
+    listed = client.get("/api/v1/series", params={"op": "gdn"}).json()["data"]
+    assert [(s["software"], s["key"]) for s in listed] == [
+        (old, f"gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd@cpu[{old}]"),
+        (new, f"gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd@cpu[{new}]"),
+    ]
+    params = {"op": "gdn", "impl": "torch_chunk", "shape": "B2-T1024-H4-K64-V64", "dtype": "bf16", "mode": "fwd"}
+    params["machine"] = "cpu"
+    latest = client.get("/api/v1/history", params=params).json()  # no software: the series it is in now
+    assert latest["software"] == new and [p["run_id"] for p in latest["points"]] == [d.run_id for d in docs[3:]]
+    assert latest["change_points"] == [], "the 3x jump is a software change, not a change point"
+    before = client.get("/api/v1/history", params={**params, "software": "torch=2.13, python=3.11"}).json()
+    assert before["series_key"] == listed[0]["key"]
+    assert [p["median_ms"] for p in before["points"]] == [1.0, 1.0, 1.0]
+    assert client.get("/api/v1/history", params={**params, "software": "torch=2.99"}).status_code == 404
+    assert client.get("/api/v1/history", params={**params, "software": "torch"}).status_code == 422
+    page = client.get("/history", params={**params, "software": old})
+    assert page.status_code == 200 and "torch=2.13" in page.text
+
+
 def test_jobs_submit_list_status_cancel(app_client, db_url, build) -> None:
     client = app_client()
     token = build.token(db_url, "alice")

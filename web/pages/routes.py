@@ -108,18 +108,21 @@ def history_page(
     dtype: Param = None,
     mode: Param = None,
     machine: Param = None,
+    software: Param = None,
     x: Annotated[str, Query(pattern="^(time|commit)$")] = "time",
 ) -> Response:
     """A series' median with its IQR band over time or commits, change points marked; else the series list."""
     fields = (op, impl, shape, dtype, mode, machine)
     if all(fields):
         key = services.series_key_of(
+            session,
             op=op,
             impl=impl,
             shape=shape,
             dtype=dtype,
             mode=mode,
             machine_kind=machine,  # type: ignore[arg-type]
+            software=software,
         )
         history = services.series_history(session, key)
         history_json = history.model_dump(mode="json", include={"points", "change_points"})

@@ -28,13 +28,19 @@ def history(
     dtype: Required,
     mode: Required,
     machine: Required,
+    software: Text = None,
     limit: Annotated[int, Query(ge=2, le=5000)] = services.HISTORY_POINTS,
 ) -> schemas.HistoryPublic:
     """A series' newest `limit` ok results (oldest first) with median and IQR, change points and annotations.
 
-    `shape` gives all five dims (``B8-T4096-H6-K128-V128``); `machine` is the machine kind.
+    `shape` gives all five dims (``B8-T4096-H6-K128-V128``); `machine` is the machine kind; `software` the series'
+    major.minor software versions (``python=3.11,torch=2.13``, as ``/series`` lists them; empty for none). Without
+    `software`, the series the newest result of this case is in: results on other major software versions
+    belong to other series and are never mixed in.
     """
-    key = services.series_key_of(op=op, impl=impl, shape=shape, dtype=dtype, mode=mode, machine_kind=machine)
+    key = services.series_key_of(
+        session, op=op, impl=impl, shape=shape, dtype=dtype, mode=mode, machine_kind=machine, software=software
+    )
     return services.series_history(session, key, limit=limit)
 
 
@@ -54,10 +60,11 @@ def list_series(
             "key": k.key,
             "op": k.op,
             "impl": k.impl,
-            "shape": "-".join(f"{d}{v}" for d, v in k.shape.items()),
+            "shape": k.shape_id,
             "dtype": k.dtype,
             "mode": k.mode,
             "machine_kind": k.machine_kind,
+            "software": k.software,
         }
         for k in keys
     ]

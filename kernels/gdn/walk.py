@@ -14,7 +14,8 @@ the chunk-serial path (state.py's ``state_fwd`` also computes ``q k^T``, ``q S``
 Why V blocks only, no K split: column j of S evolves on its own (W and k are shared by every column), so V
 blocks are independent programs. Rows are not: every row block of S_n+1 needs the whole v_new, and v_new
 needs the full contraction ``W S_n`` over K, so a K split would have to exchange partial sums between
-programs once per chunk (a grid-wide barrier per chunk), which Triton does not offer safely.
+programs once per chunk (a grid-wide barrier per chunk), which Triton does not offer safely. For few heads
+the walk splits V finer instead (16-column blocks, see ``launch_config``).
 
 Why h in the inputs' dtype: the state is carried in fp32 across chunks; the stored copy is the one the
 products read. state.py's forward already multiplies W and q by the 16-bit-rounded state, so storing it
@@ -31,12 +32,14 @@ import triton.language as tl
 from ..common.mma import mma
 from .wy import CHUNK, dot_precision, padded
 
-__all__ = ["LAUNCH", "state_walk"]
+__all__ = ["LAUNCH", "launch_config", "state_walk"]
 
-# Fixed launch settings (no autotuning). The V block and warps follow state.py's H200-tested pairs
-# (benchmarks/NOTES.md): 64 columns with 8 warps, 16 columns with 4 warps below V = 64; never 32 columns
-# (illegal memory access on the H200 with Triton 3.6). One stage: no software-pipelined loads.
-LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
+# Fixed launch settings (no autotuning). The V block and warps are state.py's H200-tested pairs
+# (benchmarks/NOTES.md): 64 columns with 8 warps, or 16 columns with 4 warps; never 32 columns (illegal
+# memory access on the H200 with Triton 3.6). 16 columns are taken below V = 64, and when 64-column blocks
+# would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16, V = 128 only 32 would
+# run), which splits V finer in place of the unsound K split. One stage: no software-pipelined loads.
+LAUNCH = {"block_v": 64, "warps": 8, "small_block_v": 16, "small_warps": 4, "min_programs": 64, "stages": 1}
 
 
 @triton.jit
@@ -88,9 +91,13 @@ def state_walk_kernel(
         tl.store(ht + state_off, S, mask=mkv)
 
 
-def _block_v(V: int) -> int:
-    """V block of the walk: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
-    return LAUNCH["block_v"] if padded(V) >= 64 else 16
+def launch_config(V: int, heads: int) -> tuple[int, int]:
+    """``(V block, warps)`` of the walk for `heads` = B*H sequences: 64/8, or 16/4 below V = 64 or when
+    64-column blocks give under ``LAUNCH["min_programs"]`` programs (never 32 columns: see LAUNCH)."""
+    wide = LAUNCH["block_v"]
+    if padded(V) >= wide and heads * triton.cdiv(V, wide) >= LAUNCH["min_programs"]:
+        return wide, LAUNCH["warps"]
+    return LAUNCH["small_block_v"], LAUNCH["small_warps"]
 
 
 def state_walk(
@@ -117,11 +124,11 @@ def state_walk(
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV = _block_v(V)
+    BV, warps = launch_config(V, B * H)
     state_walk_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, g, initial_state, h, vnew, ht, T, NT,
         H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
-        num_warps=LAUNCH["warps"] if BV >= 64 else 4, num_stages=LAUNCH["stages"],
+        num_warps=warps, num_stages=LAUNCH["stages"],
     )  # fmt: skip
     return h, vnew, ht

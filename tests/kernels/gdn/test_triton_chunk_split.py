@@ -5,28 +5,39 @@ random cotangents on o and the final state; T = 1, 63, 65, 130 (partial last chu
 and bf16, both gate regimes, with and without an initial state. bf16 bounds are test_triton_chunk.py's
 (the interpreter truncates fp32 to bf16 instead of rounding). Against ``triton_chunk``: the same arithmetic,
 so on the interpreter the same bits. Through the harness gate: the registered impl passes ``verify_case``.
+The walk picks 16-column V blocks for few heads (every case here by default); ``wide_walk`` lowers its
+program threshold so that the 64-column blocks of the large shapes run too.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from deltabench.kernels.gdn import walk
 from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.chunk_split import chunk_gated_delta_rule_split
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 2.5e-2}
 GATES = ("q", "k", "v", "g", "beta")
-CASES = [  # (B, T, dtype, regime, initial_state)
-    (2, 1, torch.float32, "typical", True),
-    (1, 63, torch.float32, "long", False),
-    (1, 65, torch.float32, "typical", True),
-    (1, 130, torch.float32, "long", True),
-    (1, 1, torch.bfloat16, "long", False),
-    (1, 63, torch.bfloat16, "typical", True),
-    (2, 65, torch.bfloat16, "long", True),
-    (1, 130, torch.bfloat16, "typical", False),
+CASES = [  # (B, T, dtype, regime, initial_state, walk V block)
+    (2, 1, torch.float32, "typical", True, 16),
+    (1, 63, torch.float32, "long", False, 64),
+    (1, 65, torch.float32, "typical", True, 16),
+    (1, 130, torch.float32, "long", True, 64),
+    (1, 1, torch.bfloat16, "long", False, 64),
+    (1, 63, torch.bfloat16, "typical", True, 16),
+    (2, 65, torch.bfloat16, "long", True, 64),
+    (1, 130, torch.bfloat16, "typical", False, 16),
 ]
+
+
+@pytest.fixture
+def walk_block(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> int:
+    """The walk's V block for this test (16: the default at these few heads; 64: threshold lowered to 1)."""
+    if request.param == 64:
+        monkeypatch.setitem(walk.LAUNCH, "min_programs", 1)
+    return request.param
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -62,10 +73,14 @@ def _check_against_oracle(B: int, T: int, H: int, K: int, V: int, dtype, regime:
 
 
 @pytest.mark.parametrize(
-    "B,T,dtype,regime,h0", CASES, ids=[f"B{c[0]}-T{c[1]}-{str(c[2])[6:]}-{c[3]}-h0{int(c[4])}" for c in CASES]
+    "B,T,dtype,regime,h0,walk_block",
+    CASES,
+    ids=[f"B{c[0]}-T{c[1]}-{str(c[2])[6:]}-{c[3]}-h0{int(c[4])}-walk{c[5]}" for c in CASES],
+    indirect=["walk_block"],
 )
-def test_split_matches_oracle(B: int, T: int, dtype: torch.dtype, regime: str, h0: bool) -> None:
-    """K = 32, V = 64: the walk and the output stage take their 64-column V blocks (8 warps)."""
+def test_split_matches_oracle(B: int, T: int, dtype: torch.dtype, regime: str, h0: bool, walk_block: int) -> None:
+    """K = 32, V = 64: the output stage takes one 64-column V block, the walk `walk_block` columns."""
+    assert walk.launch_config(64, B * 3)[0] == walk_block
     _check_against_oracle(B, T, 3, 32, 64, dtype, regime, h0)
 
 
@@ -74,15 +89,31 @@ def test_split_matches_oracle_at_padded_dims() -> None:
     _check_against_oracle(1, 70, 2, 24, 20, torch.float32, "long", True)
 
 
-def test_same_bits_as_triton_chunk() -> None:
-    """Same products in the same order as chunk.py's forward, and its backward: identical on the interpreter."""
+@pytest.mark.parametrize("walk_block", [16, 64], indirect=True)
+def test_same_bits_as_triton_chunk(walk_block: int) -> None:
+    """Same products in the same order as chunk.py's forward, and its backward: identical on the interpreter
+    (chunk.py's walk takes 64-column blocks here; with 16-column ones only the fp32 final state's last bits move)."""
     B, T, H, K, V = 1, 130, 3, 32, 64
     x = make_inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=11, initial_state=True)
     do, dht = _cotangents(B, T, H, K, V, torch.bfloat16)
     split = _run(chunk_gated_delta_rule_split, x, do, dht)
     fused = _run(chunk_gated_delta_rule, x, do, dht)
     for name in fused:
+        if name == "final_state" and walk_block == 16:
+            # the fp32 state's last update sums its products in another order with 16-column tiles
+            assert _rel(split[name], fused[name].double()) < 1e-7
+            continue
         torch.testing.assert_close(split[name], fused[name], rtol=0, atol=0, msg=name)
+
+
+def test_walk_launch_config() -> None:
+    """64-column blocks (8 warps) when they fill the machine, 16 (4 warps) otherwise; never 32 columns."""
+    assert walk.launch_config(128, 48) == (64, 8)  # 8 x 4096 x 6: 96 programs
+    assert walk.launch_config(128, 64) == (64, 8)  # 4 x 8192 x 16: 128 programs
+    assert walk.launch_config(128, 16) == (16, 4)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
+    assert walk.launch_config(20, 1000) == (16, 4)  # V under 64 (padded to 32)
+    assert walk.launch_config(48, 1000) == (64, 8)  # padded to 64, masked
+    assert all(walk.launch_config(V, n)[0] != 32 for V in (16, 32, 64, 100, 128, 256) for n in (1, 7, 64, 999))
 
 
 def test_forward_only_path_matches_autograd_path() -> None:

@@ -28,6 +28,8 @@ from types import ModuleType
 
 import torch
 
+from .fla_convention import call_fla_convention
+
 __all__ = [
     "GUARD_BYPASSED",
     "gdn2_fla_chunk",
@@ -85,11 +87,6 @@ def run_notes() -> str:
     return _GUARD_NOTE if GUARD_BYPASSED else ""
 
 
-def _state_fp32(final_state: torch.Tensor) -> torch.Tensor:
-    # FLA returns the state in float32 already; the cast is a no-op then and keeps the contract if it changes.
-    return final_state.float()
-
-
 def gdn_fla_chunk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,18 +107,9 @@ def gdn_fla_chunk(
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state`` ``[B, H, K, V]`` float32.
     """
     fla_gdn = load_fla()["gated_delta_rule"]
-    o, final_state = fla_gdn.chunk_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
+    return call_fla_convention(
+        fla_gdn.chunk_gated_delta_rule, q, k, v, g, beta, scale=scale, initial_state=initial_state
     )
-    return o, _state_fp32(final_state)
 
 
 def gdn_fla_recurrent(
@@ -139,18 +127,9 @@ def gdn_fla_recurrent(
     ``(q, k, v, g, gk, gv, beta, ...)``, so beta goes by keyword. Shapes as :func:`gdn_fla_chunk`.
     """
     fla_gdn = load_fla()["gated_delta_rule"]
-    o, final_state = fla_gdn.fused_recurrent_gated_delta_rule(
-        q,
-        k,
-        v,
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
+    return call_fla_convention(
+        fla_gdn.fused_recurrent_gated_delta_rule, q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state
     )
-    return o, _state_fp32(final_state)
 
 
 def gdn2_fla_chunk(
@@ -170,19 +149,7 @@ def gdn2_fla_chunk(
     FLA asserts K <= 256 and a float32 initial state.
     """
     fla_gdn2 = _submodule("gdn2")
-    o, final_state = fla_gdn2.chunk_gdn2(
-        q,
-        k,
-        v,
-        g,
-        b,
-        w,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
-    )
-    return o, _state_fp32(final_state)
+    return call_fla_convention(fla_gdn2.chunk_gdn2, q, k, v, g, b, w, scale=scale, initial_state=initial_state)
 
 
 def kda_fla_chunk(
@@ -197,15 +164,4 @@ def kda_fla_chunk(
     """KDA through FLA's ``chunk_kda``: g ``[B, T, H, K]`` natural-log decay (``use_gate_in_kernel=False``),
     beta ``[B, T, H]`` already in (0, 1) (``use_beta_sigmoid_in_kernel=False``). FLA asserts K <= 256."""
     fla_kda = _submodule("kda")
-    o, final_state = fla_kda.chunk_kda(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
-    )
-    return o, _state_fp32(final_state)
+    return call_fla_convention(fla_kda.chunk_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)

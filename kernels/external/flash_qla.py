@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .fla_convention import call_fla_convention
+
 __all__ = ["SUPPORTED_ARCHS", "gdn_flash_qla", "unsupported_reason"]
 
 # Compute capabilities flash_qla 0.1.3 ships kernels for (its chunk/__init__.py raises on any other).
@@ -55,15 +57,6 @@ def gdn_flash_qla(
     """
     import flash_qla
 
-    o, final_state = flash_qla.chunk_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
+    return call_fla_convention(
+        flash_qla.chunk_gated_delta_rule, q, k, v, g, beta, scale=scale, initial_state=initial_state
     )
-    return o, final_state.float()

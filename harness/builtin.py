@@ -29,35 +29,20 @@ def _triton_dims(case: Case) -> str | None:
     return None
 
 
-register_impl(
-    "gdn",
-    "triton_chunk",
-    backend="triton",
-    devices=("cuda", "cpu"),
-    dtypes=ALL_DTYPES,
-    constraint=_triton_dims,
-    requires=("triton",),
-)(lazy("deltabench.kernels.gdn.chunk:gdn_triton_chunk"))
-register_impl(
-    "gdn",
-    "triton_chunk_split",
-    backend="triton",
-    devices=("cuda", "cpu"),
-    dtypes=ALL_DTYPES,
-    constraint=_triton_dims,
-    requires=("triton",),
-    notes="experimental: lever 1 of benchmarks/NOTES.md, not yet measured on a GPU",
-)(lazy("deltabench.kernels.gdn.chunk_split:gdn_triton_chunk_split"))
-register_impl(
-    "gdn",
-    "triton_recurrent",
-    backend="triton",
-    devices=("cuda", "cpu"),
-    dtypes=ALL_DTYPES,
-    supports_backward=False,
-    constraint=_triton_dims,
-    requires=("triton",),
-)(lazy("deltabench.kernels.gdn.fused_recurrent:gdn_triton_recurrent"))
+# What the three gdn Triton impls share (CPU through the Triton interpreter); each row adds its own keywords.
+_TRITON = dict(
+    backend="triton", devices=("cuda", "cpu"), dtypes=ALL_DTYPES, constraint=_triton_dims, requires=("triton",)
+)
+for _name, _target, _own in (
+    ("triton_chunk", "chunk:gdn_triton_chunk", {}),
+    (
+        "triton_chunk_split",
+        "chunk_split:gdn_triton_chunk_split",
+        {"notes": "experimental: lever 1 of benchmarks/NOTES.md, not yet measured on a GPU"},
+    ),
+    ("triton_recurrent", "fused_recurrent:gdn_triton_recurrent", {"supports_backward": False}),
+):
+    register_impl("gdn", _name, **_TRITON, **_own)(lazy(f"deltabench.kernels.gdn.{_target}"))
 
 # --- JAX subjects (kernels/<op>/jax_*.py) --------------------------------------------------------------------------
 # Torch-facing wrappers (the gate checks the JAX forward and vjp); runners.jax times their `.jax_fn` natively.
@@ -122,38 +107,23 @@ def _opengdn_triton_dims(case: Case) -> str | None:
     return None
 
 
+# What every FLA impl shares; each registration adds its own notes (and fla_recurrent its missing backward).
+_FLA_IMPL = dict(backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=_fla_dims, requires=("fla",))
 register_impl(
     "gdn",
     "fla_chunk",
-    backend="triton",
-    devices=("cuda",),
-    dtypes=ALL_DTYPES,
-    constraint=_fla_dims,
-    requires=("fla",),
+    **_FLA_IMPL,
     notes=f"{_FLA_NOTE}; bwd guard bypassed (FLA #640) on Hopper with Triton >=3.4,<3.7.1: the gate judges it",
 )(lazy(f"{_FLA}:gdn_fla_chunk"))
 register_impl(
     "gdn",
     "fla_recurrent",
-    backend="triton",
-    devices=("cuda",),
-    dtypes=ALL_DTYPES,
+    **_FLA_IMPL,
     supports_backward=False,
-    constraint=_fla_dims,
-    requires=("fla",),
     notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
 )(lazy(f"{_FLA}:gdn_fla_recurrent"))
 for _op in ("gdn2", "kda"):
-    register_impl(
-        _op,
-        "fla_chunk",
-        backend="triton",
-        devices=("cuda",),
-        dtypes=ALL_DTYPES,
-        constraint=_fla_dims,
-        requires=("fla",),
-        notes=_FLA_NOTE,
-    )(lazy(f"{_FLA}:{_op}_fla_chunk"))
+    register_impl(_op, "fla_chunk", **_FLA_IMPL, notes=_FLA_NOTE)(lazy(f"{_FLA}:{_op}_fla_chunk"))
 register_impl(
     "gdn",
     "flash_qla",

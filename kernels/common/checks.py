@@ -1,10 +1,19 @@
-"""Argument checks shared by the PyTorch implementations (one clear ValueError instead of a broadcast error)."""
+"""Argument checks and defaults shared by the PyTorch implementations (one clear ValueError instead of a broadcast
+error, and one place for the op contract's gate layouts and default query scale)."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["check_inputs"]
+__all__ = ["GATE_LAYOUTS", "check_inputs", "check_op_inputs", "default_scale"]
+
+# The op contract's gate layouts (DESIGN.md), in argument order: gdn's scalar gates, gdn2's per-channel decay and
+# erase (per key channel) and write (per value channel), kda's per-channel decay and scalar beta.
+GATE_LAYOUTS: dict[str, dict[str, str]] = {
+    "gdn": {"g": "BTH", "beta": "BTH"},
+    "gdn2": {"g": "BTHK", "b": "BTHK", "w": "BTHV"},
+    "kda": {"g": "BTHK", "beta": "BTH"},
+}
 
 
 def check_inputs(
@@ -37,3 +46,26 @@ def check_inputs(
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(B, H, K, V)}, got {tuple(initial_state.shape)}")
     return B, T, H, K, V
+
+
+def check_op_inputs(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, torch.Tensor],
+    initial_state: torch.Tensor | None,
+) -> tuple[int, int, int, int, int]:
+    """:func:`check_inputs` with the gates' layouts taken from :data:`GATE_LAYOUTS` for `op`.
+
+    Examples::
+
+        >>> B, T, H, K, V = check_op_inputs("gdn", q, k, v, {"g": g, "beta": beta}, initial_state)
+    """
+    layouts = GATE_LAYOUTS[op]
+    return check_inputs(q, k, v, {name: (gates[name], layout) for name, layout in layouts.items()}, initial_state)
+
+
+def default_scale(scale: float | None, K: int) -> float:
+    """The query scale: `scale` as given, or the contract's default ``K ** -0.5``."""
+    return K**-0.5 if scale is None else scale

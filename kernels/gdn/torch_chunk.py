@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_inputs, chunk_scan, merge_chunks, pairwise_decay, split_chunks, ut_solve
+from ..common import check_op_inputs, chunk_scan, default_scale, merge_chunks, pairwise_decay, split_chunks, ut_solve
 
 __all__ = ["gdn_torch_chunk"]
 
@@ -58,8 +58,8 @@ def gdn_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = gdn_torch_chunk(**x)
     """
-    _, T, _, K, _ = check_inputs(q, k, v, {"g": (g, "BTH"), "beta": (beta, "BTH")}, initial_state)
-    scale = K**-0.5 if scale is None else scale
+    _, T, _, K, _ = check_op_inputs("gdn", q, k, v, {"g": g, "beta": beta}, initial_state)
+    scale = default_scale(scale, K)
     qc, kc, vc = (split_chunks(x, chunk_size) for x in (q, k, v))  # [B, H, N, C, K|V]
     gc, bc = split_chunks(g, chunk_size), split_chunks(beta, chunk_size)  # [B, H, N, C]
     G = gc.cumsum(-1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_inputs, per_channel_delta_chunk
+from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
 
 __all__ = ["gdn2_torch_chunk"]
 
@@ -50,8 +50,7 @@ def gdn2_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = gdn2_torch_chunk(**x)
     """
-    gates = {"g": (g, "BTHK"), "b": (b, "BTHK"), "w": (w, "BTHV")}
-    K = check_inputs(q, k, v, gates, initial_state)[3]
-    scale = K**-0.5 if scale is None else scale
+    K = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3]
+    scale = default_scale(scale, K)
     o, final_state = per_channel_delta_chunk(q, k, v, g, b, w, scale, initial_state, chunk_size)
     return o.to(v.dtype), final_state

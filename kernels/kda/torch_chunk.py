@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_inputs, per_channel_delta_chunk
+from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
 
 __all__ = ["kda_torch_chunk"]
 
@@ -47,8 +47,8 @@ def kda_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = kda_torch_chunk(**x)
     """
-    B, T, H, K, V = check_inputs(q, k, v, {"g": (g, "BTHK"), "beta": (beta, "BTH")}, initial_state)
-    scale = K**-0.5 if scale is None else scale
+    B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
+    scale = default_scale(scale, K)
     erase = beta[..., None].expand(B, T, H, K)
     write = beta[..., None].expand(B, T, H, V)
     o, final_state = per_channel_delta_chunk(q, k, v, g, erase, write, scale, initial_state, chunk_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_inputs
+from ..common import check_op_inputs, default_scale
 
 __all__ = ["kda_torch_recurrent"]
 
@@ -48,8 +48,8 @@ def kda_torch_recurrent(
         >>> x = make_inputs(2, 100, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = kda_torch_recurrent(**x)
     """
-    B, T, H, K, V = check_inputs(q, k, v, {"g": (g, "BTHK"), "beta": (beta, "BTH")}, initial_state)
-    scale = K**-0.5 if scale is None else scale
+    B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
+    scale = default_scale(scale, K)
     state = v.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     outs = []
     for t in range(T):

@@ -6,13 +6,12 @@ measure the host, never a device.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from deltabench.harness.document import TimingStats
 
-from .timing import adaptive_samples, summarize
+from .timing import time_on_host_clock
 
 __all__ = ["CLOCK", "time_callable"]
 
@@ -41,22 +40,13 @@ def time_callable(
         stats = time_callable(lambda: impl(q, k, v, g, beta), budget_s=0.5)
         stats.median_ms, stats.stop_reason
     """
-    if first_call_s is None:
-        t0 = time.perf_counter_ns()
-        fn()
-        first_call_s = (time.perf_counter_ns() - t0) / 1e9
-
-    def measure(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            start = time.perf_counter_ns()
-            fn()
-            out.append((time.perf_counter_ns() - start) / 1e6)
-        return out
-
-    got = adaptive_samples(
-        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
-    )
-    return summarize(
-        got.samples_ms, clock=CLOCK, warmup=got.warmup, compile_s=first_call_s, stop_reason=got.stop_reason
+    return time_on_host_clock(
+        fn,
+        clock=CLOCK,
+        budget_s=budget_s,
+        target_sem=target_sem,
+        min_reps=min_reps,
+        max_reps=max_reps,
+        warmup_s=warmup_s,
+        first_call_s=first_call_s,
     )

@@ -27,7 +27,7 @@ import jax
 from deltabench.harness.document import MemoryStats, TimingStats
 from deltabench.kernels.common import jax_bridge
 
-from .timing import adaptive_samples, summarize
+from .timing import time_on_host_clock
 
 __all__ = [
     "CLOCK",
@@ -66,24 +66,15 @@ def time_callable(
         stats = time_callable(lambda: f(q, k, v, g, beta), budget_s=0.5)
         stats.median_ms, stats.compile_s
     """
-    if first_call_s is None:
-        t0 = time.perf_counter_ns()
-        jax.block_until_ready(fn())
-        first_call_s = (time.perf_counter_ns() - t0) / 1e9
-
-    def measure(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            start = time.perf_counter_ns()
-            jax.block_until_ready(fn())
-            out.append((time.perf_counter_ns() - start) / 1e6)
-        return out
-
-    got = adaptive_samples(
-        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
-    )
-    return summarize(
-        got.samples_ms, clock=CLOCK, warmup=got.warmup, compile_s=first_call_s, stop_reason=got.stop_reason
+    return time_on_host_clock(
+        lambda: jax.block_until_ready(fn()),
+        clock=CLOCK,
+        budget_s=budget_s,
+        target_sem=target_sem,
+        min_reps=min_reps,
+        max_reps=max_reps,
+        warmup_s=warmup_s,
+        first_call_s=first_call_s,
     )
 
 

@@ -22,7 +22,15 @@ from collections.abc import Callable, Sequence
 
 from deltabench.harness.document import TimingStats
 
-__all__ = ["WARMUP_AGREEMENT", "Collected", "adaptive_samples", "quantile", "sem_rel", "summarize"]
+__all__ = [
+    "WARMUP_AGREEMENT",
+    "Collected",
+    "adaptive_samples",
+    "quantile",
+    "sem_rel",
+    "summarize",
+    "time_on_host_clock",
+]
 
 WARMUP_AGREEMENT = 0.10  # two consecutive warm-up timings within 10% of each other: warm
 _MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi/2): asymptotic SE of the median over SE of the mean (normal samples)
@@ -144,3 +152,42 @@ def adaptive_samples(
             reason = "budget"
             break
     return Collected(samples_ms=samples, warmup=warmup, stop_reason=reason)
+
+
+def time_on_host_clock(
+    call: Callable[[], object],
+    *,
+    clock: str,
+    budget_s: float,
+    target_sem: float,
+    min_reps: int,
+    max_reps: int,
+    warmup_s: float,
+    first_call_s: float | None,
+) -> TimingStats:
+    """Time the zero-argument `call` on the host's monotonic nanosecond clock, one reading around each call.
+
+    What the CPU and JAX timers share: the first call timed apart as ``compile_s`` (unless the caller already
+    made it and passes its duration as `first_call_s`), then :func:`adaptive_samples`, then :func:`summarize`
+    with the samples labelled `clock`. `call` must return only once its work is done (the JAX timer's blocks
+    on the outputs).
+    """
+    if first_call_s is None:
+        t0 = time.perf_counter_ns()
+        call()
+        first_call_s = (time.perf_counter_ns() - t0) / 1e9
+
+    def measure(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            call()
+            out.append((time.perf_counter_ns() - start) / 1e6)
+        return out
+
+    got = adaptive_samples(
+        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
+    )
+    return summarize(
+        got.samples_ms, clock=clock, warmup=got.warmup, compile_s=first_call_s, stop_reason=got.stop_reason
+    )

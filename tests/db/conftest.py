@@ -1,20 +1,17 @@
 """Fixtures of the db tests: a real SQLite file and a real PostgreSQL database for every test, and documents.
 
-PostgreSQL is the one on 127.0.0.1:5432 (trust auth), database ``test``. The session works in its own schemas
-``deltabench_test_<pid>_<n>`` (the connection's search_path) and drops them at the end, so parallel sessions and
-other users of ``test`` never see these tables. Between tests the tables are emptied.
+The database fixtures (``db_url``, ``pg_url``, ``pg_server``) are tests/pg_fixtures.py's, shared with the web tests:
+PostgreSQL on 127.0.0.1:5432 in schemas of its own, dropped at the end; tables emptied between tests.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import uuid
-from collections.abc import Callable, Iterator
 
+import pg_fixtures
 import pytest
-from deltabench.db.engine import dispose_engines, get_engine
-from deltabench.db.models import Base
+from deltabench.db.engine import get_engine
 from deltabench.harness.document import (
     CaseSpec,
     CheckRecord,
@@ -25,63 +22,15 @@ from deltabench.harness.document import (
     TimingStats,
     WorkFigures,
 )
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _pg_admin():  # type: ignore[no-untyped-def]
-    import psycopg
-
-    return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[Callable[[], str]]:
-    """A factory of fresh, empty PostgreSQL schemas in the ``test`` database, as URLs whose search_path is that
-    schema; every schema it made is dropped at session end (schemas are much cheaper than databases to drop)."""
-    try:
-        _pg_admin().close()
-    except Exception as exc:  # the server is part of the dev setup; say so instead of failing every test
-        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 not reachable: {exc}")
-    made: list[str] = []
-
-    def make() -> str:
-        name = f"deltabench_test_{os.getpid()}_{len(made)}"
-        with _pg_admin() as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-            conn.execute(f'CREATE SCHEMA "{name}"')
-        made.append(name)
-        return f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
-
-    yield make
-    dispose_engines()
-    with _pg_admin() as conn:
-        for name in made:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture(scope="session")
-def pg_url(pg_server: Callable[[], str]) -> str:
-    """The session's PostgreSQL database for the ordinary tests (migrated on first use)."""
-    return pg_server()
-
-
-def _empty(engine: Engine) -> None:
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """A migrated, empty database: a fresh SQLite file, or the session's PostgreSQL database emptied after use."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "deltabench.db")
-        return
-    url = request.getfixturevalue("pg_url")
-    yield url
-    _empty(get_engine(url))
+# The shared database fixtures (tests/pg_fixtures.py), registered here by name.
+db_url, pg_server, pg_url, sqlite_url = (
+    pg_fixtures.db_url,
+    pg_fixtures.pg_server,
+    pg_fixtures.pg_url,
+    pg_fixtures.sqlite_url,
+)
 
 
 @pytest.fixture

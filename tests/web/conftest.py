@@ -1,19 +1,19 @@
 """Fixtures of the web tests: the real app on a real SQLite file or PostgreSQL database, tokens, documents.
 
-PostgreSQL is the server on 127.0.0.1:5432 (trust auth): the session makes its own database
-``deltabench_web_<pid>`` through the ``test`` database and drops it at the end; tables are emptied between tests.
+The database fixtures (``db_url``, ``pg_url``, ``pg_server``) are tests/pg_fixtures.py's, shared with the db tests:
+PostgreSQL on 127.0.0.1:5432 in schemas of its own, dropped at the end; tables emptied between tests. ``sqlite_url``
+is overridden here so the SQLite file is ``web.db``, for ``db_url`` too.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
+import pg_fixtures
 import pytest
-from deltabench.db.engine import dispose_engines, get_engine, session_scope
-from deltabench.db.models import Base
+from deltabench.db.engine import get_engine, session_scope
 from deltabench.harness.document import (
     CaseSpec,
     CheckRecord,
@@ -28,51 +28,16 @@ from deltabench.web.app import create_app
 from deltabench.web.config import Settings
 from deltabench.web.security.tokens import create_token
 from fastapi.testclient import TestClient
-from sqlalchemy import text
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 UTC = dt.timezone.utc
 
-
-def _pg_admin():  # type: ignore[no-untyped-def]
-    import psycopg
-
-    return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A throwaway PostgreSQL database for this session (dropped at the end)."""
-    try:
-        _pg_admin().close()
-    except Exception as exc:
-        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 not reachable: {exc}")
-    name = f"deltabench_web_{os.getpid()}"
-    with _pg_admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    dispose_engines()
-    with _pg_admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """A migrated, empty database: a fresh SQLite file, or the session's PostgreSQL database emptied after use."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "web.db")
-        return
-    url = request.getfixturevalue("pg_url")
-    yield url
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    with get_engine(url).begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+# The shared database fixtures (tests/pg_fixtures.py), registered here by name.
+db_url, pg_server, pg_url = pg_fixtures.db_url, pg_fixtures.pg_server, pg_fixtures.pg_url
 
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
-    """A fresh SQLite file (for tests that need one backend only)."""
+    """A fresh SQLite file (for tests that need one backend only; also db_url's SQLite case, as before)."""
     return str(tmp_path / "web.db")
 
 

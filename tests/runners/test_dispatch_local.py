@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,6 +22,7 @@ from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob, Result, Run
 from deltabench.runners.dispatch import LocalWorker
 from deltabench.web.security.tokens import create_token
+from processes import pid_alive, wait_for
 from sqlalchemy import func, select
 
 SLOW_IMPLS = '''
@@ -42,31 +43,11 @@ def slow_once(q, k, v, g, beta, scale=None, initial_state=None):
 '''
 
 
-def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 0.3) -> object:
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still exists (and is not a zombie)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "State:\tZ" not in status
 
 
 @pytest.fixture

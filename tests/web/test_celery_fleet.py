@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob, Result, Run
 from deltabench.web.security.tokens import create_token
+from processes import pid_alive, wait_for
 from sqlalchemy import func, select
 
 pytestmark = pytest.mark.redis
@@ -60,25 +60,6 @@ from deltabench.web.config import Settings
 app = create_app(Settings.from_env(db_url=sys.argv[2]))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
-
-
-def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 0.3) -> object:
-    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still exists (and is not a zombie)."""
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@
   return NaN-filled tensors, so a kernel that reads memory it never wrote produces NaN and fails its check. It is
   automatic for tests under ``tests/kernels/`` and opt-in elsewhere (request the fixture by name), so it cannot
   disturb other layers' tests.
+- ``DELTABENCH_JAX_CACHE_DIR=off``: no persistent JAX compile cache, so tests do not depend on what other processes
+  left in it.
 - ``DELTABENCH_REQUIRE_SERVICES=1`` (set by ``.ci/run``): a test skipped because PostgreSQL, Redis or Chromium is
   missing fails instead, so CI can never pass by skipping the real components it is meant to exercise.
 """
@@ -20,6 +22,9 @@ import pytest
 
 # Must precede any import of triton (impls import it lazily, on first call).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests compile their own JAX programs: a persistent cache shared with other processes on the machine (a CLI run,
+# another pytest) makes them depend on its state, and concurrent writers to it were seen to stall a test.
+os.environ.setdefault("DELTABENCH_JAX_CACHE_DIR", "off")
 
 _KERNEL_MODULE_PREFIX = "deltabench.kernels."
 

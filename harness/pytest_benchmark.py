@@ -99,6 +99,12 @@ def _timing(stats: dict[str, Any], options: dict[str, Any]) -> TimingStats:
     )
 
 
+def _commit_id(commit: dict[str, Any]) -> str | None:
+    """The git commit of ``commit_info``, or None where pytest-benchmark ran outside git (it says "unversioned")."""
+    cid = str(commit.get("id") or "")
+    return cid if re.fullmatch(r"[0-9a-fA-F]{7,40}", cid) else None
+
+
 def to_document(obj: dict[str, Any], *, suite: str = "pytest-benchmark") -> ResultDocument:
     """Convert a parsed pytest-benchmark file into a :class:`ResultDocument` (see the module docstring).
 
@@ -121,7 +127,7 @@ def to_document(obj: dict[str, Any], *, suite: str = "pytest-benchmark") -> Resu
         platform=" ".join(str(machine.get(k, "")) for k in ("system", "release", "machine")).strip(),
         cpu=str(cpu.get("brand_raw") or machine.get("processor") or ""),
         python=str(machine.get("python_version") or ""),
-        git_commit=(str(commit["id"]) if commit.get("id") else None),
+        git_commit=_commit_id(commit),
         git_dirty=bool(commit.get("dirty", False)),
         extra={
             k: str(v)

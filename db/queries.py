@@ -548,10 +548,18 @@ def _job_result(row: Any, samples: list[float] | None, checks: list[CheckRecord]
     )
 
 
+CHECK_SCOPES = ("all", "failed_jobs", "none")
+
+
 def _run_children(
-    session: Session, run_pk: int
+    session: Session, run_pk: int, checks_scope: str = "all"
 ) -> tuple[list[Any], dict[int, list[float]], dict[int, list[CheckRecord]]]:
-    """A run's result rows (Core rows: several times cheaper than ORM objects), samples and checks."""
+    """A run's result rows (Core rows: several times cheaper than ORM objects), samples and checks.
+
+    `checks_scope` bounds the verification records loaded: ``all``; ``failed_jobs`` (only those of jobs whose
+    status is not ``ok``: what a run page shows, without reading the ~100 passing records of every good job);
+    ``none``.
+    """
     results_table, checks_table = Result.__table__, Check.__table__
     rows = session.execute(
         select(results_table).where(results_table.c.run_pk == run_pk).order_by(Result.position, Result.id)
@@ -565,18 +573,29 @@ def _run_children(
         )
     }
     checks: dict[int, list[CheckRecord]] = {}
-    for row in session.execute(
+    if checks_scope not in CHECK_SCOPES:
+        raise ValueError(f"checks_scope must be one of {', '.join(CHECK_SCOPES)}, not {checks_scope!r}")
+    if checks_scope == "none":
+        return rows, samples, checks
+    query = (
         select(checks_table)
         .join(results_table, results_table.c.id == checks_table.c.result_id)
         .where(results_table.c.run_pk == run_pk)
         .order_by(checks_table.c.result_id, checks_table.c.position)
-    ):
+    )
+    if checks_scope == "failed_jobs":
+        query = query.where(results_table.c.status != "ok")
+    for row in session.execute(query):
         checks.setdefault(row.result_id, []).append(_check_record(row))
     return rows, samples, checks
 
 
-def load_run_document(session: Session, run_id: str) -> ResultDocument:
+def load_run_document(session: Session, run_id: str, *, checks: str = "all") -> ResultDocument:
     """Rebuild the stored run as a :class:`ResultDocument` (what was ingested, jobs in document order).
+
+    Args:
+        checks: which verification records to load: ``all`` (the exact document), ``failed_jobs`` (those of jobs
+            that did not end ``ok``) or ``none`` (a comparison needs only samples and statuses).
 
     Raises:
         BadInput: no such run.
@@ -584,7 +603,7 @@ def load_run_document(session: Session, run_id: str) -> ResultDocument:
     run = get_run(session, run_id=run_id)
     if run is None:
         raise BadInput(f"no run {run_id!r} in this database")
-    rows, samples, checks = _run_children(session, run.id)
+    rows, samples, checks_by_result = _run_children(session, run.id, checks)
     return ResultDocument(
         schema_version=run.schema_version,
         run_id=run.run_id,
@@ -593,7 +612,7 @@ def load_run_document(session: Session, run_id: str) -> ResultDocument:
         baselines=dict(run.baselines or {}),
         environment=_environment_doc(run.environment),
         ceilings=dict(run.ceilings or {}),
-        jobs=[_job_result(row, samples.get(row.id), checks.get(row.id, []), run) for row in rows],
+        jobs=[_job_result(row, samples.get(row.id), checks_by_result.get(row.id, []), run) for row in rows],
         meta=dict(run.meta or {}),
     )
 

@@ -40,8 +40,10 @@ class NotFound(BadInput):
     """A run, job or series that is not stored (the API answers 404)."""
 
 
-def load_run(session: Session, ref: str) -> ResultDocument:
+def load_run(session: Session, ref: str, *, checks: str = "all") -> ResultDocument:
     """The stored run `ref` (a run id, a unique prefix or ``latest``) as a document.
+
+    `checks` is passed to ``queries.load_run_document``: pages load only what they show.
 
     Raises:
         NotFound: no such run.
@@ -50,7 +52,7 @@ def load_run(session: Session, ref: str) -> ResultDocument:
         run_id = queries.resolve_run_id(session, ref=ref)
     except BadInput as exc:
         raise NotFound(str(exc)) from None
-    return queries.load_run_document(session, run_id)
+    return queries.load_run_document(session, run_id, checks=checks)
 
 
 # ------------------------------------------------------------------------------------------------ run tables
@@ -165,7 +167,7 @@ def compare_two_runs(
     base_id, head_id = _resolve(session, base), _resolve(session, head)
 
     def compute() -> schemas.ComparisonPublic:
-        base_doc, head_doc = load_run(session, base_id), load_run(session, head_id)
+        base_doc, head_doc = load_run(session, base_id, checks="none"), load_run(session, head_id, checks="none")
         comparison = compare_documents(base_doc, head_doc, threshold=threshold, alpha=alpha)
         return _comparison_public(comparison, base_label=base_id[:12], head_label=head_id[:12])
 
@@ -188,7 +190,7 @@ def _compare_impls(
 ) -> schemas.ComparisonPublic:
     from deltabench.harness.stats import Comparison, compare_job_pairs
 
-    doc = load_run(session, run)
+    doc = load_run(session, run, checks="none")
     by_case: dict[tuple[str, str, str, str], dict[str, JobResult]] = {}
     for job in doc.jobs:
         if job.impl in (base_impl, head_impl):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from deltabench.db import queries
 from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document, pack_samples, unpack_samples
@@ -23,6 +24,25 @@ def test_round_trip_is_exact(engine, factory) -> None:  # type: ignore[no-untype
     assert loaded.model_dump() == doc.model_dump()
     assert loaded.jobs[3].timing is None and loaded.jobs[3].status == "incorrect"
     assert loaded.jobs[0].timing.samples_ms == doc.jobs[0].timing.samples_ms
+
+
+def test_check_scopes_load_only_what_a_page_shows(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    doc = factory.document()
+    assert any(j.status == "ok" and j.verification for j in doc.jobs)
+    assert any(j.status != "ok" and j.verification for j in doc.jobs)
+    with session_scope(engine) as s:
+        ingest_document(s, doc)
+        failed_only = queries.load_run_document(s, doc.run_id, checks="failed_jobs")
+        no_checks = queries.load_run_document(s, doc.run_id, checks="none")
+        with pytest.raises(ValueError, match="checks_scope"):
+            queries.load_run_document(s, doc.run_id, checks="some")
+    for stored, loaded in zip(doc.jobs, failed_only.jobs, strict=True):
+        assert loaded.verification == ([] if stored.status == "ok" else stored.verification)
+    assert all(job.verification == [] for job in no_checks.jobs)
+    # everything but the records is the exact document
+    assert [j.model_dump(exclude={"verification"}) for j in no_checks.jobs] == [
+        j.model_dump(exclude={"verification"}) for j in doc.jobs
+    ]
 
 
 def test_ingest_twice_stores_once(engine, factory) -> None:  # type: ignore[no-untyped-def]

@@ -58,7 +58,7 @@ def runs_page(
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(run_id: str, request: Request, session: SessionDep, _read: ReadAccessDep) -> Response:
     """One run: its environment and a pivot table per op (impl x case)."""
-    doc = services.load_run(session, run_id)
+    doc = services.load_run(session, run_id, checks="failed_jobs")  # the page lists failing checks only
     return render(request, "run.html", doc=doc, tables=services.run_tables(doc), nav="runs")
 
 

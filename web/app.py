@@ -8,8 +8,11 @@ installed ``plotly`` package, so the dashboard works on machines without interne
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import pathlib
+from collections.abc import AsyncIterator
 
 from deltabench.db.engine import get_engine
 from deltabench.harness.errors import BadInput
@@ -75,6 +78,19 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Freeze what start-up allocated out of the garbage collector's sight.
+
+    Everything imported by then (torch alone is some 200,000 objects) lives as long as the server; left tracked,
+    every full collection walks it in the middle of some request. Measured with 1,000,000 stored results on
+    SQLite, 500-job run pages: p95 253 ms before, 70 ms after (benchmarks/web_scale.py).
+    """
+    gc.collect()
+    gc.freeze()
+    yield
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The dashboard and API for `settings` (default: from the environment); migrates the database on start."""
     settings = settings or Settings.from_env()
@@ -85,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/api/v1/openapi.json",
         docs_url="/api/v1/docs",
         redoc_url=None,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.engine = get_engine(settings.db_url)

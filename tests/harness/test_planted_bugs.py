@@ -143,13 +143,19 @@ def _failed_checks(report: Any) -> set[str]:
     return {r.check for r in report.failures}
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("bug", LOOP_BUGS + CHUNK_BUGS)
+# Every bug at fp32 and bf16, but for rounding an output through bf16: on a bf16 output that is no bug at all.
+BUG_DTYPES = [
+    (bug, dtype)
+    for bug in LOOP_BUGS + CHUNK_BUGS
+    for dtype in ("fp32", "bf16")
+    if not (bug == "output_through_bf16" and dtype == "bf16")
+]
+
+
+@pytest.mark.parametrize(("bug", "dtype"), BUG_DTYPES)
 @pytest.mark.parametrize("op", OPS)
 def test_planted_bug_is_rejected(op: str, bug: str, dtype: str, planted: Any) -> None:
     """Each planted bug fails the gate, on the check that names it."""
-    if bug == "output_through_bf16" and dtype != "fp32":
-        pytest.skip("rounding through bf16 is a no-op on a bf16 output")
     fn = delta_loop(op, bug) if bug in LOOP_BUGS else chunk_wrapper(op, bug)
     impl = planted(op, f"test_planted_{bug}", fn)
     case = Case(op, **SHAPE, dtype=dtype, mode="fwd+bwd")

@@ -39,6 +39,7 @@ both, unsupported, or measured on a different machine class or major software is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -180,6 +181,29 @@ def _resampled_median_positions(rng: np.random.Generator, n: int, m: int) -> tup
     return idx[:, (n - 1) // 2].astype(np.intp), idx[:, n // 2].astype(np.intp)
 
 
+@functools.lru_cache(maxsize=256)
+def _median_positions(
+    seed: int, nb: int, nh: int, n_resamples: int
+) -> tuple[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
+    """The resampled median positions of a (n_base, n_head) group, chunk by chunk: (start, b_lo, b_hi, h_lo, h_hi).
+
+    They depend only on the seed and the sizes, so they are drawn once per process and shared by every comparison
+    with those sizes (a dashboard compares many runs of the same suites); 64 KB an entry at 2,000 resamples.
+    """
+    rng = np.random.default_rng(seed)
+    # Chunked so a 10k-sample job does not allocate a 2000 x 10k index matrix at once.
+    chunk = max(1, 4_000_000 // max(nb, nh))
+    out = []
+    for start in range(0, n_resamples, chunk):
+        m = min(chunk, n_resamples - start)
+        b_lo, b_hi = _resampled_median_positions(rng, nb, m)
+        h_lo, h_hi = _resampled_median_positions(rng, nh, m)
+        for a in (b_lo, b_hi, h_lo, h_hi):
+            a.setflags(write=False)  # shared between calls: nobody may change them
+        out.append((start, b_lo, b_hi, h_lo, h_hi))
+    return tuple(out)
+
+
 def bootstrap_ratio_cis(
     pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
     *,
@@ -204,17 +228,11 @@ def bootstrap_ratio_cis(
     for (nb, nh), idx in groups.items():
         bs = np.sort(np.stack([arrays[i][0] for i in idx]), axis=1)
         hs = np.sort(np.stack([arrays[i][1] for i in idx]), axis=1)
-        rng = np.random.default_rng(seed)
         ratios = np.empty((len(idx), n_resamples))
-        # Chunked so a 10k-sample job does not allocate a 2000 x 10k index matrix at once.
-        chunk = max(1, 4_000_000 // max(nb, nh))
-        for start in range(0, n_resamples, chunk):
-            m = min(chunk, n_resamples - start)
-            b_lo, b_hi = _resampled_median_positions(rng, nb, m)
-            h_lo, h_hi = _resampled_median_positions(rng, nh, m)
+        for start, b_lo, b_hi, h_lo, h_hi in _median_positions(seed, nb, nh, n_resamples):
             mb = bs[:, b_lo] + bs[:, b_hi]  # twice the medians: the factor cancels in the ratio
             mh = hs[:, h_lo] + hs[:, h_hi]
-            ratios[:, start : start + m] = mh / mb
+            ratios[:, start : start + b_lo.size] = mh / mb
         lo, hi = np.quantile(ratios, [tail, 1.0 - tail], axis=1)
         for i, a, z in zip(idx, lo, hi, strict=True):
             out[i] = (float(a), float(z))

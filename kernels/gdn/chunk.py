@@ -38,16 +38,22 @@ def chunk_gdn_bwd(q, k, v, g, beta, scale, saved, do, dht):
     return dq, dk, dv, dg, dbeta, dh0
 
 
+def save_for_chunk_bwd(ctx, inputs, saved, scale, initial_state) -> None:  # type: ignore[no-untyped-def]
+    """Keep what :meth:`ChunkGatedDeltaRuleFunction.backward` reads: the inputs, the forward's saved stages (L, W,
+    per-chunk states, new values), the scale, beta's dtype and whether an initial state was given."""
+    ctx.save_for_backward(*inputs, *saved)
+    ctx.scale = scale
+    ctx.beta_dtype = inputs[-1].dtype
+    ctx.has_h0 = initial_state is not None
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     """autograd wrapper: stores L, W, per-chunk states and new values; recomputes nothing else."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
         o, ht, saved = chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, True)
-        ctx.save_for_backward(q, k, v, g, beta, *saved)
-        ctx.scale = scale
-        ctx.beta_dtype = beta.dtype
-        ctx.has_h0 = initial_state is not None
+        save_for_chunk_bwd(ctx, (q, k, v, g, beta), saved, scale, initial_state)
         return o, ht
 
     @staticmethod

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import chunk_gdn_bwd
+from .chunk import ChunkGatedDeltaRuleFunction, save_for_chunk_bwd
 from .output import chunk_output
 from .walk import state_walk
 from .wy import wy_fwd
@@ -32,25 +32,14 @@ def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
     return o, ht, (L, w, h, vnew)
 
 
-class ChunkGatedDeltaRuleSplitFunction(torch.autograd.Function):
-    """autograd wrapper: stores L, W, per-chunk states and new values; the backward is chunk.py's."""
+class ChunkGatedDeltaRuleSplitFunction(ChunkGatedDeltaRuleFunction):
+    """autograd wrapper: the split forward stores L, W, per-chunk states and new values; the backward is chunk.py's."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
         o, ht, saved = chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state)
-        ctx.save_for_backward(q, k, v, g, beta, *saved)
-        ctx.scale = scale
-        ctx.beta_dtype = beta.dtype
-        ctx.has_h0 = initial_state is not None
+        save_for_chunk_bwd(ctx, (q, k, v, g, beta), saved, scale, initial_state)
         return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, *saved = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = chunk_gdn_bwd(
-            q, k, v, g, beta, ctx.scale, saved, do.contiguous(), None if dht is None else dht.contiguous()
-        )
-        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0 if ctx.has_h0 else None, None
 
 
 def chunk_gated_delta_rule_split(

@@ -18,7 +18,6 @@ and cheap CPU compiles when ``DELTABENCH_JAX_FAST_COMPILE=1``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -37,13 +36,6 @@ from .jax_compile import configure_compilation
 __all__ = ["TorchFacingJaxOp", "jax_to_torch", "torch_to_jax"]
 
 configure_compilation()  # persistent cache; cheap CPU compiles when DELTABENCH_JAX_FAST_COMPILE=1
-
-# On the CPU, run each computation on the calling thread instead of XLA's dispatch threads. The bridge blocks on
-# every result anyway, and with asynchronous dispatch a test process that had run torch and the Triton
-# interpreter before was seen waiting forever on a result (main thread in BlockUntilReady, every XLA thread idle;
-# jax 0.10, 2 cores). GPU dispatch is untouched.
-with contextlib.suppress(AttributeError, KeyError, ValueError):  # a JAX without the option: as it always did
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:

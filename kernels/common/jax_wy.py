@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .jax_trisolve import PRECISION, unit_lower_solve
+
 __all__ = [
     "PRECISION",
     "causal_mask",
@@ -29,9 +31,6 @@ __all__ = [
     "to_chunks",
     "ut_transform",
 ]
-
-# float32 math on every backend: without HIGHEST, XLA runs float32 matmuls in TF32 on recent GPUs (1e-3 error).
-PRECISION = lax.Precision.HIGHEST
 
 
 def pad_time(x: jax.Array, T_pad: int) -> jax.Array:
@@ -76,12 +75,10 @@ def masked_exp(x: jax.Array, mask: jax.Array) -> jax.Array:
 def ut_transform(A: jax.Array, *rhs: jax.Array) -> tuple[jax.Array, ...]:
     """Solve ``(I + A) X = R`` for each right-hand side ``R`` ``[..., C, D]``; `A` ``[..., C, C]`` strictly lower.
 
-    A unit-lower-triangular solve (forward substitution in the backend's BLAS), stable where the
-    Neumann-series product form of the inverse would grow.
+    A unit-lower-triangular solve (forward substitution; :mod:`.jax_trisolve` says which on each backend), stable
+    where the Neumann-series product form of the inverse would grow.
     """
-    unit_lower = A + jnp.eye(A.shape[-1], dtype=A.dtype)
-    rhs_all = jnp.concatenate(rhs, axis=-1)
-    x = lax.linalg.triangular_solve(unit_lower, rhs_all, left_side=True, lower=True, unit_diagonal=True)
+    x = unit_lower_solve(A, jnp.concatenate(rhs, axis=-1))
     splits = []
     at = 0
     for r in rhs[:-1]:

@@ -264,3 +264,34 @@ def test_batched_grading_equals_one_by_one() -> None:
     rng = np.random.default_rng(16)
     pairs = [(_samples(rng, 30), _samples(rng, 30, s)) for s in (0.9, 1.0, 1.03, 1.1, 1.1)] + [([1.0, 1.1], [2.0])]
     assert compare_sample_pairs(pairs) == [compare_samples(b, h) for b, h in pairs]
+
+
+def _plain_bootstrap(b: np.ndarray, h: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """bootstrap_ratio_ci's draws (one chunk) read the plain way: both sums gathered per resample, rows unsorted."""
+    from deltabench.harness.stats import _resampled_median_positions
+
+    rng = np.random.default_rng(seed)
+    b_lo, b_hi = _resampled_median_positions(rng, b.size, n_resamples)
+    h_lo, h_hi = _resampled_median_positions(rng, h.size, n_resamples)
+    bs, hs = np.sort(b), np.sort(h)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile((hs[h_lo] + hs[h_hi]) / (bs[b_lo] + bs[b_hi]), [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def test_bootstrap_is_bit_for_bit_the_plain_reading_of_its_draws() -> None:
+    # The distinct-pair sums and the rows sorted before np.quantile are shortcuts: the interval must not move.
+    rng = np.random.default_rng(17)
+    sizes = [(20, 20), (20, 20), (21, 19), (1, 2), (3, 3), (10, 11), (200, 150)]
+    pairs = [(_samples(rng, nb), _samples(rng, nh, 1.0 + 0.02 * i)) for i, (nb, nh) in enumerate(sizes)]
+    pairs.append((np.round(_samples(rng, 20), 2), np.round(_samples(rng, 20), 2)))  # ties
+    for seed in (0, 3):
+        got = bootstrap_ratio_cis(pairs, level=0.99, n_resamples=2000, seed=seed)
+        assert got == [_plain_bootstrap(b, h, 0.99, 2000, seed) for b, h in pairs]
+
+
+def test_ratios_are_the_plain_median_ratios() -> None:
+    rng = np.random.default_rng(18)
+    pairs = [(_samples(rng, nb), _samples(rng, nh, 1.05)) for nb, nh in [(20, 20), (20, 20), (7, 8), (1, 1), (9, 30)]]
+    got = [r.ratio for r in compare_sample_pairs(pairs)]
+    assert got == [float(np.median(h) / np.median(b)) for b, h in pairs]

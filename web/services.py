@@ -167,8 +167,11 @@ def compare_two_runs(
     base_id, head_id = _resolve(session, base), _resolve(session, head)
 
     def compute() -> schemas.ComparisonPublic:
-        base_doc, head_doc = load_run(session, base_id, checks="none"), load_run(session, head_id, checks="none")
-        comparison = compare_documents(base_doc, head_doc, threshold=threshold, alpha=alpha)
+        # The lean load (jobs, timings and raw samples; no checks, memory or work figures): a comparison reads
+        # nothing else, and building two whole documents was the largest part of a first view's time.
+        base_side = queries.load_comparison_input(session, run_id=base_id)
+        head_side = queries.load_comparison_input(session, run_id=head_id)
+        comparison = compare_documents(base_side, head_side, threshold=threshold, alpha=alpha)
         return _comparison_public(comparison, base_label=base_id[:12], head_label=head_id[:12])
 
     return _cached((base_id, head_id, "runs", threshold, alpha), compute)
@@ -190,7 +193,7 @@ def _compare_impls(
 ) -> schemas.ComparisonPublic:
     from deltabench.harness.stats import Comparison, compare_job_pairs
 
-    doc = load_run(session, run, checks="none")
+    doc = queries.load_comparison_input(session, run_id=run)  # jobs and timings only, as for two runs
     by_case: dict[tuple[str, str, str, str], dict[str, JobResult]] = {}
     for job in doc.jobs:
         if job.impl in (base_impl, head_impl):

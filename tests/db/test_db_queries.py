@@ -192,6 +192,82 @@ def test_compare_runs_and_impls(engine, factory) -> None:  # type: ignore[no-unt
         assert by_impl[0].head.median_ms == 0.5
 
 
+def _comparison_runs(factory) -> list:  # type: ignore[no-untyped-def]
+    """A base run, a head run with every kind of outcome against it, and a run on another machine class."""
+    job = factory.job
+    no_samples = job(impl="fla_chunk", T=4096, median=2.0)
+    no_samples = no_samples.model_copy(update={"timing": no_samples.timing.model_copy(update={"samples_ms": []})})
+    base = factory.document(
+        created_at=T0,
+        jobs=[
+            job(impl="torch_chunk", median=1.0),
+            job(impl="triton_chunk", median=0.5),
+            job(impl="triton_chunk", T=4096, median=0.9),
+            job(op="kda", impl="torch_chunk", dtype="fp32", mode="fwd+bwd", median=2.0),
+            job(impl="fla_chunk", median=1.5, status="unsupported"),
+            job(impl="fla_chunk", T=4096, median=2.0),
+            job(op="gdn2", impl="torch_chunk", median=1.0),  # missing in head
+        ],
+    )
+    head = factory.document(
+        created_at=T0 + dt.timedelta(days=1),
+        commit="b" * 40,
+        jobs=[
+            job(impl="torch_chunk", median=1.3),  # regression
+            job(impl="triton_chunk", median=0.5, job_id="retried"),
+            job(impl="triton_chunk", median=0.35, job_id="retried", attempt=2),  # improvement; the retry counts
+            job(impl="triton_chunk", T=4096, status="incorrect"),  # correctness failure
+            job(op="kda", impl="torch_chunk", dtype="fp32", mode="fwd+bwd", median=2.0),  # within noise
+            job(impl="fla_chunk", median=1.5),  # unsupported in base
+            no_samples,  # graded from summaries
+            job(op="gdn2", impl="triton_chunk", median=1.0),  # new job
+        ],
+    )
+    elsewhere = factory.document(created_at=T0 + dt.timedelta(days=2), machine_kind="cpu", host="laptop")
+    return [base, head, elsewhere]
+
+
+def test_load_comparison_input_compares_as_whole_documents(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    from deltabench.harness.stats import compare_documents
+
+    docs = _comparison_runs(factory)
+    with session_scope(engine) as s:
+        for doc in docs:
+            ingest_document(s, doc)
+    with session_scope(engine) as s:
+        lean = {d.run_id: queries.load_comparison_input(s, run_id=d.run_id) for d in docs}
+        whole = {d.run_id: queries.load_run_document(s, d.run_id, checks="none") for d in docs}
+        with pytest.raises(BadInput, match="no run"):
+            queries.load_comparison_input(s, run_id="nope")
+    for doc in docs:
+        got = lean[doc.run_id]
+        assert got.run_id == doc.run_id and got.environment == doc.environment
+        # The stored jobs in document order, every field as stored but the three a comparison does not read.
+        skip = {"verification", "memory", "work"}
+        assert [j.model_dump(exclude=skip) for j in got.jobs] == [j.model_dump(exclude=skip) for j in doc.jobs]
+        assert all(not j.verification and j.memory is None and j.work is None for j in got.jobs)
+    found = {}
+    for base, head in [(0, 1), (1, 0), (0, 2), (1, 1)]:
+        b, h = docs[base].run_id, docs[head].run_id
+        expected = compare_documents(whole[b], whole[h]).to_dict()
+        assert compare_documents(lean[b], lean[h]).to_dict() == expected
+        assert compare_documents(docs[base], docs[head]).to_dict() == expected  # and as ingested
+        found[base, head] = expected
+    # Every path through the grading was taken: the equalities above cover them all.
+    assert [(r["impl"], r["outcome"]) for r in found[0, 1]["rows"]] == [
+        ("torch_chunk", "regression"),
+        ("triton_chunk", "improvement"),
+        ("triton_chunk", "correctness_failure"),
+        ("torch_chunk", "within_noise"),
+        ("fla_chunk", "not_comparable"),  # unsupported in base
+        ("fla_chunk", "within_noise"),  # from summaries: no raw samples in head
+        ("triton_chunk", "not_comparable"),  # new in head
+        ("torch_chunk", "not_comparable"),  # missing in head
+    ]
+    assert found[0, 1]["rows"][5]["reason"] == "from summaries (no raw samples)"
+    assert found[0, 2]["context_mismatch"] == "machine_kind h200 vs cpu"
+
+
 def test_annotations(engine) -> None:  # type: ignore[no-untyped-def]
     key = "gdn/torch_chunk/B2-T1024-H4-K64-V64/bf16/fwd/h200"
     with session_scope(engine) as s:

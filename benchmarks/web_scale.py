@@ -14,6 +14,20 @@ Targets (issue 4): p95 < 150 ms for the three reads; ingest >= 2,000 results/s. 
 
     python benchmarks/web_scale.py                      # 1M results in /tmp/deltabench_web_scale.db (reused)
     python benchmarks/web_scale.py --results 100000 --fresh
+
+Last measured: ``python benchmarks/web_scale.py`` (default options), 2-core machine with nothing else running, the
+store at 1.08-1.18M results (every run ingests 20,000 more); five runs each of the code before (3e371a6: two
+whole ResultDocuments per comparison) and after the lean comparison load (``db.queries.load_comparison_input``,
+batched medians and bootstrap sums, a lean runs list), alternating, ranges over the five (ms; n=60 requests each)::
+
+                          before: p50        p95        after: p50        p95
+    run page               15.4-21.7  17.9-27.0          16.5-25.6  21.5-33.0   (same code: run-to-run noise)
+    comparison, first view 25.5-31.7  42.8-62.0          15.6-18.0  29.3-39.8
+    history API            16.0-18.8  21.2-27.0          17.0-19.7  23.3-28.3
+    comparison, cached      7.7-9.0    9.2-12.1           7.6-9.7    8.7-13.4
+    batch ingest           2,991-3,824 results/s         3,393-3,614 results/s
+
+An earlier measurement on a busier machine had the first view at p95 164 ms (run page 63-74 ms).
 """
 
 from __future__ import annotations

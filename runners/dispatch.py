@@ -16,7 +16,6 @@ import datetime as _dt
 import logging
 import os
 import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from deltabench.db.models import QueuedJob
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from .environment import nvidia_smi_query
 from .worker import JobOutcome, QueuedJobRequest, device_for_kind, execute_queued_job, queued_run_id
 
 __all__ = [
@@ -82,27 +82,12 @@ class Slot:
     busy: bool = False
 
 
-def _gpu_names() -> list[str]:
-    """This machine's NVIDIA GPUs by name (nvidia-smi, so the server need not import torch)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
 def local_slots() -> list[Slot]:
     """The CPU (kind ``cpu``) and one slot per GPU (its kind, e.g. ``h200``, and ``cuda``), each pinned to its GPU."""
     from .environment import machine_kind
 
     slots = [Slot(name="cpu", device="cpu", kinds=frozenset({"cpu"}))]
-    for index, name in enumerate(_gpu_names()):
+    for index, name in enumerate(nvidia_smi_query("name")):
         slots.append(
             Slot(
                 name=f"cuda:{index}",

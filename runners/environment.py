@@ -18,7 +18,7 @@ from pathlib import Path
 
 from deltabench.harness.document import Environment
 
-__all__ = ["collect_environment", "git_state", "kernel_hash", "machine_kind", "source_root"]
+__all__ = ["collect_environment", "git_state", "kernel_hash", "machine_kind", "nvidia_smi_query", "source_root"]
 
 _VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "instinct", "intel"}
 
@@ -96,18 +96,24 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _nvidia_driver() -> str | None:
+def nvidia_smi_query(field: str) -> list[str]:
+    """One ``nvidia-smi --query-gpu`` field, a value per GPU (empty without nvidia-smi or GPUs; never imports torch)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=20,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _nvidia_driver() -> str | None:
+    drivers = nvidia_smi_query("driver_version")
+    return drivers[0] if drivers else None
 
 
 def collect_environment(device: str = "cpu") -> Environment:

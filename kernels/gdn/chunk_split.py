@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import ChunkGatedDeltaRuleFunction, save_for_chunk_bwd
+from .chunk import ChunkGatedDeltaRuleFunction, prepare_chunk_inputs, save_for_chunk_bwd
 from .output import chunk_output
 from .walk import state_walk
 from .wy import wy_fwd
@@ -71,16 +71,8 @@ def chunk_gated_delta_rule_split(
         >>> beta = torch.rand(2, 100, 4, device="cuda", dtype=torch.bfloat16)
         >>> o, ht = chunk_gated_delta_rule_split(q, k, v, g, beta)
     """
-    K = q.shape[-1]
-    if scale is None:
-        scale = K**-0.5
-    if max(K, v.shape[-1]) > 256:
-        raise ValueError(f"chunk_gated_delta_rule_split supports K and V up to 256, got K={K}, V={v.shape[-1]}")
-    q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous()
-    if initial_state is not None:
-        initial_state = initial_state.float().contiguous()
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+    scale, (q, k, v, g, beta), initial_state, needs_grad = prepare_chunk_inputs(
+        "chunk_gated_delta_rule_split", q, k, v, g, beta, scale, initial_state
     )
     if needs_grad:
         return ChunkGatedDeltaRuleSplitFunction.apply(q, k, v, g, beta, scale, initial_state, output_final_state)

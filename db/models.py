@@ -18,6 +18,11 @@ Service side (written by the web layer and workers)::
 Results carry copies of their run's ``created_at``, ``git_commit`` and ``machine_kind`` on purpose: the series
 history and commit-range queries then use one index over one table, which keeps them fast at millions of rows.
 Every schema change is an Alembic revision in ``db/migrations/versions``.
+
+The lengths of the columns that hold a document's text are the document model's own ``max_length``
+(:func:`_sized`), and text the document leaves unbounded (reasons, notes, the memory method) is ``TEXT``: a
+document that validates always fits (tests/db/test_db_ingest.py ingests each runner's documents on PostgreSQL,
+which enforces the lengths SQLite ignores).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+from annotated_types import MaxLen
+from deltabench.harness import document as doc
+from pydantic import BaseModel
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -65,6 +73,18 @@ NAMING_CONVENTION = {
 }
 
 
+def _sized(model: type[BaseModel], field: str) -> String:
+    """``VARCHAR(n)`` where n is the ``max_length`` the document model gives `field` of `model`."""
+    for item in model.model_fields[field].metadata:
+        if isinstance(item, MaxLen):
+            return String(item.max_length)
+    raise AssertionError(f"{model.__name__}.{field} has no max_length: store it as Text")
+
+
+# Run and job ids: harness.document.ID_PATTERN allows at most 128 characters.
+_ID = String(128)
+
+
 def _utcnow() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
@@ -82,9 +102,9 @@ class Machine(Base):
     __table_args__ = (UniqueConstraint("host", "machine_kind", name="uq_machines_host_kind"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    host: Mapped[str] = mapped_column(String(255))
-    machine_kind: Mapped[str] = mapped_column(String(64), index=True)
-    device_name: Mapped[str] = mapped_column(String(255), default="")
+    host: Mapped[str] = mapped_column(_sized(doc.Environment, "host"))
+    machine_kind: Mapped[str] = mapped_column(_sized(doc.Environment, "machine_kind"), index=True)
+    device_name: Mapped[str] = mapped_column(_sized(doc.Environment, "device_name"), default="")
     device_count: Mapped[int] = mapped_column(Integer, default=1)
     first_seen: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
 
@@ -96,22 +116,22 @@ class Environment(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
-    host: Mapped[str] = mapped_column(String(255))
-    machine_kind: Mapped[str] = mapped_column(String(64))
-    device_name: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(_sized(doc.Environment, "host"))
+    machine_kind: Mapped[str] = mapped_column(_sized(doc.Environment, "machine_kind"))
+    device_name: Mapped[str] = mapped_column(_sized(doc.Environment, "device_name"))
     device_count: Mapped[int] = mapped_column(Integer, default=1)
-    platform: Mapped[str] = mapped_column(String(255), default="")
-    cpu: Mapped[str] = mapped_column(String(255), default="")
-    python: Mapped[str] = mapped_column(String(64), default="")
-    driver: Mapped[str | None] = mapped_column(String(64))
-    cuda: Mapped[str | None] = mapped_column(String(64))
-    torch: Mapped[str | None] = mapped_column(String(64))
-    triton: Mapped[str | None] = mapped_column(String(64))
-    jax: Mapped[str | None] = mapped_column(String(64))
-    deltabench: Mapped[str] = mapped_column(String(64), default="")
-    git_commit: Mapped[str | None] = mapped_column(String(64))
+    platform: Mapped[str] = mapped_column(_sized(doc.Environment, "platform"), default="")
+    cpu: Mapped[str] = mapped_column(_sized(doc.Environment, "cpu"), default="")
+    python: Mapped[str] = mapped_column(_sized(doc.Environment, "python"), default="")
+    driver: Mapped[str | None] = mapped_column(_sized(doc.Environment, "driver"))
+    cuda: Mapped[str | None] = mapped_column(_sized(doc.Environment, "cuda"))
+    torch: Mapped[str | None] = mapped_column(_sized(doc.Environment, "torch"))
+    triton: Mapped[str | None] = mapped_column(_sized(doc.Environment, "triton"))
+    jax: Mapped[str | None] = mapped_column(_sized(doc.Environment, "jax"))
+    deltabench: Mapped[str] = mapped_column(_sized(doc.Environment, "deltabench"), default="")
+    git_commit: Mapped[str | None] = mapped_column(_sized(doc.Environment, "git_commit"))
     git_dirty: Mapped[bool] = mapped_column(Boolean, default=False)
-    kernel_hash: Mapped[str | None] = mapped_column(String(128))
+    kernel_hash: Mapped[str | None] = mapped_column(_sized(doc.Environment, "kernel_hash"))
     extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
@@ -122,12 +142,12 @@ class Run(Base):
     __table_args__ = (Index("ix_runs_commit_created", "git_commit", "created_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(128), unique=True)
+    run_id: Mapped[str] = mapped_column(_ID, unique=True)
     schema_version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
     ingested_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
-    suite: Mapped[str] = mapped_column(String(255), default="", index=True)
-    git_commit: Mapped[str | None] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(_sized(doc.ResultDocument, "suite"), default="", index=True)
+    git_commit: Mapped[str | None] = mapped_column(_sized(doc.Environment, "git_commit"))
     git_dirty: Mapped[bool] = mapped_column(Boolean, default=False)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
     machine_id: Mapped[int] = mapped_column(ForeignKey("machines.id"), index=True)
@@ -173,12 +193,14 @@ class Result(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    job_id: Mapped[str] = mapped_column(String(128))
+    job_id: Mapped[str] = mapped_column(_ID)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     position: Mapped[int] = mapped_column(Integer, default=0, doc="index of the job in its document")
     # the case
-    op: Mapped[str] = mapped_column(String(64))
-    impl: Mapped[str] = mapped_column(String(512), doc="impl name (a pytest-benchmark fullname for imports)")
+    op: Mapped[str] = mapped_column(_sized(doc.CaseSpec, "op"))
+    impl: Mapped[str] = mapped_column(
+        _sized(doc.JobResult, "impl"), doc="impl name (a pytest-benchmark fullname for imports)"
+    )
     B: Mapped[int] = mapped_column(Integer)
     T: Mapped[int] = mapped_column(Integer)
     H: Mapped[int] = mapped_column(Integer)
@@ -191,14 +213,14 @@ class Result(Base):
     initial_state: Mapped[bool] = mapped_column(Boolean, default=False)
     # denormalised from the run (see the module docstring)
     run_created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True))
-    git_commit: Mapped[str | None] = mapped_column(String(64))
-    machine_kind: Mapped[str] = mapped_column(String(64))
+    git_commit: Mapped[str | None] = mapped_column(_sized(doc.Environment, "git_commit"))
+    machine_kind: Mapped[str] = mapped_column(_sized(doc.Environment, "machine_kind"))
     software: Mapped[str] = mapped_column(
-        String(255), default="", server_default="", doc="the series' software part: harness.series.series_software"
+        Text, default="", server_default="", doc="the series' software part: harness.series.series_software"
     )
     # outcome
-    backend: Mapped[str] = mapped_column(String(64), default="")
-    device: Mapped[str] = mapped_column(String(64), default="cpu")
+    backend: Mapped[str] = mapped_column(_sized(doc.JobResult, "backend"), default="")
+    device: Mapped[str] = mapped_column(_sized(doc.JobResult, "device"), default="cpu")
     status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     gate_reference: Mapped[str] = mapped_column(Text, default="oracle")
@@ -221,7 +243,7 @@ class Result(Base):
     # memory (NULL without)
     peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     inputs_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    memory_method: Mapped[str | None] = mapped_column(String(64))
+    memory_method: Mapped[str | None] = mapped_column(Text)
     # work figures (NULL without)
     flops: Mapped[float | None] = mapped_column(Float)
     bytes_moved: Mapped[float | None] = mapped_column(Float)
@@ -251,15 +273,15 @@ class Check(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))
     position: Mapped[int] = mapped_column(Integer)
-    check: Mapped[str] = mapped_column(String(64))
-    metric: Mapped[str] = mapped_column(String(32))
+    check: Mapped[str] = mapped_column(_sized(doc.CheckRecord, "check"))
+    metric: Mapped[str] = mapped_column(_sized(doc.CheckRecord, "metric"))
     value: Mapped[float | None] = mapped_column(Float)
     threshold: Mapped[float | None] = mapped_column(Float)
     passed: Mapped[bool] = mapped_column(Boolean)
     gating: Mapped[bool] = mapped_column(Boolean, default=True)
     worst_index: Mapped[list[Any] | None] = mapped_column(JSON)
     seed: Mapped[int | None] = mapped_column(BigInteger)
-    regime: Mapped[str | None] = mapped_column(String(16))
+    regime: Mapped[str | None] = mapped_column(_sized(doc.CheckRecord, "regime"))
     initial_state: Mapped[bool | None] = mapped_column(Boolean)
     reference: Mapped[str] = mapped_column(Text, default="oracle")
     detail: Mapped[str] = mapped_column(Text, default="")

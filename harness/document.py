@@ -4,17 +4,38 @@ One document per run. Runners write it (``deltabench run --out results.json``), 
 ingests it idempotently: a job is identified by ``(job_id, attempt)``, a run by ``run_id``, so a retried
 upload never stores a result twice. Bump ``SCHEMA_VERSION`` on any incompatible change and keep reading
 the older versions.
+
+Validation is the model's own, so ingest from files, the API and the workers apply the same rules. Besides the
+field types, a document must have:
+
+- timings and samples that are finite and positive (``stdev_ms``, ``sem_rel``, ``compile_s`` finite and >= 0);
+- an ``ok`` job with a timing that has samples (an imported summary, op ``pytest-benchmark``, may lack raw
+  samples); a job of any other status with no timing;
+- a known op (:func:`known_ops`: the built-in ones, ``pytest-benchmark``, and those registered with
+  :func:`register_op_name` or the ``deltabench.ops`` entry-point group);
+- a ``schema_version`` this code reads, a ``created_at`` not after now plus :data:`CLOCK_SKEW`;
+- run and job ids matching :data:`ID_PATTERN` (a run id is never ``latest``, which names the newest run).
+
+A refused document raises pydantic's ``ValidationError`` whose first error names the field and the rule.
+What a store read back from older versions is rebuilt without validation (``model_construct``): see
+:func:`timing_problem`, which the readers use to skip a stored timing these rules refuse.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import uuid
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "BUILTIN_OPS",
+    "CLOCK_SKEW",
+    "ID_PATTERN",
+    "RESERVED_RUN_IDS",
     "SCHEMA_VERSION",
     "STATUSES",
     "CaseSpec",
@@ -25,11 +46,108 @@ __all__ = [
     "ResultDocument",
     "TimingStats",
     "WorkFigures",
+    "known_ops",
+    "register_op_name",
+    "timing_problem",
 ]
 
 SCHEMA_VERSION = 1
 Status = Literal["ok", "incorrect", "unsupported", "oom", "timeout", "failed"]
 STATUSES: tuple[str, ...] = ("ok", "incorrect", "unsupported", "oom", "timeout", "failed")
+# Run and job ids: short, printable and safe in a URL path segment (no "/", no spaces), the same everywhere.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@:-]{0,127}$"
+# Words the API, pages and CLI read as something other than a run id.
+RESERVED_RUN_IDS = frozenset({"latest"})
+# How far in the future a document's created_at may be (clocks of fleet hosts drift); a later time would make
+# it the "latest" run everywhere until that time.
+CLOCK_SKEW = _dt.timedelta(minutes=10)
+# The ops of harness/ops.py (tests/harness/test_document.py checks the two agree) and the op of documents
+# converted from pytest-benchmark files (harness/pytest_benchmark.py's EXTERNAL_OP).
+BUILTIN_OPS: tuple[str, ...] = ("gdn", "gdn2", "kda")
+IMPORTED_OP = "pytest-benchmark"
+_registered_ops: set[str] = set()
+_entry_point_ops: frozenset[str] | None = None
+
+
+def register_op_name(name: str) -> None:
+    """Let documents carry op `name` (a plug-in's op): call it where the plug-in registers its contract."""
+    _registered_ops.add(name)
+
+
+def known_ops() -> frozenset[str]:
+    """Every op a document may carry: built-in, imported summaries, registered, and ``deltabench.ops`` entry points."""
+    global _entry_point_ops
+    if _entry_point_ops is None:
+        from importlib.metadata import entry_points
+
+        _entry_point_ops = frozenset(ep.name for ep in entry_points(group="deltabench.ops"))
+    return frozenset(BUILTIN_OPS) | {IMPORTED_OP} | _registered_ops | _entry_point_ops
+
+
+def _finite(value: float, name: str, *, positive: bool) -> str | None:
+    if not math.isfinite(value):
+        return f"{name} must be finite, not {value}"
+    if positive and value <= 0:
+        return f"{name} must be positive, not {value}"
+    if not positive and value < 0:
+        return f"{name} must not be negative, not {value}"
+    return None
+
+
+def timing_problem(
+    *,
+    median_ms: float | None,
+    samples_ms: Sequence[float] | None = None,
+    q1_ms: float | None = None,
+    q3_ms: float | None = None,
+    mean_ms: float | None = None,
+    stdev_ms: float | None = None,
+    sem_rel: float | None = None,
+) -> str | None:
+    """Why a timing is unusable (a value missing, not finite, or not positive), or None when it is fine.
+
+    The one definition of a valid timing: the document's validation refuses what this names, and the store's
+    readers skip a stored point it names (stored by an older version that did not check).
+    """
+    checks: list[tuple[str, float | None, bool]] = [
+        ("median_ms", median_ms, True),
+        ("q1_ms", q1_ms, True),
+        ("q3_ms", q3_ms, True),
+        ("mean_ms", mean_ms, True),
+        ("stdev_ms", stdev_ms, False),
+        ("sem_rel", sem_rel, False),
+    ]
+    for name, value, positive in checks:
+        if value is None:
+            if name == "median_ms":
+                return "median_ms is missing"
+            continue
+        problem = _finite(float(value), name, positive=positive)
+        if problem:
+            return problem
+    for i, sample in enumerate(samples_ms or ()):
+        problem = _finite(float(sample), f"samples_ms[{i}]", positive=True)
+        if problem:
+            return problem
+    return None
+
+
+def _check_id(value: str) -> str:
+    import re
+
+    if not re.fullmatch(ID_PATTERN, value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise ValueError(
+            f"{shown!r} is not a valid id: use 1-128 letters, digits and ._+@:- starting with a letter or digit"
+        )
+    return value
+
+
+Id = Annotated[str, AfterValidator(_check_id)]
+
+
+_INT32 = 2**31 - 1  # the store's INTEGER columns (PostgreSQL's are 32-bit)
+_INT64 = 2**63 - 1  # its BIGINT columns
 
 
 def _now() -> _dt.datetime:
@@ -43,39 +161,52 @@ class _Model(BaseModel):
 class Environment(_Model):
     """Where and with what a run was measured (its fingerprint)."""
 
-    host: str
-    machine_kind: str = Field(description="device class used to group series, e.g. 'h200', 'cpu', 'tpu-v5e'")
-    device_name: str
-    device_count: int = 1
-    platform: str = ""
-    cpu: str = ""
-    python: str = ""
-    driver: str | None = None
-    cuda: str | None = None
-    torch: str | None = None
-    triton: str | None = None
-    jax: str | None = None
-    deltabench: str = ""
-    git_commit: str | None = None
+    host: str = Field(max_length=255)
+    machine_kind: str = Field(
+        max_length=64, description="device class used to group series, e.g. 'h200', 'cpu', 'tpu-v5e'"
+    )
+    device_name: str = Field(max_length=255)
+    device_count: int = Field(default=1, ge=0, le=_INT32)
+    platform: str = Field(default="", max_length=255)
+    cpu: str = Field(default="", max_length=255)
+    python: str = Field(default="", max_length=64)
+    driver: str | None = Field(default=None, max_length=64)
+    cuda: str | None = Field(default=None, max_length=64)
+    torch: str | None = Field(default=None, max_length=64)
+    triton: str | None = Field(default=None, max_length=64)
+    jax: str | None = Field(default=None, max_length=64)
+    deltabench: str = Field(default="", max_length=64)
+    git_commit: str | None = Field(default=None, max_length=64)
     git_dirty: bool = False
-    kernel_hash: str | None = Field(default=None, description="hash of the kernel sources the run used")
+    kernel_hash: str | None = Field(default=None, max_length=128, description="hash of the kernel sources the run used")
     extra: dict[str, str] = Field(default_factory=dict)
 
 
 class CaseSpec(_Model):
     """One job's problem: op, dims, dtype, mode, gate regime and seed."""
 
-    op: str
-    B: int = Field(ge=1)
-    T: int = Field(ge=1)
-    H: int = Field(ge=1)
-    K: int = Field(ge=1)
-    V: int = Field(ge=1)
+    op: str = Field(max_length=64)
+    B: int = Field(ge=1, le=_INT32)
+    T: int = Field(ge=1, le=_INT32)
+    H: int = Field(ge=1, le=_INT32)
+    K: int = Field(ge=1, le=_INT32)
+    V: int = Field(ge=1, le=_INT32)
     dtype: Literal["fp32", "bf16", "fp16"]
     mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
     regime: Literal["typical", "long"] = "typical"
-    seed: int = 0
+    seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False
+
+    @field_validator("op")
+    @classmethod
+    def _known_op(cls, op: str) -> str:
+        known = known_ops()
+        if op not in known:
+            raise ValueError(
+                f"unknown op {op[:64]!r}: known ops are {', '.join(sorted(known))} "
+                "(a plug-in registers its op with deltabench.harness.document.register_op_name)"
+            )
+        return op
 
     @property
     def shape_id(self) -> str:
@@ -86,15 +217,17 @@ class CaseSpec(_Model):
 class CheckRecord(_Model):
     """One verification check: a metric against its threshold."""
 
-    check: str = Field(description="e.g. 'output', 'final_state', 'grad:q', 'streaming', 'finite', 'determinism'")
-    metric: str = Field(description="e.g. 'rel_fro', 'max_abs', 'bitwise'")
+    check: str = Field(
+        max_length=64, description="e.g. 'output', 'final_state', 'grad:q', 'streaming', 'finite', 'determinism'"
+    )
+    metric: str = Field(max_length=32, description="e.g. 'rel_fro', 'max_abs', 'bitwise'")
     value: float | None
     threshold: float | None
     passed: bool
     gating: bool = True
     worst_index: list[int] | None = None
-    seed: int | None = None
-    regime: str | None = None
+    seed: int | None = Field(default=None, ge=-_INT64 - 1, le=_INT64)
+    regime: str | None = Field(default=None, max_length=16)
     initial_state: bool | None = None
     reference: str = "oracle"
     detail: str = ""
@@ -111,10 +244,27 @@ class TimingStats(_Model):
     mean_ms: float
     stdev_ms: float
     sem_rel: float = Field(description="standard error of the estimate over the estimate")
-    warmup: int = 0
+    warmup: int = Field(default=0, ge=0, le=_INT32)
     l2_flush: bool = False
-    compile_s: float | None = Field(default=None, description="compilation and autotuning before the first sample")
+    compile_s: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="compilation and autotuning before the first sample"
+    )
     stop_reason: str = ""
+
+    @model_validator(mode="after")
+    def _finite_positive(self) -> TimingStats:
+        problem = timing_problem(
+            median_ms=self.median_ms,
+            samples_ms=self.samples_ms,
+            q1_ms=self.q1_ms,
+            q3_ms=self.q3_ms,
+            mean_ms=self.mean_ms,
+            stdev_ms=self.stdev_ms,
+            sem_rel=self.sem_rel,
+        )
+        if problem:
+            raise ValueError(f"a timing must be finite and positive: {problem}")
+        return self
 
     @property
     def iqr_ms(self) -> float:
@@ -125,31 +275,31 @@ class TimingStats(_Model):
 class MemoryStats(_Model):
     """Peak device memory of the timed call, net of its inputs."""
 
-    peak_bytes: int
-    inputs_bytes: int = 0
+    peak_bytes: int = Field(ge=0, le=_INT64)
+    inputs_bytes: int = Field(default=0, ge=0, le=_INT64)
     method: str = ""
 
 
 class WorkFigures(_Model):
     """Work done and how close to the machine's ceilings it ran."""
 
-    flops: float
-    bytes: float
-    tflops: float | None = None
-    gbps: float | None = None
-    floor_ms: float | None = None
-    pct_of_floor: float | None = Field(default=None, description="100 * floor / measured")
+    flops: float = Field(ge=0, allow_inf_nan=False)
+    bytes: float = Field(ge=0, allow_inf_nan=False)
+    tflops: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    floor_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    pct_of_floor: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="100 * floor / measured")
 
 
 class JobResult(_Model):
     """One (case, impl) job's outcome. A failure is a result, with its reason."""
 
-    job_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    attempt: int = 1
+    job_id: Id = Field(default_factory=lambda: uuid.uuid4().hex)
+    attempt: int = Field(default=1, ge=1, le=_INT32)
     case: CaseSpec
-    impl: str
-    backend: str = ""
-    device: str = "cpu"
+    impl: str = Field(min_length=1, max_length=512)
+    backend: str = Field(default="", max_length=64)
+    device: str = Field(default="cpu", max_length=64)
     status: Status
     reason: str = ""
     gate_reference: str = Field(default="oracle", description="what the gate compared against at this shape")
@@ -161,14 +311,27 @@ class JobResult(_Model):
     started_at: _dt.datetime = Field(default_factory=_now)
     finished_at: _dt.datetime | None = None
 
+    @model_validator(mode="after")
+    def _timing_matches_status(self) -> JobResult:
+        if self.status == "ok":
+            if self.timing is None:
+                raise ValueError("status 'ok' needs a timing (a job that passed the gate was timed)")
+            if not self.timing.samples_ms and self.case.op != IMPORTED_OP:
+                raise ValueError("status 'ok' needs a timing with samples (samples_ms is empty)")
+        elif self.timing is not None:
+            raise ValueError(f"status {self.status!r} carries no timing (only an 'ok' job has a valid timing)")
+        return self
+
 
 class ResultDocument(_Model):
     """One run: environment, suite, the machine's ceilings and every job."""
 
-    schema_version: int = SCHEMA_VERSION
-    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    schema_version: int = Field(
+        default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION, description="a version this code reads"
+    )
+    run_id: Id = Field(default_factory=lambda: uuid.uuid4().hex)
     created_at: _dt.datetime = Field(default_factory=_now)
-    suite: str = ""
+    suite: str = Field(default="", max_length=255)
     baselines: dict[str, str] = Field(default_factory=dict, description="baseline impl per op")
     environment: Environment
     ceilings: dict[str, float] = Field(
@@ -176,6 +339,30 @@ class ResultDocument(_Model):
     )
     jobs: list[JobResult] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("run_id")
+    @classmethod
+    def _not_reserved(cls, run_id: str) -> str:
+        if run_id in RESERVED_RUN_IDS:
+            raise ValueError(f"{run_id!r} is reserved (it names the newest run), not a run id")
+        return run_id
+
+    @field_validator("created_at")
+    @classmethod
+    def _not_in_future(cls, created_at: _dt.datetime) -> _dt.datetime:
+        aware = created_at if created_at.tzinfo else created_at.replace(tzinfo=_dt.timezone.utc)
+        latest = _now() + CLOCK_SKEW
+        if aware > latest:
+            raise ValueError(
+                f"created_at {aware.isoformat()} is in the future (more than {CLOCK_SKEW} after now, "
+                f"{_now().isoformat(timespec='seconds')})"
+            )
+        return created_at
+
+    @property
+    def complete(self) -> bool:
+        """False for a run cut short (``meta.complete`` false: its document was saved before every job ran)."""
+        return self.meta.get("complete", True) is not False
 
     def to_json(self) -> str:
         """Serialise (indented) for a file or an upload."""

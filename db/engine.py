@@ -7,7 +7,12 @@ and ``synchronous=NORMAL`` (durable at each checkpoint, much faster commits); Po
 (``postgresql+psycopg://user@host/db``) work as they are.
 
 The first :func:`get_engine` for a URL in a process runs ``alembic upgrade head`` on it, so a fresh file or an
-empty database is usable at once and an older one is migrated forward.
+empty database is usable at once and an older one is migrated forward. Commands that only read pass
+``create=False``: a path or an empty database that holds no store is then an error, never a new store.
+
+A URL that cannot be opened (a missing driver, an unreachable server, another database than SQLite or
+PostgreSQL) is a :class:`DatabaseError` (a ``BadInput``: the CLI prints it on one line and exits 2) naming the
+URL, its password hidden, and what went wrong.
 """
 
 from __future__ import annotations
@@ -18,20 +23,25 @@ import pathlib
 import threading
 from collections.abc import Iterator
 
+from deltabench.harness.errors import BadInput
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
     "MIGRATIONS_DIR",
+    "DatabaseError",
     "alembic_config",
     "current_revision",
     "default_sqlite_path",
+    "describe_error",
     "dispose_engines",
     "downgrade",
     "get_engine",
     "head_revision",
     "resolve_url",
+    "safe_url",
     "session_scope",
     "upgrade",
 ]
@@ -50,19 +60,59 @@ def default_sqlite_path() -> pathlib.Path:
     return pathlib.Path(base) / "deltabench" / "deltabench.db"
 
 
-def resolve_url(url: str | None = None) -> str:
+_BACKENDS = ("sqlite", "postgresql")
+
+
+class DatabaseError(BadInput):
+    """The database at a URL cannot be used: the message names the URL and what went wrong, on one line."""
+
+
+def safe_url(url: str) -> str:
+    """`url` with its password hidden (for messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def describe_error(exc: BaseException) -> str:
+    """The first line of what a database error says (SQLAlchemy's own text when it wraps a driver's error)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip() or type(exc).__name__
+    first = text.splitlines()[0].strip()
+    return first[:300]
+
+
+def _sqlite_file(url: str) -> pathlib.Path | None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return pathlib.Path(parsed.database).expanduser().resolve()
+
+
+def resolve_url(url: str | None = None, *, create: bool = True) -> str:
     """The database URL to use: `url`, else ``$DELTABENCH_DB``, else the per-user SQLite file.
 
-    A plain path (no ``://``) means an SQLite file at that path; its folder is created.
+    A plain path (no ``://``) means an SQLite file at that path; with `create` its folder is created.
+
+    Raises:
+        DatabaseError: a URL SQLAlchemy cannot parse, or a database other than SQLite or PostgreSQL.
     """
     chosen = url or os.environ.get(ENV_VAR) or str(default_sqlite_path())
     if "://" not in chosen:
-        path = pathlib.Path(chosen).expanduser().resolve()
+        chosen = f"sqlite:///{pathlib.Path(chosen).expanduser().resolve()}"
+    try:
+        backend = make_url(chosen).get_backend_name()
+    except ArgumentError as exc:
+        raise DatabaseError(f"database {safe_url(chosen)}: not a database URL ({describe_error(exc)})") from None
+    if backend not in _BACKENDS:
+        raise DatabaseError(
+            f"database {safe_url(chosen)}: deltabench stores in SQLite (a file path) or PostgreSQL "
+            f"(postgresql+psycopg://user@host/db), not {backend}"
+        )
+    path = _sqlite_file(chosen)
+    if path is not None and create:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-    parsed = make_url(chosen)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        pathlib.Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
     return chosen
 
 
@@ -85,21 +135,36 @@ def _create(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
+def get_engine(url: str | None = None, *, migrate: bool = True, create: bool = True) -> Engine:
     """The engine for `url` (see :func:`resolve_url`), cached per URL; the first call migrates it to head.
 
     Args:
         url: an SQLAlchemy URL or an SQLite file path; None -> ``$DELTABENCH_DB`` or the per-user default.
         migrate: run ``alembic upgrade head`` on first use (False for tests that drive migrations themselves).
+        create: make the store when there is none (False for commands that only read: a missing SQLite file or
+            a database without deltabench's tables is then a :class:`DatabaseError`).
+
+    Raises:
+        DatabaseError: the database cannot be opened or migrated, or (without `create`) holds no store.
     """
-    resolved = resolve_url(url)
+    resolved = resolve_url(url, create=create)
     with _lock:
         engine = _engines.get(resolved)
-        if engine is None:
+        if engine is not None:
+            return engine
+        path = _sqlite_file(resolved)
+        if not create and path is not None and not path.is_file():
+            raise DatabaseError(f"database {path}: no such file (nothing is stored there)")
+        try:
             engine = _create(resolved)
+            if not create and current_revision(engine) is None:
+                engine.dispose()
+                raise DatabaseError(f"database {safe_url(resolved)}: holds no deltabench store (nothing stored yet)")
             if migrate:
                 upgrade(engine)
-            _engines[resolved] = engine
+        except (SQLAlchemyError, ImportError, OSError) as exc:
+            raise DatabaseError(f"database {safe_url(resolved)}: {describe_error(exc)}") from exc
+        _engines[resolved] = engine
     return engine
 
 

@@ -25,12 +25,13 @@ from deltabench.harness.document import (
     ResultDocument,
     TimingStats,
     WorkFigures,
+    timing_problem,
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput
 from deltabench.harness.series import SeriesKey as HarnessSeriesKey
 from deltabench.harness.series import parse_software
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
@@ -38,9 +39,11 @@ from .ingest import unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
 
 __all__ = [
+    "SKIPPED_META",
     "ComparedPair",
     "ComparisonInput",
     "RunSummary",
+    "SeriesHistory",
     "SeriesKey",
     "SeriesPoint",
     "WorkerSummary",
@@ -96,6 +99,7 @@ class RunSummary:
     device_name: str
     n_results: int
     status_counts: dict[str, int]
+    complete: bool = True  # False for a run cut short (its document's meta.complete is false)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,17 @@ class SeriesPoint:
     jax: str | None
     cuda: str | None
     samples_ms: list[float] | None = None
+
+
+# The run document's meta key that counts the stored timings load_run_document left out as unusable.
+SKIPPED_META = "skipped_bad_points"
+
+
+class SeriesHistory(list[SeriesPoint]):
+    """A series' points (a list), and how many stored points were skipped as unusable (``skipped``): a timing that
+    is not finite and positive, stored by a version that did not validate it (see ``document.timing_problem``)."""
+
+    skipped: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +302,7 @@ def list_runs(
     """
     # The columns shown, as tuples: Run entities would also load each run's environment (a joined eager load, with
     # JSON columns to decode) that the list never shows; the runs and comparison pages pay for it on every view.
-    columns = (Run.id, Run.run_id, Run.created_at, Run.suite, Run.git_commit, Run.git_dirty)
+    columns = (Run.id, Run.run_id, Run.created_at, Run.suite, Run.git_commit, Run.git_dirty, Run.meta)
     query = _runs_query(
         *columns,
         Machine.host,
@@ -321,6 +336,7 @@ def list_runs(
             device_name=run.device_name,
             n_results=sum(counts[run.id].values()),
             status_counts=counts[run.id],
+            complete=(run.meta or {}).get("complete", True) is not False,
         )
         for run in runs
     ]
@@ -615,6 +631,9 @@ def load_run_document(session: Session, run_id: str, *, checks: str = "all") -> 
         checks: which verification records to load: ``all`` (the exact document), ``failed_jobs`` (those of jobs
             that did not end ``ok``) or ``none`` (a comparison needs only samples and statuses).
 
+    A stored timing that is not finite and positive (stored by an older version) is left out of its job, with a
+    note in the job's ``notes``; ``meta["skipped_bad_points"]`` counts them.
+
     Raises:
         BadInput: no such run.
     """
@@ -622,7 +641,29 @@ def load_run_document(session: Session, run_id: str, *, checks: str = "all") -> 
     if run is None:
         raise BadInput(f"no run {run_id!r} in this database")
     rows, samples, checks_by_result = _run_children(session, run.id, checks)
-    return ResultDocument(
+    jobs = [_job_result(row, samples.get(row.id), checks_by_result.get(row.id, []), run) for row in rows]
+    meta = dict(run.meta or {})
+    skipped = 0
+    for job in jobs:
+        t = job.timing
+        problem = t and timing_problem(
+            median_ms=t.median_ms,
+            samples_ms=t.samples_ms,
+            q1_ms=t.q1_ms,
+            q3_ms=t.q3_ms,
+            mean_ms=t.mean_ms,
+            stdev_ms=t.stdev_ms,
+            sem_rel=t.sem_rel,
+        )
+        if problem:  # stored by a version that did not validate timings: shown without it, and counted
+            job.timing = None
+            job.notes = "; ".join(x for x in (job.notes, f"stored timing skipped: {problem}") if x)
+            skipped += 1
+    if skipped:
+        meta[SKIPPED_META] = skipped
+    # model_construct: a run stored by an older version may break today's rules (a run id, a time); it is shown
+    # as stored rather than refused.
+    return ResultDocument.model_construct(
         schema_version=run.schema_version,
         run_id=run.run_id,
         created_at=utc(run.created_at),  # type: ignore[arg-type]
@@ -630,8 +671,8 @@ def load_run_document(session: Session, run_id: str, *, checks: str = "all") -> 
         baselines=dict(run.baselines or {}),
         environment=_environment_doc(run.environment),
         ceilings=dict(run.ceilings or {}),
-        jobs=[_job_result(row, samples.get(row.id), checks_by_result.get(row.id, []), run) for row in rows],
-        meta=dict(run.meta or {}),
+        jobs=jobs,
+        meta=meta,
     )
 
 
@@ -648,6 +689,22 @@ class ComparisonInput:
     run_id: str
     environment: EnvironmentDoc
     jobs: list[JobResult]
+    skipped: int = 0  # stored jobs left out: they fail the document's validation (stored by an older version)
+
+
+def _valid_jobs(fields: list[dict[str, Any]]) -> tuple[list[JobResult], int]:
+    """The jobs of `fields` that validate, and how many did not (one batch; job by job only when one fails)."""
+    try:
+        return _JOBS.validate_python(fields), 0
+    except ValidationError:
+        pass
+    jobs: list[JobResult] = []
+    for item in fields:
+        try:
+            jobs.append(JobResult.model_validate(item))
+        except ValidationError:
+            continue
+    return jobs, len(fields) - len(jobs)
 
 
 def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
@@ -677,8 +734,8 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
         .order_by(results.c.position, results.c.id)
     ).all()
     run_created_at = utc(head.run_created_at)
-    jobs = _JOBS.validate_python([_comparison_job(row, run_created_at) for row in rows])
-    return ComparisonInput(run_id=run_id, environment=_environment_doc(head), jobs=jobs)
+    jobs, skipped = _valid_jobs([_comparison_job(row, run_created_at) for row in rows])
+    return ComparisonInput(run_id=run_id, environment=_environment_doc(head), jobs=jobs, skipped=skipped)
 
 
 # Validates a run's jobs in one pydantic-core call: ~8 us a job, where model_construct, a Python loop over every
@@ -829,6 +886,9 @@ def series_history(
 ) -> list[SeriesPoint]:
     """One series' results in time order (oldest first); with `limit`, the newest `limit` of them.
 
+    An ``ok`` point whose stored timing is unusable (not finite and positive: stored by an older version) is left
+    out and counted in the returned list's ``skipped``.
+
     Args:
         shape: all five dims (``"B8-T4096-H6-K128-V128"`` or a dict).
         software: the series' software part (``SeriesKey.software``); None: the software of the newest result of
@@ -880,7 +940,16 @@ def series_history(
         query = query.limit(limit)
     rows = list(session.execute(query))[::-1]
     samples = result_samples(session, result_ids=[r[0] for r in rows]) if with_samples else {}
-    return [
+    history = SeriesHistory()
+    usable = []
+    for r in rows:
+        if r[4] == "ok" and timing_problem(
+            median_ms=r[5], q1_ms=r[6], q3_ms=r[7], mean_ms=r[8], sem_rel=r[9], samples_ms=samples.get(r[0])
+        ):
+            history.skipped += 1
+        else:
+            usable.append(r)
+    history.extend(
         SeriesPoint(
             result_id=r[0],
             run_id=r[1],
@@ -900,8 +969,9 @@ def series_history(
             cuda=r[15],
             samples_ms=samples.get(r[0]) if with_samples else None,
         )
-        for r in rows
-    ]
+        for r in usable
+    )
+    return history
 
 
 def series_software_now(session: Session, *, key: SeriesKey, statuses: Sequence[str] | None = ("ok",)) -> str | None:

@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "serve",
     "worker",
     "token",
+    "runs",
 )
 
 
@@ -76,6 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except BadInput as exc:
         print(f"deltabench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        # A database that fails mid-command (a lost connection, a refused value): one line, not a traceback.
+        if not type(exc).__module__.startswith("sqlalchemy."):
+            raise
+        from deltabench.db.engine import describe_error
+
+        print(f"deltabench: error: database: {describe_error(exc)}", file=sys.stderr)
         sys.exit(2)
     except _Abort:
         print("deltabench: aborted", file=sys.stderr)

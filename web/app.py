@@ -2,8 +2,11 @@
 
 Errors never surface as a 500 for bad input: :class:`~deltabench.harness.errors.BadInput` is a 422 with its
 reason (:class:`~deltabench.web.services.NotFound` a 404), a value the database refuses is a 422, and bodies
-over the size limit are a 413 (see :mod:`.limits`). Every asset is served by the app itself, Plotly.js from the
-installed ``plotly`` package, so the dashboard works on machines without internet access.
+over the size limit are a 413 (see :mod:`.limits`). A malformed request is a 422 naming each field and rule,
+quoting at most :data:`EXCERPT` characters of the input (never the body itself, which may be huge or not even
+text). Writes to the API are authenticated before their body is read (:mod:`.auth_first`).
+Every asset is served by the app itself, Plotly.js from the installed ``plotly`` package, so the dashboard works
+on machines without internet access.
 """
 
 from __future__ import annotations
@@ -17,20 +20,52 @@ from collections.abc import AsyncIterator
 from deltabench.db.engine import get_engine
 from deltabench.harness.errors import BadInput
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError, StatementError
 from starlette.exceptions import HTTPException
 
 from .api.main import api_router
+from .auth_first import AuthenticateWritesFirst
 from .config import Settings
 from .limits import BodySizeLimit
 from .services import NotFound
 
-__all__ = ["STATIC_DIR", "create_app", "plotly_js_path"]
+__all__ = ["EXCERPT", "STATIC_DIR", "create_app", "plotly_js_path", "validation_errors"]
 
 STATIC_DIR = pathlib.Path(__file__).resolve().parent / "static"
 log = logging.getLogger(__name__)
+EXCERPT = 120  # characters of an offending input quoted back in a 422
+_MAX_ERRORS = 20  # validation errors listed in a 422
+
+
+def _excerpt(value: object) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        text = bytes(value[: EXCERPT * 4]).decode("utf-8", "replace")
+    elif isinstance(value, str):
+        text = value[: EXCERPT * 4]
+    else:
+        text = repr(value)[: EXCERPT * 4] if not isinstance(value, (dict, list)) else f"<a JSON {type(value).__name__}>"
+    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates cannot be sent
+    return text if len(text) <= EXCERPT else text[:EXCERPT] + "..."
+
+
+def validation_errors(errors: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    """Pydantic's errors as a 422 lists them: where, the rule broken, its type, and a short excerpt of the input."""
+    shown = []
+    for error in errors[:_MAX_ERRORS]:
+        item = {
+            "loc": [str(part) if not isinstance(part, int) else part for part in error.get("loc", ())],
+            "msg": str(error.get("msg", ""))[:500],
+            "type": str(error.get("type", "")),
+        }
+        if "input" in error:
+            item["input"] = _excerpt(error["input"])
+        shown.append(item)
+    if len(errors) > _MAX_ERRORS:
+        shown.append({"loc": [], "msg": f"... and {len(errors) - _MAX_ERRORS} more errors", "type": "more"})
+    return shown
 
 
 def plotly_js_path() -> pathlib.Path:
@@ -53,6 +88,15 @@ def _error(request: Request, status: int, detail: str) -> Response:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        errors = validation_errors(list(exc.errors()))
+        if _wants_html(request):
+            first = errors[0] if errors else {"loc": [], "msg": "malformed request"}
+            where = ".".join(str(p) for p in first["loc"])
+            return _error(request, 422, f"{where}: {first['msg']}" if where else first["msg"])
+        return JSONResponse({"detail": errors}, status_code=422)
+
     @app.exception_handler(BadInput)
     async def _bad_input(request: Request, exc: BadInput) -> Response:
         return _error(request, 404 if isinstance(exc, NotFound) else 422, str(exc))
@@ -120,4 +164,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthenticateWritesFirst, engine=app.state.engine)  # outermost: before any body is read
     return app

@@ -93,6 +93,7 @@ class RunPublic(BaseModel):
     device_name: str
     n_results: int
     status_counts: dict[str, int]
+    complete: bool = Field(True, description="false for a run cut short (not every planned job ran)")
 
 
 class RunsPublic(BaseModel):
@@ -219,6 +220,7 @@ class HistoryPublic(BaseModel):
     points: list[HistoryPointPublic]
     change_points: list[ChangePointPublic]
     annotations: list[AnnotationPublic]
+    skipped_points: int = Field(0, description="stored points left out as unusable (a timing not finite and positive)")
 
 
 class RegressionPublic(BaseModel):
@@ -242,6 +244,7 @@ class RegressionsPublic(BaseModel):
     data: list[RegressionPublic]
     count: int
     series_scanned: int
+    skipped_points: int = Field(0, description="stored points left out as unusable (a timing not finite and positive)")
 
 
 # ----------------------------------------------------------------------------------------------- comparisons
@@ -293,6 +296,9 @@ class ComparisonPublic(BaseModel):
     failed: bool
     counts: dict[str, int]
     rows: list[ComparisonRowPublic]
+    skipped_points: int = Field(
+        0, description="stored points left out as unusable (a job that fails today's validation)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ jobs

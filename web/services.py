@@ -118,9 +118,11 @@ def run_tables(doc: ResultDocument) -> list[OpTable]:
 # ----------------------------------------------------------------------------------------------- comparisons
 
 
-def _comparison_public(comparison: Any, *, base_label: str, head_label: str) -> schemas.ComparisonPublic:
+def _comparison_public(
+    comparison: Any, *, base_label: str, head_label: str, skipped: int = 0
+) -> schemas.ComparisonPublic:
     d = comparison.to_dict()
-    return schemas.ComparisonPublic(base_label=base_label, head_label=head_label, **d)
+    return schemas.ComparisonPublic(base_label=base_label, head_label=head_label, skipped_points=skipped, **d)
 
 
 # Comparisons are deterministic (seeded bootstrap) and cost ~0.1 ms a job (vectorised), so each is kept until a run
@@ -172,7 +174,12 @@ def compare_two_runs(
         base_side = queries.load_comparison_input(session, run_id=base_id)
         head_side = queries.load_comparison_input(session, run_id=head_id)
         comparison = compare_documents(base_side, head_side, threshold=threshold, alpha=alpha)
-        return _comparison_public(comparison, base_label=base_id[:12], head_label=head_id[:12])
+        return _comparison_public(
+            comparison,
+            base_label=base_id[:12],
+            head_label=head_id[:12],
+            skipped=base_side.skipped + (head_side.skipped if head_id != base_id else 0),
+        )
 
     return _cached((base_id, head_id, "runs", threshold, alpha), compute)
 
@@ -215,7 +222,7 @@ def _compare_impls(
         base_commit=doc.environment.git_commit,
         head_commit=doc.environment.git_commit,
     )
-    public = _comparison_public(comparison, base_label=base_impl, head_label=head_impl)
+    public = _comparison_public(comparison, base_label=base_impl, head_label=head_impl, skipped=doc.skipped)
     # A job missing on the head side has the base impl's name in its key; show the head impl's name instead.
     for row in public.rows:
         row.impl = f"{head_impl} vs {base_impl}"
@@ -286,7 +293,7 @@ def _change_points(points: list[queries.SeriesPoint]) -> list[schemas.ChangePoin
     return [_change_point_public(cp, timed) for cp in found]
 
 
-def _points(session: Session, key: queries.SeriesKey, limit: int) -> list[queries.SeriesPoint]:
+def _points(session: Session, key: queries.SeriesKey, limit: int) -> queries.SeriesHistory:
     """The newest `limit` ok results of exactly this series (its software included)."""
     return queries.series_history(
         session,
@@ -336,6 +343,7 @@ def series_history(session: Session, key: queries.SeriesKey, *, limit: int = HIS
         ],
         change_points=_change_points(timed),
         annotations=[schemas.AnnotationPublic.model_validate(a) for a in annotations],
+        skipped_points=points.skipped,
     )
 
 
@@ -356,8 +364,10 @@ def latest_change_points(
     since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=since_days)
     keys = queries.list_series(session, op=op, machine_kind=machine_kind, since=since, limit=max_series)
     found: list[schemas.RegressionPublic] = []
+    skipped = 0
     for key in keys:
         points = _points(session, key, points_per_series)
+        skipped += points.skipped
         cps = _change_points([p for p in points if p.median_ms])
         if not cps:
             continue
@@ -381,4 +391,4 @@ def latest_change_points(
             )
         )
     found.sort(key=lambda r: -r.change_point.ratio)
-    return schemas.RegressionsPublic(data=found, count=len(found), series_scanned=len(keys))
+    return schemas.RegressionsPublic(data=found, count=len(found), series_scanned=len(keys), skipped_points=skipped)

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
         if fmt not in FORMATS:
             raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-        with session_scope(get_engine(db)) as session:
+        with session_scope(get_engine(db, create=False)) as session:
             doc = queries.load_run_document(session, queries.resolve_run_id(session, ref=run))
         if fmt == "table" and sys.stdout.isatty():
             from rich.console import Console

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from deltabench.db import queries
         from deltabench.db.engine import get_engine, session_scope
 
-        with session_scope(get_engine(db)) as session:
+        with session_scope(get_engine(db, create=False)) as session:
             rows = queries.list_api_tokens(session)
             lines = [
                 "\t".join(

@@ -23,6 +23,11 @@ __all__ = ["router"]
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
+def _authenticate(engine: Engine, token: str | None) -> None:
+    with session_scope(engine) as session:
+        check_token(session, token)
+
+
 def _ingest(engine: Engine, token: str | None, body: schemas.RunsIngest) -> schemas.IngestResponse:
     with session_scope(engine) as session:
         check_token(session, token)
@@ -51,8 +56,8 @@ async def ingest_runs(
     JSON parser (several times faster than decoding to Python objects first: a worker posts thousands of jobs).
     """
     token = credentials.credentials if credentials is not None else request.cookies.get(TOKEN_COOKIE)
-    if not token:
-        check_token(None, None)  # type: ignore[arg-type]  # raises the 401
+    # Authenticate before reading the body (AuthenticateWritesFirst has done so already for the API's paths).
+    await run_in_threadpool(_authenticate, request.app.state.engine, token)
     raw = await request.body()
     try:
         body = schemas.RunsIngest.model_validate_json(raw)

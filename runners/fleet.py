@@ -18,6 +18,8 @@ Delivery guarantees:
   done or cancelled is not run (again), and a cancel ends the running job.
 - A job's failure (incorrect, timeout, oom, failed cases) is in its document; only a job whose process could
   not produce a document (a spec naming nothing runnable, a crash) is reported ``failed`` with the reason.
+- A document the server refuses (a 4xx: it fails validation, the token was revoked) is not retried: the job is
+  reported ``failed`` with the server's reason and the task is acknowledged, so it never hangs ``running``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .worker import QueuedJobRequest, device_for_kind, execute_queued_job
 
 __all__ = [
     "TASK_NAME",
+    "RefusedUpload",
     "ServerClient",
     "WorkerConfig",
     "configure_worker",
@@ -93,6 +96,24 @@ def send_job(*, job_id: int, spec: dict[str, Any], device_kind: str, run_id: str
     app.send_task(TASK_NAME, args=[job_id, spec, run_id], queue=device_kind, retry=True)
 
 
+class RefusedUpload(Exception):
+    """The server refused a result document (a 4xx); the message is its reason, short."""
+
+
+def _reason(response: Any) -> str:
+    """The server's reason for refusing a request, on one line: its ``detail`` (the first validation error)."""
+    try:
+        detail = response.json().get("detail")
+    except Exception:
+        detail = response.text
+    if isinstance(detail, list) and detail:
+        first = detail[0] if isinstance(detail[0], dict) else {"msg": str(detail[0])}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+        detail = f"{where}: {first.get('msg', '')}{more}" if where else f"{first.get('msg', '')}{more}"
+    return f"{response.status_code} {str(detail)[:1000]}"
+
+
 class ServerClient:
     """The worker's side of the server's API: job status, reports, and result upload (bearer token)."""
 
@@ -124,6 +145,9 @@ class ServerClient:
         """Post one result document, retrying a server that is down or busy (1, 2, 4 ... s apart).
 
         Posting again is safe: the server stores a document once however often it is posted.
+
+        Raises:
+            RefusedUpload: the server answered 4xx (posting again would be refused again).
         """
         import httpx
 
@@ -131,6 +155,8 @@ class ServerClient:
         for attempt in range(tries):
             try:
                 response = self.http.post("/runs", content=payload, headers={"Content-Type": "application/json"})
+                if 400 <= response.status_code < 500:
+                    raise RefusedUpload(_reason(response))
                 if response.status_code < 500 or attempt == tries - 1:
                     response.raise_for_status()
                     return response.json()
@@ -273,6 +299,13 @@ def _run_job(task: Any, job_id: int, spec: dict[str, Any], run_id: str) -> str:
     if outcome.document is None:
         client.report(job_id, "failed", worker=WorkerConfig.name, error=outcome.error)
         return "failed"
-    client.upload(outcome.document)
+    try:
+        client.upload(outcome.document)
+    except RefusedUpload as exc:
+        log.error("job %s: the server refused its result document: %s", job_id, exc)
+        client.report(
+            job_id, "failed", worker=WorkerConfig.name, error=f"the server refused the result document: {exc}"
+        )
+        return "refused"
     log.info("job %s: %d result(s) stored as run %s", job_id, len(outcome.document.jobs), run_id)
     return "done"

@@ -93,11 +93,12 @@ def run_plan(
     out: Path | None = None,
     on_start: Callable[[JobSpec], None] | None = None,
     on_done: Callable[[JobSpec, JobResult], None] | None = None,
+    on_begin: Callable[[Path], None] | None = None,
 ) -> ResultDocument:
     """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
 
     Without `out` the in-progress document goes to :func:`partial_path`. `on_start` / `on_done` let a
-    caller drive a progress bar.
+    caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job.
     """
     from .ceilings import ceilings_for, work_figures
     from .environment import collect_environment
@@ -114,6 +115,8 @@ def run_plan(
     )
     target = out or partial_path(doc.run_id)
     write_document(doc, target)
+    if on_begin:
+        on_begin(target)
     for job in plan.jobs:
         if on_start:
             on_start(job)

@@ -33,6 +33,10 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
         with session_scope(get_engine(db, create=False)) as session:
             doc = queries.load_run_document(session, queries.resolve_run_id(session, ref=run))
+        if not doc.complete:
+            print(
+                f"run {doc.run_id} is incomplete: it was cut short, not every planned job ran", file=sys.stderr
+            )
         if fmt == "table" and sys.stdout.isatty():
             from rich.console import Console
 

@@ -93,7 +93,11 @@ def register(app: typer.Typer) -> None:
             def on_done(job, result) -> None:
                 progress.advance(task)
 
-            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done)
+            def on_begin(path) -> None:
+                # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
+                console.print(f"partial document (each job saved as it ends): {path}")
+
+            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin)
             progress.update(task, description=f"suite {loaded.name} on {dev}: done")
 
         if fmt == "table":

@@ -34,9 +34,7 @@ def register(app: typer.Typer) -> None:
         with session_scope(get_engine(db, create=False)) as session:
             doc = queries.load_run_document(session, queries.resolve_run_id(session, ref=run))
         if not doc.complete:
-            print(
-                f"run {doc.run_id} is incomplete: it was cut short, not every planned job ran", file=sys.stderr
-            )
+            print(f"run {doc.run_id} is incomplete: it was cut short, not every planned job ran", file=sys.stderr)
         if fmt == "table" and sys.stdout.isatty():
             from rich.console import Console
 

@@ -85,4 +85,7 @@ def test_results_formats_and_run_selection(db_url, factory, tmp_path: pathlib.Pa
 
 def test_results_on_empty_database_is_exit_2(tmp_path: pathlib.Path, capsys) -> None:  # type: ignore[no-untyped-def]
     rc, out, err = _cli(capsys, "results", "--db", str(tmp_path / "empty.db"))
+    assert rc == 2 and out == "" and "no such file" in err  # a read never creates the store
+    get_engine(str(tmp_path / "empty.db"))  # a store with nothing in it
+    rc, out, err = _cli(capsys, "results", "--db", str(tmp_path / "empty.db"))
     assert rc == 2 and out == "" and "no runs are stored" in err

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pg_fixtures
 import pytest
+import test_celery_fleet
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.web.security.tokens import create_token
 from processes import wait_for
-import test_celery_fleet
 from test_celery_fleet import Fleet
 
 pytestmark = pytest.mark.redis

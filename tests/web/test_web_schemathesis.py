@@ -17,15 +17,18 @@ from schemathesis.checks import not_a_server_error
 MAX_EXAMPLES = 12
 
 
-@pytest.fixture(scope="module")
-def fuzz_target(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """The app on a fresh SQLite file with one run stored, its schema, and a write token."""
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def fuzz_target(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The app on a fresh SQLite file or PostgreSQL schema with one run stored, its schema, and a write token."""
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.ingest import ingest_document
     from deltabench.harness.document import CaseSpec, Environment, JobResult, ResultDocument, TimingStats
     from deltabench.web.security.tokens import create_token
 
-    url = str(tmp_path_factory.mktemp("fuzz") / "fuzz.db")
+    if request.param == "sqlite":
+        url = str(tmp_path_factory.mktemp("fuzz") / "fuzz.db")
+    else:
+        url = request.getfixturevalue("pg_server")()
     app = create_app(Settings(db_url=url, dispatch_jobs=False))
     timing = TimingStats(
         samples_ms=[1.0, 1.1, 0.9], median_ms=1.0, q1_ms=0.95, q3_ms=1.05, mean_ms=1, stdev_ms=0.1, sem_rel=0.05

@@ -1,0 +1,41 @@
+"""The result document's own rules: what harness/ops.py and the runners produce is what it accepts."""
+
+from __future__ import annotations
+
+import pytest
+from deltabench.harness import document
+from deltabench.harness.ops import OPS
+from deltabench.harness.pytest_benchmark import EXTERNAL_OP
+from pydantic import ValidationError
+
+
+def test_known_ops_are_the_op_contracts_and_imported_summaries() -> None:
+    assert set(document.BUILTIN_OPS) == set(OPS)
+    assert document.IMPORTED_OP == EXTERNAL_OP
+    assert set(OPS) | {EXTERNAL_OP} <= document.known_ops()
+
+
+def test_a_registered_op_name_is_accepted() -> None:
+    with pytest.raises(ValidationError, match="unknown op 'plugin_op'"):
+        document.CaseSpec(op="plugin_op", B=1, T=1, H=1, K=1, V=1, dtype="fp32")
+    document.register_op_name("plugin_op")
+    try:
+        assert document.CaseSpec(op="plugin_op", B=1, T=1, H=1, K=1, V=1, dtype="fp32").op == "plugin_op"
+    finally:
+        document._registered_ops.discard("plugin_op")
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"median_ms": 1.0}, None),
+        ({"median_ms": None}, "median_ms is missing"),
+        ({"median_ms": float("inf")}, "median_ms must be finite"),
+        ({"median_ms": 0.0}, "median_ms must be positive"),
+        ({"median_ms": 1.0, "stdev_ms": -0.1}, "stdev_ms must not be negative"),
+        ({"median_ms": 1.0, "samples_ms": [1.0, float("nan")]}, "samples_ms[1] must be finite"),
+    ],
+)
+def test_timing_problem(fields: dict, problem: str | None) -> None:
+    got = document.timing_problem(**fields)
+    assert got == problem if problem is None else got.startswith(problem)

@@ -14,6 +14,7 @@ axis names its unit.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -83,6 +84,15 @@ def ceiling_labels(ceilings: dict[str, float]) -> list[str]:
         shown = _fmt(value) if _finite(value) else "-"
         out.append(f"{name} {shown} {unit}".rstrip())
     return out
+
+
+def _t(text: str) -> str:
+    """`text` (an op, impl or shape from a stored document) safe inside a Plotly label or hover template.
+
+    Plotly renders labels as a small HTML subset and reads ``%{...}`` as a template field; escaped, both show as
+    typed (Plotly decodes the entities for display).
+    """
+    return html.escape(str(text), quote=False).replace("%", "&#37;")
 
 
 def _slug(text: str) -> str:
@@ -173,9 +183,9 @@ def op_bar_figures(doc: ResultDocument) -> list[Figure]:
                 data.append(
                     {
                         "type": "bar",
-                        "name": impl,
-                        "legendgroup": impl,
-                        "showlegend": not any(t["legendgroup"] == impl for t in data),
+                        "name": _t(impl),
+                        "legendgroup": _t(impl),
+                        "showlegend": not any(t["legendgroup"] == _t(impl) for t in data),
                         "x": xs,
                         "y": med,
                         "xaxis": xid,
@@ -190,7 +200,7 @@ def op_bar_figures(doc: ResultDocument) -> list[Figure]:
                             "width": 3,
                         },
                         "customdata": [[a, b, by_case[c]["samples"]] for a, b, c in zip(q1, q3, xs, strict=True)],
-                        "hovertemplate": f"{impl} · {mode}<br>%{{x}}<br>median %{{y:.4g}} ms"
+                        "hovertemplate": f"{_t(impl)} · {mode}<br>%{{x}}<br>median %{{y:.4g}} ms"
                         "<br>IQR %{customdata[0]:.4g}-%{customdata[1]:.4g} ms · n=%{customdata[2]}<extra></extra>",
                     }
                 )
@@ -226,7 +236,7 @@ def roofline_figure(doc: ResultDocument) -> Figure | None:
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": impl,
+                "name": _t(impl),
                 "x": [intensity[id(r)] for r in mine],
                 "y": [r["tflops"] for r in mine],
                 "marker": {
@@ -235,17 +245,17 @@ def roofline_figure(doc: ResultDocument) -> Figure | None:
                     "symbol": [symbols.get(r["mode"], "circle") for r in mine],
                 },
                 "customdata": [
-                    [f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}", r["gbps"], r["pct_of_floor"] or 0.0]
+                    [_t(f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}"), r["gbps"], r["pct_of_floor"] or 0.0]
                     for r in mine
                 ],
-                "hovertemplate": f"{impl}<br>%{{customdata[0]}}<br>%{{y:.3g}} TFLOP/s · %{{customdata[1]:.3g}} GB/s"
+                "hovertemplate": f"{_t(impl)}<br>%{{customdata[0]}}<br>%{{y:.3g}} TFLOP/s · %{{customdata[1]:.3g}} GB/s"
                 "<br>%{x:.3g} FLOP/byte · %{customdata[2]:.3g}% of floor<extra></extra>",
             }
         )
     xs = list(intensity.values())
     lo, hi = min(xs) / 4, max(xs) * 4
     peak, bandwidth = doc.ceilings.get("matmul_tflops"), doc.ceilings.get("copy_gbps")
-    title = "Roofline: achieved TFLOP/s vs arithmetic intensity"
+    title = "Roofline: achieved TFLOP/s vs arithmetic intensity (circles fwd, diamonds fwd+bwd, squares bwd)"
     if _finite(peak) and _finite(bandwidth) and peak > 0 and bandwidth > 0:
         ridge = 1e3 * peak / bandwidth  # FLOP/byte where the copy roof meets the matmul roof
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)
@@ -302,12 +312,12 @@ def speedup_figures(doc: ResultDocument) -> list[Figure]:
                 {
                     "type": "scatter",
                     "mode": "lines+markers",
-                    "name": impl,
+                    "name": _t(impl),
                     "x": xs,
                     "y": [by_case[c] for c in xs],
                     "marker": {"color": colors.get(impl, PALETTE[0]), "size": 8},
                     "line": {"color": colors.get(impl, PALETTE[0])},
-                    "hovertemplate": f"{impl}<br>%{{x}}<br>%{{y:.3g}}× vs {baseline}<extra></extra>",
+                    "hovertemplate": f"{_t(impl)}<br>%{{x}}<br>%{{y:.3g}}× vs {_t(baseline)}<extra></extra>",
                 }
             )
         # The baseline as a trace, not a layout shape: shapes on a log axis take log coordinates.
@@ -315,7 +325,7 @@ def speedup_figures(doc: ResultDocument) -> list[Figure]:
             {
                 "type": "scatter",
                 "mode": "lines",
-                "name": f"{baseline} (baseline, 1×)",
+                "name": f"{_t(baseline)} (baseline, 1×)",
                 "x": cases,
                 "y": [1.0] * len(cases),
                 "line": {"color": "#555", "dash": "dot"},
@@ -325,7 +335,7 @@ def speedup_figures(doc: ResultDocument) -> list[Figure]:
         layout = {
             "margin": {"t": 30, "r": 20, "b": 90, "l": 70},
             "xaxis": {"type": "category", "title": {"text": "shape, dtype, mode"}, "automargin": True},
-            "yaxis": {"type": "log", "title": {"text": f"speedup vs {baseline} (×, log scale)"}},
+            "yaxis": {"type": "log", "title": {"text": f"speedup vs {_t(baseline)} (×, log scale)"}},
             "legend": {"orientation": "h", "y": -0.35},
         }
         figures.append(
@@ -356,7 +366,7 @@ def ratio_figure(comparison: Any) -> Figure | None:
     rows = [r for r in comparison.rows if r.stats is not None and _finite(r.stats.ratio) and r.stats.ratio > 0]
     if not rows:
         return None
-    labels = [f"{r.op} · {r.impl} · {r.shape} {r.dtype} {r.mode}" for r in rows]
+    labels = [_t(f"{r.op} · {r.impl} · {r.shape} {r.dtype} {r.mode}") for r in rows]
     # Same label twice (e.g. two seeds of one case) would share a category row: number the repeats.
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):

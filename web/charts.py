@@ -148,7 +148,11 @@ def op_bar_figures(doc: ResultDocument) -> list[Figure]:
 
     Only ``ok`` jobs are drawn (the tables show the others with their reasons).
     """
-    rows = _timed(_latest_rows(doc))
+    return _bars(_latest_rows(doc))
+
+
+def _bars(latest: list[dict[str, Any]]) -> list[Figure]:
+    rows = _timed(latest)
     colors = _colors(r["impl"] for r in rows)
     figures = []
     for op in dict.fromkeys(r["op"] for r in rows):
@@ -222,7 +226,11 @@ def roofline_figure(doc: ResultDocument) -> Figure | None:
     The roof is ``min(matmul ceiling, copy ceiling x intensity)`` from the run's ceilings; without them only the
     points are drawn. None when no ok job has work figures.
     """
-    rows = [r for r in _timed(_latest_rows(doc)) if _finite(r["tflops"]) and _finite(r["gbps"]) and r["gbps"] > 0]
+    return _roofline(_latest_rows(doc), doc.ceilings)
+
+
+def _roofline(latest: list[dict[str, Any]], ceilings: dict[str, float]) -> Figure | None:
+    rows = [r for r in _timed(latest) if _finite(r["tflops"]) and _finite(r["gbps"]) and r["gbps"] > 0]
     rows = [r for r in rows if r["tflops"] > 0]
     if not rows:
         return None
@@ -254,7 +262,7 @@ def roofline_figure(doc: ResultDocument) -> Figure | None:
         )
     xs = list(intensity.values())
     lo, hi = min(xs) / 4, max(xs) * 4
-    peak, bandwidth = doc.ceilings.get("matmul_tflops"), doc.ceilings.get("copy_gbps")
+    peak, bandwidth = ceilings.get("matmul_tflops"), ceilings.get("copy_gbps")
     title = "Roofline: achieved TFLOP/s vs arithmetic intensity (circles fwd, diamonds fwd+bwd, squares bwd)"
     if _finite(peak) and _finite(bandwidth) and peak > 0 and bandwidth > 0:
         ridge = 1e3 * peak / bandwidth  # FLOP/byte where the copy roof meets the matmul roof
@@ -295,11 +303,16 @@ def roofline_figure(doc: ResultDocument) -> Figure | None:
 
 def speedup_figures(doc: ResultDocument) -> list[Figure]:
     """Per op with a baseline: each other impl's speedup over it (baseline median / impl median) across cases."""
-    rows = [r for r in _timed(_latest_rows(doc)) if _finite(r["speedup"])]
-    colors = _colors(r["impl"] for r in _timed(_latest_rows(doc)))
+    return _speedups(_latest_rows(doc), doc.baselines)
+
+
+def _speedups(latest: list[dict[str, Any]], baselines: dict[str, str]) -> list[Figure]:
+    timed = _timed(latest)
+    rows = [r for r in timed if _finite(r["speedup"])]
+    colors = _colors(r["impl"] for r in timed)
     figures = []
     for op in dict.fromkeys(r["op"] for r in rows):
-        baseline = doc.baselines.get(op)
+        baseline = baselines.get(op)
         mine = [r for r in rows if r["op"] == op and r["impl"] != baseline]
         if not baseline or not mine:
             continue
@@ -352,8 +365,9 @@ def speedup_figures(doc: ResultDocument) -> list[Figure]:
 
 def run_figures(doc: ResultDocument) -> list[Figure]:
     """Every chart of a run's page, in page order: bars per op, the roofline, speedups per op."""
-    roofline = roofline_figure(doc)
-    return [*op_bar_figures(doc), *([roofline] if roofline else []), *speedup_figures(doc)]
+    rows = _latest_rows(doc)  # once: it is most of the work
+    roofline = _roofline(rows, doc.ceilings)
+    return [*_bars(rows), *([roofline] if roofline else []), *_speedups(rows, doc.baselines)]
 
 
 def ratio_figure(comparison: Any) -> Figure | None:

@@ -261,3 +261,15 @@ def test_page_errors_are_pages_and_api_errors_stay_json(server, runs, page) -> N
     _shot(page, "error-422")
     api = httpx.get(f"{base_url}/api/v1/runs?limit=abc", headers={"Accept": "text/html"})
     assert api.status_code == 422 and api.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_every_other_page_renders_offline(server, runs, page) -> None:  # type: ignore[no-untyped-def]
+    base_url, _ = server
+    for url, marker in [("/", "#runs"), ("/jobs", "#submit-job"), ("/regressions", "h1"), ("/history", "#series")]:
+        response = page.goto(base_url + url)
+        assert response.status == 200 and page.locator(marker).count() >= 1, url
+    page.locator("a.series-link", has_text="triton_chunk / B2-T64").first.click()
+    history = _drawn(page, "history-plot")
+    assert history.locator(".scatterlayer .trace").count() == 3, "the IQR band's two edges and the median"
+    assert history.locator(".scatterlayer .trace").nth(2).locator(".point").count() == 2, "one point per run"
+    assert "median ms" in history.text_content()

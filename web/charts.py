@@ -253,11 +253,15 @@ def _roofline(latest: list[dict[str, Any]], ceilings: dict[str, float]) -> Figur
                     "symbol": [symbols.get(r["mode"], "circle") for r in mine],
                 },
                 "customdata": [
-                    [_t(f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}"), r["gbps"], r["pct_of_floor"] or 0.0]
+                    [
+                        _t(f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}"),
+                        r["gbps"],
+                        f"{r['pct_of_floor']:.3g}% of floor" if _finite(r["pct_of_floor"]) else "floor unknown",
+                    ]
                     for r in mine
                 ],
                 "hovertemplate": f"{_t(impl)}<br>%{{customdata[0]}}<br>%{{y:.3g}} TFLOP/s · %{{customdata[1]:.3g}} GB/s"
-                "<br>%{x:.3g} FLOP/byte · %{customdata[2]:.3g}% of floor<extra></extra>",
+                "<br>%{x:.3g} FLOP/byte · %{customdata[2]}<extra></extra>",
             }
         )
     xs = list(intensity.values())

@@ -89,6 +89,8 @@ def test_roofline_places_each_job_at_its_intensity_under_the_ceilings(doc) -> No
     assert fig["layout"]["yaxis"]["title"]["text"] == "achieved TFLOP/s"
     assert fig["layout"]["xaxis"]["type"] == fig["layout"]["yaxis"]["type"] == "log"
     assert "GB/s" in points["hovertemplate"]
+    assert points["customdata"][0][1] == pytest.approx(1e5 * 64 / 4e-3 / 1e9), "GB/s in the hover"
+    assert points["customdata"][0][2] == "floor unknown", "no % of floor is shown as 0%"
 
 
 def test_roofline_without_ceilings_or_work(doc, build) -> None:  # type: ignore[no-untyped-def]

@@ -81,7 +81,6 @@ def register(app: typer.Typer) -> None:
 
 def _export(db: str | None, fmt: str, out: str | None, **filters: object) -> None:
     """Write ``results_frame`` as csv (to `out` or standard output) or parquet (to `out`)."""
-    import importlib.util
     import sys
 
     from deltabench.harness.errors import BadInput
@@ -89,8 +88,10 @@ def _export(db: str | None, fmt: str, out: str | None, **filters: object) -> Non
     if fmt == "parquet":
         if not out:
             raise BadInput("--format parquet needs --out FILE (parquet is binary)")
-        if importlib.util.find_spec("pyarrow") is None:
-            raise BadInput("--format parquet needs pyarrow: pip install pyarrow (or 'deltabench[db]')")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise BadInput("--format parquet needs pyarrow: pip install pyarrow (or 'deltabench[db]')") from None
     from deltabench.db import results_frame
 
     frame = results_frame(

@@ -144,9 +144,29 @@ def test_results_csv_and_parquet(db_url, stored, tmp_path: pathlib.Path, capsys)
     assert list(back.columns) == list(COLUMNS) and len(back) == 7
     assert list(back.iloc[0].samples_ms) == stored["jan"].jobs[0].timing.samples_ms
     assert str(back.run_created_at.dtype) == "datetime64[us, UTC]" or "UTC" in str(back.run_created_at.dtype)
+    md = tmp_path / "run.md"
+    rc, out, _ = _cli(
+        capsys, "results", "--db", db_url, "--run", stored["jan"].run_id, "--format", "markdown", "--out", str(md)
+    )
+    assert (rc, out) == (0, "") and "| triton_chunk |" in md.read_text()
     rc, _, err = _cli(capsys, "results", "--db", db_url, "--format", "parquet")
     assert rc == 2 and "--format parquet needs --out FILE" in err and err.count("\n") == 1
     rc, _, err = _cli(capsys, "results", "--db", db_url, "--all", "--run", "x", "--format", "csv")
     assert rc == 2 and "--all and --run" in err
     rc, _, err = _cli(capsys, "results", "--db", db_url, "--all", "--format", "markdown")
     assert rc == 2 and "--all and the filters" in err
+
+
+def test_parquet_without_pyarrow_is_one_line_and_exit_2(sqlite_url, tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+
+    # pyarrow made unimportable in a fresh interpreter, as on a machine without it.
+    code = "import sys; sys.modules['pyarrow'] = None; from deltabench.harness.cli import main; main()"
+    argv = ["results", "--db", sqlite_url, "--format", "parquet", "--out", str(tmp_path / "x.parquet")]
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert (
+        done.stderr == "deltabench: error: --format parquet needs pyarrow: pip install pyarrow (or 'deltabench[db]')\n"
+    )
+    assert not (tmp_path / "x.parquet").exists()

@@ -36,8 +36,19 @@ def install_api_docs(app: FastAPI, *, docs_url: str = "/api/v1/docs") -> None:
 
     Create `app` with ``docs_url=None`` so FastAPI's CDN page does not take the route first.
     """
-    folder = api_docs_assets_dir()
     openapi_url = app.openapi_url or "/openapi.json"
+    try:
+        folder = api_docs_assets_dir()
+    except ImportError:
+        # An install that predates the dependency still serves everything else; the page says what is missing.
+        missing = "Swagger UI's files are missing: pip install fastapi-offline (part of deltabench[web])."
+
+        @app.get(docs_url, include_in_schema=False)
+        def _no_docs() -> HTMLResponse:
+            body = f"<!doctype html><title>API docs</title><p>{missing} The schema is at <a href='{openapi_url}'>"
+            return HTMLResponse(body + f"{openapi_url}</a>.</p>", status_code=503)
+
+        return
 
     @app.get(docs_url, include_in_schema=False)
     def _docs() -> HTMLResponse:

@@ -42,3 +42,13 @@ def test_bad_query_is_a_page_for_pages_and_json_for_the_api(client: TestClient) 
     assert client.get("/?page=abc").json()["detail"][0]["loc"] == ["query", "page"]
     api = client.get("/api/v1/runs?limit=abc", headers=HTML)
     assert api.status_code == 422 and api.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_api_docs_without_swagger_ui_files_say_what_is_missing(sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fastapi_offline", None)  # as on an install that predates the dependency
+    client = TestClient(create_app(Settings(db_url=sqlite_url)))
+    docs = client.get("/api/v1/docs")
+    assert docs.status_code == 503 and "pip install fastapi-offline" in docs.text
+    assert client.get("/", headers=HTML).status_code == 200, "everything else is served"

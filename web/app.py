@@ -27,9 +27,11 @@ from sqlalchemy.exc import DataError, StatementError
 from starlette.exceptions import HTTPException
 
 from .api.main import api_router
+from .api_docs import install_api_docs
 from .auth_first import AuthenticateWritesFirst
 from .config import Settings
 from .limits import BodySizeLimit
+from .pages.errors import install_page_error_handlers
 from .services import NotFound
 
 __all__ = ["EXCERPT", "STATIC_DIR", "create_app", "plotly_js_path", "validation_errors"]
@@ -143,14 +145,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Verified benchmarks of delta-rule sequence-mixer kernels: runs, comparisons, history, jobs.",
         version="1",
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        docs_url=None,  # served by install_api_docs from local files, not FastAPI's CDN page
         redoc_url=None,
         lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.engine = get_engine(settings.db_url)
     _install_error_handlers(app)
+    install_page_error_handlers(app)
     app.include_router(api_router)
+    install_api_docs(app)
 
     from .pages.routes import router as pages_router
 

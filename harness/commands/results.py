@@ -1,10 +1,17 @@
-"""``deltabench results``: show a stored run's tables (per op: impl x shape)."""
+"""``deltabench results``: show a stored run's tables (per op: impl x shape), or export stored results.
+
+``table``, ``markdown`` and ``json`` render one run (``harness.report``); ``csv`` and ``parquet`` export the
+rows of ``deltabench.db.results_frame`` (one per job, every field), for one run, or every run with ``--all``,
+narrowed by ``--op``, ``--impl``, ``--machine``, ``--since`` and ``--until``.
+"""
 
 from __future__ import annotations
 
 import typer
 
 __all__ = ["register"]
+
+EXPORTS = ("csv", "parquet")
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +26,14 @@ def register(app: typer.Typer) -> None:
             help="Database URL or SQLite path (default: $DELTABENCH_DB, else "
             "${XDG_DATA_HOME:-~/.local/share}/deltabench/deltabench.db).",
         ),
-        fmt: str = typer.Option("table", "--format", help="table, csv, json or markdown."),
+        fmt: str = typer.Option("table", "--format", help="table, csv, json, markdown or parquet."),
+        every_run: bool = typer.Option(False, "--all", help="csv/parquet: every stored run, not one."),
+        op: list[str] = typer.Option(None, "--op", help="csv/parquet: only this op (repeatable)."),
+        impl: list[str] = typer.Option(None, "--impl", help="csv/parquet: only this impl (repeatable)."),
+        machine: list[str] = typer.Option(None, "--machine", help="csv/parquet: only this machine kind (repeatable)."),
+        since: str = typer.Option(None, "--since", help="csv/parquet: runs created at or after this ISO date/time."),
+        until: str = typer.Option(None, "--until", help="csv/parquet: runs created at or before this ISO date/time."),
+        out: str = typer.Option(None, "--out", help="Write to this file instead of standard output."),
     ) -> int:
         """Print a stored run's results: per op, impl x shape with median, IQR, speedup, TFLOP/s, memory, status."""
         import sys
@@ -29,16 +43,71 @@ def register(app: typer.Typer) -> None:
         from deltabench.harness.errors import BadInput
         from deltabench.harness.report import FORMATS, print_results, render_results
 
-        if fmt not in FORMATS:
-            raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+        if fmt not in (*FORMATS, *EXPORTS):
+            raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(sorted({*FORMATS, *EXPORTS}))}")
+        if every_run and run:
+            raise BadInput("give --all and --run not both: --all exports every run")
+        if fmt in EXPORTS:
+            _export(
+                db,
+                fmt,
+                out,
+                run=None if every_run else (run or "latest"),
+                op=op,
+                impl=impl,
+                machine=machine,
+                since=since,
+                until=until,
+            )
+            return 0
+        if every_run or op or impl or machine or since or until:
+            raise BadInput(
+                f"--all and the filters (--op, --impl, --machine, --since, --until) export csv or "
+                f"parquet; --format {fmt} shows one run"
+            )
         with session_scope(get_engine(db, create=False)) as session:
             doc = queries.load_run_document(session, queries.resolve_run_id(session, ref=run))
         if not doc.complete:
             print(f"run {doc.run_id} is incomplete: it was cut short, not every planned job ran", file=sys.stderr)
-        if fmt == "table" and sys.stdout.isatty():
+        if out:
+            with open(out, "w") as f:
+                f.write(render_results(doc, "markdown" if fmt == "table" else fmt))
+        elif fmt == "table" and sys.stdout.isatty():
             from rich.console import Console
 
             print_results(doc, Console())
         else:  # a pipe or a file: plain text, not squeezed to rich's 80 columns
             print(render_results(doc, fmt).rstrip("\n"))
         return 0
+
+
+def _export(db: str | None, fmt: str, out: str | None, **filters: object) -> None:
+    """Write ``results_frame`` as csv (to `out` or standard output) or parquet (to `out`)."""
+    import sys
+
+    from deltabench.harness.errors import BadInput
+
+    if fmt == "parquet":
+        if not out:
+            raise BadInput("--format parquet needs --out FILE (parquet is binary)")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise BadInput("--format parquet needs pyarrow: pip install pyarrow (or 'deltabench[db]')") from None
+    from deltabench.db import results_frame
+
+    frame = results_frame(
+        db,
+        run=filters["run"],  # type: ignore[arg-type]
+        op=filters["op"] or None,  # type: ignore[arg-type]
+        impl=filters["impl"] or None,  # type: ignore[arg-type]
+        machine_kind=filters["machine"] or None,  # type: ignore[arg-type]
+        since=filters["since"],  # type: ignore[arg-type]
+        until=filters["until"],  # type: ignore[arg-type]
+    )
+    if fmt == "parquet":
+        frame.to_parquet(out, index=False)
+    elif out:
+        frame.to_csv(out, index=False)
+    else:
+        frame.to_csv(sys.stdout, index=False)

@@ -11,6 +11,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from ..charts import ceiling_labels
+
 __all__ = ["TEMPLATES_DIR", "error_page", "render", "templates"]
 
 TEMPLATES_DIR = pathlib.Path(__file__).resolve().parent.parent / "templates"
@@ -45,7 +47,7 @@ def _commit(value: str | None) -> str:
     return (value or "-")[:10]
 
 
-templates.env.filters.update(num=_num, when=_when, commit=_commit)
+templates.env.filters.update(num=_num, when=_when, commit=_commit, ceilings=ceiling_labels)
 templates.env.globals.update(outcome_class=OUTCOME_CLASS)
 
 

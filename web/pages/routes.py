@@ -13,7 +13,7 @@ from deltabench.harness.errors import BadInput
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from .. import crud, schemas, services
+from .. import charts, crud, schemas, services
 from ..api.routes.jobs import submit
 from ..deps import TOKEN_COOKIE, ReadAccessDep, SessionDep, check_token
 from .render import render
@@ -59,7 +59,19 @@ def runs_page(
 def run_page(run_id: str, request: Request, session: SessionDep, _read: ReadAccessDep) -> Response:
     """One run: its environment and a pivot table per op (impl x case)."""
     doc = services.load_run(session, run_id, checks="failed_jobs")  # the page lists failing checks only
-    return render(request, "run.html", doc=doc, tables=services.run_tables(doc), nav="runs")
+    figures = charts.run_figures(doc)
+    return render(request, "run.html", doc=doc, tables=services.run_tables(doc), figures=figures, nav="runs")
+
+
+# Runs the compare page's pickers offer (newest first; its filter box narrows them in the browser).
+RECENT_RUNS = 50
+
+
+def _impl_names() -> list[str]:
+    """Registered impl names, suggested by the compare page's impl fields."""
+    from deltabench.harness.registry import all_impls
+
+    return sorted({impl.name for impl in all_impls()})
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -84,12 +96,15 @@ def compare_page(
         comparison = services.compare_impls_in_run(
             session, run=run, base_impl=base_impl, head_impl=head_impl, threshold=threshold, alpha=alpha
         )
-    recent = queries.list_runs(session, limit=30)
+    recent = queries.list_runs(session, limit=RECENT_RUNS)
+    ratios = charts.ratio_figure(comparison) if comparison else None
     return render(
         request,
         "compare.html",
         comparison=comparison,
         recent=recent,
+        impl_names=_impl_names(),
+        figures=[ratios] if ratios else [],
         form={"base": base, "head": head, "run": run, "base_impl": base_impl, "head_impl": head_impl},
         threshold=threshold,
         alpha=alpha,

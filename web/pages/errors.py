@@ -1,0 +1,58 @@
+"""Error pages for the dashboard's page routes: a request a page cannot take (``/?page=abc``) or a server error
+answers with an HTML page giving the status and the reason, as any other page error does (``app._error``); API
+routes keep their JSON bodies (FastAPI's validation detail, ``{"detail": ...}`` for a server error).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+__all__ = ["install_page_error_handlers", "validation_reason"]
+
+log = logging.getLogger(__name__)
+
+# Where a request value came from, as FastAPI names it in an error's location; not worth showing.
+_SOURCES = {"query", "path", "body", "header", "cookie"}
+
+
+def validation_reason(exc: RequestValidationError, limit: int = 3) -> str:
+    """FastAPI's validation errors as one line: ``page: Input should be a valid integer (got 'abc')``."""
+    parts = []
+    for error in exc.errors()[:limit]:
+        loc = ".".join(str(x) for x in error.get("loc", ()) if x not in _SOURCES) or "request"
+        text = f"{loc}: {error.get('msg', 'invalid')}"
+        if "input" in error and isinstance(error["input"], (str, int, float)):
+            shown = repr(error["input"])
+            text += f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
+        parts.append(text)
+    more = len(exc.errors()) - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _is_page(request: Request) -> bool:
+    from ..app import _wants_html
+
+    return _wants_html(request)
+
+
+def install_page_error_handlers(app: FastAPI) -> None:
+    """Answer page routes' validation errors (422) and unhandled exceptions (500) with the error page."""
+    from .render import error_page
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        if _is_page(request):
+            return error_page(request, 422, validation_reason(exc))
+        return await request_validation_exception_handler(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> Response:
+        # Starlette logs the exception after this answer; the page shows no traceback.
+        if _is_page(request):
+            return error_page(request, 500, "internal server error: the server's log has the details")
+        return JSONResponse({"detail": "internal server error"}, status_code=500)

@@ -366,11 +366,21 @@ def pk_topk(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Te
         score[r] = torch.tensor([_round_to(x, raw.dtype) for _, x in chosen], dtype=torch.float64)
     idx = idx.reshape(*lead, kk).to(raw.device)
     score = score.reshape(*lead, kk).to(raw.device)
-    # Differentiable value: the exact float64 sum of the selected columns, shifted to the float32 score.
-    cols = _slot_columns(idx, dims)
-    exact = sum(raw.to(torch.float64).gather(-1, c) for c in cols)
-    val = exact + (score - exact).detach()
-    return val, idx
+    # The value is the score (its sign bit kept: -0 stays -0); its gradient is that of the selected columns' sum.
+    exact = sum(raw.to(torch.float64).gather(-1, c) for c in _slot_columns(idx, dims))
+    return _ValueWithGradOf.apply(score, exact), idx
+
+
+class _ValueWithGradOf(torch.autograd.Function):
+    """Forward returns `value`; backward sends the gradient to `proxy` (a differentiable stand-in of the value)."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, proxy: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+        return None, grad
 
 
 def _slot_columns(idx: torch.Tensor, factors: tuple[int, ...]) -> list[torch.Tensor]:

@@ -140,7 +140,7 @@ def sdm_torch_chunk(
     )
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    C = chunk_size
+    C, out_dtype = chunk_size, v.dtype
     N = -(-T // C)
     pad = N * C - T
     first = _pad_tokens(first_write_mask(k_idx), pad, True)
@@ -193,4 +193,4 @@ def sdm_torch_chunk(
         written = torch.zeros_like(bank).scatter_add(2, index, new_rows * rep[..., None])
         bank = bank * (1.0 - touched)[..., None] + written
     y = torch.cat(ys, dim=2)[:, :, :T].transpose(1, 2) if ys else v.new_zeros(B, H, 0, D).transpose(1, 2)
-    return y.to(v.dtype), bank
+    return y.to(out_dtype), bank

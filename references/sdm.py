@@ -136,8 +136,8 @@ def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, all
         ordered = k_idx.sort(dim=-1).values
         same = ordered[..., 1:] == ordered[..., :-1]
         if bool(same.any()):
-            where = tuple(int(i) for i in same.nonzero()[0][:-1])
-            slot = int(ordered[where][same[where]][0])
+            first = tuple(int(i) for i in same.nonzero()[0])
+            where, slot = first[:-1], int(ordered[first])
             raise ValueError(f"k_idx repeats write slot {slot} within one token at (b, t, h) = {where}")
 
 

@@ -8,11 +8,13 @@ Layout: ``k_idx, k_val [B, T, H, W]`` write slots and weights; ``q_idx, q_val [B
 - :func:`sdm_torch_chunk` (``torch_chunk.py``): chunked WY form (sorted entries, per-slot segmented decay scans,
   Gram matrices, a triangular solve), any T;
 - :func:`sdm_decode_step` (``decode.py``): one token;
-- :func:`pk_topk_torch` (``pk_topk.py``): product-key top-k with SDM 2.0.0's selection rule.
+- :func:`pk_topk_torch` (``pk_topk.py``): product-key top-k with SDM 2.0.0's selection rule;
+- ``sdm_triton_chunk`` (``triton_chunk.py``, imported on its own: it needs triton): the deterministic Triton forward.
 """
 
 from .decode import sdm_decode_step
+from .pk_topk import pk_topk_torch
 from .torch_chunk import sdm_torch_chunk
 from .torch_recurrent import sdm_torch_recurrent
 
-__all__ = ["sdm_decode_step", "sdm_torch_chunk", "sdm_torch_recurrent"]
+__all__ = ["pk_topk_torch", "sdm_decode_step", "sdm_torch_chunk", "sdm_torch_recurrent"]

@@ -1,9 +1,13 @@
 """deltabench's Triton SDM forward (kernels/sdm/triton_chunk.py) under TRITON_INTERPRET=1, at tiny shapes (the
 interpreter runs every program in Python): y and the final bank against the float64 oracle with a ragged last
 chunk, T inside one chunk, colliding slots, key-weighted decay and repeated write slots; bitwise the same across two
-calls; bad input refused before any launch."""
+calls and in a fresh process; bad input refused before any launch."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +50,25 @@ def test_bitwise_deterministic_and_repeats_decay_once() -> None:
     assert torch.equal(x["initial_bank"], bank0)
     ry, rbank = sdm_recurrent(**x, allow_repeated_writes=True)
     assert _rel(first[0], ry) < BOUND and _rel(first[1], rbank) < BOUND
+
+
+_FRESH_PROCESS = """
+import sys, torch
+from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
+from deltabench.references.sdm import make_inputs
+x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
+torch.save(sdm_triton_chunk(**x, chunk_size=8), sys.argv[1])
+"""
+
+
+def test_bitwise_the_same_in_a_fresh_process(tmp_path: Path) -> None:
+    """Another Python process computes the same bits as this one."""
+    out = tmp_path / "fresh.pt"
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(out)], check=True, timeout=300)
+    x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
+    here = sdm_triton_chunk(**x, chunk_size=8)
+    there = torch.load(out)
+    assert all(torch.equal(a, b) for a, b in zip(here, there, strict=True))
 
 
 @pytest.mark.parametrize(

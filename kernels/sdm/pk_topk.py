@@ -10,16 +10,16 @@ to their factor columns in a fixed order.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ...references.sdm import check_factors
 
-__all__ = ["float_order_key", "pk_topk_torch"]
+__all__ = ["MAX_K", "PkTopK", "check_pk_arguments", "float_order_key", "pk_topk_torch"]
 
 # Bits of the tie ranks packed below a score's 32-bit key: i + j < 2^15 and i < 2^16, so k <= 2^14.
-_MAX_K = 1 << 14
+MAX_K = 1 << 14
 
 
 def float_order_key(x: torch.Tensor) -> torch.Tensor:
@@ -68,11 +68,19 @@ def _select(raw: torch.Tensor, factors: tuple[int, ...], k: int) -> tuple[torch.
     return score, slot
 
 
-class _PkTopK(torch.autograd.Function):
+Select = Callable[[torch.Tensor, tuple[int, ...], int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class PkTopK(torch.autograd.Function):
+    """Product-key top-k with a given selection (``select(rows [N, sum(factors)], factors, k) -> (score float32,
+    slot int64)``, each ``[N, kk]`` in any order) and the deterministic backward to the factor columns."""
+
     @staticmethod
-    def forward(ctx, raw: torch.Tensor, factors: tuple[int, ...], k: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(
+        ctx, raw: torch.Tensor, factors: tuple[int, ...], k: int, select: Select
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         rows = raw.reshape(-1, raw.shape[-1])
-        score, slot = _select(rows, factors, k)
+        score, slot = select(rows, factors, k)
         slot, order = slot.sort(dim=-1)
         score = score.gather(-1, order)
         ctx.save_for_backward(slot)
@@ -82,7 +90,7 @@ class _PkTopK(torch.autograd.Function):
         return score.to(raw.dtype).reshape(*lead, -1), slot.reshape(*lead, -1)
 
     @staticmethod
-    def backward(ctx, grad_val: torch.Tensor, _grad_idx: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_val: torch.Tensor, _grad_idx: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
         (slot,) = ctx.saved_tensors
         grad = grad_val.reshape(slot.shape).float()
         parts, rest = [], slot
@@ -91,7 +99,7 @@ class _PkTopK(torch.autograd.Function):
             parts.append((one_hot * grad[..., None]).sum(-2))  # a fixed-order sum over the selected slots
             rest = rest // n
         grad_raw = torch.cat(parts[::-1], dim=-1)
-        return grad_raw.to(grad_val.dtype).reshape(ctx.raw_shape), None, None
+        return grad_raw.to(grad_val.dtype).reshape(ctx.raw_shape), None, None, None
 
 
 def pk_topk_torch(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,9 +121,15 @@ def pk_topk_torch(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[to
 
         >>> val, idx = pk_topk_torch(torch.randn(8, 64 + 64), (64, 64), k=16)
     """
+    dims = check_pk_arguments(raw, factors, k)
+    return PkTopK.apply(raw, dims, int(k), _select)
+
+
+def check_pk_arguments(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[int, ...]:
+    """The factor widths, or a one-line ValueError (a width < 1, raw's last dim not their sum, k out of range)."""
     dims = check_factors(factors)
     if raw.shape[-1] != sum(dims):
         raise ValueError(f"raw's last dim {raw.shape[-1]} is not the sum of the factor widths {list(dims)}")
-    if not 1 <= k <= _MAX_K:
-        raise ValueError(f"k must be in 1..{_MAX_K}, got {k}")
-    return _PkTopK.apply(raw, dims, int(k))
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be in 1..{MAX_K}, got {k}")
+    return dims

@@ -1,6 +1,7 @@
-"""Product-key top-k in PyTorch (kernels/sdm/pk_topk.py) against the oracle: bitwise the same selection and values,
-planted ties of every kind (equal factor values, equal pair sums at different ranks, -0 against +0, NaN), 1 to 4
-factors, float32 and bf16, and the backward; a wrong tie order is rejected."""
+"""Product-key top-k in PyTorch (kernels/sdm/pk_topk.py) and Triton (pk_topk_triton.py) against the oracle:
+bitwise the same selection and values, planted ties of every kind (equal factor values, equal pair sums at
+different ranks, -0 against +0, NaN), 1 to 4 factors, float32 and bf16, and the backward; a wrong tie order is
+rejected."""
 
 from __future__ import annotations
 
@@ -78,3 +79,27 @@ def test_bad_arguments(factors: tuple[int, ...], k: int, message: str) -> None:
     raw = torch.randn(2, 8)
     with pytest.raises(ValueError, match=message):
         pk_topk_torch(raw, factors, k)
+
+
+TRITON_SHAPES = [((8, 8), 5), ((4, 5, 6), 7), ((30,), 9)]
+
+
+@pytest.mark.parametrize("factors,k", TRITON_SHAPES, ids=[f"{'x'.join(map(str, f))}-k{k}" for f, k in TRITON_SHAPES])
+def test_triton_matches_oracle_bitwise(factors: tuple[int, ...], k: int) -> None:
+    """The Triton selection (under the interpreter) is the oracle's on planted ties, float32 and bf16 (three factors:
+    bf16 partial sums rounded to nearest even), and repeats its bits."""
+    from deltabench.kernels.sdm.pk_topk_triton import pk_topk_triton
+
+    raw = planted(factors, 6, 0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (raw * 1.37).to(dtype)  # * 1.37: bf16 partial sums that need rounding
+        ours = pk_topk_triton(x, factors, k)
+        assert_same(ours, pk_topk(x, factors, k))
+        again = pk_topk_triton(x, factors, k)
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(ours[1], again[1]) and torch.equal(ours[0].view(bits), again[0].view(bits))
+    # The backward is the shared deterministic one: the same gradient as the PyTorch selection's.
+    leaf = raw.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(pk_topk_triton(leaf, factors, k)[0].sum(), leaf)
+    (expected,) = torch.autograd.grad(pk_topk_torch(leaf, factors, k)[0].sum(), leaf)
+    assert torch.equal(grad, expected)

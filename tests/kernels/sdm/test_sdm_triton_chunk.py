@@ -1,7 +1,7 @@
 """deltabench's Triton SDM forward (kernels/sdm/triton_chunk.py) under TRITON_INTERPRET=1, at tiny shapes (the
 interpreter runs every program in Python): y and the final bank against the float64 oracle with a ragged last
-chunk, T inside one chunk, colliding slots, key-weighted decay and repeated write slots; bitwise the same across two
-calls and in a fresh process; bad input refused before any launch."""
+chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
+bitwise the same across two calls and in a fresh process; bad input refused before any launch."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
+from deltabench.references import gdn
 from deltabench.references.sdm import make_inputs, sdm_recurrent
 
 BOUND = 1e-5  # float32 against float64: these cases measure 1e-7 .. 5e-7 (relative Frobenius error)
@@ -50,6 +51,18 @@ def test_bitwise_deterministic_and_repeats_decay_once() -> None:
     assert torch.equal(x["initial_bank"], bank0)
     ry, rbank = sdm_recurrent(**x, allow_repeated_writes=True)
     assert _rel(first[0], ry) < BOUND and _rel(first[1], rbank) < BOUND
+
+
+def test_dense_limit_is_gdn() -> None:
+    """S = W = R = d_k, every token writing and reading all slots with weights k and scale * q: gdn's oracle."""
+    B, T, H, K, V = 1, 12, 1, 8, 4
+    x = gdn.make_inputs(B, T, H, K, V, seed=4, initial_state=True)
+    slots = torch.arange(K).expand(B, T, H, K)
+    o, state = gdn.gdn_recurrent(**x)
+    y, bank = sdm_triton_chunk(
+        slots, x["k"], slots, x["q"] * K**-0.5, x["v"], x["g"], x["beta"], x["initial_state"], chunk_size=8
+    )
+    assert _rel(y, o) < BOUND and _rel(bank, state) < BOUND
 
 
 _FRESH_PROCESS = """

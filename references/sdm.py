@@ -332,7 +332,9 @@ def _select_row(row: list[float], factors: tuple[int, ...], k: int, dtype: torch
     return prev
 
 
-def pk_topk(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pk_topk(
+    raw: torch.Tensor, factors: Sequence[int], k: int, *, num_slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Product-key top-k, SDM 2.0.0's rule, computed row by row in Python (the oracle).
 
     Slot ``(c_0, .., c_{F-1})`` has index ``(..(c_0 n_1 + c_1)..) n_{F-1} + c_{F-1}`` and scores the float32 sum of
@@ -347,12 +349,13 @@ def pk_topk(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Te
         raw: ``[..., sum(factors)]`` float32 or bfloat16 factor scores side by side.
         factors: the widths ``n_0..n_{F-1}``.
         k: how many slots to select (``kk = min(k, prod(factors))`` are returned).
+        num_slots: the bank's S, if known: a one-line ValueError unless the widths multiply to it.
 
     Returns:
         ``(val, idx)``, each ``[..., kk]``: idx int64 strictly ascending; val float64 holding each selected slot's
         float32 score rounded to ``raw.dtype``, differentiable to ``raw`` (gradient 1 to each factor's column).
     """
-    dims = check_factors(factors)
+    dims = check_factors(factors, num_slots)
     if raw.shape[-1] != sum(dims):
         raise ValueError(f"raw's last dim {raw.shape[-1]} is not the sum of the factor widths {list(dims)}")
     if k < 1:

@@ -102,13 +102,16 @@ class PkTopK(torch.autograd.Function):
         return grad_raw.to(grad_val.dtype).reshape(ctx.raw_shape), None, None, None
 
 
-def pk_topk_torch(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pk_topk_torch(
+    raw: torch.Tensor, factors: Sequence[int], k: int, *, num_slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact product-key top-k with SDM 2.0.0's rule (see :func:`deltabench.references.sdm.pk_topk`).
 
     Args:
         raw: ``[..., sum(factors)]`` float32 or bfloat16 factor scores side by side.
         factors: the widths ``n_0..n_{F-1}`` (their product is the bank's S).
         k: how many slots to select, ``1 <= k <= 16384`` (``min(k, S)`` are returned).
+        num_slots: the bank's S, if known: a one-line ValueError unless the widths multiply to it.
 
     Returns:
         ``(val, idx)``, each ``[..., min(k, S)]``: idx int64 strictly ascending, val the selected slots' scores in
@@ -121,13 +124,16 @@ def pk_topk_torch(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[to
 
         >>> val, idx = pk_topk_torch(torch.randn(8, 64 + 64), (64, 64), k=16)
     """
-    dims = check_pk_arguments(raw, factors, k)
+    dims = check_pk_arguments(raw, factors, k, num_slots)
     return PkTopK.apply(raw, dims, int(k), _select)
 
 
-def check_pk_arguments(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[int, ...]:
-    """The factor widths, or a one-line ValueError (a width < 1, raw's last dim not their sum, k out of range)."""
-    dims = check_factors(factors)
+def check_pk_arguments(
+    raw: torch.Tensor, factors: Sequence[int], k: int, num_slots: int | None = None
+) -> tuple[int, ...]:
+    """The factor widths, or a one-line ValueError (a width < 1, a product other than `num_slots` when given, raw's
+    last dim not their sum, k out of range)."""
+    dims = check_factors(factors, num_slots)
     if raw.shape[-1] != sum(dims):
         raise ValueError(f"raw's last dim {raw.shape[-1]} is not the sum of the factor widths {list(dims)}")
     if not 1 <= k <= MAX_K:

@@ -146,7 +146,9 @@ def _select_triton(rows: torch.Tensor, factors: tuple[int, ...], k: int) -> tupl
     return val_out, idx_out
 
 
-def pk_topk_triton(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pk_topk_triton(
+    raw: torch.Tensor, factors: Sequence[int], k: int, *, num_slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact product-key top-k with SDM 2.0.0's rule, in Triton; bitwise the selection of
     :func:`deltabench.references.sdm.pk_topk` and of :func:`.pk_topk.pk_topk_torch`.
 
@@ -154,6 +156,7 @@ def pk_topk_triton(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[t
         raw: ``[..., sum(factors)]`` float32 or bfloat16 factor scores side by side.
         factors: the widths ``n_0..n_{F-1}`` (their product is the bank's S).
         k: how many slots to select, ``1 <= k <= 16384`` (``min(k, S)`` are returned).
+        num_slots: the bank's S, if known: a one-line ValueError unless the widths multiply to it.
 
     Returns:
         ``(val, idx)``, each ``[..., min(k, S)]``: idx int64 strictly ascending, val the scores in ``raw.dtype``,
@@ -163,5 +166,5 @@ def pk_topk_triton(raw: torch.Tensor, factors: Sequence[int], k: int) -> tuple[t
 
         >>> val, idx = pk_topk_triton(torch.randn(8, 64 + 64, device="cuda"), (64, 64), k=16)
     """
-    dims = check_pk_arguments(raw, factors, k)
+    dims = check_pk_arguments(raw, factors, k, num_slots)
     return PkTopK.apply(raw, dims, int(k), _select_triton)

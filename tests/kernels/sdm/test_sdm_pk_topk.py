@@ -81,6 +81,15 @@ def test_bad_arguments(factors: tuple[int, ...], k: int, message: str) -> None:
         pk_topk_torch(raw, factors, k)
 
 
+def test_factors_that_do_not_address_the_bank_are_refused() -> None:
+    """S not the product of the factor widths: the same one-line error from the oracle and the PyTorch selection."""
+    raw = torch.randn(2, 11)
+    for fn in (pk_topk, pk_topk_torch):
+        with pytest.raises(ValueError, match=r"factors \[5, 6\] address 30 slots, not S=32"):
+            fn(raw, (5, 6), 3, num_slots=32)
+    assert pk_topk_torch(raw, (5, 6), 3, num_slots=30)[1].shape == (2, 3)
+
+
 TRITON_SHAPES = [((8, 8), 5), ((4, 5, 6), 7), ((30,), 9)]
 
 

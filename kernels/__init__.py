@@ -1,7 +1,7 @@
 """deltabench's kernels: implementations of the delta-rule ops, one folder per op.
 
-- :mod:`.gdn`, :mod:`.gdn2`, :mod:`.kda`: one file per algorithm (``torch_recurrent``, ``torch_chunk``, and the
-  Triton/JAX ones beside them);
+- :mod:`.gdn`, :mod:`.gdn2`, :mod:`.kda`, :mod:`.sdm`: one file per algorithm (``torch_recurrent``,
+  ``torch_chunk``, and the Triton/JAX ones beside them);
 - :mod:`.common`: stages shared across ops;
 - :mod:`.external`: adapters for third-party packages.
 
@@ -9,4 +9,4 @@ Usable on their own, like FLA's ops: nothing here imports the harness, db or web
 imports no op (each subpackage is imported when asked for).
 """
 
-__all__ = ["common", "external", "gdn", "gdn2", "kda"]
+__all__ = ["common", "external", "gdn", "gdn2", "kda", "sdm"]

@@ -1,0 +1,303 @@
+"""Chunked Sparse Delta Memory forward in Triton, deterministic: the WY form of :mod:`.torch_chunk` in four kernels.
+
+Layout: ``k_idx, k_val [B, T, H, W]``; ``q_idx, q_val [B, T, H, R]``; ``v [B, T, H, D]``; ``g, beta [B, T, H]``;
+bank ``[B, H, S, D]`` float32. Inside, a stream is one (b, h); a chunk's write entries are ``e = t W + n`` and its read
+entries ``p = t R + m`` (token-major).
+
+Phase 1, for every chunk at once (it does not depend on the bank):
+
+- ``slot_decay``: each entry's log-decay since the chunk start ``L`` (the sum of the write log-decays of its slot at
+  tokens up to its own), each write slot's chunk total, and whether a write entry is its slot's first (the one that
+  writes the slot's new row);
+- ``gram``: ``A [C, C]`` (writes x writes, strictly causal), ``QK [C, C]`` (reads x writes, causal) and
+  ``Z [E, C]``, the weight of token t' in the new row of write entry e's slot;
+- ``solve``: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32.
+
+Phase 2, chunk after chunk (``step``, one launch per chunk, one program per stream and column slice): gather the
+chunk's bank rows into ``Kdec M0`` and ``Qdec M0``, ``U = X beta (V - Kdec M0)``, ``Y = Qdec M0 + QK U``, then each
+slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``.
+
+Determinism: no atomics; every bank row (column slice) has exactly one writer per launch; every sum runs in a fixed
+order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
+launch configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
+Forward only: the outputs carry no gradient (:data:`SUPPORTS_BACKWARD`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...references.sdm import check_sdm_inputs, first_write_mask
+from ..common.mma import mma
+
+__all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
+
+LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every call runs the same programs
+SUPPORTS_BACKWARD = False
+_BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
+_BLOCK_D = 32  # bank columns per step program
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    """The block size covering n: a power of two, at least `least` (tl.dot needs 16)."""
+    return max(least, triton.next_power_of_2(n))
+
+
+@triton.jit
+def slot_decay_kernel(
+    slot_w, ld, slot_r, L_w, L_tot, L_r, first,
+    E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+    BLOCK_ROW: tl.constexpr, BLOCK_COL: tl.constexpr,
+):  # fmt: skip
+    """One program per (stream-chunk, block of rows); rows are the chunk's write entries then its read entries."""
+    sc = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1) * BLOCK_ROW + tl.arange(0, BLOCK_ROW)
+    is_w = row < E
+    is_r = (row >= E) & (row < E + P)
+    rw = tl.where(is_w, row, 0)
+    rr = tl.where(is_r, row - E, 0)
+    s_row = tl.where(is_w, tl.load(slot_w + sc * E + rw, mask=is_w, other=-1), -1)
+    s_row = tl.where(is_r, tl.load(slot_r + sc * P + rr, mask=is_r, other=-1), s_row)
+    t_row = tl.where(is_w, rw // W, rr // R)
+    acc = tl.zeros([BLOCK_ROW], dtype=tl.float32)
+    tot = tl.zeros([BLOCK_ROW], dtype=tl.float32)
+    earlier = tl.zeros([BLOCK_ROW], dtype=tl.int32)
+    for f0 in range(0, E, BLOCK_COL):
+        f = f0 + tl.arange(0, BLOCK_COL)
+        mf = f < E
+        s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
+        ld_f = tl.load(ld + sc * E + f, mask=mf, other=0.0)
+        match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
+        before = (f[None, :] // W) <= t_row[:, None]
+        acc += tl.sum(tl.where(match & before, ld_f[None, :], 0.0), axis=1)
+        tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
+        earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
+    tl.store(L_w + sc * E + rw, acc, mask=is_w)
+    tl.store(L_tot + sc * E + rw, tot, mask=is_w)
+    tl.store(first + sc * E + rw, (earlier == 0).to(tl.int32), mask=is_w)
+    tl.store(L_r + sc * P + rr, acc, mask=is_r)
+
+
+@triton.jit
+def gram_kernel(
+    slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, A, QK, Z,
+    C: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_COL: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """One program per (stream-chunk, token t): row t of A and QK, and the rows of Z of token t's write entries."""
+    sc = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1)
+    n = tl.arange(0, BLOCK_W)
+    mn = n < W
+    e = t * W + n
+    s_e = tl.load(slot_w + sc * E + e, mask=mn, other=-1)
+    kv_e = tl.load(k_val + sc * E + e, mask=mn, other=0.0)
+    L_e = tl.load(L_w + sc * E + e, mask=mn, other=0.0)
+    T_e = tl.load(L_tot + sc * E + e, mask=mn, other=0.0)
+    m = tl.arange(0, BLOCK_R)
+    mm = m < R
+    p = t * R + m
+    s_p = tl.load(slot_r + sc * P + p, mask=mm, other=-1)
+    qv_p = tl.load(q_val + sc * P + p, mask=mm, other=0.0)
+    L_p = tl.load(L_r + sc * P + p, mask=mm, other=0.0)
+    c = tl.arange(0, BLOCK_C)
+    a_row = tl.zeros([BLOCK_C], dtype=tl.float32)
+    qk_row = tl.zeros([BLOCK_C], dtype=tl.float32)
+    z_rows = tl.zeros([BLOCK_W, BLOCK_C], dtype=tl.float32)
+    for f0 in range(0, E, BLOCK_COL):
+        f = f0 + tl.arange(0, BLOCK_COL)
+        mf = f < E
+        s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
+        kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
+        L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
+        t_f = f // W
+        to_token = ((t_f[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # [BLOCK_COL, BLOCK_C]
+        # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
+        mw = (s_e[:, None] == s_f[None, :]) & mn[:, None] & mf[None, :]
+        ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
+        pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
+        a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
+        zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
+        pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
+        z_rows += tl.sum(pz[:, :, None] * to_token[None, :, :], axis=1)
+        mr = (s_p[:, None] == s_f[None, :]) & mm[:, None] & mf[None, :] & (t_f[None, :] <= t)
+        rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
+        pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
+        qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
+    mc = c < C
+    tl.store(A + (sc * C + t) * C + c, a_row, mask=mc)
+    tl.store(QK + (sc * C + t) * C + c, qk_row, mask=mc)
+    tl.store(Z + (sc * E + e)[:, None] * C + c[None, :], z_rows, mask=mn[:, None] & mc[None, :])
+
+
+@triton.jit
+def solve_kernel(A, beta, X, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program per stream-chunk: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32."""
+    sc = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK_C)
+    mr = r < C
+    b = tl.load(beta + sc * C + r, mask=mr, other=0.0)
+    a = tl.load(A + (sc * C + r)[:, None] * C + r[None, :], mask=mr[:, None] & mr[None, :], other=0.0)
+    a = tl.where(r[None, :] < r[:, None], b[:, None] * a, 0.0)
+    inv = (r[:, None] == r[None, :]).to(tl.float32)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)  # row i of the strictly lower matrix
+        s = tl.sum(a_i[:, None] * inv, axis=0)  # sum_j a_ij X_j (rows j >= i meet a_ij = 0)
+        inv = tl.where(r[:, None] == i, inv - s[None, :], inv)
+    tl.store(X + (sc * C + r)[:, None] * C + r[None, :], inv, mask=mr[:, None] & mr[None, :])
+
+
+@triton.jit
+def step_kernel(
+    bank, slot_w, k_val, L_w, L_tot, first, slot_r, q_val, L_r, v, beta, X, QK, Z, y, chunk, N,
+    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
+    W: tl.constexpr, R: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows."""
+    st = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mcol = col < D
+    sc = st * N + chunk
+    base = bank + st * S * D
+    c = tl.arange(0, BLOCK_C)
+    mc = c < C
+    k_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        me = e < E
+        s_e = tl.load(slot_w + sc * E + e, mask=me, other=0)
+        wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
+        rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
+        gather = tl.where(((e // W)[None, :] == c[:, None]) & me[None, :], wt[None, :], 0.0)  # [BLOCK_C, BLOCK_E]
+        k_m0 += mma(gather, rows, "ieee")
+    q_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_E):
+        p = p0 + tl.arange(0, BLOCK_E)
+        mp = p < P
+        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=0)
+        wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
+        rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
+        gather = tl.where(((p // R)[None, :] == c[:, None]) & mp[None, :], wt[None, :], 0.0)
+        q_m0 += mma(gather, rows, "ieee")
+    m2 = mc[:, None] & mcol[None, :]
+    v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
+    x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
+    qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
+    u = mma(x, b_c[:, None] * (v_c - k_m0), "ieee")
+    tl.store(y + (sc * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
+    # Every gather above must be done before any row is rewritten.
+    tl.debug_barrier()
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        me = e < E
+        writer = (tl.load(first + sc * E + e, mask=me, other=0) != 0) & me
+        s_e = tl.load(slot_w + sc * E + e, mask=me, other=0).to(tl.int64)
+        ptr = base + s_e[:, None] * D + col[None, :]
+        rows = tl.load(ptr, mask=writer[:, None] & mcol[None, :], other=0.0)
+        z = tl.load(Z + (sc * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
+        decay = tl.exp(tl.load(L_tot + sc * E + e, mask=me, other=0.0))
+        tl.store(ptr, decay[:, None] * rows + mma(z, u, "ieee"), mask=writer[:, None] & mcol[None, :])
+
+
+def _streams(x: torch.Tensor, N: int, C: int) -> torch.Tensor:
+    """[B, N*C, H, n] -> contiguous [B*H, N, C*n], each chunk's entries token-major."""
+    B, _, H, n = x.shape
+    return x.transpose(1, 2).reshape(B * H, N, C * n).contiguous()
+
+
+def sdm_triton_chunk(
+    k_idx: torch.Tensor,
+    k_val: torch.Tensor,
+    q_idx: torch.Tensor,
+    q_val: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_bank: torch.Tensor | None = None,
+    key_weighted_decay: bool = False,
+    *,
+    num_slots: int | None = None,
+    chunk_size: int = 64,
+    allow_repeated_writes: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDM forward by chunks of `chunk_size` tokens in Triton, bitwise reproducible (see the module docstring).
+
+    Computes the same as :func:`deltabench.kernels.sdm.torch_chunk.sdm_torch_chunk`, forward only (the outputs
+    carry no gradient). Indices are checked here as in the references; float inputs are used in float32.
+
+    Args:
+        k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.
+        q_idx, q_val: ``[B, T, H, R]`` read slots and weights.
+        v: ``[B, T, H, D]``; g: ``[B, T, H]`` log-decay (<= 0); beta: ``[B, T, H]``.
+        initial_bank: optional ``[B, H, S, D]`` (zeros otherwise; then ``num_slots`` gives S); not modified.
+        key_weighted_decay: the decay of write n is ``exp(g_t * k_val[n])``.
+        chunk_size: C, 1..128 (default 64); T need not be a multiple of it.
+        allow_repeated_writes: accept a write slot repeated within a token (decayed once) instead of raising.
+
+    Returns:
+        ``(y, final_bank)``: ``[B, T, H, D]`` in ``v.dtype`` and ``[B, H, S, D]`` float32.
+
+    Examples::
+
+        >>> from deltabench.references.sdm import make_inputs
+        >>> x = make_inputs(1, 200, 2, 256, 32, 8, 8, device="cuda")
+        >>> y, bank = sdm_triton_chunk(**x, chunk_size=64)
+    """
+    B, T, H, S, D, W, R = check_sdm_inputs(
+        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
+    )
+    if not 1 <= chunk_size <= 128:
+        raise ValueError(f"chunk_size must be in 1..128, got {chunk_size}")
+    C, dev, out_dtype = chunk_size, v.device, v.dtype
+    N = max(1, -(-T // C))
+    pad = N * C - T
+    with torch.no_grad():
+        g32, kv32 = g.float(), k_val.float()
+        log_decay = g32[..., None] * kv32 if key_weighted_decay else g32[..., None].expand_as(kv32)
+        log_decay = torch.where(first_write_mask(k_idx), log_decay, torch.zeros_like(log_decay))
+
+        def padded(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
+            if pad == 0:
+                return x
+            tail = x.new_zeros(B, pad, *x.shape[2:]) if fill is None else fill.expand(B, pad, H, -1)
+            return torch.cat([x, tail], dim=1)
+
+        # Padding tokens write and read distinct slots with weight 0 and decay 0: they change nothing.
+        s_w = _streams(padded(k_idx.long(), torch.arange(W, device=dev) % S), N, C)
+        s_r = _streams(padded(q_idx.long(), torch.arange(R, device=dev) % S), N, C)
+        kv, ld = _streams(padded(kv32), N, C), _streams(padded(log_decay), N, C)
+        qv = _streams(padded(q_val.float()), N, C)
+        v_s = padded(v.float()).transpose(1, 2).reshape(B * H, N, C, D).contiguous()
+        b_s = _streams(padded(beta.float()[..., None]), N, C)
+        BH, E, P = B * H, C * W, C * R
+        L_w, L_tot, L_r = (torch.empty(BH, N, n, device=dev) for n in (E, E, P))
+        first = torch.empty(BH, N, E, device=dev, dtype=torch.int32)
+        A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
+        Z = torch.empty(BH, N, E, C, device=dev)
+        block_c = _pow2(C)
+        slot_decay_kernel[(BH * N, triton.cdiv(E + P, _BLOCK_ENTRIES))](
+            s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, _BLOCK_ENTRIES, _BLOCK_ENTRIES, **LAUNCH
+        )
+        gram_kernel[(BH * N, C)](
+            s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z,
+            C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, block_c, **LAUNCH,
+        )  # fmt: skip
+        solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
+        bank = (
+            torch.zeros(BH, S, D, device=dev)
+            if initial_bank is None
+            else initial_bank.float().reshape(BH, S, D).clone()
+        )
+        y = torch.empty(BH, N, C, D, device=dev)
+        grid = (BH, triton.cdiv(D, _BLOCK_D))
+        for i in range(N):
+            step_kernel[grid](
+                bank, s_w, kv, L_w, L_tot, first, s_r, qv, L_r, v_s, b_s, X, QK, Z, y, i, N,
+                S, D, C, E, P, W, R, _BLOCK_ENTRIES, block_c, _pow2(_BLOCK_D), **LAUNCH,
+            )  # fmt: skip
+    y = y.reshape(B, H, N * C, D)[:, :, :T].transpose(1, 2).to(out_dtype)
+    return y, bank.reshape(B, H, S, D)

@@ -1,0 +1,463 @@
+"""Float64 oracles for Sparse Delta Memory (SDM 2.0.0's recurrence) and its product-key top-k, the op's contract
+and its seeded input generators.
+
+Layout: per batch row and head a bank ``M [S, D]`` (S slots, D the head dim); write slots ``k_idx [B, T, H, W]``
+(int64) with weights ``k_val [B, T, H, W]``; read slots ``q_idx [B, T, H, R]`` with weights ``q_val``; values
+``v [B, T, H, D]``; log-decay ``g [B, T, H]`` (<= 0) and strength ``beta [B, T, H]``; bank ``[B, H, S, D]``.
+Per token t, for each (b, h)::
+
+    M[s]   <- exp(g_t) * M[s]                          for s in set(k_idx_t)   (a repeated slot decays once)
+    r_t     = sum_n k_val[n] * M[k_idx[n]]
+    M[s_n] <- M[s_n] + k_val[n] * beta_t * (v_t - r_t)
+    y_t     = sum_m q_val[m] * M[q_idx[m]]
+
+With ``key_weighted_decay`` the decay of write n is ``exp(g_t * k_val[n])`` (a repeated slot takes the decay of its
+first entry, as SDM 2.0.0 does). The W write slots of a token must be distinct: a repeat is a ``ValueError`` unless
+``allow_repeated_writes=True``, which gives SDM 2.0.0's answer for it (decay once, every entry reads and writes).
+
+Product-key top-k (``pk_topk``) is an op of its own: F factors of widths ``n_0..n_{F-1}`` (product S) side by side
+in ``raw [..., sum(n_f)]``; slot ``(..(c_0 n_1 + c_1)..) n_{F-1} + c_{F-1}`` scores the float32 sum of its factor
+values added in factor order; the selection follows SDM 2.0.0's staged rule (see :func:`pk_topk`).
+
+Nothing here imports the rest of deltabench.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+
+from . import _inputs as _in
+
+__all__ = [
+    "CONTRACT",
+    "PK_TOPK_CONTRACT",
+    "SDM_REGIMES",
+    "ArgSpec",
+    "OpContract",
+    "check_factors",
+    "check_sdm_inputs",
+    "check_slots",
+    "first_write_mask",
+    "make_inputs",
+    "pk_topk",
+    "sdm_recurrent",
+]
+
+SDM_REGIMES = ("typical", "collisions", "long", "key_weighted")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """One input or output of an op: its name, layout over the op's dims, dtype class and whether it has a gradient.
+
+    ``dtype`` is ``"index"`` (int64 slot indices), ``"float"`` (the case's dtype) or ``"float32"`` (always float32).
+    """
+
+    name: str
+    layout: str
+    dtype: str
+    differentiable: bool
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OpContract:
+    """An op's contract as plain data: named dims, inputs in argument order, outputs, options and the rule."""
+
+    name: str
+    title: str
+    dims: tuple[str, ...]
+    inputs: tuple[ArgSpec, ...]
+    outputs: tuple[ArgSpec, ...]
+    options: tuple[str, ...]
+    rule: str
+
+    @property
+    def grad_inputs(self) -> tuple[str, ...]:
+        """Every input that has a gradient."""
+        return tuple(a.name for a in self.inputs if a.differentiable)
+
+
+CONTRACT = OpContract(
+    name="sdm",
+    title="Sparse Delta Memory",
+    dims=("B", "T", "H", "S", "D", "W", "R"),
+    inputs=(
+        ArgSpec("k_idx", "BTHW", "index", False),
+        ArgSpec("k_val", "BTHW", "float", True),
+        ArgSpec("q_idx", "BTHR", "index", False),
+        ArgSpec("q_val", "BTHR", "float", True),
+        ArgSpec("v", "BTHD", "float", True),
+        ArgSpec("g", "BTH", "float32", True),
+        ArgSpec("beta", "BTH", "float", True),
+        ArgSpec("initial_bank", "BHSD", "float32", True, optional=True),
+    ),
+    outputs=(ArgSpec("y", "BTHD", "float", True), ArgSpec("final_bank", "BHSD", "float32", True)),
+    options=("key_weighted_decay",),
+    rule=(
+        "M[s] <- exp(g) M[s] for s in k_idx (once per slot); r = sum_n k_val[n] M[k_idx[n]]; "
+        "M[k_idx[n]] += k_val[n] beta (v - r); y = sum_m q_val[m] M[q_idx[m]]"
+    ),
+)
+
+PK_TOPK_CONTRACT = OpContract(
+    name="pk_topk",
+    title="Product-key top-k",
+    dims=("N", "F", "S", "K"),
+    inputs=(ArgSpec("raw", "N(sum n_f)", "float", True),),
+    outputs=(ArgSpec("val", "NK", "float", True), ArgSpec("idx", "NK", "index", False)),
+    options=("factors", "k"),
+    rule="exact top-k of the S = prod(n_f) factor sums, SDM 2.0.0's staged tie rule, indices ascending",
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument checks (shared by every implementation: one wording of each error)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, allow_repeated_writes: bool) -> None:
+    """Raise a one-line ValueError when a slot index is outside ``[0, num_slots)``, an index tensor is not an
+    integer tensor, W or R exceeds S, or (unless allowed) a token repeats a write slot."""
+    for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int64 (or int32) tensor, got {idx.dtype}")
+        if idx.shape[-1] > num_slots:
+            raise ValueError(f"{name} selects {idx.shape[-1]} slots per token, more than the bank's S={num_slots}")
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= num_slots:
+                bad = lo if lo < 0 else hi
+                where = tuple(int(i) for i in (idx == bad).nonzero()[0])
+                raise ValueError(f"{name} holds slot {bad} outside [0, {num_slots}) at index {where}")
+    if not allow_repeated_writes and k_idx.numel() and k_idx.shape[-1] > 1:
+        ordered = k_idx.sort(dim=-1).values
+        same = ordered[..., 1:] == ordered[..., :-1]
+        if bool(same.any()):
+            first = tuple(int(i) for i in same.nonzero()[0])
+            where, slot = first[:-1], int(ordered[first])
+            raise ValueError(f"k_idx repeats write slot {slot} within one token at (b, t, h) = {where}")
+
+
+def check_factors(factors: Sequence[int], num_slots: int | None = None) -> tuple[int, ...]:
+    """The product-key factor widths as a tuple, or a one-line ValueError (no factor, a width < 1, or a product
+    that is not the bank's S)."""
+    dims = tuple(int(f) for f in factors)
+    if not dims or min(dims) < 1:
+        raise ValueError(f"product-key factors must be one or more positive widths, got {list(dims)}")
+    if num_slots is not None and math.prod(dims) != num_slots:
+        raise ValueError(f"product-key factors {list(dims)} address {math.prod(dims)} slots, not S={num_slots}")
+    return dims
+
+
+def _check_shapes(
+    k_idx: torch.Tensor,
+    k_val: torch.Tensor,
+    q_idx: torch.Tensor,
+    q_val: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_bank: torch.Tensor | None,
+    num_slots: int | None,
+) -> tuple[int, int, int, int, int, int, int]:
+    if v.dim() != 4:
+        raise ValueError(f"v must be [B, T, H, D], got shape {tuple(v.shape)}")
+    B, T, H, D = v.shape
+    if k_idx.dim() != 4 or q_idx.dim() != 4:
+        raise ValueError(f"k_idx and q_idx must be [B, T, H, W|R], got {tuple(k_idx.shape)} and {tuple(q_idx.shape)}")
+    W, R = k_idx.shape[-1], q_idx.shape[-1]
+    if initial_bank is not None:
+        if initial_bank.dim() != 4:
+            raise ValueError(f"initial_bank must be [B, H, S, D], got shape {tuple(initial_bank.shape)}")
+        S = initial_bank.shape[2]
+        if num_slots is not None and num_slots != S:
+            raise ValueError(f"num_slots={num_slots} does not match initial_bank's S={S}")
+    elif num_slots is None:
+        raise ValueError("the bank size is unknown: pass num_slots or initial_bank")
+    else:
+        S = int(num_slots)
+    dims = {"B": B, "T": T, "H": H, "S": S, "D": D, "W": W, "R": R}
+    expected = {"k_idx": (k_idx, "BTHW"), "k_val": (k_val, "BTHW"), "q_idx": (q_idx, "BTHR"), "q_val": (q_val, "BTHR")}
+    expected.update({"g": (g, "BTH"), "beta": (beta, "BTH")})
+    if initial_bank is not None:
+        expected["initial_bank"] = (initial_bank, "BHSD")
+    for name, (x, layout) in expected.items():
+        want = tuple(dims[c] for c in layout)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name} must be [{', '.join(layout)}] = {want}, got {tuple(x.shape)}")
+    return B, T, H, S, D, W, R
+
+
+def check_sdm_inputs(
+    k_idx: torch.Tensor,
+    k_val: torch.Tensor,
+    q_idx: torch.Tensor,
+    q_val: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_bank: torch.Tensor | None = None,
+    num_slots: int | None = None,
+    *,
+    allow_repeated_writes: bool = False,
+) -> tuple[int, int, int, int, int, int, int]:
+    """Check an sdm call against the contract and return ``(B, T, H, S, D, W, R)``; one-line ValueError otherwise
+    (a shape, an index out of range, W or R > S, a repeated write slot)."""
+    dims = _check_shapes(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)
+    check_slots(k_idx, q_idx, dims[3], allow_repeated_writes=allow_repeated_writes)
+    return dims
+
+
+def first_write_mask(k_idx: torch.Tensor) -> torch.Tensor:
+    """True for each write entry whose slot does not appear earlier among its token's W entries (the entry whose
+    decay the slot takes; every entry of a token with distinct slots)."""
+    W = k_idx.shape[-1]
+    same = k_idx[..., :, None] == k_idx[..., None, :]  # [..., W, W]
+    earlier = torch.ones(W, W, dtype=torch.bool, device=k_idx.device).tril(-1)
+    return ~(same & earlier).any(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The sdm oracle
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def sdm_recurrent(
+    k_idx: torch.Tensor,
+    k_val: torch.Tensor,
+    q_idx: torch.Tensor,
+    q_val: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_bank: torch.Tensor | None = None,
+    key_weighted_decay: bool = False,
+    *,
+    num_slots: int | None = None,
+    allow_repeated_writes: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run SDM one token at a time in float64 (the rule in the module docstring).
+
+    Args:
+        k_idx, k_val: ``[B, T, H, W]`` write slots (int64) and weights.
+        q_idx, q_val: ``[B, T, H, R]`` read slots (int64) and weights.
+        v: ``[B, T, H, D]`` values.
+        g: ``[B, T, H]`` log-decay (<= 0); beta: ``[B, T, H]`` write strength.
+        initial_bank: optional ``[B, H, S, D]`` bank before the first token (zeros otherwise).
+        key_weighted_decay: the decay of write n is ``exp(g_t * k_val[n])``.
+        num_slots: S, needed when there is no initial bank.
+        allow_repeated_writes: accept a write slot repeated within a token (decayed once) instead of raising.
+
+    Returns:
+        ``(y, final_bank)``: ``[B, T, H, D]`` and ``[B, H, S, D]``, both float64.
+
+    Raises:
+        ValueError: a shape breaks the contract, an index is out of range, W or R > S, or a write slot repeats.
+    """
+    B, T, H, S, D, W, R = check_sdm_inputs(
+        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
+    )
+    k_val, q_val, v, g, beta = (x.to(torch.float64) for x in (k_val, q_val, v, g, beta))
+    M = v.new_zeros(B, H, S, D) if initial_bank is None else initial_bank.to(torch.float64)
+    k_idx, q_idx = k_idx.long(), q_idx.long()
+    first = first_write_mask(k_idx)
+    ys = []
+    for t in range(T):
+        kt, kv, qt, qv = k_idx[:, t], k_val[:, t], q_idx[:, t], q_val[:, t]  # [B, H, W|R]
+        log_decay = g[:, t, :, None] * kv if key_weighted_decay else g[:, t, :, None].expand(B, H, W)
+        # Each slot of the token's write set decays once: later repeats of a slot add no log-decay.
+        log_decay = torch.where(first[:, t], log_decay, torch.zeros_like(log_decay))
+        slot_log_decay = M.new_zeros(B, H, S).scatter_add(-1, kt, log_decay)
+        M = M * slot_log_decay.exp()[..., None]
+        rows = M.gather(2, kt[..., None].expand(B, H, W, D))
+        u = beta[:, t, :, None] * (v[:, t] - (kv[..., None] * rows).sum(2))  # [B, H, D]
+        M = M.scatter_add(2, kt[..., None].expand(B, H, W, D), kv[..., None] * u[:, :, None, :])
+        ys.append((qv[..., None] * M.gather(2, qt[..., None].expand(B, H, R, D))).sum(2))
+    y = torch.stack(ys, dim=1) if ys else v.new_zeros(B, 0, H, D)
+    return y, M
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The pk_topk oracle
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _order_key(x: float) -> tuple[float, float]:
+    """How SDM 2.0.0 compares scores: as float32 numbers with -0 below +0 and NaN counted as -inf."""
+    if math.isnan(x):
+        return (-math.inf, -1.0)
+    return (x, math.copysign(1.0, x))
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
+
+
+def _round_to(x: float, dtype: torch.dtype) -> float:
+    return float(torch.tensor(x, dtype=torch.float32).to(dtype).to(torch.float32))
+
+
+def _rank_factor(values: list[float]) -> list[int]:
+    """Columns of one factor from best to worst: by value, the larger column first on ties."""
+    return sorted(range(len(values)), key=lambda c: (_order_key(values[c]), c), reverse=True)
+
+
+def _select_row(row: list[float], factors: tuple[int, ...], k: int, dtype: torch.dtype) -> list[tuple[int, float]]:
+    """SDM 2.0.0's staged selection for one row: ``[(slot, score)]`` in selection order."""
+    starts = [sum(factors[:f]) for f in range(len(factors))]
+    cols = [row[s : s + n] for s, n in zip(starts, factors, strict=True)]
+    ranks = [_rank_factor(c) for c in cols]
+    # Stage 0: the first factor's best min(k, n_0) columns, in rank order. An entry is (slot, score).
+    prev = [(c, cols[0][c]) for c in ranks[0][: min(k, factors[0])]]
+    for f in range(1, len(factors)):
+        n, m = len(prev), min(k, factors[f])
+        keep = min(k, n * m)
+        pairs = []
+        for i in range(n):  # brute force over every (rank i of the stage so far, rank j of factor f) pair
+            for j in range(m):
+                if (i + 1) * (j + 1) > keep:
+                    continue
+                col = ranks[f][j]
+                score = _f32(prev[i][1] + cols[f][col])  # one float32 addition: exact sum rounded once
+                if f < len(factors) - 1 and dtype == torch.bfloat16:
+                    score = _round_to(score, torch.bfloat16)  # SDM rounds bf16 partial sums before the next factor
+                pairs.append((_order_key(score), i + j, i, prev[i][0] * factors[f] + col, score))
+        pairs.sort(key=lambda p: (p[0], p[1], p[2]), reverse=True)  # exact ties: larger i + j, then larger i
+        prev = [(p[3], p[4]) for p in pairs[:keep]]
+    return prev
+
+
+def pk_topk(
+    raw: torch.Tensor, factors: Sequence[int], k: int, *, num_slots: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Product-key top-k, SDM 2.0.0's rule, computed row by row in Python (the oracle).
+
+    Slot ``(c_0, .., c_{F-1})`` has index ``(..(c_0 n_1 + c_1)..) n_{F-1} + c_{F-1}`` and scores the float32 sum of
+    ``raw[.., start_f + c_f]`` added in factor order (bf16 input with F > 2: each partial sum rounded to bf16).
+    Scores compare as float32 with ``-0 < +0`` and NaN as -inf. Each factor is ranked by value, the larger column
+    first on ties; the first factor keeps its best ``min(k, n_0)`` ranks; stage f keeps the best
+    ``c = min(k, n m)`` pairs (i, j) of a rank i < n of the stage before and a rank j < m = min(k, n_f) of factor f
+    with ``(i + 1)(j + 1) <= c``, exact ties to the larger ``i + j``, then the larger i (an exact top-k: each pair
+    left out has c pairs of lower or equal ranks scoring at least as much).
+
+    Args:
+        raw: ``[..., sum(factors)]`` float32 or bfloat16 factor scores side by side.
+        factors: the widths ``n_0..n_{F-1}``.
+        k: how many slots to select (``kk = min(k, prod(factors))`` are returned).
+        num_slots: the bank's S, if known: a one-line ValueError unless the widths multiply to it.
+
+    Returns:
+        ``(val, idx)``, each ``[..., kk]``: idx int64 strictly ascending; val float64 holding each selected slot's
+        float32 score rounded to ``raw.dtype``, differentiable to ``raw`` (gradient 1 to each factor's column).
+    """
+    dims = check_factors(factors, num_slots)
+    if raw.shape[-1] != sum(dims):
+        raise ValueError(f"raw's last dim {raw.shape[-1]} is not the sum of the factor widths {list(dims)}")
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}")
+    kk = min(k, math.prod(dims))
+    lead = raw.shape[:-1]
+    rows = raw.detach().reshape(-1, raw.shape[-1]).to(torch.float32).tolist()
+    idx = torch.zeros(len(rows), kk, dtype=torch.int64)
+    score = torch.zeros(len(rows), kk, dtype=torch.float64)
+    for r, row in enumerate(rows):
+        chosen = sorted(_select_row(row, dims, k, raw.dtype))
+        idx[r] = torch.tensor([s for s, _ in chosen], dtype=torch.int64)
+        score[r] = torch.tensor([_round_to(x, raw.dtype) for _, x in chosen], dtype=torch.float64)
+    idx = idx.reshape(*lead, kk).to(raw.device)
+    score = score.reshape(*lead, kk).to(raw.device)
+    # The value is the score (its sign bit kept: -0 stays -0); its gradient is that of the selected columns' sum.
+    exact = sum(raw.to(torch.float64).gather(-1, c) for c in _slot_columns(idx, dims))
+    return _ValueWithGradOf.apply(score, exact), idx
+
+
+class _ValueWithGradOf(torch.autograd.Function):
+    """Forward returns `value`; backward sends the gradient to `proxy` (a differentiable stand-in of the value)."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, proxy: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+        return None, grad
+
+
+def _slot_columns(idx: torch.Tensor, factors: tuple[int, ...]) -> list[torch.Tensor]:
+    """Each factor's column (offset into raw) of every slot in `idx`."""
+    cols, rest, start = [], idx, sum(factors)
+    for n in reversed(factors):
+        start -= n
+        cols.append(rest % n + start)
+        rest = rest // n
+    return cols[::-1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _distinct_slots(gen: torch.Generator, shape: tuple[int, ...], pool: int, width: int) -> torch.Tensor:
+    """``[*shape, width]`` slots drawn without repeats from ``[0, pool)`` for each position."""
+    keys = torch.rand(*shape, pool, generator=gen)
+    return keys.argsort(dim=-1)[..., :width].contiguous()
+
+
+def make_inputs(
+    B: int,
+    T: int,
+    H: int,
+    S: int,
+    D: int,
+    W: int,
+    R: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+    regime: str = "typical",
+    initial_bank: bool = False,
+) -> dict[str, torch.Tensor | int | bool]:
+    """Seeded sdm inputs of one regime, ready for ``fn(**inputs)``.
+
+    Regimes: ``typical`` (W distinct slots per token drawn uniformly from S, logsigmoid gates); ``collisions``
+    (every token draws its slots from the same ``min(S, W + W // 2 + 1)`` slots, so each slot is hit by most tokens
+    of a chunk); ``long`` (uniform slots, gates in ``[-0.05, 0]``); ``key_weighted`` (typical, non-negative write
+    weights and ``key_weighted_decay=True``). Write and read weights are L2-normalised per token (as product-key
+    scores after a normalisation), v ~ N(0, 1), beta = sigmoid(randn).
+
+    Returns a dict with ``k_idx, k_val, q_idx, q_val, v, g, beta``, ``num_slots`` and ``key_weighted_decay``, and if
+    asked ``initial_bank`` (float32, entries ~ N(0, 1/D)).
+    """
+    if regime not in SDM_REGIMES:
+        raise ValueError(f"unknown sdm regime {regime!r}; expected one of {', '.join(SDM_REGIMES)}")
+    if W > S or R > S:
+        raise ValueError(f"W={W} and R={R} must not exceed S={S}")
+    gen = _in.generator(seed)
+    pool = min(S, W + W // 2 + 1) if regime == "collisions" else S
+    k_idx = _distinct_slots(gen, (B, T, H), pool, W)
+    q_idx = _distinct_slots(gen, (B, T, H), max(pool, R), R)
+    k_val = _in.l2norm(_in.randn(gen, B, T, H, W))
+    if regime == "key_weighted":
+        k_val = k_val.abs()
+    t: dict[str, torch.Tensor] = {
+        "k_val": k_val,
+        "q_val": _in.l2norm(_in.randn(gen, B, T, H, R)),
+        "v": _in.randn(gen, B, T, H, D),
+        "g": _in.log_decay(gen, "long" if regime == "long" else "typical", B, T, H),
+        "beta": _in.strength(gen, B, T, H),
+    }
+    if initial_bank:
+        t["initial_bank"] = _in.randn(gen, B, H, S, D) * D**-0.5
+    out: dict[str, torch.Tensor | int | bool] = {"k_idx": k_idx.to(device)}
+    floats = _in.finish(t, dtype=dtype, device=device, keep_fp32=("g", "initial_bank"))
+    out.update(k_val=floats["k_val"], q_idx=q_idx.to(device))
+    out.update(floats)
+    out.update(key_weighted_decay=regime == "key_weighted", num_slots=S)
+    return out

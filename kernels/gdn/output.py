@@ -80,12 +80,14 @@ def chunk_output(
     h: torch.Tensor,
     vnew: torch.Tensor,
     scale: float,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Launch the output stage.
 
     Args:
         q, k: ``[B, T, H, K]``; g: ``[B, T, H]`` fp32 log-decay; h: ``[B, NT, H, K, V]`` state at each chunk's
-            start; vnew: ``[B, T, H, V]`` (both from ``state_walk``); scale: the query scale.
+            start; vnew: ``[B, T, H, V]`` (both from ``state_walk``); scale: the query scale; config:
+            ``(V block, warps, stages)`` in place of LAUNCH's (for tuning scripts; None in the library).
 
     Returns:
         o ``[B, T, H, V]`` in v_new's dtype.
@@ -95,12 +97,15 @@ def chunk_output(
     NT = triton.cdiv(T, CHUNK)
     o = torch.empty_like(vnew)
     BV = _block_v(V)
+    warps, stages = (LAUNCH["warps"] if BV >= 64 else 4), LAUNCH["stages"]
+    if config is not None:
+        BV, warps, stages = config
     NV = triton.cdiv(V, BV)
     BK = padded(K)
     # V blocks vary fastest in grid axis 0, so a chunk's programs run side by side and share q, k in L2
     chunk_output_kernel[(NT * NV, B * H)](
         q, k, g, h, vnew, o, scale, T, NT, NV,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, PREC=dot_precision(q.dtype),
-        num_warps=LAUNCH["warps"] if BV >= 64 else 4, num_stages=LAUNCH["stages"],
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o

@@ -107,12 +107,14 @@ def state_walk(
     g: torch.Tensor,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
+    config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the state walk.
 
     Args:
         k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
-            log-decay; initial_state: ``[B, H, K, V]`` fp32 or None.
+            log-decay; initial_state: ``[B, H, K, V]`` fp32 or None; config: ``(V block, warps, stages)`` in
+            place of ``launch_config``'s (for tuning scripts; None in the library).
 
     Returns:
         ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
@@ -124,11 +126,11 @@ def state_walk(
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV, warps = launch_config(V, B * H)
+    BV, warps, stages = config or (*launch_config(V, B * H), LAUNCH["stages"])
     state_walk_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, g, initial_state, h, vnew, ht, T, NT,
         H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
-        num_warps=warps, num_stages=LAUNCH["stages"],
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return h, vnew, ht

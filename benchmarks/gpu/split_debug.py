@@ -1,15 +1,15 @@
 """Stage-by-stage check and launch sweep of triton_chunk_split's forward on the GPU (a diagnostic, not a gate).
 
     python benchmarks/gpu/split_debug.py check B,T,H,D [--variant NAME] [--reps N]
-    python benchmarks/gpu/split_debug.py sweep B,T,H,D
+    python benchmarks/gpu/split_debug.py tune B,T,H,D --kernel wy|walk|output|state_bwd|local_bwd [--skip N]
 
 ``check`` runs wy_fwd, then walk.py's ``state_walk`` and output.py's ``chunk_output`` `reps` times, each
 followed by a device synchronisation (so an illegal memory access names its stage), and compares h, v_new,
 the final state and o with chunk.py's ``state_fwd`` (the gated kernel, same arithmetic) on the same inputs,
 with and without an initial state; then one fwd+bwd of the split autograd path against triton_chunk's.
 A variant changes walk.LAUNCH / output.LAUNCH in this process first (one variant a process: a fault
-poisons the CUDA context). ``sweep`` times each stage alone (do_bench median, L2 flushed) and each
-(V block, warps, stages) of the walk and the output stage, checking each against ``state_fwd``'s result.
+poisons the CUDA context). ``tune`` times each launch config of one kernel (do_bench median, L2 flushed),
+checking its results against the first config's (the one the gated library used).
 Prints one line per result; nothing is written.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 from deltabench.kernels.gdn import output, walk
@@ -40,8 +39,6 @@ VARIANTS = {
     "walk-w4": {"walk": {"warps": 4}},
     "walk-s2": {"walk": {"stages": 2}},
 }
-WALK_CONFIGS = [(64, 8, 1), (16, 4, 1), (64, 4, 1), (16, 4, 2), (64, 8, 2), (64, 4, 2), (16, 4, 3), (16, 2, 2)]
-OUTPUT_CONFIGS = [(64, 8, 1), (64, 4, 1), (128, 8, 1), (64, 4, 2), (128, 4, 1)]
 
 
 def say(obj) -> None:
@@ -132,50 +129,67 @@ def ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def sweep(shape: str) -> int:
-    """Each stage alone, then each walk / output config (checked against state_fwd)."""
+TUNE = {  # kernel: configs, the first the reference (the launch the gated library used before this sweep)
+    "wy": [(4, 1), (2, 1), (8, 1), (4, 2), (2, 2), (8, 2)],
+    "walk": [(64, 8, 1), (16, 4, 2), (16, 2, 2), (64, 4, 2), (64, 8, 2), (16, 4, 3), (16, 2, 3), (32, 4, 2)],
+    "walk16": [(16, 4, 2), (16, 2, 2), (16, 4, 3), (16, 2, 3), (16, 8, 2), (64, 4, 2), (64, 8, 2)],
+    "output": [(64, 8, 1), (128, 4, 1), (128, 4, 2), (64, 4, 1), (128, 8, 1), (64, 2, 1)],
+    "state_bwd": [(64, 8, 1), (16, 4, 2), (16, 2, 2), (64, 4, 2), (64, 8, 2), (16, 4, 3), (32, 4, 2)],
+    "local_bwd": [(64, 8, 1), (64, 4, 1), (64, 8, 2), (128, 8, 1), (32, 8, 1), (32, 4, 1), (64, 4, 2)],
+}
+
+
+def tune(kernel: str, shape: str, skip: int, compile_only: bool = False) -> int:
+    """Time each config of `kernel` (from index `skip`), checking its results against the first config's.
+
+    Prints ``try`` before each launch, so that a driver can restart after a config that faults."""
     _, q, k, v, g, beta, s0, w, u, scale = inputs(shape, seed=3, h0=True)
-    o_ref, ht_ref, h_ref, vn_ref = state_fwd(q, k, w, u, g, scale, s0, True, True)
-    L, *_ = wy_fwd(k, v, g, beta)
+    L, _, _ = wy_fwd(k, v, g, beta)
+    _, _, h, vn = state_fwd(q, k, w, u, g, scale, s0, True, True)
     do = torch.randn_like(v)
     dh, dvn, _ = state_bwd(q, k, w, g, do, None, scale)
-    stages = {
-        "wy_fwd": lambda: wy_fwd(k, v, g, beta),
-        "state_fwd(fwd only)": lambda: state_fwd(q, k, w, u, g, scale, s0, True, False),
-        "state_fwd(stores)": lambda: state_fwd(q, k, w, u, g, scale, s0, True, True),
-        "state_bwd": lambda: state_bwd(q, k, w, g, do, None, scale),
-        "local_bwd": lambda: local_bwd(q, k, v, g, beta, L, h_ref, dh, vn_ref, dvn, do, scale),
+    fns = {
+        "wy": lambda c: wy_fwd(k, v, g, beta, config=c),
+        "walk": lambda c: state_walk(k, w, u, g, s0, True, config=c),
+        "walk16": lambda c: state_walk(k, w, u, g, s0, True, config=c),
+        "output": lambda c: (chunk_output(q, k, g, h, vn, scale, config=c),),
+        "state_bwd": lambda c: state_bwd(q, k, w, g, do, None, scale, config=c),
+        "local_bwd": lambda c: local_bwd(q, k, v, g, beta, L, h, dh, vn, dvn, do, scale, config=c),
     }
-    for name, fn in stages.items():
-        say(f"stage {shape} {name:24s} {ms(fn):8.4f} ms")
-    for cfg in WALK_CONFIGS:
-        t0 = time.time()
-        h, vn, ht = state_walk(k, w, u, g, s0, True, config=cfg)
+    fn = fns[kernel]
+    ref = fn(TUNE[kernel][0])
+    sync()
+    for i, cfg in enumerate(TUNE[kernel]):
+        if i < skip:
+            continue
+        say(f"try {kernel} {shape} {i}")
+        got = fn(cfg)
         sync()
-        d = {n: diff(a, r)["rel_max"] for n, a, r in (("h", h, h_ref), ("vnew", vn, vn_ref), ("ht", ht, ht_ref))}
-        t = ms(lambda c=cfg: state_walk(k, w, u, g, s0, True, config=c))
-        say(f"walk {shape} bv,warps,stages={cfg} {t:8.4f} ms err {max(d.values()):.1e} ({time.time() - t0:.0f}s)")
-    for cfg in OUTPUT_CONFIGS:
-        o = chunk_output(q, k, g, h_ref, vn_ref, scale, config=cfg)
-        sync()
-        err = diff(o, o_ref)["rel_max"]
-        t = ms(lambda c=cfg: chunk_output(q, k, g, h_ref, vn_ref, scale, config=c))
-        say(f"output {shape} bv,warps,stages={cfg} {t:8.4f} ms err {err:.1e}")
+        errs = [diff(a, r) for a, r in zip(got, ref, strict=True) if a is not None]
+        err = max(e["rel_max"] for e in errs)
+        if compile_only:
+            say(f"compiled {kernel} {shape} cfg={cfg} err {err:.1e}")
+            continue
+        t = ms(lambda c=cfg: fn(c))
+        say(f"tune {kernel} {shape} cfg={cfg} {t:8.4f} ms err {err:.1e}")
     return 0
 
 
 def main() -> int:
     """check or sweep."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["check", "sweep"])
+    ap.add_argument("mode", choices=["check", "tune"])
     ap.add_argument("shape", help="B,T,H,D")
+    ap.add_argument("--kernel", choices=sorted(TUNE), help="tune: which kernel")
+    ap.add_argument("--skip", type=int, default=0, help="tune: start at this config index")
+    ap.add_argument("--compile-only", action="store_true", help="tune: launch and check each config, no timing")
     ap.add_argument("--variant", default="base", choices=sorted(VARIANTS))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fwd-only", action="store_true", help="check: skip the fwd+bwd comparison")
     args = ap.parse_args()
     if args.mode == "check":
         return check(args.shape, args.variant, args.reps, args.fwd_only)
-    return sweep(args.shape)
+    return tune(args.kernel, args.shape, args.skip, args.compile_only)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # One GPU call for triton_chunk_split (issue 15): install, then a phase.
 #
 #   bash benchmarks/gpu/split_session.sh diag    # stage-by-stage checks at the train shapes, variants and
-#                                                # compute-sanitizer where the base faults, launch sweeps
+#                                                # compute-sanitizer where the base faults
+#   bash benchmarks/gpu/split_session.sh tune    # launch-config sweep of every stage (KERNELS, TUNE_SHAPES)
 #   bash benchmarks/gpu/split_session.sh bench   # gate (quick) + check and time beside FLA (gdn_kernels.py)
 #
 # Run from the checkout root on the GPU machine; wheels are read from $DELTABENCH_WHEELS (default .whl).
@@ -30,8 +31,50 @@ diag)
             python3 benchmarks/gpu/split_debug.py check "${failed[0]}" --reps 1 --fwd-only >"$OUT/sanitizer.log" 2>&1
         grep -v "^=========     " "$OUT/sanitizer.log" | head -40
     fi
-    dbg 150 sweep 1,32768,16,128
-    dbg 120 sweep 8,4096,6,128
+    ;;
+tune)
+    # each kernel's launch configs at one shape of each class; a config that faults ends its process, and the
+    # next process starts after it
+    for kernel in ${KERNELS:-walk state_bwd output wy local_bwd}; do
+        for s in ${TUNE_SHAPES:-8,4096,6,128 1,32768,16,128}; do
+            skip=0
+            for attempt in 1 2 3; do
+                dbg 120 tune "$s" --kernel "$kernel" --skip "$skip" >/dev/null && break
+                last=$(grep "^try $kernel $s " "$OUT/diag.log" | tail -1 | awk '{print $4}')
+                echo "tune $kernel $s: config $last FAULTED or timed out"
+                skip=$((last + 1))
+            done
+        done
+    done
+    grep "^tune\|FAULT" "$OUT/diag.log"
+    ;;
+sanitize)
+    # compute-sanitizer memcheck over the split forward at a shape of each walk class (16- and 64-column)
+    for s in 1,1024,6,128 2,1024,32,128; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 4 \
+            python3 benchmarks/gpu/split_debug.py check "$s" --reps 1 --fwd-only >"$OUT/sanitizer-$s.log" 2>&1
+        echo "sanitizer $s: $(grep -c '"ok": true' "$OUT/sanitizer-$s.log") ok lines; $(grep 'ERROR SUMMARY' "$OUT/sanitizer-$s.log")"
+    done
+    ;;
+call2)
+    # v1 (walk fix) verified at the five shapes, launch sweeps and compute-sanitizer, then v1 beside FLA.
+    # Phase 1 in parallel (compiles: CPU-bound; their GPU time is not measured), phase 2 measures alone.
+    for s in "${SHAPES[@]}"; do dbg 200 check "$s" --reps 2 >/dev/null & done
+    for job in "walk16 1,32768,16,128" "state_bwd 8,4096,6,128" "state_bwd 1,32768,16,128" \
+        "wy 8,4096,6,128" "local_bwd 8,4096,6,128"; do
+        set -- $job
+        dbg 200 tune "$2" --kernel "$1" --compile-only >/dev/null &
+    done
+    bash "$0" sanitize >/dev/null 2>&1 &
+    wait
+    grep "^{" "$OUT/diag.log" | grep -v '"ok": true, "h"' | cut -c1-400
+    grep -h "ERROR SUMMARY" "$OUT"/sanitizer-*.log
+    for job in "walk16 1,32768,16,128" "state_bwd 8,4096,6,128" "state_bwd 1,32768,16,128" \
+        "wy 8,4096,6,128" "local_bwd 8,4096,6,128"; do
+        KERNELS=${job% *} TUNE_SHAPES=${job#* } bash "$0" tune >/dev/null 2>&1
+    done
+    grep "^tune\|FAULT" "$OUT/diag.log"
+    bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk --tag v1
     ;;
 bench)
     python3 benchmarks/gdn_kernels.py --gate quick --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/bench.log"

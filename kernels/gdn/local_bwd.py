@@ -171,8 +171,11 @@ def local_bwd(
     dvnew: torch.Tensor,
     do: torch.Tensor,
     scale: float,
+    config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the chunk-local backward. Returns ``(dq, dk, dv, dg, dbeta)``; dg and dbeta are fp32 [B, T, H]."""
+    """Launch the chunk-local backward. Returns ``(dq, dk, dv, dg, dbeta)``; dg and dbeta are fp32 [B, T, H].
+
+    `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts; None in the library)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -182,9 +185,10 @@ def local_bwd(
     dg = g.new_empty(B, T, H, dtype=torch.float32)
     dbeta = g.new_empty(B, T, H, dtype=torch.float32)
     BK = padded(K)
+    BV, warps, stages = config or (min(LAUNCH["block_v"], padded(V)), LAUNCH["warps"] if BK >= 128 else 4, 1)
     local_bwd_kernel[(NT, B * H)](
         q, k, v, g, beta, L, h, dh, vnew, dvnew, do, dq, dk, dv, dg, dbeta, scale, T, NT,
-        H=H, K=K, V=V, BK=BK, BV=min(LAUNCH["block_v"], padded(V)), C=CHUNK, PREC=dot_precision(q.dtype),
-        num_warps=LAUNCH["warps"] if BK >= 128 else 4, num_stages=1,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, PREC=dot_precision(q.dtype),
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dq, dk, dv, dg, dbeta

@@ -206,20 +206,22 @@ def state_bwd(
     do: torch.Tensor,
     dht: torch.Tensor | None,
     scale: float,
+    config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
-    [B, H, K, V] fp32)."""
+    [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts)."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
-    BV = _block_v(V, B * H)
     BK = padded(K)
+    BV = _block_v(V, B * H)
+    BV, warps, stages = config or (BV, _warps(BK, BV), LAUNCH["stages"])
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
-        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
+        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dh, dvnew, dh0

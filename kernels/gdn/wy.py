@@ -25,7 +25,7 @@ __all__ = ["CHUNK", "LAUNCH", "wy_fwd"]
 
 CHUNK = 64
 _SUB = 16  # row block of the blockwise inverse
-LAUNCH = {"warps": 4}  # fixed (no autotuning)
+LAUNCH = {"warps": 4, "stages": 1}  # fixed (no autotuning)
 
 
 @triton.jit
@@ -200,12 +200,17 @@ def padded(n: int) -> int:
 
 
 def wy_fwd(
-    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the WY stage.
 
     Args:
-        k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` fp32 log-decay; beta: ``[B, T, H]``.
+        k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` fp32 log-decay; beta: ``[B, T, H]``;
+            config: ``(warps, stages)`` in place of LAUNCH's (for tuning scripts; None in the library).
 
     Returns:
         ``(L, W, U)``: ``[B, T, H, 64]`` fp32 (row t holds its chunk's row of ``(I + A)^{-1}``; the upper
@@ -217,9 +222,10 @@ def wy_fwd(
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     grid = (triton.cdiv(T, CHUNK), B * H)
+    warps, stages = config or (LAUNCH["warps"], LAUNCH["stages"])
     wy_fwd_kernel[grid](
         k, v, g, beta, L, w, u, T,
         H=H, K=K, V=V, BK=padded(K), BV=padded(V), BC=_SUB, C=CHUNK, PREC=dot_precision(k.dtype),
-        num_warps=LAUNCH["warps"], num_stages=1,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return L, w, u

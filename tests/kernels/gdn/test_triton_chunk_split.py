@@ -107,13 +107,22 @@ def test_same_bits_as_triton_chunk(walk_block: int) -> None:
 
 
 def test_walk_launch_config() -> None:
-    """64-column blocks (8 warps) when they fill the machine, 16 (4 warps) otherwise; never 32 columns."""
-    assert walk.launch_config(128, 48) == (64, 8)  # 8 x 4096 x 6: 96 programs
-    assert walk.launch_config(128, 64) == (64, 8)  # 4 x 8192 x 16: 128 programs
-    assert walk.launch_config(128, 16) == (16, 4)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
-    assert walk.launch_config(20, 1000) == (16, 4)  # V under 64 (padded to 32)
-    assert walk.launch_config(48, 1000) == (64, 8)  # padded to 64, masked
-    assert all(walk.launch_config(V, n)[0] != 32 for V in (16, 32, 64, 100, 128, 256) for n in (1, 7, 64, 999))
+    """64-column blocks (8 warps) when they fill the machine, 16 (4 warps, 2 stages) otherwise."""
+    assert walk.launch_config(128, 48) == (64, 8, 1)  # 8 x 4096 x 6: 96 programs
+    assert walk.launch_config(128, 64) == (64, 8, 1)  # 4 x 8192 x 16: 128 programs
+    assert walk.launch_config(128, 16) == (16, 4, 2)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
+    assert walk.launch_config(20, 1000) == (16, 4, 2)  # V under 64 (padded to 32)
+    assert walk.launch_config(48, 1000) == (64, 8, 1)  # padded to 64, masked
+
+
+@pytest.mark.parametrize("V", [16, 20, 32, 48, 64, 100, 128, 256])
+@pytest.mark.parametrize("heads", [1, 6, 7, 16, 24, 48, 64, 999])
+def test_walk_never_launches_a_config_that_faulted_on_the_h200(V: int, heads: int) -> None:
+    """The interpreter cannot see a compiler's shared-memory fault, so the launch table is checked instead:
+    no V block of 32 columns (state.py's fault), no 16-column block in one stage (the walk's fault on the
+    H200, Triton 3.6: out-of-range shared-memory reads at the first tl.dot, garbage h, then an illegal access),
+    and only (V block, warps, stages) triples that ran clean and exact there (benchmarks/NOTES.md)."""
+    assert walk.launch_config(V, heads) in walk.H200_CLEAN
 
 
 def test_forward_only_path_matches_autograd_path() -> None:

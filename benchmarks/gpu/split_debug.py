@@ -136,6 +136,7 @@ TUNE = {  # kernel: configs, the first the reference (the launch the gated libra
     "output": [(64, 8, 1), (128, 4, 1), (128, 4, 2), (64, 4, 1), (128, 8, 1), (64, 2, 1)],
     "state_bwd": [(64, 8, 1), (16, 4, 2), (16, 2, 2), (64, 4, 2), (64, 8, 2), (16, 4, 3), (32, 4, 2)],
     "local_bwd": [(64, 8, 1), (64, 4, 1), (64, 8, 2), (128, 8, 1), (32, 8, 1), (32, 4, 1), (64, 4, 2)],
+    "local_bwd2": [(64, 8, 2, False), (64, 8, 2, True), (64, 4, 2, True), (64, 8, 1, True), (64, 4, 1, True)],
 }
 
 
@@ -155,6 +156,7 @@ def tune(kernel: str, shape: str, skip: int, compile_only: bool = False) -> int:
         "output": lambda c: (chunk_output(q, k, g, h, vn, scale, config=c),),
         "state_bwd": lambda c: state_bwd(q, k, w, g, do, None, scale, config=c),
         "local_bwd": lambda c: local_bwd(q, k, v, g, beta, L, h, dh, vn, dvn, do, scale, config=c),
+        "local_bwd2": lambda c: local_bwd(q, k, v, g, beta, L, h, dh, vn, dvn, do, scale, config=c),
     }
     fn = fns[kernel]
     ref = fn(TUNE[kernel][0])

@@ -52,8 +52,8 @@ sanitize)
     # compute-sanitizer memcheck over the split forward at a shape of each walk class (16- and 64-column)
     for s in 1,1024,6,128 2,1024,32,128; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --print-limit 4 \
-            python3 benchmarks/gpu/split_debug.py check "$s" --reps 1 --fwd-only >"$OUT/sanitizer-$s.log" 2>&1
-        echo "sanitizer $s: $(grep -c '"ok": true' "$OUT/sanitizer-$s.log") ok lines; $(grep 'ERROR SUMMARY' "$OUT/sanitizer-$s.log")"
+            python3 benchmarks/gpu/split_debug.py check "$s" --reps 1 --fwd-only >"$OUT/sanitizer-${s//,/x}.log" 2>&1
+        echo "sanitizer $s: $(grep -c '"ok": true' "$OUT/sanitizer-${s//,/x}.log") ok lines; $(grep 'ERROR SUMMARY' "$OUT/sanitizer-${s//,/x}.log")"
     done
     ;;
 call2)
@@ -75,6 +75,22 @@ call2)
     done
     grep "^tune\|FAULT" "$OUT/diag.log"
     bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk --tag v1
+    ;;
+call3)
+    # v2 (tuned launches) gated and sanitised, local_bwd's two-launch variant swept, then both beside FLA.
+    python3 benchmarks/gdn_kernels.py --gate-only quick >"$OUT/gate.log" 2>&1 &
+    for s in "${SHAPES[@]}"; do dbg 150 check "$s" --reps 1 >/dev/null & done
+    for s in 8,4096,6,128 1,32768,16,128; do dbg 150 tune "$s" --kernel local_bwd2 --compile-only >/dev/null & done
+    for s in 1,1024,6,128 2,1024,32,128; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --print-limit 4 \
+            python3 benchmarks/gpu/split_debug.py check "$s" --reps 1 >"$OUT/sanitizer-${s//,/x}.log" 2>&1 &
+    done
+    wait
+    grep -h "ERROR SUMMARY\|fwd+bwd ok" "$OUT"/sanitizer-*.log | cut -c1-120
+    grep "^gate\|crash" "$OUT/gate.log" | cut -c1-160
+    grep "^{" "$OUT/diag.log" | grep -v '"ok": true, "h"' | cut -c1-300
+    KERNELS=local_bwd2 TUNE_SHAPES="8,4096,6,128 1,32768,16,128" bash "$0" tune 2>&1 | grep "^tune\|FAULT"
+    bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk,split+local_bwd_in_two --tag v2
     ;;
 bench)
     python3 benchmarks/gdn_kernels.py --gate quick --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/bench.log"

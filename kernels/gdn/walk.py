@@ -37,13 +37,17 @@ __all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk"]
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
 # when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
 # V = 128 only 32 would run), which splits V finer in place of the unsound K split.
+# Measured on the H200 (benchmarks/NOTES.md, v1 and v2): at 8x4096x6 (96 programs at 64 columns) 64/4/2
+# 0.194 ms, 16/4/2 0.192, 64/8/2 0.216, 64/8/1 (the first choice) 0.255; at 1x32768x16 16/4/2 1.015 ms,
+# 16/4/3 1.007, 16/2/2 1.043, 64/4/2 1.338, 64/8/2 1.567, 64/8/1 1.858. The loads of a chunk do not depend
+# on the state, so a second stage lets Triton prefetch them a chunk ahead.
 # The 16-column block runs with 2 stages: with 1 stage (4 warps) Triton 3.6 compiles this kernel into code
 # that reads shared memory out of range on the H200 (compute-sanitizer: "Out-of-range shared or local
 # address" at the walk's first tl.dot, every block; garbage h, then an illegal memory access), at every
 # shape that picks it (1x1024x6, 4x4096x6, 1x32768x16); 16/4/2 gave bit-identical h, v_new and o to
 # state_fwd at 8x4096x6 and 1x32768x16 (benchmarks/NOTES.md, v1). Never 32 columns (state.py's fault).
 LAUNCH = {
-    "block_v": 64, "warps": 8, "stages": 1,
+    "block_v": 64, "warps": 4, "stages": 2,
     "small_block_v": 16, "small_warps": 4, "small_stages": 2,
     "min_programs": 64,
 }  # fmt: skip
@@ -102,7 +106,7 @@ def state_walk_kernel(
 
 
 def launch_config(V: int, heads: int) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences: LAUNCH's wide block (64/8/1),
+    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences: LAUNCH's wide block (64/4/2),
     or its small one (16/4/2) below V = 64 or when 64-column blocks give under ``LAUNCH["min_programs"]``
     programs (never 32 columns, never 16 columns in one stage: see LAUNCH)."""
     wide = LAUNCH["block_v"]

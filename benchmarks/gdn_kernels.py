@@ -271,13 +271,23 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-gate", action="store_true")
     ap.add_argument("--impls", default="triton_chunk,triton_chunk_split,fla_chunk", help="comma-separated, in order")
-    ap.add_argument("--gate-only", choices=["full", "quick", "t1"], help="(internal) run the gate in this process")
+    ap.add_argument(
+        "--gate-only", choices=["full", "quick", "t1", "k64", "k256"], help="(internal) run the gate in this process"
+    )
     ap.add_argument("--gate", default="full", choices=["full", "quick"], help="which gate the child runs")
     ap.add_argument("--shapes", type=int, default=len(TARGETS), help="time only the first N target shapes")
     ap.add_argument("--tag", default="v1", help="version label of the timing lines")
     args = ap.parse_args()
     if args.gate_only == "t1":
         return 0 if run_gate([(2, 1, 3, 64, 128, torch.bfloat16, "typical", False)]) else 1
+    if args.gate_only in ("k64", "k256"):  # the head sizes outside wy.TUNED_K, each case twice
+        bf = torch.bfloat16
+        if args.gate_only == "k64":
+            cases = [(2, 1, 3, 64, 128, bf, "long", True), (2, 65, 3, 64, 128, bf, "typical", True)]
+            cases += [(2, 65, 3, 64, 128, bf, "long", False), (2, 200, 3, 64, 128, bf, "long", True)]
+        else:
+            cases = [(1, 130, 2, 256, 256, bf, "long", True), (1, 70, 2, 256, 256, bf, "typical", False)]
+        return 0 if run_gate(cases + cases) else 1
     if args.gate_only == "quick":  # a short lease: few compiled variants
         bf = torch.bfloat16
         cases = [(2, T, 3, 64, 128, bf, r, True) for T in (1, 65, 1000) for r in ("typical", "long")]

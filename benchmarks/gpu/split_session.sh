@@ -92,6 +92,13 @@ call3)
     KERNELS=local_bwd2 TUNE_SHAPES="8,4096,6,128 1,32768,16,128" bash "$0" tune 2>&1 | grep "^tune\|FAULT"
     bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk,split+local_bwd_in_two --tag v2
     ;;
+gate-other-k)
+    # the oracle gate at the head sizes outside wy.TUNED_K (K = 64 and 256), two processes side by side
+    python3 benchmarks/gdn_kernels.py --gate-only k64 >"$OUT/gate-k64.log" 2>&1 &
+    python3 benchmarks/gdn_kernels.py --gate-only k256 >"$OUT/gate-k256.log" 2>&1 &
+    wait
+    grep -h "^gate\|crash" "$OUT"/gate-k*.log | cut -c1-150
+    ;;
 bench)
     python3 benchmarks/gdn_kernels.py --gate quick --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/bench.log"
     ;;

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..common.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["LAUNCH", "local_bwd"]
 
@@ -203,10 +203,10 @@ def local_bwd(
     dg = g.new_empty(B, T, H, dtype=torch.float32)
     dbeta = g.new_empty(B, T, H, dtype=torch.float32)
     BK = padded(K)
+    # the 2 stages were measured at K = 128 only (wy.TUNED_K); elsewhere the gated single stage
+    stages = LAUNCH["stages"] if BK == TUNED_K else 1
     BV, warps, stages = (
-        config[:3]
-        if config
-        else (min(LAUNCH["block_v"], padded(V)), LAUNCH["warps"] if BK >= 128 else 4, LAUNCH["stages"])
+        config[:3] if config else (min(LAUNCH["block_v"], padded(V)), LAUNCH["warps"] if BK >= 128 else 4, stages)
     )
     split = config[3] if config and len(config) > 3 else LAUNCH["split"]
     dkp = torch.empty_like(dq, dtype=torch.float32) if split else None

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..common.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
 
@@ -160,8 +160,12 @@ LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
 BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 
 
-def bwd_launch_config(V: int, heads: int) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences (see BWD_LAUNCH)."""
+def bwd_launch_config(V: int, heads: int, BK: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences (see BWD_LAUNCH), at the
+    padded head size `BK` = wy.TUNED_K; at other sizes the forward walk's gated LAUNCH config."""
+    if BK != TUNED_K:
+        BV = _block_v(V)
+        return BV, _warps(BK, BV), LAUNCH["stages"]
     wide = BWD_LAUNCH["wide"]
     if padded(V) >= wide[0] and heads * triton.cdiv(V, wide[0]) >= BWD_LAUNCH["min_programs"]:
         return wide
@@ -231,7 +235,7 @@ def state_bwd(
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
     BK = padded(K)
-    BV, warps, stages = config or bwd_launch_config(V, B * H)
+    BV, warps, stages = config or bwd_launch_config(V, B * H, BK)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,

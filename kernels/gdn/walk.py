@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..common.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk"]
 
@@ -105,10 +105,15 @@ def state_walk_kernel(
         tl.store(ht + state_off, S, mask=mkv)
 
 
-def launch_config(V: int, heads: int) -> tuple[int, int, int]:
+def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]:
     """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences: LAUNCH's wide block (64/4/2),
     or its small one (16/4/2) below V = 64 or when 64-column blocks give under ``LAUNCH["min_programs"]``
-    programs (never 32 columns, never 16 columns in one stage: see LAUNCH)."""
+    programs (never 32 columns, never 16 columns in one stage: see LAUNCH). Those were measured at the padded
+    head size `BK` = wy.TUNED_K; at other sizes the walk takes state_fwd's gated 64/8/1 (16/4/2 below V = 64)."""
+    if BK != TUNED_K:
+        return (
+            (64, 8, 1) if padded(V) >= 64 else (LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"])
+        )
     wide = LAUNCH["block_v"]
     if padded(V) >= wide and heads * triton.cdiv(V, wide) >= LAUNCH["min_programs"]:
         return wide, LAUNCH["warps"], LAUNCH["stages"]
@@ -141,7 +146,7 @@ def state_walk(
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV, warps, stages = config or launch_config(V, B * H)
+    BV, warps, stages = config or launch_config(V, B * H, padded(K))
     state_walk_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, g, initial_state, h, vnew, ht, T, NT,
         H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,

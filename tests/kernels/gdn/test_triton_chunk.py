@@ -113,3 +113,14 @@ def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setitem(local_bwd.LAUNCH, "split", True)
     test_chunk_matches_oracle(1, 65, torch.float32, "typical", True)
+
+
+def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:
+    """state_bwd's tuned classes only at K = 128 (where they were measured on the H200); at K = 64 a v2
+    config faulted there, so other sizes keep the config the GPU gate passed before."""
+    from deltabench.kernels.gdn.state import bwd_launch_config
+
+    assert bwd_launch_config(128, 6, 64) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 256) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 128) == (16, 4, 3)  # narrow: 12 programs at 64 columns
+    assert bwd_launch_config(128, 48, 128) == (64, 4, 2)  # wide: 96 programs

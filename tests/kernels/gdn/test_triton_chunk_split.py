@@ -34,7 +34,11 @@ CASES = [  # (B, T, dtype, regime, initial_state, walk V block)
 
 @pytest.fixture
 def walk_block(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> int:
-    """The walk's V block for this test (16: the default at these few heads; 64: threshold lowered to 1)."""
+    """The walk's V block for this test (16: the default at these few heads; 64: threshold lowered to 1).
+
+    The walk's tuned classes apply at the head size they were measured at (wy.TUNED_K = 128); these tests
+    run K = 32, so that size is moved to 32 here to exercise both blocks."""
+    monkeypatch.setattr(walk, "TUNED_K", 32)
     if request.param == 64:
         monkeypatch.setitem(walk.LAUNCH, "min_programs", 1)
     return request.param
@@ -80,7 +84,7 @@ def _check_against_oracle(B: int, T: int, H: int, K: int, V: int, dtype, regime:
 )
 def test_split_matches_oracle(B: int, T: int, dtype: torch.dtype, regime: str, h0: bool, walk_block: int) -> None:
     """K = 32, V = 64: the output stage takes one 64-column V block, the walk `walk_block` columns."""
-    assert walk.launch_config(64, B * 3)[0] == walk_block
+    assert walk.launch_config(64, B * 3, 32)[0] == walk_block
     _check_against_oracle(B, T, 3, 32, 64, dtype, regime, h0)
 
 
@@ -113,16 +117,19 @@ def test_walk_launch_config() -> None:
     assert walk.launch_config(128, 16) == (16, 4, 2)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
     assert walk.launch_config(20, 1000) == (16, 4, 2)  # V under 64 (padded to 32)
     assert walk.launch_config(48, 1000) == (64, 4, 2)  # padded to 64, masked
+    assert walk.launch_config(128, 16, BK=64) == (64, 8, 1)  # K = 64: state_fwd's gated config, not the tuned
+    assert walk.launch_config(32, 16, BK=256) == (16, 4, 2)
 
 
 @pytest.mark.parametrize("V", [16, 20, 32, 48, 64, 100, 128, 256])
 @pytest.mark.parametrize("heads", [1, 6, 7, 16, 24, 48, 64, 999])
-def test_walk_never_launches_a_config_that_faulted_on_the_h200(V: int, heads: int) -> None:
+@pytest.mark.parametrize("BK", [16, 64, 128, 256])
+def test_walk_never_launches_a_config_that_faulted_on_the_h200(V: int, heads: int, BK: int) -> None:
     """The interpreter cannot see a compiler's shared-memory fault, so the launch table is checked instead:
     no V block of 32 columns (state.py's fault), no 16-column block in one stage (the walk's fault on the
     H200, Triton 3.6: out-of-range shared-memory reads at the first tl.dot, garbage h, then an illegal access),
     and only (V block, warps, stages) triples that ran clean and exact there (benchmarks/NOTES.md)."""
-    assert walk.launch_config(V, heads) in walk.H200_CLEAN
+    assert walk.launch_config(V, heads, BK) in walk.H200_CLEAN
 
 
 def test_forward_only_path_matches_autograd_path() -> None:

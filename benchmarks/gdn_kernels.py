@@ -43,17 +43,9 @@ from triton.testing import do_bench
 TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024, 6, 128), (4, 4096, 6, 128)]
 
 
-def split_with_local_bwd_in_two(*args, **kwargs):
-    """triton_chunk_split with local_bwd in two launches (LAUNCH["split"]); it stays set for the rest of
-    the process, so time it after the impls that should run without it."""
-    local_bwd.LAUNCH["split"] = True
-    return chunk_gated_delta_rule_split(*args, **kwargs)
-
-
 OURS = {
     "triton_chunk": chunk_gated_delta_rule,
     "triton_chunk_split": chunk_gated_delta_rule_split,
-    "split+local_bwd_in_two": split_with_local_bwd_in_two,
 }
 # the harness's bf16 / fp32 thresholds (harness/tolerances.py), relative Frobenius error
 BOUNDS = {torch.bfloat16: {"o": 1e-2, "ht": 1e-2, "grad": 8e-3}, torch.float32: {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}}

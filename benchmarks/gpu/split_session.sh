@@ -90,7 +90,7 @@ call3)
     grep "^gate\|crash" "$OUT/gate.log" | cut -c1-160
     grep "^{" "$OUT/diag.log" | grep -v '"ok": true, "h"' | cut -c1-300
     KERNELS=local_bwd2 TUNE_SHAPES="8,4096,6,128 1,32768,16,128" bash "$0" tune 2>&1 | grep "^tune\|FAULT"
-    bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk,split+local_bwd_in_two --tag v2
+    bash "$0" bench --skip-gate --impls triton_chunk_split,triton_chunk,fla_chunk --tag v2
     ;;
 gate-other-k)
     # the oracle gate at the head sizes outside wy.TUNED_K (K = 64 and 256), two processes side by side

@@ -25,13 +25,15 @@ from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["LAUNCH", "local_bwd"]
 
-# Fixed launch settings (no autotuning): warps for K >= 128, V block of the in-kernel loop, stages.
+# Fixed launch settings (no autotuning): warps for K >= 128, V block of the in-kernel loop, stages, split.
 # Measured at 8x4096x6 on the H200 (benchmarks/NOTES.md, v2; results equal within 3e-7): 64/8/2 1.48 ms,
-# 64/8/1 (the first choice) 1.81, 64/4/1 1.81, 32/4/1 1.85, 64/4/2 2.18, 128/8/1 2.20. The kernel spills
-# (255 registers, ~380 spilled at 8 warps): the next lever is splitting it, not its launch.
-# `split`: two launches (PART 1 and 2 of the kernel), each with about half of the accumulators, at the cost
-# of dk's and dg's query-side terms written and re-read in fp32 (200 MB at 8x4096x6).
-LAUNCH = {"warps": 8, "block_v": 64, "stages": 2, "split": False}
+# 64/8/1 (the first choice) 1.81, 64/4/1 1.81, 32/4/1 1.85, 64/4/2 2.18, 128/8/1 2.20; 32/8/1 faulted.
+# `split`: two launches (PART 1 and 2 of the kernel), each with about half of the accumulators (one launch:
+# 255 registers, ~300 spilled; PART 1: 199, none), at the cost of dk's and dg's query-side terms written
+# and re-read in fp32 (200 MB at 8x4096x6): 1.29 -> 1.15 ms at 8x4096x6 and 3.34 -> 3.10 ms at 1x32768x16
+# (64/8/2). Stages and split apply at K = 128 (wy.TUNED_K) only, where they were measured; elsewhere one
+# stage, one launch: the configs the GPU gate passed at K = 64 and 256.
+LAUNCH = {"warps": 8, "block_v": 64, "stages": 2, "split": True}
 
 
 @triton.jit
@@ -203,12 +205,12 @@ def local_bwd(
     dg = g.new_empty(B, T, H, dtype=torch.float32)
     dbeta = g.new_empty(B, T, H, dtype=torch.float32)
     BK = padded(K)
-    # the 2 stages were measured at K = 128 only (wy.TUNED_K); elsewhere the gated single stage
-    stages = LAUNCH["stages"] if BK == TUNED_K else 1
+    tuned = BK == TUNED_K
+    stages = LAUNCH["stages"] if tuned else 1
     BV, warps, stages = (
         config[:3] if config else (min(LAUNCH["block_v"], padded(V)), LAUNCH["warps"] if BK >= 128 else 4, stages)
     )
-    split = config[3] if config and len(config) > 3 else LAUNCH["split"]
+    split = config[3] if config and len(config) > 3 else LAUNCH["split"] and tuned
     dkp = torch.empty_like(dq, dtype=torch.float32) if split else None
     dgp = torch.empty_like(dg) if split else None
     for part in (1, 2) if split else (0,):

@@ -108,11 +108,31 @@ def test_local_bwd_in_two_launches_matches_one(dtype: torch.dtype) -> None:
 
 
 def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole fwd+bwd with local_bwd in two launches, against the float64 oracle (fp32, h0, T = 65)."""
+    """The whole fwd+bwd with local_bwd in two launches, against the float64 oracle (fp32, h0, T = 65).
+
+    The library splits at K = 128 (wy.TUNED_K) only; this test's K = 32 is made the tuned size here."""
     from deltabench.kernels.gdn import local_bwd
 
     monkeypatch.setitem(local_bwd.LAUNCH, "split", True)
+    monkeypatch.setattr(local_bwd, "TUNED_K", 32)
+    calls = []
+    monkeypatch.setattr(local_bwd, "local_bwd_kernel", _Recorder(local_bwd.local_bwd_kernel, calls))
     test_chunk_matches_oracle(1, 65, torch.float32, "typical", True)
+    assert calls == [1, 2]  # the two launches ran, PART 1 then PART 2
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records each launch's PART, then launches the kernel."""
+
+    def __init__(self, kernel, calls: list) -> None:  # type: ignore[no-untyped-def]
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+        def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.calls.append(kwargs["PART"])
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:

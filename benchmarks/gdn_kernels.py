@@ -2,17 +2,19 @@
 
 One call does a whole cycle (the device is lent in short leases):
 
-1. gate: our chunked fwd+bwd and fused recurrent fwd against the float64 oracle (on the GPU) at awkward
-   shapes (T = 1, 63, 65, 1000; H = 3; K != V) and at the target shapes with a reduced T, bf16 and fp32,
-   both regimes, with and without initial state, random cotangents on o and the final state;
-2. time (bf16, triton.testing.do_bench median, L2 flushed): ours vs FLA 0.6.0's Triton path
-   (``FLA_FLASH_QLA=0``; its Hopper guard for the gated backward, FLA #640, bypassed: our gate does not
-   judge FLA, the timing only needs it to run), fwd and fwd+bwd, with peak memory of fwd+bwd;
-3. optional launch variants (``--variants``), each gated at a small shape before it is timed.
+1. gate (a child process): both our chunked fwd+bwd (``triton_chunk``, ``triton_chunk_split``) and the fused
+   recurrent fwd against the float64 oracle (on the GPU) at awkward shapes (T = 1, 63, 65, 1000; H = 3;
+   K != V) and at the target shapes with a reduced T, bf16 and fp32, both regimes, with and without initial
+   state, random cotangents on o and the final state;
+2. at each target shape, on fresh random bf16 inputs: each impl's o and input gradients against torch_chunk
+   in fp32 (the harness's full-shape reference), then its time (triton.testing.do_bench median, L2
+   flushed), fwd and fwd+bwd, and the peak memory of fwd+bwd; FLA 0.6.0's Triton path beside ours
+   (``FLA_FLASH_QLA=0``; its Hopper guard for the gated backward, FLA #640, bypassed: it is checked here
+   like ours); a markdown table last.
 
 Free of the harness (no pydantic on the device image). Usage::
 
-    python benchmarks/gdn_kernels.py [--out DIR] [--skip-gate] [--skip-fla] [--variants]
+    python benchmarks/gdn_kernels.py [--out DIR] [--skip-gate] [--gate quick] [--impls a,b] [--shapes N]
 """
 
 from __future__ import annotations
@@ -26,19 +28,30 @@ import time
 import traceback
 
 os.environ.setdefault("FLA_FLASH_QLA", "0")
+os.environ.setdefault("FLA_TILELANG", "0")
 
 import torch
 import triton
-from deltabench.kernels.gdn import local_bwd, state, wy
+from deltabench.kernels.gdn import local_bwd, output, state, walk, wy
 from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
+from deltabench.kernels.gdn.chunk_split import chunk_gated_delta_rule_split
 from deltabench.kernels.gdn.fused_recurrent import fused_recurrent_gated_delta_rule
+from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 from triton.testing import do_bench
 
-TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024, 6, 128)]
+TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024, 6, 128), (4, 4096, 6, 128)]
+
+
+OURS = {
+    "triton_chunk": chunk_gated_delta_rule,
+    "triton_chunk_split": chunk_gated_delta_rule_split,
+}
 # the harness's bf16 / fp32 thresholds (harness/tolerances.py), relative Frobenius error
 BOUNDS = {torch.bfloat16: {"o": 1e-2, "ht": 1e-2, "grad": 8e-3}, torch.float32: {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}}
 LOG: list[dict] = []
+GATED = ("triton_chunk", "triton_chunk_split")  # the gate runs these (each in its launch defaults)
+GATES = ("q", "k", "v", "g", "beta")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run under TRITON_INTERPRET=1
 
 
@@ -55,17 +68,15 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def gate_case(B, T, H, K, V, dtype, regime, h0, seed=0) -> dict:
-    """Our chunked fwd+bwd and recurrent fwd vs the float64 oracle at one case."""
+def gate_case(B, T, H, K, V, dtype, regime, h0, seed=0, chunk_fn=chunk_gated_delta_rule) -> dict:
+    """One of our chunked fwd+bwd (`chunk_fn`) and the recurrent fwd vs the float64 oracle at one case."""
     x = make_inputs(B, T, H, K, V, dtype=dtype, device=DEVICE, seed=seed, regime=regime, initial_state=h0)
     ours = {n: t.clone().requires_grad_(True) for n, t in x.items()}
     ref = {n: t.double().clone().requires_grad_(True) for n, t in x.items()}
     gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
     do = torch.randn(B, T, H, V, device=DEVICE, generator=gen).to(dtype)
     dht = torch.randn(B, H, K, V, device=DEVICE, generator=gen) * 0.1
-    o, ht = chunk_gated_delta_rule(
-        ours["q"], ours["k"], ours["v"], ours["g"], ours["beta"], initial_state=ours.get("initial_state")
-    )
+    o, ht = chunk_fn(ours["q"], ours["k"], ours["v"], ours["g"], ours["beta"], initial_state=ours.get("initial_state"))
     (o.float() * do.float()).sum().add((ht * dht).sum()).backward()
     ro, rht = gdn_recurrent(ref["q"], ref["k"], ref["v"], ref["g"], ref["beta"], initial_state=ref.get("initial_state"))
     (ro * do.double()).sum().add((rht * dht.double()).sum()).backward()
@@ -88,10 +99,10 @@ def gate_case(B, T, H, K, V, dtype, regime, h0, seed=0) -> dict:
 def run_gate(cases) -> bool:
     """Gate every case; print one line each; True when all pass."""
     ok = True
-    for B, T, H, K, V, dtype, regime, h0 in cases:
+    for (B, T, H, K, V, dtype, regime, h0), impl in ((c, i) for c in cases for i in GATED):
         t0 = time.time()
         try:
-            r = gate_case(B, T, H, K, V, dtype, regime, h0)
+            r = gate_case(B, T, H, K, V, dtype, regime, h0, chunk_fn=OURS[impl])
         except Exception as e:
             frames = [f"{os.path.basename(f.filename)}:{f.lineno}" for f in traceback.extract_tb(e.__traceback__)]
             say(f"crash in {' <- '.join(reversed(frames[-4:]))}")
@@ -100,11 +111,11 @@ def run_gate(cases) -> bool:
                 "fails": [f"crash {type(e).__name__}: {str(e)[:200]}"],
             }
         ok &= not r["fails"]
-        name = f"B{B}-T{T}-H{H}-K{K}-V{V}-{str(dtype)[6:]}-{regime}-h0{int(h0)}"
+        name = f"{impl} B{B}-T{T}-H{H}-K{K}-V{V}-{str(dtype)[6:]}-{regime}-h0{int(h0)}"
         worst = max(r["errs"].items(), key=lambda kv: kv[1])
         verdict = "PASS" if not r["fails"] else "FAIL " + ",".join(r["fails"])
         errs = f"worst {worst[0]}={worst[1]:.1e} o={r['errs']['o']:.1e} dk={r['errs']['dk']:.1e}"
-        say(f"gate {name:42s} {verdict} {errs} ({time.time() - t0:.1f}s)")
+        say(f"gate {name:62s} {verdict} {errs} ({time.time() - t0:.1f}s)")
         LOG.append({"gate": name, **r})
     return ok
 
@@ -118,7 +129,7 @@ def fla_fns():
     except Exception as e:
         say(f"FLA unavailable: {e!r}")
         return None
-    fla_chunk_o.TRITON_ABOVE_3_4_0 = False  # bypass FLA #640's guard (raises on Hopper with Triton 3.4-3.7.0)
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass FLA #640's guard (read only there), as kernels/external/fla.py
     return fla_chunk, fla_rec
 
 
@@ -136,14 +147,12 @@ def peak_mib(fn) -> float:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
-def time_impl(label, chunk_fn, x, do, recurrent_fn=None) -> dict:
+def time_impl(label, chunk_fn, x, do) -> dict:
     """fwd, fwd+bwd and peak memory of one impl at one shape."""
     q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
     res = {}
     with torch.no_grad():
         res["fwd"] = bench_ms(lambda: chunk_fn(q, k, v, g, beta, output_final_state=True))
-        if recurrent_fn is not None:
-            res["rec_fwd"] = bench_ms(lambda: recurrent_fn(q, k, v, g=g, beta=beta, output_final_state=True))
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, g, beta)]
 
     def fwd_bwd():
@@ -157,35 +166,75 @@ def time_impl(label, chunk_fn, x, do, recurrent_fn=None) -> dict:
     return res
 
 
-def run_timing(fla, shapes, tag="v0") -> list[dict]:
-    """Time ours (and FLA when given) at `shapes`, printing a row per shape."""
+def reference_grads(x, do) -> dict[str, torch.Tensor]:
+    """torch_chunk in fp32 (the harness's full-shape reference) on the bf16 inputs: o and every input gradient."""
+    leaves = {n: x[n].float().clone().requires_grad_(True) for n in GATES}
+    o, _ = gdn_torch_chunk(*(leaves[n] for n in GATES))
+    o.backward(do.float())
+    return {"o": o.detach(), **{"d" + n: t.grad for n, t in leaves.items()}}
+
+
+def check_impl(fn, x, do, ref) -> dict[str, float]:
+    """Relative errors of `fn`'s o and input gradients against `ref` (same inputs, same cotangent)."""
+    leaves = {n: x[n].detach().clone().requires_grad_(True) for n in GATES}
+    o, _ = fn(*(leaves[n] for n in GATES), output_final_state=True)
+    o.backward(do)
+    got = {"o": o.detach(), **{"d" + n: t.grad for n, t in leaves.items()}}
+    return {n: rel_err(got[n], ref[n].double()) for n in ref}
+
+
+def run_timing(impls: dict, shapes, tag="v1") -> list[dict]:
+    """Check (vs torch_chunk fp32, fresh random inputs) and time each impl at each shape, a line each."""
     rows = []
+    bound = BOUNDS[torch.bfloat16]
     for B, T, H, D in shapes:
-        x = make_inputs(B, T, H, D, D, dtype=torch.bfloat16, device="cuda", seed=0)
+        seed = int(time.time() * 1000) % 2**31
+        x = make_inputs(B, T, H, D, D, dtype=torch.bfloat16, device="cuda", seed=seed)
         do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-        row = {"tag": tag, "shape": (B, T, H, D)}
-
-        def ours_rec(q, k, v, g, beta, output_final_state):
-            return fused_recurrent_gated_delta_rule(q, k, v, g, beta, output_final_state=output_final_state)
-
-        with_rec = T * B <= 32768
-        row["ours"] = time_impl("ours", chunk_gated_delta_rule, x, do, ours_rec if with_rec else None)
-        if fla is not None:
-            fla_chunk, fla_rec = fla
-            row["fla"] = time_impl("fla", fla_chunk, x, do, fla_rec if with_rec and tag == "v0" else None)
-        rows.append(row)
-        LOG.append({"timing": row})
-        o, f = row["ours"], row.get("fla", {})
-        line = f"time {tag} {B},{T},{H},{D}: ours fwd {o['fwd']:.3f} fb {o['fwd+bwd']:.3f} ms {o['peak_mib']:.0f} MiB"
-        if f:
-            line += (f" | fla fwd {f['fwd']:.3f} fb {f['fwd+bwd']:.3f} ms {f['peak_mib']:.0f} MiB"
-                     f" | speedup fwd {f['fwd'] / o['fwd']:.2f}x fb {f['fwd+bwd'] / o['fwd+bwd']:.2f}x")  # fmt: skip
-        if "rec_fwd" in o:
-            line += f" | rec ours {o['rec_fwd']:.3f}" + (f" fla {f['rec_fwd']:.3f}" if "rec_fwd" in f else "")
-        say(line)
-        del x, do
+        ref = reference_grads(x, do)
+        for name, fn in impls.items():
+            t0 = time.time()
+            row = {"tag": tag, "shape": (B, T, H, D), "impl": name, "seed": seed}
+            try:
+                row["errs"] = check_impl(fn, x, do, ref)
+                fails = [n for n, e in row["errs"].items() if e > (bound["o"] if n == "o" else bound["grad"])]
+                row["verdict"] = "PASS" if not fails else "FAIL " + ",".join(fails)
+                row.update(time_impl(name, fn, x, do))
+            except Exception as e:
+                row["verdict"] = f"crash {type(e).__name__}: {str(e)[:160]}"
+                say(f"time {tag} {B},{T},{H},{D} {name}: {row['verdict']}")
+                rows.append(row)
+                LOG.append({"timing": row})
+                if "CUDA" in str(e):
+                    return rows  # the context is poisoned: nothing after this would run
+                continue
+            worst = max(row["errs"].items(), key=lambda kv: kv[1])
+            say(
+                f"time {tag} {B},{T},{H},{D} {name:20s} fwd {row['fwd']:.3f} fb {row['fwd+bwd']:.3f} ms "
+                f"{row['peak_mib']:.0f} MiB | {row['verdict']} worst {worst[0]}={worst[1]:.1e} "
+                f"({time.time() - t0:.0f}s)"
+            )
+            rows.append(row)
+            LOG.append({"timing": row})
+        del x, do, ref
         torch.cuda.empty_cache()
     return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    """Markdown table: fwd / fwd+bwd ms per shape and impl, and FLA's time over each impl's."""
+    fla = {r["shape"]: r for r in rows if r["impl"] == "fla_chunk" and "fwd" in r}
+    say("| B,T,H,D | impl | fwd ms | fwd+bwd ms | peak MiB | FLA/impl fwd | FLA/impl fwd+bwd | check |")
+    say("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "fwd" not in r:
+            say(f"| {r['shape']} | {r['impl']} | - | - | - | - | - | {r['verdict']} |")
+            continue
+        f = fla.get(r["shape"])
+        ratio = (f"{f['fwd'] / r['fwd']:.2f} | {f['fwd+bwd'] / r['fwd+bwd']:.2f}") if f else "- | -"
+        shape = ",".join(map(str, r["shape"]))
+        times = f"{r['fwd']:.3f} | {r['fwd+bwd']:.3f} | {r['peak_mib']:.0f}"
+        say(f"| {shape} | {r['impl']} | {times} | {ratio} | {r['verdict']} |")
 
 
 def kernel_resources() -> None:
@@ -193,6 +242,8 @@ def kernel_resources() -> None:
     kernels = {
         "wy_fwd": wy.wy_fwd_kernel,
         "state_fwd": state.state_fwd_kernel,
+        "state_walk": walk.state_walk_kernel,
+        "chunk_output": output.chunk_output_kernel,
         "state_bwd": state.state_bwd_kernel,
         "local_bwd": local_bwd.local_bwd_kernel,
     }
@@ -206,40 +257,39 @@ def kernel_resources() -> None:
             say(f"kernel {name}: resources unavailable ({e!r})")
 
 
-VARIANTS = {
-    "v1-seq-bv32-w4": lambda: state.LAUNCH.update(min_programs=10**9, warps=4),
-    "v2-seq-bv64-w4": lambda: state.LAUNCH.update(min_programs=0, warps=4),
-    "v3-localbwd-w4": lambda: local_bwd.LAUNCH.update(warps=4),
-}
-
-
 def main() -> int:
-    """Gate, time, write the log; exit 1 when the gate fails."""
+    """Gate, check and time, write the log; exit 1 when the gate fails."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-gate", action="store_true")
-    ap.add_argument("--skip-fla", action="store_true")
-    ap.add_argument("--variants", action="store_true")
-    ap.add_argument("--gate-only", choices=["full", "quick", "t1"], help="(internal) run the gate in this process")
+    ap.add_argument("--impls", default="triton_chunk,triton_chunk_split,fla_chunk", help="comma-separated, in order")
+    ap.add_argument(
+        "--gate-only", choices=["full", "quick", "t1", "k64", "k256"], help="(internal) run the gate in this process"
+    )
     ap.add_argument("--gate", default="full", choices=["full", "quick"], help="which gate the child runs")
     ap.add_argument("--shapes", type=int, default=len(TARGETS), help="time only the first N target shapes")
-    ap.add_argument("--stages", type=int, help="override the sequential stages' num_stages")
+    ap.add_argument("--tag", default="v1", help="version label of the timing lines")
     args = ap.parse_args()
-    if args.stages is not None:
-        state.LAUNCH["stages"] = args.stages
     if args.gate_only == "t1":
         return 0 if run_gate([(2, 1, 3, 64, 128, torch.bfloat16, "typical", False)]) else 1
+    if args.gate_only in ("k64", "k256"):  # the head sizes outside wy.TUNED_K, each case twice
+        bf = torch.bfloat16
+        if args.gate_only == "k64":
+            cases = [(2, 1, 3, 64, 128, bf, "long", True), (2, 65, 3, 64, 128, bf, "typical", True)]
+            cases += [(2, 65, 3, 64, 128, bf, "long", False), (2, 200, 3, 64, 128, bf, "long", True)]
+        else:
+            cases = [(1, 130, 2, 256, 256, bf, "long", True), (1, 70, 2, 256, 256, bf, "typical", False)]
+        return 0 if run_gate(cases + cases) else 1
     if args.gate_only == "quick":  # a short lease: few compiled variants
         bf = torch.bfloat16
         cases = [(2, T, 3, 64, 128, bf, r, True) for T in (1, 65, 1000) for r in ("typical", "long")]
-        cases += [(8, 256, 6, 128, 128, bf, "typical", False)]
+        cases += [(8, 256, 6, 128, 128, bf, "typical", False), (1, 130, 2, 256, 256, bf, "long", True)]
         return 0 if run_gate(cases) else 1
     say(f"torch {torch.__version__} triton {triton.__version__} {torch.cuda.get_device_name()}")
     ok = True
     if not args.skip_gate and args.gate_only is None:
         # in a child process: an illegal memory access would poison this process's CUDA context
-        extra = [] if args.stages is None else ["--stages", str(args.stages)]
-        ok = subprocess.run([sys.executable, __file__, "--gate-only", args.gate, *extra]).returncode == 0
+        ok = subprocess.run([sys.executable, __file__, "--gate-only", args.gate]).returncode == 0
         say(f"gate child {'PASSED' if ok else 'FAILED'}")
     if args.gate_only == "full":
         t0 = time.time()
@@ -256,24 +306,21 @@ def main() -> int:
         ok = run_gate(cases)
         say(f"gate {'PASSED' if ok else 'FAILED'} ({len(cases)} cases, {time.time() - t0:.0f}s)")
         return 0 if ok else 1
-    fla = None if args.skip_fla else fla_fns()
+    impls = {}
+    for name in args.impls.split(","):
+        if name == "fla_chunk":
+            fla = fla_fns()
+            if fla is not None:
+                impls[name] = fla[0]
+        else:
+            impls[name] = OURS[name]
     t0 = time.time()
-    run_timing(fla, TARGETS[: args.shapes])
+    rows = run_timing(impls, TARGETS[: args.shapes], tag=args.tag)
     say(f"timing done ({time.time() - t0:.0f}s)")
     kernel_resources()
-    if args.variants:
-        base = (dict(state.LAUNCH), dict(local_bwd.LAUNCH))
-        for tag, apply in VARIANTS.items():
-            state.LAUNCH.update(base[0])
-            local_bwd.LAUNCH.update(base[1])
-            apply()
-            vok = run_gate([(2, 130, 3, 128, 128, torch.bfloat16, "long", True)])
-            if vok:
-                run_timing(None, TARGETS[:3], tag=tag)
-        state.LAUNCH.update(base[0])
-        local_bwd.LAUNCH.update(base[1])
     with open(os.path.join(args.out, "gdn_kernels.json"), "w") as f:
         json.dump(LOG, f, indent=1, default=str)
+    print_table(rows)
     return 0 if ok else 1
 
 

@@ -38,7 +38,7 @@ for _name, _target, _own in (
     (
         "triton_chunk_split",
         "chunk_split:gdn_triton_chunk_split",
-        {"notes": "experimental: lever 1 of benchmarks/NOTES.md, not yet measured on a GPU"},
+        {"notes": "split forward (state walk + parallel output); H200 times in benchmarks/NOTES.md"},
     ),
     ("triton_recurrent", "fused_recurrent:gdn_triton_recurrent", {"supports_backward": False}),
 ):

@@ -21,10 +21,12 @@ from .wy import CHUNK, dot_precision, padded
 
 __all__ = ["LAUNCH", "chunk_output"]
 
-# Fixed launch settings (no autotuning): 64-column V blocks with 8 warps, 16 columns with 4 warps below
-# V = 64 (the pairs that ran clean on the H200, benchmarks/NOTES.md; never 32 columns). A V = 128 head
-# takes two programs per chunk, which re-read q and k (from L2: the two are adjacent in the grid).
-LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
+# Fixed launch settings (no autotuning): V blocks of up to 128 columns with 4 warps, 16 columns below V = 64
+# (never 32 columns: state.py's H200 fault). Measured at 8x4096x6x128 on the H200 (benchmarks/NOTES.md, v1),
+# each config's o bit-identical to state_fwd's: 128 cols / 4 warps 0.102 ms, 128 / 8 0.124, 64 / 4 0.115,
+# 64 / 8 (the first choice) 0.164; a second stage changed nothing (64 / 4 / 2: 0.115). One program per
+# chunk and head at V <= 128 also reads q and k once instead of once per V block.
+LAUNCH = {"block_v": 128, "warps": 4, "stages": 1}
 
 
 @triton.jit
@@ -69,8 +71,8 @@ def chunk_output_kernel(
 
 
 def _block_v(V: int) -> int:
-    """V block of the output stage: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
-    return LAUNCH["block_v"] if padded(V) >= 64 else 16
+    """V block of the output stage: the padded V up to LAUNCH's (128), or 16 when V is under 64 (never 32)."""
+    return min(LAUNCH["block_v"], padded(V)) if padded(V) >= 64 else 16
 
 
 def chunk_output(
@@ -80,12 +82,14 @@ def chunk_output(
     h: torch.Tensor,
     vnew: torch.Tensor,
     scale: float,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Launch the output stage.
 
     Args:
         q, k: ``[B, T, H, K]``; g: ``[B, T, H]`` fp32 log-decay; h: ``[B, NT, H, K, V]`` state at each chunk's
-            start; vnew: ``[B, T, H, V]`` (both from ``state_walk``); scale: the query scale.
+            start; vnew: ``[B, T, H, V]`` (both from ``state_walk``); scale: the query scale; config:
+            ``(V block, warps, stages)`` in place of LAUNCH's (for tuning scripts; None in the library).
 
     Returns:
         o ``[B, T, H, V]`` in v_new's dtype.
@@ -95,12 +99,15 @@ def chunk_output(
     NT = triton.cdiv(T, CHUNK)
     o = torch.empty_like(vnew)
     BV = _block_v(V)
+    warps, stages = LAUNCH["warps"], LAUNCH["stages"]
+    if config is not None:
+        BV, warps, stages = config
     NV = triton.cdiv(V, BV)
     BK = padded(K)
     # V blocks vary fastest in grid axis 0, so a chunk's programs run side by side and share q, k in L2
     chunk_output_kernel[(NT * NV, B * H)](
         q, k, g, h, vnew, o, scale, T, NT, NV,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, PREC=dot_precision(q.dtype),
-        num_warps=LAUNCH["warps"] if BV >= 64 else 4, num_stages=LAUNCH["stages"],
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o

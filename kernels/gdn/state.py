@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from ..common.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["LAUNCH", "state_bwd", "state_fwd"]
+__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
 
 
 @triton.jit
@@ -151,16 +151,34 @@ def state_bwd_kernel(
 # access in state_fwd (4 warps at K = 64; 8 warps at K = 128), so V blocks are 64 columns (8 warps), or
 # 16 (4 warps) when V is under 64; 64/8 and 16/4 ran clean. `stages` = 1: no software-pipelined loads.
 LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
+# The backward walk's (V block, warps, stages) per class of B*H, measured at 8x4096x6 and 1x32768x16
+# (benchmarks/NOTES.md, v2; each config's dh, dv_new and dh0 bit-identical to 64/8/1's):
+# - "wide" (64-column blocks give at least 64 programs, e.g. 8x4096x6: 96): 64/4/2 0.331 ms against 0.497
+#   for 64/8/1 (64/8/2 0.371, 16/4/2 0.476; 32/4/2 0.311 but 32 columns faulted in state_fwd);
+# - "narrow" (fewer, e.g. 1x32768x16: 32 programs at 64 columns, 128 at 16): 16/4/3 1.40 ms against 3.88
+#   for 64/8/1 (16/4/2 1.70, 64/4/2 2.85, 16/2/2 4.06). 16 columns never in one stage (walk.py's fault).
+BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 
 
-def _block_v(V: int, programs_per_block: int) -> int:
-    """V block of the sequential stages: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
-    del programs_per_block  # more programs (smaller blocks) would help small B*H, but see LAUNCH
+def bwd_launch_config(V: int, heads: int, BK: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences (see BWD_LAUNCH), at the
+    padded head size `BK` = wy.TUNED_K; at other sizes the forward walk's gated LAUNCH config."""
+    if BK != TUNED_K:
+        BV = _block_v(V)
+        return BV, _warps(BK, BV), LAUNCH["stages"]
+    wide = BWD_LAUNCH["wide"]
+    if padded(V) >= wide[0] and heads * triton.cdiv(V, wide[0]) >= BWD_LAUNCH["min_programs"]:
+        return wide
+    return BWD_LAUNCH["narrow"]
+
+
+def _block_v(V: int) -> int:
+    """V block of the forward walk: LAUNCH's (64), or 16 when V is under 64 (never 32: see LAUNCH)."""
     return LAUNCH["block_v"] if padded(V) >= 64 else 16
 
 
 def _warps(BK: int, BV: int) -> int:
-    """Warps of a sequential-stage program: LAUNCH's for 64-column blocks, 4 for 16-column ones."""
+    """Warps of a forward-walk program: LAUNCH's for 64-column blocks, 4 for 16-column ones."""
     return LAUNCH["warps"] if BV >= 64 else 4
 
 
@@ -187,7 +205,7 @@ def state_fwd(
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV = _block_v(V, B * H)
+    BV = _block_v(V)
     BK = padded(K)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
@@ -206,20 +224,21 @@ def state_bwd(
     do: torch.Tensor,
     dht: torch.Tensor | None,
     scale: float,
+    config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
-    [B, H, K, V] fp32)."""
+    [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts)."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
-    BV = _block_v(V, B * H)
     BK = padded(K)
+    BV, warps, stages = config or bwd_launch_config(V, B * H, BK)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
-        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
+        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dh, dvnew, dh0

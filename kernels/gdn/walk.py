@@ -30,16 +30,30 @@ import triton
 import triton.language as tl
 
 from ..common.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["LAUNCH", "launch_config", "state_walk"]
+__all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk"]
 
-# Fixed launch settings (no autotuning). The V block and warps are state.py's H200-tested pairs
-# (benchmarks/NOTES.md): 64 columns with 8 warps, or 16 columns with 4 warps; never 32 columns (illegal
-# memory access on the H200 with Triton 3.6). 16 columns are taken below V = 64, and when 64-column blocks
-# would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16, V = 128 only 32 would
-# run), which splits V finer in place of the unsound K split. One stage: no software-pipelined loads.
-LAUNCH = {"block_v": 64, "warps": 8, "small_block_v": 16, "small_warps": 4, "min_programs": 64, "stages": 1}
+# Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
+# when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
+# V = 128 only 32 would run), which splits V finer in place of the unsound K split.
+# Measured on the H200 (benchmarks/NOTES.md, v1 and v2): at 8x4096x6 (96 programs at 64 columns) 64/4/2
+# 0.194 ms, 16/4/2 0.192, 64/8/2 0.216, 64/8/1 (the first choice) 0.255; at 1x32768x16 16/4/2 1.015 ms,
+# 16/4/3 1.007, 16/2/2 1.043, 64/4/2 1.338, 64/8/2 1.567, 64/8/1 1.858. The loads of a chunk do not depend
+# on the state, so a second stage lets Triton prefetch them a chunk ahead.
+# The 16-column block runs with 2 stages: with 1 stage (4 warps) Triton 3.6 compiles this kernel into code
+# that reads shared memory out of range on the H200 (compute-sanitizer: "Out-of-range shared or local
+# address" at the walk's first tl.dot, every block; garbage h, then an illegal memory access), at every
+# shape that picks it (1x1024x6, 4x4096x6, 1x32768x16); 16/4/2 gave bit-identical h, v_new and o to
+# state_fwd at 8x4096x6 and 1x32768x16 (benchmarks/NOTES.md, v1). Never 32 columns (state.py's fault).
+LAUNCH = {
+    "block_v": 64, "warps": 4, "stages": 2,
+    "small_block_v": 16, "small_warps": 4, "small_stages": 2,
+    "min_programs": 64,
+}  # fmt: skip
+# (V block, warps, stages) that gave h, v_new and the final state bit-identical to state_fwd's on the H200
+# (8x4096x6, and 1x32768x16 for 16/4/2); launch_config may only return one of these (a CPU test checks it).
+H200_CLEAN = {(64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (16, 4, 2), (16, 4, 3), (16, 2, 2)}
 
 
 @triton.jit
@@ -91,13 +105,19 @@ def state_walk_kernel(
         tl.store(ht + state_off, S, mask=mkv)
 
 
-def launch_config(V: int, heads: int) -> tuple[int, int]:
-    """``(V block, warps)`` of the walk for `heads` = B*H sequences: 64/8, or 16/4 below V = 64 or when
-    64-column blocks give under ``LAUNCH["min_programs"]`` programs (never 32 columns: see LAUNCH)."""
+def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences: LAUNCH's wide block (64/4/2),
+    or its small one (16/4/2) below V = 64 or when 64-column blocks give under ``LAUNCH["min_programs"]``
+    programs (never 32 columns, never 16 columns in one stage: see LAUNCH). Those were measured at the padded
+    head size `BK` = wy.TUNED_K; at other sizes the walk takes state_fwd's gated 64/8/1 (16/4/2 below V = 64)."""
+    if BK != TUNED_K:
+        return (
+            (64, 8, 1) if padded(V) >= 64 else (LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"])
+        )
     wide = LAUNCH["block_v"]
     if padded(V) >= wide and heads * triton.cdiv(V, wide) >= LAUNCH["min_programs"]:
-        return wide, LAUNCH["warps"]
-    return LAUNCH["small_block_v"], LAUNCH["small_warps"]
+        return wide, LAUNCH["warps"], LAUNCH["stages"]
+    return LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"]
 
 
 def state_walk(
@@ -107,12 +127,14 @@ def state_walk(
     g: torch.Tensor,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
+    config: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the state walk.
 
     Args:
         k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
-            log-decay; initial_state: ``[B, H, K, V]`` fp32 or None.
+            log-decay; initial_state: ``[B, H, K, V]`` fp32 or None; config: ``(V block, warps, stages)`` in
+            place of ``launch_config``'s (for tuning scripts; None in the library).
 
     Returns:
         ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
@@ -124,11 +146,11 @@ def state_walk(
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV, warps = launch_config(V, B * H)
+    BV, warps, stages = config or launch_config(V, B * H, padded(K))
     state_walk_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, g, initial_state, h, vnew, ht, T, NT,
         H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
-        num_warps=warps, num_stages=LAUNCH["stages"],
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return h, vnew, ht

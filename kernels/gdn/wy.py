@@ -21,11 +21,18 @@ import triton.language as tl
 
 from ..common.mma import mma
 
-__all__ = ["CHUNK", "LAUNCH", "wy_fwd"]
+__all__ = ["CHUNK", "LAUNCH", "TUNED_K", "wy_fwd"]
 
 CHUNK = 64
 _SUB = 16  # row block of the blockwise inverse
-LAUNCH = {"warps": 4}  # fixed (no autotuning)
+# Fixed (no autotuning). 2 warps: 0.270 ms at 8x4096x6 on the H200 against 0.380 for 4 and 0.715 for 8
+# (benchmarks/NOTES.md, v2; L, W, U equal to 4 warps' within 8e-9); a second stage changed nothing.
+# Only at the head size it was measured at (TUNED_K); elsewhere 4 warps, the config gated on the H200.
+LAUNCH = {"warps": 2, "stages": 1, "untuned_warps": 4}
+# The padded head size (K) at which the v2 launch configs of every stage were swept and checked on the H200
+# (benchmarks/NOTES.md, v2). At other sizes each stage keeps the config the GPU gate passed before v2: a
+# v2 config at K = 64 faulted there (an illegal memory access in the gate's second case, Triton 3.6).
+TUNED_K = 128
 
 
 @triton.jit
@@ -200,12 +207,17 @@ def padded(n: int) -> int:
 
 
 def wy_fwd(
-    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the WY stage.
 
     Args:
-        k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` fp32 log-decay; beta: ``[B, T, H]``.
+        k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` fp32 log-decay; beta: ``[B, T, H]``;
+            config: ``(warps, stages)`` in place of LAUNCH's (for tuning scripts; None in the library).
 
     Returns:
         ``(L, W, U)``: ``[B, T, H, 64]`` fp32 (row t holds its chunk's row of ``(I + A)^{-1}``; the upper
@@ -217,9 +229,11 @@ def wy_fwd(
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     grid = (triton.cdiv(T, CHUNK), B * H)
+    tuned = padded(K) == TUNED_K
+    warps, stages = config or (LAUNCH["warps"] if tuned else LAUNCH["untuned_warps"], LAUNCH["stages"])
     wy_fwd_kernel[grid](
         k, v, g, beta, L, w, u, T,
         H=H, K=K, V=V, BK=padded(K), BV=padded(V), BC=_SUB, C=CHUNK, PREC=dot_precision(k.dtype),
-        num_warps=LAUNCH["warps"], num_stages=1,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return L, w, u

@@ -81,3 +81,66 @@ def test_through_the_verification_engine() -> None:
     report = verify_case(get_impl("gdn", "triton_chunk"), case, seeds=1, extra_seed=False)
     assert report.passed, [r for r in report.records if not r.passed]
     assert any(r.check.startswith("grad:") for r in report.records)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_local_bwd_in_two_launches_matches_one(dtype: torch.dtype) -> None:
+    """local_bwd's split (query side, then the rest, dk and dg's terms passed in fp32) gives one launch's
+    gradients up to the order of fp32 sums: same inputs, T = 130 (a partial last chunk), K != V."""
+    from deltabench.kernels.gdn.local_bwd import local_bwd
+    from deltabench.kernels.gdn.state import state_bwd, state_fwd
+    from deltabench.kernels.gdn.wy import wy_fwd
+
+    B, T, H, K, V = 1, 130, 2, 32, 64
+    x = make_inputs(B, T, H, K, V, dtype=dtype, seed=5, regime="long", initial_state=True)
+    q, k, v, beta = (x[n] for n in ("q", "k", "v", "beta"))
+    g = x["g"].float()
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3)).to(dtype)
+    L, w, u = wy_fwd(k, v, g, beta)
+    _, _, h, vnew = state_fwd(q, k, w, u, g, K**-0.5, x["initial_state"], False, True)
+    dh, dvnew, _ = state_bwd(q, k, w, g, do, None, K**-0.5)
+    args = (q, k, v, g, beta, L, h, dh, vnew, dvnew, do, K**-0.5)
+    one = local_bwd(*args, config=(64, 4, 1, False))
+    two = local_bwd(*args, config=(64, 4, 1, True))
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), one, two, strict=True):
+        assert torch.isfinite(b).all(), name
+        assert _rel(b, a.double()) < (1e-6 if dtype == torch.float32 else 1e-2), name
+
+
+def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole fwd+bwd with local_bwd in two launches, against the float64 oracle (fp32, h0, T = 65).
+
+    The library splits at K = 128 (wy.TUNED_K) only; this test's K = 32 is made the tuned size here."""
+    from deltabench.kernels.gdn import local_bwd
+
+    monkeypatch.setitem(local_bwd.LAUNCH, "split", True)
+    monkeypatch.setattr(local_bwd, "TUNED_K", 32)
+    calls = []
+    monkeypatch.setattr(local_bwd, "local_bwd_kernel", _Recorder(local_bwd.local_bwd_kernel, calls))
+    test_chunk_matches_oracle(1, 65, torch.float32, "typical", True)
+    assert calls == [1, 2]  # the two launches ran, PART 1 then PART 2
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records each launch's PART, then launches the kernel."""
+
+    def __init__(self, kernel, calls: list) -> None:  # type: ignore[no-untyped-def]
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+        def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.calls.append(kwargs["PART"])
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:
+    """state_bwd's tuned classes only at K = 128 (where they were measured on the H200); at K = 64 a v2
+    config faulted there, so other sizes keep the config the GPU gate passed before."""
+    from deltabench.kernels.gdn.state import bwd_launch_config
+
+    assert bwd_launch_config(128, 6, 64) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 256) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 128) == (16, 4, 3)  # narrow: 12 programs at 64 columns
+    assert bwd_launch_config(128, 48, 128) == (64, 4, 2)  # wide: 96 programs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for triton_chunk_split (issue 15): install, then a phase.
+# One GPU call for triton_chunk_split : install, then a phase.
 #
 #   bash benchmarks/gpu/split_session.sh diag    # stage-by-stage checks at the train shapes, variants and
 #                                                # compute-sanitizer where the base faults

@@ -390,9 +390,9 @@ def sdm_triton_chunk(
         >>> x = make_inputs(1, 200, 2, 256, 32, 8, 8, device="cuda")
         >>> y, bank = sdm_triton_chunk(**x, chunk_size=64)
     """
-    B, T, H, S, D, W, R = check_sdm_inputs(
+    S = check_sdm_inputs(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
-    )
+    )[3]
     if not 1 <= chunk_size <= 128:
         raise ValueError(f"chunk_size must be in 1..128, got {chunk_size}")
     return _SdmTritonChunk.apply(

@@ -20,7 +20,8 @@ slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``.
 Determinism: no atomics; every bank row (column slice) has exactly one writer per launch; every sum runs in a fixed
 order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
 launch configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
-Forward only: the outputs carry no gradient (:data:`SUPPORTS_BACKWARD`).
+The backward (:mod:`.triton_chunk_bwd`, the same rules) walks the chunks in reverse from what the forward keeps:
+the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,13 @@ Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it
   it also writes the column slice's share of the scalar gradients: ``dQK = G U^T``, ``dX = dU w^T``, per write entry
   ``<dM[s_e], U[t_e]>``, ``<M0[s_e], dM[s_e]>``, ``<dKdecM0[t_e], M0[s_e]>``, per read entry ``<G[t_p], M0[s_p]>``,
   per token ``<dw, v - KdecM0>``; the shares of the column slices are then added in slice order.
-- Phase 1 backward (the Gram matrices, the solve and the segmented decay scans to ``k_val, q_val, g, beta``): in
-  PyTorch, chunk by chunk, with dense pair masks and plain sums (no scatter-add), so it is deterministic too.
+- Phase 1 backward, every chunk at once (Triton, no bank): ``solve_bwd_kernel`` (``dBm = -X^T dX X^T``, then
+  ``dA`` and the solve's share of ``dbeta``), ``gram_bwd_kernel`` (per entry: the gradient of its weight and of its
+  log-decay since the chunk start, through A, QK, Z and the gathers; per write entry that of its slot's chunk total)
+  and ``decay_bwd_kernel`` (the segmented scans backward: the gradient of each write entry's log-decay).
+
+The caller (:mod:`.triton_chunk`) turns the log-decay gradients into those of g (and of k_val with key-weighted
+decay) with a sum over the W entries of each token, in PyTorch.
 
 Every row of the bank gradient has one writer per launch; no atomics; every sum has a fixed order.
 """
@@ -82,23 +87,34 @@ def sdm_chunk_backward(
         ``{"k_val": [BH, N, E], "q_val": [BH, N, P], "ld": [BH, N, E], "v": [BH, N, C, D], "beta": [BH, N, C],
         "bank": [BH, S, D]}``, all float32 (``ld``: the gradient of each write entry's log-decay).
     """
-    N = saved.s_w.shape[1]
-    full = {f.name: getattr(saved, f.name) for f in dataclasses.fields(saved)}
-    out = {
-        "k_val": torch.empty_like(saved.kv),
-        "q_val": torch.empty_like(saved.qv),
-        "ld": torch.empty_like(saved.kv),
-        "v": torch.empty_like(saved.v),
-        "beta": torch.empty_like(saved.b),
-    }
+    BH, N, E = saved.s_w.shape
+    P = saved.s_r.shape[-1]
+    dev, nd = dbank.device, triton.cdiv(dbank.shape[-1], BLOCK_D)
+    dv = torch.empty_like(saved.v)
+    sizes = {"dX": (C, C), "dQK": (C, C), "h": (E,), "mdm": (E,), "dcw": (E,), "dcr": (P,), "db": (C,)}
+    part = {name: torch.empty(BH, N, nd, *shape, device=dev) for name, shape in sizes.items()}
     for i in reversed(range(N)):
-        part = _step_backward(full, dy, dbank, C, W, R, launch, out["v"], i)
-        ch = {f.name: getattr(saved, f.name)[:, i] for f in dataclasses.fields(saved)}
-        grads = _phase1_backward(ch, part, C, W, R)
-        for name in ("k_val", "q_val", "ld", "beta"):
-            out[name][:, i] = grads[name]
-    out["bank"] = dbank
-    return out
+        _step_backward(saved, dy, dbank, W, R, launch, dv, part, i)
+    # The column slices' shares, added in slice order (a fixed reduction over a fixed-size dim).
+    sums = {name: x.sum(2) for name, x in part.items()}
+    dA, db = torch.empty_like(saved.A), torch.empty_like(saved.b)
+    solve_bwd_kernel[(BH * N,)](saved.X, sums["dX"], saved.A, saved.b, sums["db"], dA, db, C, _pow2(C), **launch)
+    dkv, dL_w, dtot, dld = (torch.empty_like(saved.kv) for _ in range(4))
+    dqv, dL_r = torch.empty_like(saved.qv), torch.empty_like(saved.qv)
+    gram_bwd_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
+        saved.s_w, saved.kv, saved.L_w, saved.L_tot, saved.s_r, saved.qv, saved.L_r, dA, sums["dQK"],
+        sums["h"], sums["mdm"], sums["dcw"], sums["dcr"], dkv, dL_w, dtot, dqv, dL_r,
+        C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **launch,
+    )  # fmt: skip
+    decay_bwd_kernel[(BH * N, triton.cdiv(E, BLOCK_ENTRIES))](
+        saved.s_w, saved.s_r, dL_w, dL_r, dtot, dld, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **launch
+    )
+    return {"k_val": dkv, "q_val": dqv, "ld": dld, "v": dv, "beta": db, "bank": dbank}
+
+
+def _pow2(n: int) -> int:
+    """The block size covering n: a power of two, at least 16 (tl.dot needs 16)."""
+    return max(16, triton.next_power_of_2(n))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,7 +200,7 @@ def step_bwd_kernel(
     u = tl.load(U + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
-    part = (st * nd + pd).to(tl.int64)  # this program's share in the partial buffers
+    part = sc * nd + pd  # this program's share in the partial buffers [BH, N, nd, ...]
     # dU = QK^T G + Z^T dM[s] over the slots' first write entries; per write entry <dM[s_e], U[t_e]>, <M0, dM>.
     du = mma(tl.trans(qk), g, "ieee")
     k_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
@@ -245,93 +261,159 @@ def step_bwd_kernel(
 
 
 def _step_backward(
-    ch: dict[str, torch.Tensor], dy: torch.Tensor, dbank: torch.Tensor, C: int, W: int, R: int, launch: dict,
-    dv: torch.Tensor, chunk: int,
-) -> dict[str, torch.Tensor]:  # fmt: skip
+    sv: Saved, dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int, launch: dict, dv: torch.Tensor,
+    part: dict[str, torch.Tensor], chunk: int,
+) -> None:  # fmt: skip
     """Chunk `chunk` of the reverse walk: rewrites `dbank` to the gradient of the chunk-start bank, writes the
-    chunk's dv into `dv`, and returns the chunk's scalar partial gradients (each summed over D in slice order)."""
-    BH, N, E = ch["s_w"].shape
-    P = ch["s_r"].shape[-1]
+    chunk's dv into `dv` and each column slice's share of its scalar gradients into `part` ``[BH, N, nd, ...]``."""
+    BH, N, E = sv.s_w.shape
+    P, C = sv.s_r.shape[-1], sv.b.shape[-1]
     S, D = dbank.shape[1:]
     dev = dbank.device
-    block_c = max(16, triton.next_power_of_2(C))
-    nd = triton.cdiv(D, BLOCK_D)
+    block_c = _pow2(C)
     rep = torch.empty(BH, E + P, device=dev, dtype=torch.int32)
     ltot = torch.empty(BH, E + P, device=dev)
     Gk, Gq = (torch.empty(BH, E + P, C, device=dev) for _ in range(2))
     gather_weights_kernel[(BH, triton.cdiv(E + P, BLOCK_ENTRIES))](
-        ch["s_w"], ch["kv"], ch["L_w"], ch["ld"], ch["s_r"], ch["qv"], ch["L_r"], rep, ltot, Gk, Gq, chunk, N,
+        sv.s_w, sv.kv, sv.L_w, sv.ld, sv.s_r, sv.qv, sv.L_r, rep, ltot, Gk, Gq, chunk, N,
         C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
     )  # fmt: skip
-    part = {
-        "dX": torch.empty(BH, nd, C, C, device=dev),
-        "dQK": torch.empty(BH, nd, C, C, device=dev),
-        "h": torch.empty(BH, nd, E, device=dev),
-        "mdm": torch.empty(BH, nd, E, device=dev),
-        "dcw": torch.empty(BH, nd, E, device=dev),
-        "dcr": torch.empty(BH, nd, P, device=dev),
-        "db": torch.empty(BH, nd, C, device=dev),
-    }
-    step_bwd_kernel[(BH, nd)](
-        dbank, ch["s_w"], ch["kv"], ch["L_w"], ch["first"], ch["s_r"], ch["v"], ch["b"], ch["X"], ch["QK"], ch["Z"],
-        ch["U"], ch["rows_w"], ch["rows_r"], dy, rep, ltot, Gk, Gq, dv,
+    step_bwd_kernel[(BH, triton.cdiv(D, BLOCK_D))](
+        dbank, sv.s_w, sv.kv, sv.L_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, sv.Z,
+        sv.U, sv.rows_w, sv.rows_r, dy, rep, ltot, Gk, Gq, dv,
         part["dX"], part["dQK"], part["h"], part["mdm"], part["dcw"], part["dcr"], part["db"], chunk, N,
-        S, D, C, E, P, W, R, BLOCK_ENTRIES, block_c, max(16, triton.next_power_of_2(BLOCK_D)), **launch,
+        S, D, C, E, P, W, R, BLOCK_ENTRIES, block_c, _pow2(BLOCK_D), **launch,
     )  # fmt: skip
-    # The column slices' shares, added in slice order (a fixed reduction over a fixed-size dim).
-    return {name: x.sum(1) for name, x in part.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Phase 1 backward (no bank): PyTorch
+# Phase 1 backward (no bank), every chunk at once: Triton
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _phase1_backward(
-    ch: dict[str, torch.Tensor], part: dict[str, torch.Tensor], C: int, W: int, R: int
-) -> dict[str, torch.Tensor]:
-    """From one chunk's partial gradients to those of ``k_val, q_val, beta`` and each write entry's log-decay."""
-    E, P = ch["s_w"].shape[-1], ch["s_r"].shape[-1]
-    dev = ch["kv"].device
-    s_w, s_r, kv, qv, L_w, L_r, L_tot = (ch[n] for n in ("s_w", "s_r", "kv", "qv", "L_w", "L_r", "L_tot"))
-    b, A, X = ch["b"], ch["A"], ch["X"]
-    tok_w = torch.arange(E, device=dev) // W
-    tok_r = torch.arange(P, device=dev) // R
-    # The solve: X = (I + Bm)^-1 with Bm = tril(beta A, -1), so dBm = -X^T dX X^T on the strictly lower part.
-    lower = torch.ones(C, C, dtype=torch.bool, device=dev).tril(-1)
-    dBm = -(X.transpose(-1, -2) @ part["dX"] @ X.transpose(-1, -2)) * lower
-    dA = b[..., None] * dBm
-    db = part["db"] + (dBm * A).sum(-1)
-    # A[t, t'] = sum over same-slot write pairs (e in t, f in t', t' < t) of kv_e kv_f exp(L_e - L_f).
-    same_ww = s_w[..., :, None] == s_w[..., None, :]
-    m_a = same_ww & (tok_w[:, None] > tok_w[None, :])
-    e_a = torch.where(m_a, L_w[..., :, None] - L_w[..., None, :], 0.0).exp() * m_a
-    da = dA[:, tok_w][:, :, tok_w] * e_a  # [BH, E(e), E(f)]
-    g_a = da * kv[..., :, None] * kv[..., None, :]
-    dkv = (da * kv[..., None, :]).sum(-1) + (da * kv[..., :, None]).sum(-2)
-    dL_w = g_a.sum(-1) - g_a.sum(-2)
-    # QK[t, t'] = sum over same-slot (read p in t, write f in t', t' <= t) of qv_p kv_f exp(L_p - L_f).
-    m_q = (s_r[..., :, None] == s_w[..., None, :]) & (tok_r[:, None] >= tok_w[None, :])
-    e_q = torch.where(m_q, L_r[..., :, None] - L_w[..., None, :], 0.0).exp() * m_q
-    dq = part["dQK"][:, tok_r][:, :, tok_w] * e_q  # [BH, P, E]
-    g_q = dq * qv[..., :, None] * kv[..., None, :]
-    dqv = (dq * kv[..., None, :]).sum(-1)
-    dL_r = g_q.sum(-1)
-    dkv = dkv + (dq * qv[..., :, None]).sum(-2)
-    dL_w = dL_w - g_q.sum(-2)
-    # Z: write f adds kv_f exp(L_tot - L_f) U[t_f] to its slot's new row.
-    ez = (L_tot - L_w).exp()
-    dkv = dkv + ez * part["h"]
-    zterm = kv * ez * part["h"]
-    dL_w = dL_w - zterm
-    d_tot = L_tot.exp() * part["mdm"] + (same_ww * zterm[..., None, :]).sum(-1)  # the same for a slot's entries
-    # The gathers Kdec M0 and Qdec M0.
-    dkv = dkv + part["dcw"] * L_w.exp()
-    dL_w = dL_w + part["dcw"] * kv * L_w.exp()
-    dqv = dqv + part["dcr"] * L_r.exp()
-    dL_r = dL_r + part["dcr"] * qv * L_r.exp()
-    # The segmented scans: L_e sums ld_f over same-slot writes f with t_f <= t_e; L_tot over all of them.
-    later_w = same_ww & (tok_w[:, None] >= tok_w[None, :])  # [e, f]
-    later_r = (s_r[..., :, None] == s_w[..., None, :]) & (tok_r[:, None] >= tok_w[None, :])  # [p, f]
-    dld = (later_w * dL_w[..., :, None]).sum(-2) + (later_r * dL_r[..., :, None]).sum(-2) + d_tot
-    return {"k_val": dkv, "q_val": dqv, "ld": dld, "beta": db}
+@triton.jit
+def solve_bwd_kernel(X, dX, A, beta, db_direct, dA, db, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program per stream-chunk: with ``X = (I + Bm)^-1``, ``Bm = tril(beta A, -1)``: ``dBm = -X^T dX X^T``
+    (strictly lower), ``dA = beta dBm`` and ``dbeta = dbeta_direct + sum_t' dBm[t, t'] A[t, t']``."""
+    sc = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK_C)
+    mr = r < C
+    m2 = mr[:, None] & mr[None, :]
+    off = (sc * C + r)[:, None] * C + r[None, :]
+    x = tl.load(X + off, mask=m2, other=0.0)
+    dx = tl.load(dX + off, mask=m2, other=0.0)
+    a = tl.load(A + off, mask=m2, other=0.0)
+    b = tl.load(beta + sc * C + r, mask=mr, other=0.0)
+    dbm = -mma(mma(tl.trans(x), dx, "ieee"), tl.trans(x), "ieee")
+    dbm = tl.where(r[None, :] < r[:, None], dbm, 0.0)
+    tl.store(dA + off, b[:, None] * dbm, mask=m2)
+    direct = tl.load(db_direct + sc * C + r, mask=mr, other=0.0)
+    tl.store(db + sc * C + r, direct + tl.sum(dbm * a, axis=1), mask=mr)
+
+
+@triton.jit
+def gram_bwd_kernel(
+    slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, dA, dQK, h, mdm, dcw, dcr, dkv, dL_w, dtot, dqv, dL_r,
+    C: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+    BLOCK_ROW: tl.constexpr, BLOCK_COL: tl.constexpr,
+):  # fmt: skip
+    """One program per (stream-chunk, block of rows), rows the chunk's write entries then its read entries: the
+    gradient of each entry's weight and of its log-decay since the chunk start (through A, QK, Z and the gathers),
+    and for a write entry the gradient of its slot's chunk total (the same for every entry of the slot)."""
+    sc = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1) * BLOCK_ROW + tl.arange(0, BLOCK_ROW)
+    is_w = row < E
+    is_r = (row >= E) & (row < E + P)
+    rw = tl.where(is_w, row, 0)
+    rr = tl.where(is_r, row - E, 0)
+    s_row = tl.where(is_w, tl.load(slot_w + sc * E + rw, mask=is_w, other=-1), -1)
+    s_row = tl.where(is_r, tl.load(slot_r + sc * P + rr, mask=is_r, other=-1), s_row)
+    t_row = tl.where(is_w, rw // W, rr // R)
+    val = tl.where(is_w, tl.load(k_val + sc * E + rw, mask=is_w, other=0.0), 0.0)
+    val = tl.where(is_r, tl.load(q_val + sc * P + rr, mask=is_r, other=0.0), val)
+    L_row = tl.where(is_w, tl.load(L_w + sc * E + rw, mask=is_w, other=0.0), 0.0)
+    L_row = tl.where(is_r, tl.load(L_r + sc * P + rr, mask=is_r, other=0.0), L_row)
+    t_row_c = tl.minimum(t_row, C - 1)
+    d_val = tl.zeros([BLOCK_ROW], dtype=tl.float32)  # sum of d(pair weight) * the other entry's weight
+    d_L = tl.zeros([BLOCK_ROW], dtype=tl.float32)
+    zsum = tl.zeros([BLOCK_ROW], dtype=tl.float32)
+    for f0 in range(0, E, BLOCK_COL):
+        f = f0 + tl.arange(0, BLOCK_COL)
+        mf = f < E
+        s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
+        kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
+        L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
+        zt_f = kv_f * tl.exp(tl.load(L_tot + sc * E + f, mask=mf, other=0.0) - L_f)
+        zt_f = zt_f * tl.load(h + sc * E + f, mask=mf, other=0.0)
+        t_f = f // W
+        match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
+        # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
+        earlier = match & is_w[:, None] & (t_f[None, :] < t_row[:, None])  # A[t_row, t_f]
+        later = match & is_w[:, None] & (t_f[None, :] > t_row[:, None])  # A[t_f, t_row]
+        read = match & is_r[:, None] & (t_f[None, :] <= t_row[:, None])  # QK[t_row, t_f]
+        g_e = tl.load(dA + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=earlier, other=0.0)
+        g_l = tl.load(dA + (sc * C + t_f)[None, :] * C + t_row_c[:, None], mask=later, other=0.0)
+        g_r = tl.load(dQK + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=read, other=0.0)
+        ex = tl.exp(tl.where(earlier | read, L_row[:, None] - L_f[None, :], 0.0))
+        ex_l = tl.exp(tl.where(later, L_f[None, :] - L_row[:, None], 0.0))
+        plus = tl.sum(tl.where(earlier | read, (g_e + g_r) * ex * kv_f[None, :], 0.0), axis=1)
+        minus = tl.sum(tl.where(later, g_l * ex_l * kv_f[None, :], 0.0), axis=1)
+        d_val += plus + minus
+        d_L += val * (plus - minus)
+        zsum += tl.sum(tl.where(match & is_w[:, None], zt_f[None, :], 0.0), axis=1)
+    for p0 in range(0, P, BLOCK_COL):
+        p = p0 + tl.arange(0, BLOCK_COL)
+        mp = p < P
+        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=-2)
+        qv_p = tl.load(q_val + sc * P + p, mask=mp, other=0.0)
+        L_p = tl.load(L_r + sc * P + p, mask=mp, other=0.0)
+        t_p = p // R
+        seen = (s_row[:, None] == s_p[None, :]) & mp[None, :] & is_w[:, None] & (t_p[None, :] >= t_row[:, None])
+        g_q = tl.load(dQK + (sc * C + t_p)[None, :] * C + t_row_c[:, None], mask=seen, other=0.0)
+        ex = tl.exp(tl.where(seen, L_p[None, :] - L_row[:, None], 0.0))
+        minus = tl.sum(tl.where(seen, g_q * ex * qv_p[None, :], 0.0), axis=1)
+        d_val += minus
+        d_L -= val * minus
+    # The entry's own terms: its gather of the chunk-start bank, and (writes) its share of its slot's new row.
+    dc = tl.where(is_w, tl.load(dcw + sc * E + rw, mask=is_w, other=0.0), 0.0)
+    dc = tl.where(is_r, tl.load(dcr + sc * P + rr, mask=is_r, other=0.0), dc)
+    Lt = tl.load(L_tot + sc * E + rw, mask=is_w, other=0.0)
+    zt = tl.where(is_w, tl.exp(Lt - L_row) * tl.load(h + sc * E + rw, mask=is_w, other=0.0), 0.0)
+    d_val += zt + dc * tl.exp(L_row)
+    d_L += val * (dc * tl.exp(L_row) - zt)
+    tl.store(dkv + sc * E + rw, d_val, mask=is_w)
+    tl.store(dL_w + sc * E + rw, d_L, mask=is_w)
+    tl.store(dtot + sc * E + rw, tl.exp(Lt) * tl.load(mdm + sc * E + rw, mask=is_w, other=0.0) + zsum, mask=is_w)
+    tl.store(dqv + sc * P + rr, d_val, mask=is_r)
+    tl.store(dL_r + sc * P + rr, d_L, mask=is_r)
+
+
+@triton.jit
+def decay_bwd_kernel(
+    slot_w, slot_r, dL_w, dL_r, dtot, dld,
+    E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+    BLOCK_ROW: tl.constexpr, BLOCK_COL: tl.constexpr,
+):  # fmt: skip
+    """One program per (stream-chunk, block of write entries f): the gradient of f's log-decay, which the segmented
+    scans add to every same-slot entry of its token or later and to its slot's chunk total."""
+    sc = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_ROW + tl.arange(0, BLOCK_ROW)
+    mf = f < E
+    s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-1)
+    t_f = f // W
+    acc = tl.load(dtot + sc * E + f, mask=mf, other=0.0)
+    for e0 in range(0, E, BLOCK_COL):
+        e = e0 + tl.arange(0, BLOCK_COL)
+        me = e < E
+        s_e = tl.load(slot_w + sc * E + e, mask=me, other=-2)
+        d_e = tl.load(dL_w + sc * E + e, mask=me, other=0.0)
+        hit = (s_f[:, None] == s_e[None, :]) & me[None, :] & ((e // W)[None, :] >= t_f[:, None])
+        acc += tl.sum(tl.where(hit, d_e[None, :], 0.0), axis=1)
+    for p0 in range(0, P, BLOCK_COL):
+        p = p0 + tl.arange(0, BLOCK_COL)
+        mp = p < P
+        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=-2)
+        d_p = tl.load(dL_r + sc * P + p, mask=mp, other=0.0)
+        hit = (s_f[:, None] == s_p[None, :]) & mp[None, :] & ((p // R)[None, :] >= t_f[:, None])
+        acc += tl.sum(tl.where(hit, d_p[None, :], 0.0), axis=1)
+    tl.store(dld + sc * E + f, acc, mask=mf)

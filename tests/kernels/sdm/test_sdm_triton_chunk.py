@@ -149,35 +149,40 @@ def test_no_gradient_needed_keeps_nothing() -> None:
     assert not y.requires_grad and not bank.requires_grad
 
 
-class _AfterLaunch:
-    """A Triton kernel whose launches run as usual and then apply `edit` to the launch's arguments."""
+class _Edited:
+    """A Triton kernel whose launches apply `edit` to the launch's arguments, before or after it runs."""
 
-    def __init__(self, kernel, edit) -> None:
-        self.kernel, self.edit = kernel, edit
+    def __init__(self, kernel, edit, before: bool) -> None:
+        self.kernel, self.edit, self.before = kernel, edit, before
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
+            if self.before:
+                self.edit(args)
             self.kernel[grid](*args, **kwargs)
-            self.edit(args)
+            if not self.before:
+                self.edit(args)
 
         return launch
 
 
-MUTANTS = {
+MUTANTS = {  # (kernel, edit of its arguments, before the launch)
     # The carried bank gradient misses the chunk's decay of its row (exp(L_total) taken as 1).
-    "no-decay-on-carried-bank-grad": ("gather_weights_kernel", lambda args: args[8].zero_()),
+    "no-decay-on-carried-bank-grad": ("gather_weights_kernel", lambda args: args[8].zero_(), False),
     # The gradient through each write's share of its slot's new row (<dM[s_e], U[t_e]>) is dropped.
-    "no-new-row-share": ("step_bwd_kernel", lambda args: args[22].zero_()),
+    "no-new-row-share": ("step_bwd_kernel", lambda args: args[22].zero_(), False),
     # The gradient of each read's gather of the chunk-start bank (<G[t_p], M0[s_p]>) is dropped.
-    "no-read-gather": ("step_bwd_kernel", lambda args: args[25].zero_()),
+    "no-read-gather": ("step_bwd_kernel", lambda args: args[25].zero_(), False),
+    # The segmented scans' backward forgets the slot's chunk total (its decay of the slot's new row).
+    "no-slot-total-in-scan": ("decay_bwd_kernel", lambda args: args[4].zero_(), True),
 }
 
 
 @pytest.mark.parametrize("bad", list(MUTANTS))
 def test_backward_mutants_are_rejected(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each planted bug in the backward moves some gradient far past the bound the real backward meets."""
-    name, edit = MUTANTS[bad]
-    monkeypatch.setattr(bwd_module, name, _AfterLaunch(getattr(bwd_module, name), edit))
+    name, edit, before = MUTANTS[bad]
+    monkeypatch.setattr(bwd_module, name, _Edited(getattr(bwd_module, name), edit, before))
     x = make_inputs(1, 19, 1, 10, 4, 3, 2, seed=5, regime="collisions", initial_bank=True)
     ref = run_with_grads(sdm_recurrent, x, torch.float64)
     errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), ref)

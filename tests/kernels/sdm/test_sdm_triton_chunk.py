@@ -70,21 +70,24 @@ def test_dense_limit_is_gdn() -> None:
 
 _FRESH_PROCESS = """
 import sys, torch
+sys.path.insert(0, sys.argv[2])
 from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs
+from test_sdm_torch import run_with_grads
 x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
-torch.save(sdm_triton_chunk(**x, chunk_size=8), sys.argv[1])
+torch.save(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), sys.argv[1])
 """
 
 
 def test_bitwise_the_same_in_a_fresh_process(tmp_path: Path) -> None:
-    """Another Python process computes the same bits as this one."""
+    """Another Python process computes the same bits as this one: outputs and every gradient."""
     out = tmp_path / "fresh.pt"
-    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(out)], check=True, timeout=300)
+    here_dir = str(Path(__file__).parent)
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(out), here_dir], check=True, timeout=300)
     x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
-    here = sdm_triton_chunk(**x, chunk_size=8)
+    here = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8)
     there = torch.load(out)
-    assert all(torch.equal(a, b) for a, b in zip(here, there, strict=True))
+    assert here.keys() == there.keys() and all(torch.equal(here[n], there[n]) for n in here)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ...references.sdm import check_sdm_inputs, first_write_mask
 from ..common.mma import mma
-from .triton_chunk_bwd import Saved, sdm_chunk_backward
+from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
 
@@ -332,9 +332,9 @@ class _SdmTritonChunk(torch.autograd.Function):
             dkv = _unstream(gr["k_val"], B, H, T, W)
             if key_weighted:
                 dkv = dkv + g.float()[..., None] * dld
-                dg = (dld * k_val.float()).sum(-1)
+                dg = sum_in_order(dld * k_val.float(), -1)
             else:
-                dg = dld.sum(-1)
+                dg = sum_in_order(dld, -1)
             grads = (
                 dkv,
                 _unstream(gr["q_val"], B, H, T, R),

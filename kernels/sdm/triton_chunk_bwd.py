@@ -14,7 +14,8 @@ Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it
   gather weights of the slot's entries per token, written by its representative entry ``j``: one writer per row);
   it also writes the column slice's share of the scalar gradients: ``dQK = G U^T``, ``dX = dU w^T``, per write entry
   ``<dM[s_e], U[t_e]>``, ``<M0[s_e], dM[s_e]>``, ``<dKdecM0[t_e], M0[s_e]>``, per read entry ``<G[t_p], M0[s_p]>``,
-  per token ``<dw, v - KdecM0>``; the shares of the column slices are then added in slice order.
+  per token ``<dw, v - KdecM0>``; the shares of the column slices are then added in slice order
+  (:func:`sum_in_order`).
 - Phase 1 backward, every chunk at once (Triton, no bank): ``solve_bwd_kernel`` (``dBm = -X^T dX X^T``, then
   ``dA`` and the solve's share of ``dbeta``), ``gram_bwd_kernel`` (per entry: the gradient of its weight and of its
   log-decay since the chunk start, through A, QK, Z and the gathers; per write entry that of its slot's chunk total)
@@ -36,7 +37,7 @@ import triton.language as tl
 
 from ..common.mma import mma
 
-__all__ = ["BLOCK_D", "BLOCK_ENTRIES", "Saved", "sdm_chunk_backward"]
+__all__ = ["BLOCK_D", "BLOCK_ENTRIES", "Saved", "sdm_chunk_backward", "sum_in_order"]
 
 BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
 BLOCK_D = 32  # bank columns per program of the reverse walk
@@ -95,8 +96,7 @@ def sdm_chunk_backward(
     part = {name: torch.empty(BH, N, nd, *shape, device=dev) for name, shape in sizes.items()}
     for i in reversed(range(N)):
         _step_backward(saved, dy, dbank, W, R, launch, dv, part, i)
-    # The column slices' shares, added in slice order (a fixed reduction over a fixed-size dim).
-    sums = {name: x.sum(2) for name, x in part.items()}
+    sums = {name: sum_in_order(x, 2) for name, x in part.items()}
     dA, db = torch.empty_like(saved.A), torch.empty_like(saved.b)
     solve_bwd_kernel[(BH * N,)](saved.X, sums["dX"], saved.A, saved.b, sums["db"], dA, db, C, _pow2(C), **launch)
     dkv, dL_w, dtot, dld = (torch.empty_like(saved.kv) for _ in range(4))
@@ -110,6 +110,15 @@ def sdm_chunk_backward(
         saved.s_w, saved.s_r, dL_w, dL_r, dtot, dld, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **launch
     )
     return {"k_val": dkv, "q_val": dqv, "ld": dld, "v": dv, "beta": db, "bank": dbank}
+
+
+def sum_in_order(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The sum of `x` over `dim`, adding the slices one after another from index 0 (elementwise adds only: the same
+    order and the same bits on every device and call)."""
+    acc = x.select(dim, 0).clone()
+    for k in range(1, x.shape[dim]):
+        acc += x.select(dim, k)
+    return acc
 
 
 def _pow2(n: int) -> int:

@@ -123,7 +123,7 @@ def gram_kernel(
         a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
         zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
         pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
-        z_rows += tl.sum(pz[:, :, None] * to_token[None, :, :], axis=1)
+        z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
         mr = (s_p[:, None] == s_f[None, :]) & mm[:, None] & mf[None, :] & (t_f[None, :] <= t)
         rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
         pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)

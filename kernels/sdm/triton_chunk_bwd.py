@@ -164,8 +164,8 @@ def gather_weights_kernel(
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
         tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
         earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
-        to_token = ((f // W)[:, None] == c[None, :]) & mf[:, None]
-        gk += tl.sum(tl.where(match, wt[None, :], 0.0)[:, :, None] * to_token.to(tl.float32)[None, :, :], axis=1)
+        to_token = (((f // W)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # 0/1: exact products
+        gk += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
     for f0 in range(0, P, BLOCK_COL):
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < P
@@ -173,8 +173,8 @@ def gather_weights_kernel(
         wt = tl.load(q_val + sc * P + f, mask=mf, other=0.0) * tl.exp(tl.load(L_r + sc * P + f, mask=mf, other=0.0))
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
         earlier += tl.sum((match & (E + f[None, :] < row[:, None])).to(tl.int32), axis=1)
-        to_token = ((f // R)[:, None] == c[None, :]) & mf[:, None]
-        gq += tl.sum(tl.where(match, wt[None, :], 0.0)[:, :, None] * to_token.to(tl.float32)[None, :, :], axis=1)
+        to_token = (((f // R)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)
+        gq += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
     mrow = is_w | is_r
     out = st * (E + P) + row
     tl.store(rep + out, (earlier == 0).to(tl.int32), mask=mrow)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from ...references.sdm import check_sdm_inputs, first_write_mask
 from ..common.mma import mma
@@ -316,6 +317,7 @@ class _SdmTritonChunk(torch.autograd.Function):
         return out, bank.reshape(B, H, S, D)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, dbank):  # type: ignore[override]
         B, T, H, S, D, W, R, C, key_weighted = ctx.meta
         k_val, g = ctx.saved_tensors

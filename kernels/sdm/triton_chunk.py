@@ -20,7 +20,8 @@ slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``.
 Determinism: no atomics; every bank row (column slice) has exactly one writer per launch; every sum runs in a fixed
 order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
 launch configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
-Forward only: the outputs carry no gradient (:data:`SUPPORTS_BACKWARD`).
+The backward (:mod:`.triton_chunk_bwd`, the same rules) walks the chunks in reverse from what the forward keeps:
+the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from ...references.sdm import check_sdm_inputs, first_write_mask
 from ..common.mma import mma
+from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
 
 LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every call runs the same programs
-SUPPORTS_BACKWARD = False
+SUPPORTS_BACKWARD = True
 _BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
 _BLOCK_D = 32  # bank columns per step program
 
@@ -121,7 +124,7 @@ def gram_kernel(
         a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
         zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
         pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
-        z_rows += tl.sum(pz[:, :, None] * to_token[None, :, :], axis=1)
+        z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
         mr = (s_p[:, None] == s_f[None, :]) & mm[:, None] & mf[None, :] & (t_f[None, :] <= t)
         rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
         pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
@@ -151,12 +154,14 @@ def solve_kernel(A, beta, X, C: tl.constexpr, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def step_kernel(
-    bank, slot_w, k_val, L_w, L_tot, first, slot_r, q_val, L_r, v, beta, X, QK, Z, y, chunk, N,
+    bank, slot_w, k_val, L_w, L_tot, first, slot_r, q_val, L_r, v, beta, X, QK, Z, y, rows_w, rows_r, u_out,
+    chunk, N,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
     W: tl.constexpr, R: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
 ):  # fmt: skip
-    """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows."""
+    """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows.
+    With SAVE, also keep the gathered chunk-start rows and U for the backward."""
     st = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mcol = col < D
@@ -171,6 +176,8 @@ def step_kernel(
         s_e = tl.load(slot_w + sc * E + e, mask=me, other=0)
         wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
         rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
+        if SAVE:
+            tl.store(rows_w + (sc * E + e)[:, None] * D + col[None, :], rows, mask=me[:, None] & mcol[None, :])
         gather = tl.where(((e // W)[None, :] == c[:, None]) & me[None, :], wt[None, :], 0.0)  # [BLOCK_C, BLOCK_E]
         k_m0 += mma(gather, rows, "ieee")
     q_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
@@ -180,6 +187,8 @@ def step_kernel(
         s_p = tl.load(slot_r + sc * P + p, mask=mp, other=0)
         wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
         rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
+        if SAVE:
+            tl.store(rows_r + (sc * P + p)[:, None] * D + col[None, :], rows, mask=mp[:, None] & mcol[None, :])
         gather = tl.where(((p // R)[None, :] == c[:, None]) & mp[None, :], wt[None, :], 0.0)
         q_m0 += mma(gather, rows, "ieee")
     m2 = mc[:, None] & mcol[None, :]
@@ -188,6 +197,8 @@ def step_kernel(
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
     u = mma(x, b_c[:, None] * (v_c - k_m0), "ieee")
+    if SAVE:
+        tl.store(u_out + (sc * C + c)[:, None] * D + col[None, :], u, mask=m2)
     tl.store(y + (sc * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
     # Every gather above must be done before any row is rewritten.
     tl.debug_barrier()
@@ -209,6 +220,138 @@ def _streams(x: torch.Tensor, N: int, C: int) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B * H, N, C * n).contiguous()
 
 
+def _unstream(x: torch.Tensor, B: int, H: int, T: int, n: int) -> torch.Tensor:
+    """[B*H, N, C*n] (or [B*H, N, C, n]) -> [B, T, H, n], the padding tokens dropped (the inverse of _streams)."""
+    return x.reshape(B, H, -1, n)[:, :, :T].transpose(1, 2)
+
+
+def _forward(
+    k_idx: torch.Tensor,
+    k_val: torch.Tensor,
+    q_idx: torch.Tensor,
+    q_val: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_bank: torch.Tensor | None,
+    key_weighted_decay: bool,
+    S: int,
+    C: int,
+    save: bool,
+) -> tuple[torch.Tensor, torch.Tensor, Saved | None]:
+    """The four kernels of the forward: ``(y [B*H, N, C, D], bank [B*H, S, D], what the backward needs or None)``."""
+    B, T, H, D = v.shape
+    W, R = k_idx.shape[-1], q_idx.shape[-1]
+    dev = v.device
+    N = max(1, -(-T // C))
+    pad = N * C - T
+    g32, kv32 = g.float(), k_val.float()
+    log_decay = g32[..., None] * kv32 if key_weighted_decay else g32[..., None].expand_as(kv32)
+    log_decay = torch.where(first_write_mask(k_idx), log_decay, torch.zeros_like(log_decay))
+
+    def padded(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
+        if pad == 0:
+            return x
+        tail = x.new_zeros(B, pad, *x.shape[2:]) if fill is None else fill.expand(B, pad, H, -1)
+        return torch.cat([x, tail], dim=1)
+
+    # Padding tokens write and read distinct slots with weight 0 and decay 0: they change nothing.
+    s_w = _streams(padded(k_idx.long(), torch.arange(W, device=dev) % S), N, C)
+    s_r = _streams(padded(q_idx.long(), torch.arange(R, device=dev) % S), N, C)
+    kv, ld = _streams(padded(kv32), N, C), _streams(padded(log_decay), N, C)
+    qv = _streams(padded(q_val.float()), N, C)
+    v_s = padded(v.float()).transpose(1, 2).reshape(B * H, N, C, D).contiguous()
+    b_s = _streams(padded(beta.float()[..., None]), N, C)
+    BH, E, P = B * H, C * W, C * R
+    L_w, L_tot, L_r = (torch.empty(BH, N, n, device=dev) for n in (E, E, P))
+    first = torch.empty(BH, N, E, device=dev, dtype=torch.int32)
+    A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
+    Z = torch.empty(BH, N, E, C, device=dev)
+    block_c = _pow2(C)
+    slot_decay_kernel[(BH * N, triton.cdiv(E + P, _BLOCK_ENTRIES))](
+        s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, _BLOCK_ENTRIES, _BLOCK_ENTRIES, **LAUNCH
+    )
+    gram_kernel[(BH * N, C)](
+        s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z,
+        C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, block_c, **LAUNCH,
+    )  # fmt: skip
+    solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
+    bank = torch.zeros(BH, S, D, device=dev) if initial_bank is None else initial_bank.float().reshape(BH, S, D).clone()
+    y = torch.empty(BH, N, C, D, device=dev)
+    if save:
+        rows_w, rows_r, U = (torch.empty(BH, N, n, D, device=dev) for n in (E, P, C))
+    else:
+        rows_w = rows_r = U = y  # never written (SAVE is off)
+    grid = (BH, triton.cdiv(D, _BLOCK_D))
+    for i in range(N):
+        step_kernel[grid](
+            bank, s_w, kv, L_w, L_tot, first, s_r, qv, L_r, v_s, b_s, X, QK, Z, y, rows_w, rows_r, U, i, N,
+            S, D, C, E, P, W, R, _BLOCK_ENTRIES, block_c, _pow2(_BLOCK_D), save, **LAUNCH,
+        )  # fmt: skip
+    saved = None
+    if save:
+        saved = Saved(
+            s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
+            A=A, QK=QK, X=X, Z=Z, U=U, rows_w=rows_w, rows_r=rows_r,
+        )  # fmt: skip
+    return y, bank, saved
+
+
+class _SdmTritonChunk(torch.autograd.Function):
+    """The Triton forward with the deterministic backward of :mod:`.triton_chunk_bwd`."""
+
+    @staticmethod
+    def forward(ctx, k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, C):  # type: ignore[override]
+        B, T, H, D = v.shape
+        save = any(ctx.needs_input_grad)
+        with torch.no_grad():
+            y, bank, saved = _forward(
+                k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, C, save
+            )
+        ctx.saved = saved
+        ctx.meta = (B, T, H, S, D, k_idx.shape[-1], q_idx.shape[-1], C, key_weighted_decay)
+        ctx.dtypes = tuple(None if x is None else x.dtype for x in (k_val, q_val, v, g, beta, initial_bank))
+        ctx.first = first_write_mask(k_idx) if save else None
+        ctx.save_for_backward(k_val, g)
+        out = y.reshape(B, H, -1, D)[:, :, :T].transpose(1, 2).to(v.dtype)
+        return out, bank.reshape(B, H, S, D)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dbank):  # type: ignore[override]
+        B, T, H, S, D, W, R, C, key_weighted = ctx.meta
+        k_val, g = ctx.saved_tensors
+        saved: Saved = ctx.saved
+        N = saved.s_w.shape[1]
+        dev = saved.v.device
+        dy_s = torch.zeros(B, H, N * C, D, device=dev)
+        if dy is not None:
+            dy_s[:, :, :T] = dy.float().transpose(1, 2)
+        dbank_s = torch.zeros(B * H, S, D, device=dev) if dbank is None else dbank.float().reshape(B * H, S, D).clone()
+        with torch.no_grad():
+            gr = sdm_chunk_backward(saved, dy_s.reshape(B * H, N, C, D), dbank_s, C, W, R, LAUNCH)
+            dld = _unstream(gr["ld"], B, H, T, W) * ctx.first  # a repeat within a token has no decay of its own
+            dkv = _unstream(gr["k_val"], B, H, T, W)
+            if key_weighted:
+                dkv = dkv + g.float()[..., None] * dld
+                dg = sum_in_order(dld * k_val.float(), -1)
+            else:
+                dg = sum_in_order(dld, -1)
+            grads = (
+                dkv,
+                _unstream(gr["q_val"], B, H, T, R),
+                _unstream(gr["v"], B, H, T, D),
+                dg,
+                _unstream(gr["beta"], B, H, T, 1)[..., 0],
+                gr["bank"].reshape(B, H, S, D),
+            )
+        ctx.saved = None
+        k_g, q_g, v_g, g_g, b_g, h_g = (
+            None if dt is None else x.to(dt) for x, dt in zip(grads, ctx.dtypes, strict=True)
+        )
+        return None, k_g, None, q_g, v_g, g_g, b_g, h_g, None, None, None
+
+
 def sdm_triton_chunk(
     k_idx: torch.Tensor,
     k_val: torch.Tensor,
@@ -224,10 +367,13 @@ def sdm_triton_chunk(
     chunk_size: int = 64,
     allow_repeated_writes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDM forward by chunks of `chunk_size` tokens in Triton, bitwise reproducible (see the module docstring).
+    """SDM by chunks of `chunk_size` tokens in Triton, forward and backward, bitwise reproducible (see the module
+    docstrings of this module and of :mod:`.triton_chunk_bwd`).
 
-    Computes the same as :func:`deltabench.kernels.sdm.torch_chunk.sdm_torch_chunk`, forward only (the outputs
-    carry no gradient). Indices are checked here as in the references; float inputs are used in float32.
+    Computes the same as :func:`deltabench.kernels.sdm.torch_chunk.sdm_torch_chunk`. Indices are checked here as in
+    the references; float inputs are used in float32. Differentiable in ``k_val, q_val, v, g, beta, initial_bank``;
+    when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers and U (see
+    :class:`.triton_chunk_bwd.Saved` for the memory).
 
     Args:
         k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.
@@ -247,57 +393,11 @@ def sdm_triton_chunk(
         >>> x = make_inputs(1, 200, 2, 256, 32, 8, 8, device="cuda")
         >>> y, bank = sdm_triton_chunk(**x, chunk_size=64)
     """
-    B, T, H, S, D, W, R = check_sdm_inputs(
+    S = check_sdm_inputs(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
-    )
+    )[3]
     if not 1 <= chunk_size <= 128:
         raise ValueError(f"chunk_size must be in 1..128, got {chunk_size}")
-    C, dev, out_dtype = chunk_size, v.device, v.dtype
-    N = max(1, -(-T // C))
-    pad = N * C - T
-    with torch.no_grad():
-        g32, kv32 = g.float(), k_val.float()
-        log_decay = g32[..., None] * kv32 if key_weighted_decay else g32[..., None].expand_as(kv32)
-        log_decay = torch.where(first_write_mask(k_idx), log_decay, torch.zeros_like(log_decay))
-
-        def padded(x: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
-            if pad == 0:
-                return x
-            tail = x.new_zeros(B, pad, *x.shape[2:]) if fill is None else fill.expand(B, pad, H, -1)
-            return torch.cat([x, tail], dim=1)
-
-        # Padding tokens write and read distinct slots with weight 0 and decay 0: they change nothing.
-        s_w = _streams(padded(k_idx.long(), torch.arange(W, device=dev) % S), N, C)
-        s_r = _streams(padded(q_idx.long(), torch.arange(R, device=dev) % S), N, C)
-        kv, ld = _streams(padded(kv32), N, C), _streams(padded(log_decay), N, C)
-        qv = _streams(padded(q_val.float()), N, C)
-        v_s = padded(v.float()).transpose(1, 2).reshape(B * H, N, C, D).contiguous()
-        b_s = _streams(padded(beta.float()[..., None]), N, C)
-        BH, E, P = B * H, C * W, C * R
-        L_w, L_tot, L_r = (torch.empty(BH, N, n, device=dev) for n in (E, E, P))
-        first = torch.empty(BH, N, E, device=dev, dtype=torch.int32)
-        A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
-        Z = torch.empty(BH, N, E, C, device=dev)
-        block_c = _pow2(C)
-        slot_decay_kernel[(BH * N, triton.cdiv(E + P, _BLOCK_ENTRIES))](
-            s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, _BLOCK_ENTRIES, _BLOCK_ENTRIES, **LAUNCH
-        )
-        gram_kernel[(BH * N, C)](
-            s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z,
-            C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, block_c, **LAUNCH,
-        )  # fmt: skip
-        solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
-        bank = (
-            torch.zeros(BH, S, D, device=dev)
-            if initial_bank is None
-            else initial_bank.float().reshape(BH, S, D).clone()
-        )
-        y = torch.empty(BH, N, C, D, device=dev)
-        grid = (BH, triton.cdiv(D, _BLOCK_D))
-        for i in range(N):
-            step_kernel[grid](
-                bank, s_w, kv, L_w, L_tot, first, s_r, qv, L_r, v_s, b_s, X, QK, Z, y, i, N,
-                S, D, C, E, P, W, R, _BLOCK_ENTRIES, block_c, _pow2(_BLOCK_D), **LAUNCH,
-            )  # fmt: skip
-    y = y.reshape(B, H, N * C, D)[:, :, :T].transpose(1, 2).to(out_dtype)
-    return y, bank.reshape(B, H, S, D)
+    return _SdmTritonChunk.apply(
+        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, chunk_size
+    )

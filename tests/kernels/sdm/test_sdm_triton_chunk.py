@@ -1,7 +1,8 @@
-"""deltabench's Triton SDM forward (kernels/sdm/triton_chunk.py) under TRITON_INTERPRET=1, at tiny shapes (the
-interpreter runs every program in Python): y and the final bank against the float64 oracle with a ragged last
-chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
-bitwise the same across two calls and in a fresh process; bad input refused before any launch."""
+"""deltabench's Triton SDM (kernels/sdm/triton_chunk.py and triton_chunk_bwd.py) under TRITON_INTERPRET=1, at tiny
+shapes (the interpreter runs every program in Python): y and the final bank against the float64 oracle with a ragged
+last chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
+every gradient against the float64 oracle's autograd in every regime; bitwise the same across two calls (forward
+and backward) and in a fresh process; planted bugs in the backward rejected; bad input refused before any launch."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from deltabench.kernels.sdm import triton_chunk_bwd as bwd_module
 from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
 from deltabench.references import gdn
 from deltabench.references.sdm import make_inputs, sdm_recurrent
+from test_sdm_torch import errors, run_with_grads
 
 BOUND = 1e-5  # float32 against float64: these cases measure 1e-7 .. 5e-7 (relative Frobenius error)
 CASES = [  # (B, T, H, S, D, W, R, C, regime, initial_bank)
@@ -67,21 +70,24 @@ def test_dense_limit_is_gdn() -> None:
 
 _FRESH_PROCESS = """
 import sys, torch
+sys.path.insert(0, sys.argv[2])
 from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs
+from test_sdm_torch import run_with_grads
 x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
-torch.save(sdm_triton_chunk(**x, chunk_size=8), sys.argv[1])
+torch.save(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), sys.argv[1])
 """
 
 
 def test_bitwise_the_same_in_a_fresh_process(tmp_path: Path) -> None:
-    """Another Python process computes the same bits as this one."""
+    """Another Python process computes the same bits as this one: outputs and every gradient."""
     out = tmp_path / "fresh.pt"
-    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(out)], check=True, timeout=300)
+    here_dir = str(Path(__file__).parent)
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(out), here_dir], check=True, timeout=300)
     x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)
-    here = sdm_triton_chunk(**x, chunk_size=8)
+    here = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8)
     there = torch.load(out)
-    assert all(torch.equal(a, b) for a, b in zip(here, there, strict=True))
+    assert here.keys() == there.keys() and all(torch.equal(here[n], there[n]) for n in here)
 
 
 @pytest.mark.parametrize(
@@ -99,3 +105,88 @@ def test_bad_input_is_refused(edit, message: str) -> None:
     edit(x)
     with pytest.raises(ValueError, match=message):
         sdm_triton_chunk(**x)
+
+
+GRAD_CASES = [  # (B, T, H, S, D, W, R, C, regime, initial_bank)
+    (1, 19, 3, 16, 4, 3, 2, 8, "collisions", True),  # ragged (8, 8, 3), odd H
+    (1, 16, 1, 20, 5, 4, 4, 8, "typical", False),  # T at a chunk multiple
+    (2, 5, 1, 12, 3, 2, 3, 8, "key_weighted", True),  # T inside one chunk
+    (1, 21, 1, 16, 40, 3, 3, 8, "long", True),  # D = 40: two column slices in the reverse walk
+    (1, 13, 3, 10, 4, 3, 2, 8, "key_weighted", False),  # ragged, odd H
+    (1, 12, 1, 6, 4, 3, 3, 4, "collisions", False),  # W = R = S / 2: every slot in every chunk
+]
+GRAD_IDS = [f"B{c[0]}-T{c[1]}-H{c[2]}-S{c[3]}-D{c[4]}-W{c[5]}-R{c[6]}-C{c[7]}-{c[8]}-h0{int(c[9])}" for c in GRAD_CASES]
+
+
+@pytest.mark.parametrize("B,T,H,S,D,W,R,C,regime,h0", GRAD_CASES, ids=GRAD_IDS)
+def test_gradients_match_oracle(
+    B: int, T: int, H: int, S: int, D: int, W: int, R: int, C: int, regime: str, h0: bool
+) -> None:
+    """y, the final bank and the gradient of every float input (random cotangents on both outputs) against the
+    float64 oracle's autograd."""
+    x = make_inputs(B, T, H, S, D, W, R, seed=T + S, regime=regime, initial_bank=h0)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64)
+    ours = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=C)
+    assert set(ours) == set(ref) and all(ours[n] is not None for n in ref)
+    errs = errors(ours, ref)
+    assert all(e < BOUND for e in errs.values()), errs
+
+
+def test_gradients_bitwise_deterministic_and_repeats() -> None:
+    """Two backward passes give the same bits for every gradient; a write slot repeated within a token (allowed)
+    gets the oracle's gradients (the repeat has no decay of its own)."""
+    x = make_inputs(1, 11, 3, 10, 4, 3, 2, seed=2, regime="key_weighted", initial_bank=True)
+    x["k_idx"][:, :, :, 2] = x["k_idx"][:, :, :, 0]
+    first = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8, allow_repeated_writes=True)
+    second = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8, allow_repeated_writes=True)
+    assert first.keys() == second.keys() and all(torch.equal(first[n], second[n]) for n in first)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64, allow_repeated_writes=True)
+    errs = errors(first, ref)
+    assert all(e < BOUND for e in errs.values()), errs
+
+
+def test_no_gradient_needed_keeps_nothing() -> None:
+    """Without inputs that require a gradient the outputs carry none (the forward keeps no rows)."""
+    x = make_inputs(1, 9, 1, 8, 4, 2, 2, seed=3, initial_bank=True)
+    y, bank = sdm_triton_chunk(**x, chunk_size=8)
+    assert not y.requires_grad and not bank.requires_grad
+
+
+class _Edited:
+    """A Triton kernel whose launches apply `edit` to the launch's arguments, before or after it runs."""
+
+    def __init__(self, kernel, edit, before: bool) -> None:
+        self.kernel, self.edit, self.before = kernel, edit, before
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.before:
+                self.edit(args)
+            self.kernel[grid](*args, **kwargs)
+            if not self.before:
+                self.edit(args)
+
+        return launch
+
+
+MUTANTS = {  # (kernel, edit of its arguments, before the launch)
+    # The carried bank gradient misses the chunk's decay of its row (exp(L_total) taken as 1).
+    "no-decay-on-carried-bank-grad": ("gather_weights_kernel", lambda args: args[8].zero_(), False),
+    # The gradient through each write's share of its slot's new row (<dM[s_e], U[t_e]>) is dropped.
+    "no-new-row-share": ("step_bwd_kernel", lambda args: args[22].zero_(), False),
+    # The gradient of each read's gather of the chunk-start bank (<G[t_p], M0[s_p]>) is dropped.
+    "no-read-gather": ("step_bwd_kernel", lambda args: args[25].zero_(), False),
+    # The segmented scans' backward forgets the slot's chunk total (its decay of the slot's new row).
+    "no-slot-total-in-scan": ("decay_bwd_kernel", lambda args: args[4].zero_(), True),
+}
+
+
+@pytest.mark.parametrize("bad", list(MUTANTS))
+def test_backward_mutants_are_rejected(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each planted bug in the backward moves some gradient far past the bound the real backward meets."""
+    name, edit, before = MUTANTS[bad]
+    monkeypatch.setattr(bwd_module, name, _Edited(getattr(bwd_module, name), edit, before))
+    x = make_inputs(1, 19, 1, 10, 4, 3, 2, seed=5, regime="collisions", initial_bank=True)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64)
+    errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), ref)
+    assert errs["y"] < BOUND and max(errs.values()) > 1e-2, errs

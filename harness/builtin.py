@@ -76,6 +76,36 @@ for _op in ("gdn", "gdn2"):
         notes="associative-scan baseline: O(T K^2) memory",
     )(lazy(f"deltabench.kernels.{_op}.jax_scan:{_op}_jax_scan"))
 
+# --- Pallas kernels (kernels/gdn2/pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU ----------------------
+# The interpreter runs each (batch, head, chunk) program as XLA operations, one after another: for checking only.
+_PALLAS_CPU_PROGRAMS = 256
+
+
+def _pallas_case(case: Case) -> str | None:
+    """Why the fused Pallas GDN-2 kernel cannot run `case` (None when it can)."""
+    if case.device == "tpu" and (case.K % 128 or case.V % 128):
+        return f"Mosaic blocks of [64, K] and [64, V] need K and V multiples of 128 (got K={case.K}, V={case.V})"
+    programs = case.B * case.H * -(-case.T // 64)
+    if case.device == "cpu" and programs > _PALLAS_CPU_PROGRAMS:
+        return (
+            f"on the CPU the kernel runs in Pallas' interpreter, for checking: up to {_PALLAS_CPU_PROGRAMS} "
+            f"(batch, head, chunk) programs, this case has {programs}"
+        )
+    return None
+
+
+for _op in ("gdn2", "kda"):
+    register_impl(
+        _op,
+        "pallas_chunk",
+        backend="jax",
+        devices=("cpu", "tpu"),
+        dtypes=JAX_DTYPES,
+        constraint=_pallas_case,
+        requires=("jax",),
+        notes="fused Pallas forward (TPU/Mosaic; interpreter on the CPU), backward in JAX from its residuals",
+    )(lazy(f"deltabench.kernels.gdn2.pallas.chunk:{_op}_pallas_chunk"))
+
 # --- External adapters (kernels/external/) --------------------------------------------------------------------------
 # (section owned by the adapters work; each registered with requires=(its package,))
 _FLA = "deltabench.kernels.external.fla"

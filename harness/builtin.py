@@ -183,3 +183,39 @@ register_impl(
     requires=("opengdn",),
     notes="opengdn 0.1.0 gated_delta_chunkwise (PyTorch extended WY, chunk 64)",
 )(lazy("deltabench.kernels.external.opengdn:gdn_opengdn_chunkwise"))
+
+
+# atomic-ops 0.2.0 (kernels/external/atomic_ops.py): JAX, so timed natively like deltabench's JAX impls.
+_ATOMIC = "deltabench.kernels.external.atomic_ops"
+
+
+def _atomic_ops_case(path: str):
+    def constraint(case: Case) -> str | None:
+        from deltabench.kernels.external.atomic_ops import unsupported_reason
+
+        return unsupported_reason(T=case.T, K=case.K, V=case.V, device=case.device, path=path)
+
+    return constraint
+
+
+for _name, _path, _devices, _note in (
+    ("atomic_ops_fused", "fused", ("tpu",), "atomic-ops 0.2.0 gdn2_pallas_forward_trainable: fused Pallas fwd+bwd"),
+    (
+        "atomic_ops_auto",
+        "auto",
+        JAX_DEVICES,
+        "atomic-ops 0.2.0 gdn2_forward_trainable: its fused kernel on a TPU with K=128, its chunked WY elsewhere",
+    ),
+    ("atomic_ops_wy", "wy", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_chunked_wy_reference (pure JAX, chunk 256)"),
+    ("atomic_ops_serial", "serial", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_token_serial_reference (pure JAX scan)"),
+):
+    register_impl(
+        "gdn2",
+        _name,
+        backend="jax",
+        devices=_devices,
+        dtypes=JAX_DTYPES,
+        constraint=_atomic_ops_case(_path),
+        requires=("atomic_ops", "jax"),
+        notes=_note,
+    )(lazy(f"{_ATOMIC}:{_name}"))

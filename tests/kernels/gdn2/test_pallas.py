@@ -1,9 +1,10 @@
-"""deltabench's Pallas GDN-2 kernel (and KDA through it), checked two ways without a TPU:
+"""deltabench's Pallas GDN-2 kernels (and KDA through them), checked two ways without a TPU:
 
 * in Pallas' interpreter on the CPU, through the registry's torch wrapper, against the float64 oracle: o, the
-  final state and every gradient by name, fp32 and bf16, both gate regimes, with and without an initial state,
-  T within one chunk, at a chunk multiple and past one; then through the harness's own gate, and two bugs
-  planted inside the kernel (a wrong decay, the last block dropped) that the gate must reject;
+  final state and every gradient by name (the fused forward and the fused backward kernels), fp32 and bf16, both
+  gate regimes, with and without an initial state, T within one chunk, at a chunk multiple and past one; the
+  backward kernel against its plain-JAX reference; then through the harness's own gate, and two bugs planted
+  inside the kernel (a wrong decay, the last block dropped) that the gate must reject;
 * lowered for the TPU (``jax.export`` with ``platforms=["tpu"]``): the Pallas-to-Mosaic lowering runs on this
   host, so a block shape Mosaic refuses or an operation it cannot lower fails here (the layout passes that
   follow run only in libtpu, on a TPU).
@@ -108,6 +109,28 @@ def test_strong_decay_stays_finite() -> None:
     assert max(rel_err(grads[n], grads_ref[n]) for n in args) < 2e-5
 
 
+def test_fused_backward_matches_its_jax_reference() -> None:
+    """The backward kernel against the same algebra in plain JAX (backward.py), from the same forward residual,
+    with an initial state and random cotangents on o and on the final state (T = 100: a partial last chunk)."""
+    from deltabench.kernels.gdn2.pallas.backward import gdn2_chunk_backward
+    from deltabench.kernels.gdn2.pallas.fused_backward import gdn2_fused_backward
+
+    inputs = gdn2.make_inputs(B, 100, H, K, V, seed=11, initial_state=True)
+    a = {n: jnp.asarray(t.numpy()) for n, t in inputs.items()}
+    args = tuple(a[n] for n in OPS["gdn2"][0])
+    h0_t = jnp.swapaxes(a["initial_state"], -1, -2)
+    o, ht_t, states_t = pallas_forward.gdn2_fused_forward(*args, h0_t, scale=0.25, store_states=True, interpret=True)
+    do = jax.random.normal(jax.random.PRNGKey(0), o.shape)
+    d_final_t = jax.random.normal(jax.random.PRNGKey(1), ht_t.shape)
+    got = gdn2_fused_backward(*args, do, states_t, d_final_t, scale=0.25, interpret=True)
+    states = jnp.transpose(states_t, (2, 0, 1, 4, 3))
+    want = gdn2_chunk_backward(args, states, do, jnp.swapaxes(d_final_t, -1, -2), scale=0.25, chunk=64)
+    got = (*got[:-1], jnp.swapaxes(got[-1], -1, -2))
+    for name, x, y in zip(("dq", "dk", "dv", "dg", "db", "dw", "dh0"), got, want, strict=True):
+        err = float(jnp.linalg.norm(x - y) / jnp.linalg.norm(y))
+        assert err < 2e-5, f"{name}: {err:.2e}"
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_passes_the_verification_gate(op: str) -> None:
     """The harness's gate (oracle, every gradient, streaming, both initial-state variants) accepts the kernel."""
@@ -197,10 +220,11 @@ def test_lowers_for_the_tpu(dtype: str) -> None:
 
         return jax.grad(loss, argnums=tuple(range(7)))(*a)
 
-    for fn in (fwd, train_step):
-        text = _tpu_export(fn, *shapes).mlir_module()
-        assert text.count("tpu_custom_call") == 1, "one fused Mosaic kernel expected"
-        assert "gdn2_fused_forward" in text
+    text = _tpu_export(fwd, *shapes).mlir_module()
+    assert text.count("tpu_custom_call") == 1 and "gdn2_fused_forward" in text, "one fused Mosaic kernel expected"
+    text = _tpu_export(train_step, *shapes).mlir_module()
+    assert text.count("tpu_custom_call") == 2, "the fused forward and the fused backward expected"
+    assert "gdn2_fused_forward" in text and "gdn2_fused_backward" in text
 
 
 def test_kda_lowers_for_the_tpu() -> None:

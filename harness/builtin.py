@@ -103,7 +103,7 @@ for _op in ("gdn2", "kda"):
         dtypes=JAX_DTYPES,
         constraint=_pallas_case,
         requires=("jax",),
-        notes="fused Pallas forward (TPU/Mosaic; interpreter on the CPU), backward in JAX from its residuals",
+        notes="fused Pallas forward and backward kernels (Mosaic on a TPU; the interpreter on the CPU)",
     )(lazy(f"deltabench.kernels.gdn2.pallas.chunk:{_op}_pallas_chunk"))
 
 # --- External adapters (kernels/external/) --------------------------------------------------------------------------

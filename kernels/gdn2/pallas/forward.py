@@ -11,10 +11,11 @@ Each program, for its chunk (``G`` the in-chunk cumulative log-decay, ``S`` the 
     recompute   U~ = T (w*v),  W = T (b*k*exp G),  Qd = q*exp G,  Kd = k*exp(G_C - G)
     scan        U = U~ - W S,  O = scale (Qd S + P U),  S <- Diag(exp G_C) S + Kd^T U
 
-The pairwise decays ``exp(G_i - G_j)`` are formed per channel for ``i >= j`` only, as ``exp(min(G_i - G_j, 0))``
-(factoring them as ``exp(G_i) exp(-G_j)`` overflows float32 within a chunk when a channel forgets fast), 16 rows
-of the ``[C, C, K]`` tensor at a time. The state lives transposed, ``S^T`` ``[V, K]``, so that ``Diag(exp G_C) S``
-is a row broadcast and every matmul is ``X @ Y`` or ``X @ Y^T``. Math is float32 (``Precision.HIGHEST``); o has
+The pairwise decays ``exp(G_i - G_j)`` (``i >= j``) never go through ``exp(G_i) exp(-G_j)``, which overflows
+float32 within a chunk when a channel forgets fast: within a 16-token block they are formed per pair, as
+``exp(min(G_i - G_j, 0))``; across blocks they factor through the later block's first token, both factors <= 1.
+The state lives transposed, ``S^T`` ``[V, K]``, so that ``Diag(exp G_C) S`` is a row broadcast and every matmul
+is ``X @ Y`` or ``X @ Y^T``. Math is float32 (``Precision.HIGHEST``); o has
 v's dtype. The kernel can also store the state at each chunk start (the backward's residual).
 """
 
@@ -63,16 +64,32 @@ def _cumulative_decay(g: jax.Array) -> jax.Array:
 
 
 def _scores(G: jax.Array, q: jax.Array, k: jax.Array, bk: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
-    """``A`` (strictly lower) and ``P`` (lower, diagonal included), both ``[C, C]``, `rows` rows at a time."""
+    """``A`` (strictly lower) and ``P`` (lower, diagonal included), both ``[C, C]``, `rows` rows at a time.
+
+    For the rows ``i`` of a block starting at ``r``, the columns ``j < r`` factor through row ``r``:
+    ``exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j)``, both factors <= 1 there, so they are two matmuls; only the
+    ``rows x rows`` diagonal block forms its decays pairwise (``[rows, rows, K]``), a quarter of the exps of the
+    whole ``[C, C, K]`` at C = 64, rows = 16. Its columns are put in place by a matmul with a 0/1 matrix (exact),
+    which keeps every lane offset aligned.
+    """
     C = G.shape[0]
+    i, j = _iota((C, C), 0), _iota((C, C), 1)
     a_parts, p_parts = [], []
     for r0 in range(0, C, rows):
-        Gi = G[r0 : r0 + rows]
-        decay = jnp.exp(jnp.minimum(Gi[:, None, :] - G[None, :, :], 0.0))  # [rows, C, K]; i < j masked below
-        kd = decay * k[None, :, :]
-        a_parts.append(jnp.sum(bk[r0 : r0 + rows][:, None, :] * kd, axis=-1))
-        p_parts.append(jnp.sum(q[r0 : r0 + rows][:, None, :] * kd, axis=-1))
-    i, j = _iota((C, C), 0), _iota((C, C), 1)
+        G_blk, q_blk, bk_blk, k_blk = (x[r0 : r0 + rows] for x in (G, q, bk, k))
+        pairwise = jnp.exp(jnp.minimum(G_blk[:, None, :] - G_blk[None, :, :], 0.0))  # [rows, rows, K]
+        k_pair = pairwise * k_blk[None, :, :]
+        place = jnp.where(_iota((rows, C), 1) == _iota((rows, C), 0) + r0, 1.0, 0.0).astype(_F32)
+        a_blk = _dot(jnp.sum(bk_blk[:, None, :] * k_pair, axis=-1), place)  # [rows, C], columns r0 .. r0+rows
+        p_blk = _dot(jnp.sum(q_blk[:, None, :] * k_pair, axis=-1), place)
+        if r0:
+            G_r = G_blk[:1]  # [1, K]
+            to_r = jnp.exp(jnp.minimum(G_blk - G_r, 0.0))
+            earlier = jnp.where(_iota((C, 1), 0) < r0, k * jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # rows j < r0
+            a_blk = a_blk + _dot_t(bk_blk * to_r, earlier)
+            p_blk = p_blk + _dot_t(q_blk * to_r, earlier)
+        a_parts.append(a_blk)
+        p_parts.append(p_blk)
     A = jnp.where(i > j, jnp.concatenate(a_parts, axis=0), 0.0)
     P = jnp.where(i >= j, jnp.concatenate(p_parts, axis=0), 0.0)
     return A, P

@@ -11,8 +11,9 @@ chunk start, stored by the forward), then, with ``dO`` and ``dS'`` (the cotangen
     dR_v = T^T dU,  dR_k = T^T dW,  dA = -T^T (dU R_v^T + dW R_k^T) T^T (i > j)
 
 then the element-wise chain rule to q, k, v, b, w and the in-chunk cumulative decay, the pairwise scores'
-gradients one key row ``j`` at a time (``[C, K]`` tiles: ``dG_i += M_ij``, ``dG_j -= sum_i M_ij`` with
-``M_ij = (dA_ij b_i k_i + dP_ij q_i) exp(G_i - G_j) k_j``), and ``dg`` as the reverse cumulative sum of ``dG`` (a
+gradients split as the forward splits them (16 x 16 diagonal blocks one key row ``j`` at a time, ``dG_i +=
+M_ij``, ``dG_j -= sum_i M_ij`` with ``M_ij = (dA_ij b_i k_i + dP_ij q_i) exp(G_i - G_j) k_j``; the rest through
+the two factors, as matmuls), and ``dg`` as the reverse cumulative sum of ``dG`` (a
 triangular matmul). Gradients are written in float32 (the caller casts them to the inputs' dtypes).
 """
 
@@ -34,22 +35,23 @@ __all__ = ["gdn2_fused_backward"]
 _F32 = jnp.float32
 
 
-def _scores_backward(G, q, k, bk, dA, dP, dq, dk, dbk, dG):
-    """Add the gradients of ``A`` (from `dA`) and ``P`` (from `dP`) to those of q, k, b*k and G, one key row at a
-    time; ``exp(min(G_i - G_j, 0))`` as in the forward (rows i < j carry dA = dP = 0)."""
-    C, K = G.shape
-    rows_ck = fw._iota((C, K), 0)
-    cols_cc = fw._iota((C, C), 1)
+def _diagonal_block_backward(G, q, k, bk, dA, dP):
+    """The gradients of one ``rows x rows`` diagonal block of the scores (`dA`, `dP` its ``[rows, rows]`` part), one
+    key row ``j`` at a time on ``[rows, K]`` tiles: ``(dq, dk, d(b*k), dG)`` for the block's rows. Rows ``i < j``
+    carry ``dA = dP = 0``; ``exp(min(G_i - G_j, 0))`` as in the forward."""
+    R, K = G.shape
+    rows_rk = fw._iota((R, K), 0)
+    cols_rr = fw._iota((R, R), 1)
 
     def one_key(j, carry):
         dq, dk, dbk, dG = carry
-        at_row = rows_ck == j
+        at_row = rows_rk == j
         G_j = jnp.sum(jnp.where(at_row, G, 0.0), axis=0, keepdims=True)  # [1, K]
         k_j = jnp.sum(jnp.where(at_row, k, 0.0), axis=0, keepdims=True)
-        at_col = cols_cc == j
-        dA_j = jnp.sum(jnp.where(at_col, dA, 0.0), axis=1, keepdims=True)  # [C, 1]
+        at_col = cols_rr == j
+        dA_j = jnp.sum(jnp.where(at_col, dA, 0.0), axis=1, keepdims=True)  # [rows, 1]
         dP_j = jnp.sum(jnp.where(at_col, dP, 0.0), axis=1, keepdims=True)
-        decay = jnp.exp(jnp.minimum(G - G_j, 0.0))  # [C, K]
+        decay = jnp.exp(jnp.minimum(G - G_j, 0.0))
         decay_k = decay * k_j
         dbk = dbk + dA_j * decay_k
         dq = dq + dP_j * decay_k
@@ -59,7 +61,47 @@ def _scores_backward(G, q, k, bk, dA, dP, dq, dk, dbk, dG):
         dk = dk + jnp.where(at_row, jnp.sum(n, axis=0, keepdims=True), 0.0)
         return dq, dk, dbk, dG
 
-    return lax.fori_loop(0, C, one_key, (dq, dk, dbk, dG))
+    zero = jnp.zeros((R, K), _F32)
+    return lax.fori_loop(0, R, one_key, (zero, zero, zero, zero))
+
+
+def _scores_backward(G, q, k, bk, dA, dP, rows: int):
+    """The gradients of ``A`` (from `dA`) and ``P`` (from `dP`) with respect to q, k, b*k and G, ``[C, K]`` each,
+    split as the forward's :func:`.forward._scores`: each block of `rows` rows, from ``r``, has its diagonal block
+    pairwise and its columns ``j < r`` through the two factors ``f_i = exp(G_i - G_r)`` and
+    ``h_j = exp(G_r - G_j)`` (matmuls; the factors' own gradients land on ``G_i``, ``G_j`` and ``G_r``)."""
+    C, K = G.shape
+    first_row = fw._iota((rows, K), 0) == 0
+    dk_far = jnp.zeros((C, K), _F32)
+    dG_far = jnp.zeros((C, K), _F32)
+    parts: list[tuple[jax.Array, ...]] = []
+    for r0 in range(0, C, rows):
+        G_b, q_b, k_b, bk_b = (x[r0 : r0 + rows] for x in (G, q, k, bk))
+        dA_b, dP_b = dA[r0 : r0 + rows], dP[r0 : r0 + rows]  # [rows, C]
+        place = jnp.where(fw._iota((rows, C), 1) == fw._iota((rows, C), 0) + r0, 1.0, 0.0).astype(_F32)
+        dq_b, dk_b, dbk_b, dG_b = _diagonal_block_backward(
+            G_b, q_b, k_b, bk_b, fw._dot_t(dA_b, place), fw._dot_t(dP_b, place)
+        )
+        if r0:
+            G_r = G_b[:1]
+            f = jnp.exp(jnp.minimum(G_b - G_r, 0.0))  # [rows, K]
+            h = jnp.where(fw._iota((C, 1), 0) < r0, jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # [C, K], rows j < r0
+            earlier = fw._iota((rows, C), 1) < r0
+            dA_far, dP_far = jnp.where(earlier, dA_b, 0.0), jnp.where(earlier, dP_b, 0.0)
+            right = k * h
+            d_left_a, d_left_q = fw._dot(dA_far, right), fw._dot(dP_far, right)
+            dbk_b = dbk_b + d_left_a * f
+            dq_b = dq_b + d_left_q * f
+            x = (d_left_a * bk_b + d_left_q * q_b) * f  # d f * f
+            d_right = fw._dot(dA_far.T, bk_b * f) + fw._dot(dP_far.T, q_b * f)  # [C, K]
+            y = d_right * right  # d h * h
+            dk_far = dk_far + d_right * h
+            dG_far = dG_far - y
+            to_r = jnp.sum(y, axis=0, keepdims=True) - jnp.sum(x, axis=0, keepdims=True)
+            dG_b = dG_b + x + jnp.where(first_row, to_r, 0.0)
+        parts.append((dq_b, dk_b, dbk_b, dG_b))
+    dq, dk, dbk, dG = (jnp.concatenate(p, axis=0) for p in zip(*parts, strict=True))
+    return dq, dk + dk_far, dbk, dG + dG_far
 
 
 def _fused_backward_kernel(
@@ -113,7 +155,8 @@ def _fused_backward_kernel(
     dq = dqd * expG
     dk = dkd * e_kd
     dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + dD * decay
-    dq, dk, dbk, dG = _scores_backward(G, q, k, bk, dA, dP, dq, dk, dbk, dG)
+    s_dq, s_dk, s_dbk, s_dG = _scores_backward(G, q, k, bk, dA, dP, rows)
+    dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
     dG = dG + jnp.where(fw._iota((C, 1), 0) == C - 1, dG_last, 0.0)
     dg = fw._dot(jnp.where(i <= j, 1.0, 0.0).astype(_F32), dG)  # dg_t = sum_{s >= t} dG_s
 

@@ -85,7 +85,7 @@ def _scores(G: jax.Array, q: jax.Array, k: jax.Array, bk: jax.Array, rows: int) 
         if r0:
             G_r = G_blk[:1]  # [1, K]
             to_r = jnp.exp(jnp.minimum(G_blk - G_r, 0.0))
-            earlier = jnp.where(_iota((C, 1), 0) < r0, k * jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # rows j < r0
+            earlier = jnp.where(_iota(G.shape, 0) < r0, k * jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # rows j < r0
             a_blk = a_blk + _dot_t(bk_blk * to_r, earlier)
             p_blk = p_blk + _dot_t(q_blk * to_r, earlier)
         a_parts.append(a_blk)

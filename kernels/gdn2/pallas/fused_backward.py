@@ -85,7 +85,7 @@ def _scores_backward(G, q, k, bk, dA, dP, rows: int):
         if r0:
             G_r = G_b[:1]
             f = jnp.exp(jnp.minimum(G_b - G_r, 0.0))  # [rows, K]
-            h = jnp.where(fw._iota((C, 1), 0) < r0, jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # [C, K], rows j < r0
+            h = jnp.where(fw._iota((C, K), 0) < r0, jnp.exp(jnp.minimum(G_r - G, 0.0)), 0.0)  # [C, K], rows j < r0
             earlier = fw._iota((rows, C), 1) < r0
             dA_far, dP_far = jnp.where(earlier, dA_b, 0.0), jnp.where(earlier, dP_b, 0.0)
             right = k * h
@@ -157,7 +157,7 @@ def _fused_backward_kernel(
     dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + dD * decay
     s_dq, s_dk, s_dbk, s_dG = _scores_backward(G, q, k, bk, dA, dP, rows)
     dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
-    dG = dG + jnp.where(fw._iota((C, 1), 0) == C - 1, dG_last, 0.0)
+    dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)  # G_C is the last row of G
     dg = fw._dot(jnp.where(i <= j, 1.0, 0.0).astype(_F32), dG)  # dg_t = sum_{s >= t} dG_s
 
     dq_ref[...] = dq

@@ -15,8 +15,9 @@ initial_state=None) -> (o, final_state)``:
 
 Note the two argument orders: the fused entry points take ``(w, b, g)``, the references ``(g, b, w)``. Its
 semantics are deltabench's gdn2 (per-channel log-decay g, erase b over K, write w over V; state ``[B, H, K, V]``);
-every path clips its state to +-1e4 and its chunked paths clamp pairwise log-decays to [-20, 20], which the gate
-judges like anything else. Its chunked paths need ``T % bt == 0`` with ``bt = 256`` (``DEFAULT_CONFIG``); the
+every path clips its state to +-1e4, its chunked paths clamp pairwise log-decays to [-20, 20], and its fused
+kernel's default configuration damps the WY system by ``wy_eps = 1e-3`` (its references solve it exactly): the
+gate judges each like anything else. Its chunked paths need ``T % bt == 0`` with ``bt = 256`` (``DEFAULT_CONFIG``); the
 reference's o comes back float32 and is cast to v's dtype here.
 """
 

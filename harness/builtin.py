@@ -76,6 +76,36 @@ for _op in ("gdn", "gdn2"):
         notes="associative-scan baseline: O(T K^2) memory",
     )(lazy(f"deltabench.kernels.{_op}.jax_scan:{_op}_jax_scan"))
 
+# --- Pallas kernels (kernels/gdn2/pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU ----------------------
+# The interpreter runs each (batch, head, chunk) program as XLA operations, one after another: for checking only.
+_PALLAS_CPU_PROGRAMS = 256
+
+
+def _pallas_case(case: Case) -> str | None:
+    """Why the fused Pallas GDN-2 kernel cannot run `case` (None when it can)."""
+    if case.device == "tpu" and (case.K % 128 or case.V % 128):
+        return f"Mosaic blocks of [64, K] and [64, V] need K and V multiples of 128 (got K={case.K}, V={case.V})"
+    programs = case.B * case.H * -(-case.T // 64)
+    if case.device == "cpu" and programs > _PALLAS_CPU_PROGRAMS:
+        return (
+            f"on the CPU the kernel runs in Pallas' interpreter, for checking: up to {_PALLAS_CPU_PROGRAMS} "
+            f"(batch, head, chunk) programs, this case has {programs}"
+        )
+    return None
+
+
+for _op in ("gdn2", "kda"):
+    register_impl(
+        _op,
+        "pallas_chunk",
+        backend="jax",
+        devices=("cpu", "tpu"),
+        dtypes=JAX_DTYPES,
+        constraint=_pallas_case,
+        requires=("jax",),
+        notes="fused Pallas forward and backward kernels (Mosaic on a TPU; the interpreter on the CPU)",
+    )(lazy(f"deltabench.kernels.gdn2.pallas.chunk:{_op}_pallas_chunk"))
+
 # --- External adapters (kernels/external/) --------------------------------------------------------------------------
 # (section owned by the adapters work; each registered with requires=(its package,))
 _FLA = "deltabench.kernels.external.fla"
@@ -153,3 +183,39 @@ register_impl(
     requires=("opengdn",),
     notes="opengdn 0.1.0 gated_delta_chunkwise (PyTorch extended WY, chunk 64)",
 )(lazy("deltabench.kernels.external.opengdn:gdn_opengdn_chunkwise"))
+
+
+# atomic-ops 0.2.0 (kernels/external/atomic_ops.py): JAX, so timed natively like deltabench's JAX impls.
+_ATOMIC = "deltabench.kernels.external.atomic_ops"
+
+
+def _atomic_ops_case(path: str):
+    def constraint(case: Case) -> str | None:
+        from deltabench.kernels.external.atomic_ops import unsupported_reason
+
+        return unsupported_reason(T=case.T, K=case.K, V=case.V, device=case.device, path=path)
+
+    return constraint
+
+
+for _name, _path, _devices, _note in (
+    ("atomic_ops_fused", "fused", ("tpu",), "atomic-ops 0.2.0 gdn2_pallas_forward_trainable: fused Pallas fwd+bwd"),
+    (
+        "atomic_ops_auto",
+        "auto",
+        JAX_DEVICES,
+        "atomic-ops 0.2.0 gdn2_forward_trainable: its fused kernel on a TPU with K=128, its chunked WY elsewhere",
+    ),
+    ("atomic_ops_wy", "wy", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_chunked_wy_reference (pure JAX, chunk 256)"),
+    ("atomic_ops_serial", "serial", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_token_serial_reference (pure JAX scan)"),
+):
+    register_impl(
+        "gdn2",
+        _name,
+        backend="jax",
+        devices=_devices,
+        dtypes=JAX_DTYPES,
+        constraint=_atomic_ops_case(_path),
+        requires=("atomic_ops", "jax"),
+        notes=_note,
+    )(lazy(f"{_ATOMIC}:{_name}"))

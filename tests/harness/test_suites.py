@@ -34,6 +34,22 @@ def test_shipped_suites_load_and_validate():
     assert {tuple(d.values()) for d in train.ops[0].shapes} >= {(8, 4096, 6, 128, 128), (1, 32768, 16, 128, 128)}
 
 
+def test_gdn2_tpu_suites_cover_atomic_ops_table():
+    suite = load_suite("gdn2-tpu")
+    jobs = suite.jobs(device="cpu")
+    assert {(c.B, c.T, c.H, c.K, c.V) for c, _ in jobs} == {
+        (1, 1024, 6, 128, 128),
+        (4, 2048, 6, 128, 128),
+        (4, 4096, 6, 128, 128),
+        (8, 4096, 6, 128, 128),
+    }
+    assert {c.dtype for c, _ in jobs} == {"fp32", "bf16"} and {c.mode for c, _ in jobs} == {"fwd", "bwd", "fwd+bwd"}
+    impls = {"pallas_chunk", "atomic_ops_fused", "atomic_ops_wy", "jax_chunk", "jax_scan"}
+    assert set(suite.ops[0].impls) == impls and suite.baselines == {"gdn2": "jax_scan"}
+    small = load_suite("gdn2-tpu-cpu")
+    assert small.device == "cpu" and set(small.ops[0].impls) == impls
+
+
 def test_jobs_expand_in_order_with_defaults_and_overrides():
     suite = parse_suite(GOOD)
     jobs = suite.jobs(device="cpu")

@@ -17,6 +17,10 @@ ADAPTERS = {
     ("gdn", "flash_qla"): "flash_qla",
     ("gdn", "opengdn_triton"): "opengdn",
     ("gdn", "opengdn_chunkwise"): "opengdn",
+    ("gdn2", "atomic_ops_fused"): "atomic_ops",
+    ("gdn2", "atomic_ops_auto"): "atomic_ops",
+    ("gdn2", "atomic_ops_wy"): "atomic_ops",
+    ("gdn2", "atomic_ops_serial"): "atomic_ops",
 }
 
 

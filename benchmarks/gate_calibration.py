@@ -39,7 +39,7 @@ from deltabench.harness.regression import GradingRule, RunSpread, compare_docume
 from deltabench.harness.regression.matching import latest_by_key
 
 PLANTED_FILE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
-PLANTED_IMPL = ("gdn", "torch_chunk")
+PLANTED_IMPL = ("gdn", "torch_chunk")  # evaluate --planted-impl changes it (DELTABENCH_PLANTED_IMPL when collecting)
 
 
 def collect(args: argparse.Namespace) -> None:
@@ -157,6 +157,8 @@ def _detection(heads, same, rule: GradingRule) -> dict:
 
 def evaluate(args: argparse.Namespace) -> None:
     """Grade the collected documents (module docstring) and write the JSON summary."""
+    global PLANTED_IMPL
+    PLANTED_IMPL = tuple(args.planted_impl.split("/"))  # type: ignore[assignment]
     folder = Path(args.dir)
     rule = GradingRule(threshold=args.threshold, alpha=args.alpha)
     same = _docs(folder, args.same)
@@ -180,6 +182,7 @@ def evaluate(args: argparse.Namespace) -> None:
         "leave_one_out_history": _gate_counts(loo, rule, with_history=True),
         "old_within_run_rule_pairwise": _gate_counts(pairs_no_hist, rule, with_history=False, within_only=True),
         "run_to_run_spread": _job_spreads(same),
+        "planted_impl": args.planted_impl,
         "planted": {},
     }
     for spec in args.planted:
@@ -208,6 +211,7 @@ def main() -> None:
     e.add_argument("--alpha", type=float, default=0.01)
     e.add_argument("--threshold", type=float, default=0.05)
     e.add_argument("--load-note", default="", help="how loaded the machine was, for the record")
+    e.add_argument("--planted-impl", default="gdn/torch_chunk", help="OP/IMPL the planted groups slowed down")
     e.add_argument("--out", required=True)
     args = ap.parse_args()
     collect(args) if args.cmd == "collect" else evaluate(args)

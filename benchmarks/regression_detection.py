@@ -40,7 +40,9 @@ from rich.console import Console
 from rich.table import Table
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
-REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json"))
+REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json")) + sorted(
+    (Path(__file__).parent / "h200").glob("gate-calibration-*.json")
+)
 
 
 def compare_samples(

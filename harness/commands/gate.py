@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from deltabench.harness.regression import Comparison, RunSpread
     from deltabench.harness.series import JobKey
 
-__all__ = ["load_history_spreads", "load_run", "parse_alpha", "parse_threshold", "register"]
+__all__ = ["load_history_spreads", "load_run", "parse_alpha", "parse_spread", "parse_threshold", "register"]
 
 
 def parse_threshold(text: str) -> float:
@@ -39,6 +39,20 @@ def parse_threshold(text: str) -> float:
         raise BadInput(f"ambiguous threshold {text!r}: write {raw}% or {value / 100:g}")
     if not (0.0 <= value < 10.0) or math.isnan(value):
         raise BadInput(f"threshold {text!r} out of range: use 0% to 1000%")
+    return value
+
+
+def parse_spread(text: str) -> float:
+    """A run-to-run spread: ``"3%"`` or ``"0.03"`` -> 0.03 (the standard deviation of log run medians)."""
+    from deltabench.harness.errors import BadInput
+
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise BadInput(f"malformed spread {text!r}: write e.g. 3% or 0.03") from None
+    if not (0.0 < value < 5.0) or math.isnan(value):
+        raise BadInput(f"spread {text!r} out of range: use a fraction above 0, e.g. 3%")
     return value
 
 
@@ -155,6 +169,7 @@ def _compare(
     db: str | None,
     history: bool,
     allow_missing: bool,
+    default_spread: str | None,
     markdown: Path | None,
     json_out: Path | None,
 ) -> Comparison:
@@ -166,6 +181,7 @@ def _compare(
     from rich.console import Console
 
     rule = GradingRule(threshold=parse_threshold(threshold), alpha=parse_alpha(alpha))
+    sigma = parse_spread(default_spread) if default_spread is not None else None
     head_doc = load_run(head, db_url=db, role="head")
     base_doc = load_run(base, db_url=db, prefer=head_doc, role="base")
     if base_doc.run_id == head_doc.run_id:
@@ -174,7 +190,9 @@ def _compare(
     spreads = (
         load_history_spreads(base_doc.run_id, exclude_run_id=head_doc.run_id, db_url=db) if history and from_db else {}
     )
-    cmp = compare_documents(base_doc, head_doc, rule=rule, spreads=spreads, allow_missing=allow_missing)
+    cmp = compare_documents(
+        base_doc, head_doc, rule=rule, spreads=spreads, default_sigma=sigma, allow_missing=allow_missing
+    )
     print_comparison(cmp, Console(width=200))
     if markdown is not None:
         markdown.write_text(render_markdown(cmp))
@@ -194,6 +212,10 @@ def register(app: typer.Typer) -> None:
 
     history_help = "Take each job's run-to-run spread from its series' history in the database (when one is used)."
     missing_help = "Jobs of the base missing in the head, or a head run cut short, do not fail the gate."
+    spread_help = (
+        "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
+        "default: the measured figure of the machine class (README, Regression gate)."
+    )
 
     @app.command("gate")
     def gate_command(
@@ -206,6 +228,7 @@ def register(app: typer.Typer) -> None:
         db: str = typer.Option(None, "--db", help=db_help),
         history: bool = typer.Option(True, "--history/--no-history", help=history_help),
         allow_missing: bool = typer.Option(False, "--allow-missing", help=missing_help),
+        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
     ) -> int:
         """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
         jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
@@ -222,6 +245,7 @@ def register(app: typer.Typer) -> None:
             db=db,
             history=history,
             allow_missing=allow_missing,
+            default_spread=default_spread,
             markdown=markdown,
             json_out=json_out,
         )
@@ -237,6 +261,7 @@ def register(app: typer.Typer) -> None:
         json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
         db: str = typer.Option(None, "--db", help=db_help),
         history: bool = typer.Option(True, "--history/--no-history", help=history_help),
+        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
     ) -> int:
         """Compare two runs job by job (head vs base), without gating: exit 0 unless the input is bad."""
         _compare(
@@ -247,6 +272,7 @@ def register(app: typer.Typer) -> None:
             db=db,
             history=history,
             allow_missing=True,
+            default_spread=default_spread,
             markdown=markdown,
             json_out=json_out,
         )

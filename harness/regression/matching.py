@@ -69,16 +69,21 @@ def compare_job_pairs(
     head_env: Environment | None = None,
     spreads: Mapping[JobKey, RunSpread] | None = None,
     machine_kind: str | None = None,
+    default_sigma: float | None = None,
 ) -> list[JobComparison]:
     """Grade every (base, head) pair: status and context first, then the timings of the jobs with raw samples on
     both sides in one vectorised :meth:`GradingRule.grade_samples` call.
 
-    `spreads` holds the run-to-run spread of jobs with history; the others get the default of `machine_kind`
-    (else the base environment's machine class).
+    `spreads` holds the run-to-run spread of jobs with history; the others get `default_sigma` when given (a spread
+    measured on the user's own machine), else the measured default of `machine_kind` (else the base environment's
+    machine class).
     """
     rule = rule or GradingRule()
     spreads = spreads or {}
-    fallback = default_spread(machine_kind or (base_env.machine_kind if base_env is not None else None))
+    if default_sigma is not None:
+        fallback = RunSpread(sigma=default_sigma, source="default")
+    else:
+        fallback = default_spread(machine_kind or (base_env.machine_kind if base_env is not None else None))
     out: list[JobComparison | None] = []
     commons: list[dict[str, Any]] = []
     sampled: list[int] = []
@@ -180,12 +185,13 @@ def compare_documents(
     *,
     rule: GradingRule | None = None,
     spreads: Mapping[JobKey, RunSpread] | None = None,
+    default_sigma: float | None = None,
     allow_missing: bool = False,
 ) -> Comparison:
     """Match the jobs of two runs by (op, impl, shape, dtype, mode) and grade each (see the module docstring).
 
     `spreads`: the run-to-run spread of the jobs whose series has history (``noise.spread_from_history``); the
-    others are graded with the base machine class's default spread.
+    others are graded with `default_sigma`, else the base machine class's measured default spread.
     """
     rule = rule or GradingRule()
     bj, hj = latest_by_key(base), latest_by_key(head)
@@ -196,6 +202,7 @@ def compare_documents(
         base_env=base.environment,
         head_env=head.environment,
         spreads=spreads,
+        default_sigma=default_sigma,
     )
     return Comparison(
         base_run_id=base.run_id,

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 from deltabench.harness.document import ResultDocument
-from deltabench.harness.regression import GradingRule, RunSpread, compare_documents, spread_from_history
+from deltabench.harness.regression import GradingRule, compare_documents, spread_from_history
 from deltabench.harness.regression.matching import latest_by_key
+from deltabench.harness.regression.noise import run_level
 
 PLANTED_FILE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
 PLANTED_IMPL = ("gdn", "torch_chunk")  # evaluate --planted-impl changes it (DELTABENCH_PLANTED_IMPL when collecting)
@@ -73,13 +74,19 @@ def _docs(folder: Path, label: str) -> list[ResultDocument]:
     return sorted(docs, key=lambda d: d.created_at)
 
 
-def _spreads(history: list[ResultDocument]) -> dict:
-    """Each job's spread from these runs' medians, oldest first (what db.history computes from a store)."""
-    medians: dict[tuple, list[float]] = {}
-    for doc in history:
+def _levels(docs: list[ResultDocument], level=run_level) -> dict[tuple, list[float]]:
+    """Each ok job's run levels over these runs, in their order (the gate's: best time; or another statistic)."""
+    out: dict[tuple, list[float]] = {}
+    for doc in docs:
         for key, job in latest_by_key(doc).items():
             if job.status == "ok" and job.timing is not None:
-                medians.setdefault(key, []).append(job.timing.median_ms)
+                out.setdefault(key, []).append(level(job.timing.samples_ms, job.timing.median_ms))
+    return out
+
+
+def _spreads(history: list[ResultDocument]) -> dict:
+    """Each job's spread from these runs' levels, oldest first (what db.history computes from a store)."""
+    medians = _levels(history)
     out = {}
     for key, m in medians.items():
         s = spread_from_history(m)
@@ -88,14 +95,26 @@ def _spreads(history: list[ResultDocument]) -> dict:
     return out
 
 
-def _gate_counts(pairs, rule: GradingRule, *, with_history: bool, within_only: bool = False) -> dict:
-    """Gate each (base, head, history) triple: failed gates, job regressions among the jobs timed on both sides."""
+def _old_rule_regression(ev, rule: GradingRule) -> bool:
+    """The gate's rule before run-to-run noise: ratio of medians over the threshold, p < alpha, interval above 1."""
+    return ev.ratio > 1.0 + rule.threshold and ev.pvalue < rule.alpha and (ev.ci_low or 0.0) > 1.0
+
+
+def _gate_counts(
+    pairs, rule: GradingRule, *, with_history: bool, within_only: bool = False, sigma: float | None = None
+) -> dict:
+    """Gate each (base, head, history) triple: failed gates, job regressions among the jobs timed on both sides.
+    `sigma`: the no-history default spread (None: the machine class's)."""
     failed = regressions = timed = 0
     for base, head, history in pairs:
         spreads = _spreads(history) if with_history else {}
-        if within_only:  # the rule before run-to-run noise: no bound at all
-            spreads = {k: RunSpread(sigma=0.0, source="default") for k in latest_by_key(base)}
-        cmp = compare_documents(base, head, rule=rule, spreads=spreads, allow_missing=True)
+        cmp = compare_documents(base, head, rule=rule, spreads=spreads, default_sigma=sigma, allow_missing=True)
+        if within_only:  # the rule before run-to-run noise: ratio of medians, rank test and interval only
+            old = [r for r in cmp.rows if r.stats is not None and _old_rule_regression(r.stats, rule)]
+            timed += sum(r.stats is not None for r in cmp.rows)
+            regressions += len(old)
+            failed += bool(old)
+            continue
         c = cmp.counts
         timed += c["regression"] + c["improvement"] + c["within_noise"]
         regressions += c["regression"]
@@ -103,13 +122,9 @@ def _gate_counts(pairs, rule: GradingRule, *, with_history: bool, within_only: b
     return {"gates": len(pairs), "failed_gates": failed, "job_comparisons": timed, "job_regressions": regressions}
 
 
-def _job_spreads(docs: list[ResultDocument]) -> dict:
-    """Per timed job: the standard deviation of log medians over the runs; and their distribution over jobs."""
-    medians: dict[tuple, list[float]] = {}
-    for doc in docs:
-        for key, job in latest_by_key(doc).items():
-            if job.status == "ok" and job.timing is not None:
-                medians.setdefault(key, []).append(job.timing.median_ms)
+def _job_spreads(docs: list[ResultDocument], level=run_level) -> dict:
+    """Per timed job: the standard deviation of log run levels over the runs; and their distribution over jobs."""
+    medians = _levels(docs, level)
     sig = {"/".join(k): float(np.std(np.log(m), ddof=1)) for k, m in medians.items() if len(m) == len(docs)}
     v = np.array(sorted(sig.values()))
     return {
@@ -121,7 +136,20 @@ def _job_spreads(docs: list[ResultDocument]) -> dict:
     }
 
 
-def _detection(heads, same, rule: GradingRule) -> dict:
+def suggested_default(docs: list[ResultDocument], alpha: float) -> float:
+    """The default spread these same-code runs support: the sigma whose no-history bound z(1-alpha) * sqrt(2) * sigma
+    equals the (1 - alpha) quantile of the log ratios of run levels over every job and ordered pair of runs, so the
+    no-history rule fails at most a share alpha of those job comparisons."""
+    from scipy.stats import norm
+
+    d = []
+    for levels in _levels(docs).values():
+        y = np.log(levels)
+        d += [float(a - b) for i, a in enumerate(y) for j, b in enumerate(y) if i != j]
+    return float(np.quantile(d, 1.0 - alpha)) / (float(norm.isf(alpha)) * np.sqrt(2.0))
+
+
+def _detection(heads, same, rule: GradingRule, sigma: float | None = None) -> dict:
     """Share of heads whose planted job is a regression: against all same-code runs as history, and alone."""
     hist_hits = []
     base = same[-1]
@@ -137,16 +165,13 @@ def _detection(heads, same, rule: GradingRule) -> dict:
     alone_hits = []
     for head in heads:
         for b in same:
-            rows = [
-                r
-                for r in compare_documents(b, head, rule=rule, allow_missing=True).rows
-                if (r.op, r.impl) == PLANTED_IMPL
-            ]
+            cmp = compare_documents(b, head, rule=rule, default_sigma=sigma, allow_missing=True)
+            rows = [r for r in cmp.rows if (r.op, r.impl) == PLANTED_IMPL]
             alone_hits.append(all(r.outcome == "regression" for r in rows) and bool(rows))
     return {
         "heads": len(heads),
         "with_history": {"caught": int(sum(hist_hits)), "trials": len(hist_hits), "history_runs": len(same)},
-        "no_history": {"caught": int(sum(alone_hits)), "trials": len(alone_hits)},
+        "no_history": {"caught": int(sum(alone_hits)), "trials": len(alone_hits), "default_spread": sigma},
         "control_false_failures": control_false,
         "observed_change_vs_history": {
             "median": float(np.median(changes)) if changes else None,
@@ -181,7 +206,9 @@ def evaluate(args: argparse.Namespace) -> None:
         "pairwise_no_history": _gate_counts(pairs_no_hist, rule, with_history=False),
         "leave_one_out_history": _gate_counts(loo, rule, with_history=True),
         "old_within_run_rule_pairwise": _gate_counts(pairs_no_hist, rule, with_history=False, within_only=True),
+        "suggested_default_spread": suggested_default(same, args.alpha),
         "run_to_run_spread": _job_spreads(same),
+        "run_to_run_spread_of_medians": _job_spreads(same, lambda samples, median: median),
         "planted_impl": args.planted_impl,
         "planted": {},
     }
@@ -190,8 +217,21 @@ def evaluate(args: argparse.Namespace) -> None:
         heads = _docs(folder, label)
         if heads:
             result["planted"][label] = {"slowdown": float(frac), **_detection(heads, same, rule)}
+            if args.default_spread is not None:
+                own = _detection(heads, same, rule, sigma=args.default_spread)["no_history"]
+                result["planted"][label]["no_history_given_default"] = own
+    if args.default_spread is not None:
+        result["pairwise_no_history_given_default"] = {
+            "default_spread": args.default_spread,
+            **_gate_counts(pairs_no_hist, rule, with_history=False, sigma=args.default_spread),
+        }
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "run_to_run_spread"}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("run_to_run_spread")}, indent=1))
+    m = result["run_to_run_spread_of_medians"]
+    print(
+        f"suggested default spread (no-history false failures <= alpha here): {result['suggested_default_spread']:.2%}"
+    )
+    print(f"medians' run-to-run spread over jobs: median {m['median']:.2%}, p90 {m['p90']:.2%}, max {m['max']:.2%}")
     s = result["run_to_run_spread"]
     print(f"run-to-run spread over jobs: median {s['median']:.2%}, p90 {s['p90']:.2%}, max {s['max']:.2%}")
 
@@ -211,6 +251,7 @@ def main() -> None:
     e.add_argument("--alpha", type=float, default=0.01)
     e.add_argument("--threshold", type=float, default=0.05)
     e.add_argument("--load-note", default="", help="how loaded the machine was, for the record")
+    e.add_argument("--default-spread", type=float, default=None, help="also grade no-history pairs with this sigma")
     e.add_argument("--planted-impl", default="gdn/torch_chunk", help="OP/IMPL the planted groups slowed down")
     e.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -1,16 +1,18 @@
 """The run-to-run spread of each job of a stored base run, from its series' history in the store (what the gate
-holds a head against; ``harness.regression.noise`` defines the model)."""
+holds a head against; ``harness.regression.noise`` defines the model and the run level: a result's best sample,
+its median when it has no raw samples)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from deltabench.harness.regression.noise import HISTORY_WINDOW, RunSpread, spread_from_history
+from deltabench.harness.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spread_from_history
 from deltabench.harness.series import JobKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .models import Result, Run
+from .queries import result_samples
 
 __all__ = ["history_spreads"]
 
@@ -23,7 +25,7 @@ def history_spreads(
     class created up to the base, without `exclude_run_id` (the head). Jobs with too little history are left out
     (the machine class's default spread applies); an unknown base run gives no spreads.
 
-    Two queries whatever the number of jobs: the window's runs, then their ok results.
+    Three queries whatever the number of jobs: the window's runs, their ok results, and those results' samples.
     """
     base = session.execute(select(Run.id, Run.created_at).where(Run.run_id == base_run_id)).first()
     if base is None:
@@ -59,23 +61,26 @@ def history_spreads(
             Result.software,
             Result.median_ms,
             Result.attempt,
+            Result.id,
         ).where(Result.run_pk.in_(list(run_order)), Result.status == "ok", Result.median_ms > 0)
     ).all()
-    # One median per (series, run): the highest attempt, as a comparison takes it.
-    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, float]]] = defaultdict(dict)
+    # One result per (series, run): the highest attempt, as a comparison takes it.
+    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, int, float]]] = defaultdict(dict)
     base_series: dict[JobKey, str] = {}
     for r in rows:
         key: JobKey = (r.op, r.impl, f"B{r.B}-T{r.T}-H{r.H}-K{r.K}-V{r.V}", r.dtype, r.mode)
         runs = per_run[(key, r.software)]
         if r.run_pk not in runs or r.attempt >= runs[r.run_pk][0]:
-            runs[r.run_pk] = (r.attempt, float(r.median_ms))
+            runs[r.run_pk] = (r.attempt, r.id, float(r.median_ms))
         if r.run_pk == base.id:
             base_series[key] = r.software
+    wanted = [v[1] for k, runs in per_run.items() if base_series.get(k[0]) == k[1] for v in runs.values()]
+    samples = result_samples(session, result_ids=wanted)
     out: dict[JobKey, RunSpread] = {}
     for key, software in base_series.items():
         runs = per_run[(key, software)]
-        medians = [runs[pk][1] for pk in sorted(runs, key=run_order.__getitem__)]  # oldest first, the base last
-        spread = spread_from_history(medians)
+        ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
+        spread = spread_from_history([run_level(samples.get(runs[pk][1], []), runs[pk][2]) for pk in ordered])
         if spread is not None:
             out[key] = spread
     return out

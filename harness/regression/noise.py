@@ -2,21 +2,27 @@
 
 Most of the variance between two runs of the same code is between processes and machine states (clock frequency,
 cache and memory placement, neighbours on a shared machine), which the samples inside one run never see: two smoke
-runs of one commit on a two-core machine differ by up to +90% on some jobs while each run's own samples are tight.
-So the gate compares a head's run median with the spread of *run medians*, not only with the base run's samples.
+runs of one commit on a loaded two-core machine differ by up to 4.9x in a job's median while each run's own samples
+are tight. So the gate compares a head run with the spread of whole runs, not only with the base run's samples.
 
-Where that spread comes from, best first:
+**Run level.** Each run of a job is summarised by its best (minimum) sample, :func:`run_level`: timing noise on a
+shared machine is added time (preemption, a neighbour's cache traffic), so the best sample tracks the code's own
+cost while the median moves with the machine's load. Measured on the same smoke runs: the run-to-run spread of the
+best time is about a fifth of the median's (benchmarks/NOTES.md, "Regression gate calibration"); conbench reduces
+each result to its best repetition for the same reason. A side stored without raw samples falls back to its median.
 
-- **history**: the medians of the series' past runs on the same machine class and major software (conbench's
+Where the spread of run levels comes from, best first:
+
+- **history**: the run levels of the series' past runs on the same machine class and major software (conbench's
   lookback distribution). The newest :data:`HISTORY_WINDOW` runs up to the base, cut at the series' last change
-  point (a real step is not noise). With ``k >= MIN_HISTORY_RUNS`` run medians ``y_i = log(median_i)`` of mean
-  ``c`` and standard deviation ``s``, a head run of unchanged code falls above the one-sided prediction bound
+  point (a real step is not noise). With ``k >= MIN_HISTORY_RUNS`` levels ``y_i = log(level_i)`` of mean ``c`` and
+  standard deviation ``s``, a head run of unchanged code falls above the one-sided prediction bound
   ``c + t(1 - alpha; k - 1) * s * sqrt(1 + 1/k)`` with probability alpha (Student-t prediction interval, as
   Bencher's ``t_test`` threshold; exact for normal run effects).
 - **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
   ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
-  run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/
-  regression_detection.py --calibrate``). Smaller changes are reported "within noise: run-to-run spread unknown".
+  run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).
+  Smaller changes are reported "within noise: run-to-run spread unknown".
 """
 
 from __future__ import annotations
@@ -31,24 +37,29 @@ __all__ = [
     "DEFAULT_SPREADS",
     "HISTORY_WINDOW",
     "MIN_HISTORY_RUNS",
+    "RUN_LEVEL",
     "RunSpread",
     "default_spread",
+    "run_level",
     "spread_from_history",
 ]
 
-# Fewest run medians that give a spread (df = 2): fewer leave the t quantile unbounded in practice.
+# What a run of a job is summarised by (module docstring); shown in reasons and the evidence.
+RUN_LEVEL = "best time"
+
+# Fewest run levels that give a spread (df = 2): fewer leave the t quantile unbounded in practice.
 MIN_HISTORY_RUNS = 3
 # Newest runs of a series the spread is estimated from: long enough for a stable estimate, short enough that a
 # machine's slow drift (a driver update inside one major version) does not widen it.
 HISTORY_WINDOW = 30
-# A history of identical medians (a coarse clock, a cached result) would give s = 0 and make any difference
+# A history of identical levels (a coarse clock, a cached result) would give s = 0 and make any difference
 # "beyond noise"; a tenth of a percent is below what any run-to-run measurement here showed.
 MIN_SPREAD = 0.001
 
-# Run-to-run spread (standard deviation of log run medians) assumed when a job has no history, by machine class.
+# Run-to-run spread (standard deviation of log run levels) assumed when a job has no history, by machine class.
 # Measured, not guessed (benchmarks/NOTES.md, "Regression gate calibration"):
 # - cpu: 5 same-code `deltabench run --suite smoke` runs on the two-core CI machine under light concurrent load;
-#   the 90th percentile over the 40 timed jobs of each job's spread of log medians.
+#   the 90th percentile over the timed jobs of each job's spread of log best times.
 # - accelerators: 5 back-to-back processes of one job on an H200 (benchmarks/h200/measurement_quality.md) spread
 #   0.2-0.5% max-min; 1% keeps a margin for autotuning and clock state until the H200 calibration
 #   (benchmarks/gpu/gate_calibration.sh) replaces it with a measured figure.
@@ -57,13 +68,13 @@ DEFAULT_SPREADS: dict[str, float] = {"cpu": 0.06, "accelerator": 0.01}
 
 @dataclasses.dataclass(frozen=True)
 class RunSpread:
-    """The run-to-run spread of one job's median: ``sigma`` on the log scale, where it came from, and the centre
+    """The run-to-run spread of one job's run level: ``sigma`` on the log scale, where it came from, and the centre
     the head is compared with when it came from history."""
 
     sigma: float
     source: str  # "history" or "default"
-    runs: int = 0  # run medians it was estimated from (0 for a default)
-    center_ms: float | None = None  # geometric mean of those run medians; None: the base run is the reference
+    runs: int = 0  # run levels it was estimated from (0 for a default)
+    center_ms: float | None = None  # geometric mean of those run levels; None: the base run is the reference
 
     def bound(self, alpha: float) -> float:
         """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against
@@ -87,20 +98,25 @@ def default_spread(machine_kind: str | None) -> RunSpread:
     return RunSpread(sigma=DEFAULT_SPREADS[key], source="default")
 
 
-def _current_segment(medians: np.ndarray) -> np.ndarray:
-    """The medians after the series' last change point: a real step in the history is a change, not noise."""
-    if medians.size < 2 * MIN_HISTORY_RUNS:
-        return medians
+def run_level(samples_ms: Sequence[float], median_ms: float) -> float:
+    """A run's level for the run-to-run model: its best sample, or its median when no raw samples were stored."""
+    return float(min(samples_ms)) if len(samples_ms) else float(median_ms)
+
+
+def _current_segment(levels: np.ndarray) -> np.ndarray:
+    """The levels after the series' last change point: a real step in the history is a change, not noise."""
+    if levels.size < 2 * MIN_HISTORY_RUNS:
+        return levels
     from ..changepoints import find_change_points
 
-    found = find_change_points(list(enumerate(medians.tolist())))
-    return medians[found[-1].index :] if found else medians
+    found = find_change_points(list(enumerate(levels.tolist())))
+    return levels[found[-1].index :] if found else levels
 
 
-def spread_from_history(medians_ms: Sequence[float]) -> RunSpread | None:
-    """The spread of a series' run medians (oldest first, the base run's included), or None with fewer than
-    :data:`MIN_HISTORY_RUNS` usable ones (then :func:`default_spread` applies)."""
-    m = np.asarray([v for v in medians_ms if v is not None and math.isfinite(v) and v > 0], float)
+def spread_from_history(levels_ms: Sequence[float]) -> RunSpread | None:
+    """The spread of a series' run levels (:func:`run_level`, oldest first, the base run's included), or None with
+    fewer than :data:`MIN_HISTORY_RUNS` usable ones (then :func:`default_spread` applies)."""
+    m = np.asarray([v for v in levels_ms if v is not None and math.isfinite(v) and v > 0], float)
     m = _current_segment(m[-HISTORY_WINDOW:])
     if m.size < MIN_HISTORY_RUNS:
         return None

@@ -58,9 +58,9 @@ class TimingEvidence(BaseModel):
     n_head: int
     method: str  # "bootstrap+mann-whitney", "summary" or "too few samples"
     detail: str = ""  # the verdict's reason, as JobComparison.reason
-    reference_ms: float | None = None  # what the head was held against: the history's centre, else the base median
-    change: float | None = None  # head median / reference - 1
-    spread: float | None = None  # run-to-run spread (log scale) of the job's median
+    reference_ms: float | None = None  # what the head's level was held against: the history's centre, else the base's
+    change: float | None = None  # head level (best time; median without raw samples) / reference - 1
+    spread: float | None = None  # run-to-run spread (log scale) of the job's run level
     spread_source: str | None = None  # "history" or "default"
     history_runs: int = 0  # run medians the spread came from (0: the machine class's default)
     noise_bound: float | None = None  # the change a head of unchanged code exceeds with probability alpha

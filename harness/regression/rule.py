@@ -1,9 +1,10 @@
 """The grading rule: one object that decides whether a job got slower and keeps the evidence and the reason.
 
-For a job timed in both runs, with ``reference`` = the centre of the series' recent run medians when it has history
-(``noise.RunSpread.center_ms``), else the base run's median:
+For a job timed in both runs, with ``level`` = a run's best sample (``noise.run_level``: the median when no raw
+samples were stored) and ``reference`` = the centre of the series' recent run levels when it has history
+(``noise.RunSpread.center_ms``), else the base run's level:
 
-    change   = median(head) / reference - 1
+    change   = level(head) / reference - 1
     p        = two-sided Mann-Whitney U p-value of head vs base samples
     [lo, hi] = seeded percentile-bootstrap interval of median(head) / median(base) at level 1 - alpha
     bound    = the run-to-run noise bound at one-sided alpha (``RunSpread.bound``: a Student-t prediction bound from
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..document import TimingStats
-from .noise import RunSpread
+from .noise import RUN_LEVEL, RunSpread, run_level
 from .result import IMPROVEMENT, REGRESSION, WITHIN_NOISE, TimingEvidence
 from .samples import (
     DEFAULT_RESAMPLES,
@@ -82,10 +83,19 @@ class GradingRule:
         """The bootstrap interval's level, 1 - alpha."""
         return 1.0 - self.alpha
 
-    def decide(self, *, change: float, pvalue: float, ci: tuple[float, float], spread: RunSpread) -> tuple[str, str]:
-        """(outcome, reason) for a change against the reference, with the within-run evidence and the spread."""
+    def decide(
+        self,
+        *,
+        change: float,
+        pvalue: float,
+        ci: tuple[float, float],
+        spread: RunSpread,
+        statistic: str = RUN_LEVEL,
+    ) -> tuple[str, str]:
+        """(outcome, reason) for a change of the run level (`statistic`) against the reference, with the within-run
+        evidence and the spread."""
         slower = change > 0.0
-        size = f"{change:+.1%}"
+        size = f"{change:+.1%} ({statistic})"
         if (
             abs(change) <= 0.0
             or (slower and change <= self.threshold)
@@ -108,7 +118,7 @@ class GradingRule:
                 f"a single run must show (default spread {spread.sigma:.1%})",
             )
         outcome = REGRESSION if slower else IMPROVEMENT
-        where = "past runs' centre" if spread.source == "history" else "base run"
+        where = "past runs" if spread.source == "history" else "base run"
         return outcome, (
             f"{size} vs the {where}: beyond the {self.threshold:.0%} threshold, significant (p={pvalue:.2g}) and "
             f"beyond run-to-run noise ({math.expm1(bound if slower else -bound):+.1%}, {spread.describe()})"
@@ -123,12 +133,13 @@ class GradingRule:
         nh: int,
         method: str,
         spread: RunSpread,
-        head_median: float,
-        base_median: float,
+        head_level: float,
+        base_level: float,
     ) -> Verdict:
-        reference = spread.center_ms if spread.center_ms is not None else base_median
-        change = head_median / reference - 1.0
-        outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread)
+        reference = spread.center_ms if spread.center_ms is not None else base_level
+        change = head_level / reference - 1.0
+        statistic = "median" if method == "summary" else RUN_LEVEL
+        outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread, statistic=statistic)
         evidence = TimingEvidence(
             ratio=ratio,
             ci_low=_nan_none(ci[0]),
@@ -192,8 +203,8 @@ class GradingRule:
                     h.size,
                     "bootstrap+mann-whitney",
                     spreads[i],
-                    float(np.median(h)),
-                    float(np.median(b)),
+                    float(h.min()),
+                    float(b.min()),
                 )
             )
         return out
@@ -223,6 +234,8 @@ class GradingRule:
         p = float(2.0 * norm.sf(abs(math.log(ratio)) / se))
         half = float(norm.isf(self.alpha / 2.0)) * se
         ci = (ratio * math.exp(-half), ratio * math.exp(half))
-        v = self._verdict(ratio, ci, p, nb, nh, "summary", spread, head.median_ms, base.median_ms)
+        v = self._verdict(
+            ratio, ci, p, nb, nh, "summary", spread, run_level([], head.median_ms), run_level([], base.median_ms)
+        )
         reason = f"{v.reason} (from summaries: no raw samples)"
         return Verdict(v.outcome, reason, v.evidence.model_copy(update={"detail": reason}))

@@ -229,6 +229,15 @@ def test_history_in_the_database_sets_the_noise_bound(tmp_path: Path) -> None:
 
         rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "triton_chunk"]
         assert all(r["stats"]["spread_source"] == "history" and r["stats"]["history_runs"] == 5 for r in rows)
+        # The history's centre is the geometric mean of each run's best sample (the run level), not of medians.
+        for r in rows:
+            bests = [
+                min(j.timing.samples_ms)
+                for d in runs
+                for j in d.jobs
+                if j.impl == "triton_chunk" and j.case.shape_id == r["shape"] and j.case.mode == r["mode"]
+            ]
+            assert r["stats"]["reference_ms"] == pytest.approx(float(np.exp(np.mean(np.log(bests)))))
         assert all("within run-to-run noise" in r["reason"] for r in rows)
         files = [_write(tmp_path, f"{n}.json", d) for n, d in (("b", runs[-1]), ("h", head))]
         assert _cli("gate", "--base", files[0], "--head", files[1], "--json", str(out)) == 0

@@ -106,7 +106,10 @@ class GradingRule:
             return WITHIN_NOISE, f"~ {size} is not significant within the runs (p={pvalue:.2g} >= {self.alpha:g})"
         lo, hi = ci
         if (slower and not lo > 1.0) or (not slower and not hi < 1.0):
-            return WITHIN_NOISE, f"~ {size}: the {self.level:.0%} interval of the ratio [{lo:.3f}, {hi:.3f}] holds 1"
+            interval = f"the {self.level:.0%} interval of the ratio of medians [{lo:.3f}, {hi:.3f}]"
+            if lo <= 1.0 <= hi:
+                return WITHIN_NOISE, f"~ {size}: {interval} holds 1"
+            return WITHIN_NOISE, f"~ {size}, but the medians moved the other way: {interval}"
         bound = spread.bound(self.alpha)
         if abs(math.log1p(change)) <= bound:
             limit = math.expm1(bound if slower else -bound)

@@ -391,6 +391,8 @@ def test_each_reason_names_the_criterion_that_decided() -> None:
     # The old rule said "significant but within the threshold" here; the interval holding 1 is the reason.
     assert "holds 1" in rule.decide(change=1.28, pvalue=1e-4, ci=(0.97, 3.1), spread=hist)[1]
     assert "within run-to-run noise" in rule.decide(change=0.07, pvalue=1e-9, ci=(1.05, 1.09), spread=hist)[1]
+    # Best time 9% faster while the medians got slower: neither a regression nor an improvement, and said so.
+    assert "the other way" in rule.decide(change=-0.09, pvalue=1e-9, ci=(1.5, 3.7), spread=hist)[1]
     outcome, why = rule.decide(change=-0.3, pvalue=1e-9, ci=(0.6, 0.8), spread=hist)
     assert outcome == "improvement" and "-30.0%" in why
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -158,7 +159,7 @@ def gate_safe_default(pairs, rule: GradingRule) -> float:
         mid = (lo + hi) / 2
         failed = _gate_counts(pairs, rule, with_history=False, sigma=mid)["failed_gates"]
         lo, hi = (mid, hi) if failed else (lo, mid)
-    return round(hi, 3)
+    return math.ceil(hi * 1000) / 1000  # rounded up: still no failed gate
 
 
 def _detection(heads, same, rule: GradingRule, sigma: float | None = None) -> dict:

@@ -237,10 +237,12 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
     console.print(t)
     for path in paths:
         r = json.loads(path.read_text())
-        s = r["run_to_run_spread"]
+        s, m = r["run_to_run_spread"], r["run_to_run_spread_of_medians"]
         console.print(
-            f"{r['suite']}: run-to-run spread of job medians over {r['same_code_runs']} runs: "
-            f"median {s['median']:.2%}, p90 {s['p90']:.2%}, max {s['max']:.2%}. {r.get('load_note', '')}"
+            f"{r['suite']}: run-to-run spread over {r['same_code_runs']} runs, per job, of the best time: median "
+            f"{s['median']:.1%}, p90 {s['p90']:.1%}, max {s['max']:.1%} (of the median: {m['median']:.1%}, "
+            f"{m['p90']:.1%}, {m['max']:.1%}); default spread supported: {r['suggested_default_spread']:.1%} "
+            f"(job false failures <= alpha), {r['gate_safe_default_spread']:.1%} (no failed gate). {r['load_note']}"
         )
 
 

@@ -245,3 +245,17 @@ def test_history_in_the_database_sets_the_noise_bound(tmp_path: Path) -> None:
         assert all(r["reason"].startswith("within noise: run-to-run spread unknown") for r in rows)
     finally:
         dispose_engines()
+
+
+def test_a_head_missing_jobs_or_cut_short_fails_unless_allowed(files: dict[str, str], tmp_path: Path) -> None:
+    head = run_document(seed=2)
+    partial = head.model_copy(update={"jobs": head.jobs[:-1], "meta": {"complete": False}})
+    path = _write(tmp_path, "partial.json", partial)
+    md = tmp_path / "partial.md"
+    assert _cli("gate", "--base", files["base"], "--head", path, "--markdown", str(md)) == 1
+    text = md.read_text()
+    assert "cut short" in text and "1 missing in head (a failure; --allow-missing accepts it)" in text
+    assert _cli("gate", "--base", files["base"], "--head", path, "--allow-missing") == 0
+    assert _cli("compare", files["base"], path) == 0
+    whole_but_cut = _write(tmp_path, "cut.json", head.model_copy(update={"meta": {"complete": False}}))
+    assert _cli("gate", "--base", files["base"], "--head", whole_but_cut) == 1

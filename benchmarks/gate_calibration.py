@@ -59,7 +59,9 @@ def collect(args: argparse.Namespace) -> None:
             if done[label] >= n:
                 continue
             path = out / f"{label}_{done[label]:03d}.json"
-            cmd = ["deltabench", "run", "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv"]
+            # The CLI through the interpreter: a GPU machine with deltabench on PYTHONPATH has no console script.
+            cli = [sys.executable, "-m", "deltabench.harness.cli", "run"]
+            cmd = [*cli, "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv"]
             env = dict(os.environ)
             if frac > 0:
                 cmd += ["--import", str(PLANTED_FILE)]

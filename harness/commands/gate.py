@@ -207,7 +207,7 @@ def _compare(
 def register(app: typer.Typer) -> None:
     """Add the ``gate`` and ``compare`` commands to `app`."""
     threshold_help = "Smallest slowdown that counts, e.g. 5% or 0.05 (asv's factor minus one)."
-    alpha_help = "Significance level of the Mann-Whitney test and of the bootstrap interval (1 - alpha)."
+    alpha_help = "Significance level: Mann-Whitney test, bootstrap interval (1 - alpha), run-to-run bound (one-sided)."
     db_help = "Database URL or SQLite path for run ids and git refs (default: $DELTABENCH_DB or per-user)."
 
     history_help = "Take each job's run-to-run spread from its series' history in the database (when one is used)."
@@ -233,7 +233,8 @@ def register(app: typer.Typer) -> None:
         """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
         jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
 
-        A job regressed when head is slower than the threshold, the Mann-Whitney U test and the bootstrap interval
+        A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
+        bootstrap interval
         of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
         past runs when the database has them, else the machine class's measured default (README, "Regression gate").
         """

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 from deltabench.harness.document import ResultDocument
-from deltabench.harness.regression import GradingRule, compare_documents, spread_from_history
+from deltabench.harness.regression import GradingRule, compare_documents
 from deltabench.harness.regression.matching import latest_by_key
-from deltabench.harness.regression.noise import run_level
+from deltabench.harness.regression.noise import run_level, spreads_from_histories
 
 PLANTED_FILE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
 PLANTED_IMPL = ("gdn", "torch_chunk")  # evaluate --planted-impl changes it (DELTABENCH_PLANTED_IMPL when collecting)
@@ -89,14 +89,8 @@ def _levels(docs: list[ResultDocument], level=run_level) -> dict[tuple, list[flo
 
 
 def _spreads(history: list[ResultDocument]) -> dict:
-    """Each job's spread from these runs' levels, oldest first (what db.history computes from a store)."""
-    medians = _levels(history)
-    out = {}
-    for key, m in medians.items():
-        s = spread_from_history(m)
-        if s is not None:
-            out[key] = s
-    return out
+    """Each job's spread from these runs' levels, oldest first, as db.history computes it from a store."""
+    return spreads_from_histories(_levels(history))
 
 
 def _old_rule_regression(ev, rule: GradingRule) -> bool:

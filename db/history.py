@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from deltabench.harness.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spread_from_history
+from deltabench.harness.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spreads_from_histories
 from deltabench.harness.series import JobKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -23,7 +23,9 @@ def history_spreads(
     """Each ok job of the stored run `base_run_id` with its run-to-run spread, from the medians of the same job
     (op, impl, shape, dtype, mode, major software) in the newest :data:`HISTORY_WINDOW` runs on the same machine
     class created up to the base, without `exclude_run_id` (the head). Jobs with too little history are left out
-    (the machine class's default spread applies); an unknown base run gives no spreads.
+    (the machine class's default spread applies); an unknown base run gives no spreads. The jobs' bounds are
+    widened together when their pooled history is heavier-tailed than the bound assumes
+    (``noise.spreads_from_histories``).
 
     Three queries whatever the number of jobs: the window's runs, their ok results, and those results' samples.
     """
@@ -76,11 +78,9 @@ def history_spreads(
             base_series[key] = r.software
     wanted = [v[1] for k, runs in per_run.items() if base_series.get(k[0]) == k[1] for v in runs.values()]
     samples = result_samples(session, result_ids=wanted)
-    out: dict[JobKey, RunSpread] = {}
+    levels: dict[JobKey, list[float]] = {}
     for key, software in base_series.items():
         runs = per_run[(key, software)]
         ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
-        spread = spread_from_history([run_level(samples.get(runs[pk][1], []), runs[pk][2]) for pk in ordered])
-        if spread is not None:
-            out[key] = spread
-    return out
+        levels[key] = [run_level(samples.get(runs[pk][1], []), runs[pk][2]) for pk in ordered]
+    return spreads_from_histories(levels)

@@ -13,7 +13,7 @@ Layers, each importing only those above it in this list:
 from __future__ import annotations
 
 from .matching import RunJobs, compare_documents, compare_job_pairs, compare_jobs, latest_by_key
-from .noise import DEFAULT_SPREADS, RunSpread, default_spread, spread_from_history
+from .noise import DEFAULT_SPREADS, RunSpread, default_spread, spread_from_history, spreads_from_histories
 from .result import (
     BAD_STATUSES,
     FAILING_OUTCOMES,
@@ -44,4 +44,5 @@ __all__ = [
     "default_spread",
     "latest_by_key",
     "spread_from_history",
+    "spreads_from_histories",
 ]

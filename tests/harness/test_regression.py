@@ -339,6 +339,23 @@ def test_spread_from_history_needs_three_runs_and_measures_the_log_spread() -> N
     assert spread_from_history([1.0, 1.0, 1.0]).sigma == 0.001  # a floor, never zero
 
 
+def test_pooled_histories_widen_the_bound_only_for_heavy_tails() -> None:
+    from deltabench.harness.regression import spreads_from_histories
+
+    rng = np.random.default_rng(25)
+    normal = {i: np.exp(rng.normal(0.0, 0.02, 5)).tolist() for i in range(40)}
+    calm = spreads_from_histories(normal)
+    assert len(calm) == 40 and all(s.tail < 1.3 for s in calm.values())  # at most the estimate's own noise
+    # The same machine with one run in ten far off (a job's best time 3x): every job's bound is widened together.
+    heavy = {i: [v * (3.0 if rng.random() < 0.1 else 1.0) for v in lv] for i, lv in normal.items()}
+    wide = spreads_from_histories(heavy)
+    tails = {s.tail for s in wide.values()}
+    assert len(tails) == 1 and tails.pop() > 1.6
+    assert "widened" in next(iter(wide.values())).describe()
+    # Too few residuals to judge a tail (two jobs): the bounds stay as they are.
+    assert all(s.tail == 1.0 for s in spreads_from_histories({0: heavy[0], 1: heavy[1]}).values())
+
+
 def test_history_is_cut_at_its_last_change_point() -> None:
     rng = np.random.default_rng(20)
     before = (1.0 * np.exp(rng.normal(0, 0.01, 12))).tolist()

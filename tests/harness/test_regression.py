@@ -328,15 +328,16 @@ def _run(rng: np.random.Generator, scale: float, run_sigma: float, n: int = 30) 
     return _samples(rng, n, scale * np.exp(rng.normal(0.0, run_sigma)), noise=0.005)
 
 
-def test_spread_from_history_needs_three_runs_and_measures_the_log_spread() -> None:
-    assert spread_from_history([1.0, 1.1]) is None
-    s = spread_from_history([1.0, 1.02, 0.98, 1.01])
-    assert s is not None and s.source == "history" and s.runs == 4
-    assert s.sigma == pytest.approx(float(np.std(np.log([1.0, 1.02, 0.98, 1.01]), ddof=1)))
-    assert s.center_ms == pytest.approx(float(np.exp(np.mean(np.log([1.0, 1.02, 0.98, 1.01])))))
-    # Student-t prediction bound: t(0.99; 3) * s * sqrt(1 + 1/4)
-    assert s.bound(0.01) == pytest.approx(4.5407 * s.sigma * np.sqrt(1.25), rel=1e-3)
-    assert spread_from_history([1.0, 1.0, 1.0]).sigma == 0.001  # a floor, never zero
+def test_spread_from_history_needs_five_runs_and_measures_the_log_spread() -> None:
+    levels = [1.0, 1.02, 0.98, 1.01, 0.99]
+    assert spread_from_history(levels[:4]) is None
+    s = spread_from_history(levels)
+    assert s is not None and s.source == "history" and s.runs == 5
+    assert s.sigma == pytest.approx(float(np.std(np.log(levels), ddof=1)))
+    assert s.center_ms == pytest.approx(float(np.exp(np.mean(np.log(levels)))))
+    # Student-t prediction bound: t(0.99; 4) * s * sqrt(1 + 1/5)
+    assert s.bound(0.01) == pytest.approx(3.7469 * s.sigma * np.sqrt(1.2), rel=1e-3)
+    assert spread_from_history([1.0] * 5).sigma == 0.001  # a floor, never zero
 
 
 def test_pooled_histories_widen_the_bound_only_for_heavy_tails() -> None:

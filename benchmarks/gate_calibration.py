@@ -16,7 +16,7 @@ from the same-code runs' medians as ``db.history`` reads them from a store) and 
         --out benchmarks/cpu/gate-calibration-suite.json
 
 Figures, for the same-code group: the default spread these runs support (the sigma at which no-history job
-comparisons fail at most a share alpha, and the smallest at which no no-history gate fails); every pair (i < j)
+comparisons fail at most a share alpha, and the smallest at which no no-history gate fails); every ordered pair
 gated with no history (files only: the machine class's default spread); each run gated against the newest other
 with the other runs as history (leave one out); the old median rule (ratio, rank test, interval) on the same pairs;
 the per-job spread of log run levels (best times) and of log medians over the runs. For each planted group: each
@@ -198,7 +198,8 @@ def evaluate(args: argparse.Namespace) -> None:
     same = _docs(folder, args.same)
     if len(same) < 2:
         sys.exit(f"need at least two '{args.same}' runs in {folder}")
-    pairs_no_hist = [(same[i], same[j], []) for i in range(len(same)) for j in range(i + 1, len(same))]
+    # Both directions of every pair: a base may be newer than its head (a revert, a bisection).
+    pairs_no_hist = [(same[i], same[j], []) for i in range(len(same)) for j in range(len(same)) if i != j]
     loo = []
     for j, head in enumerate(same):
         others = [d for i, d in enumerate(same) if i != j]

@@ -202,9 +202,9 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
     for path in paths:
         r = json.loads(path.read_text())
         checks = (
-            ("all pairs, no history", r["pairwise_no_history"]),
+            ("all ordered pairs, no history", r["pairwise_no_history"]),
             ("each vs the others as history", r["leave_one_out_history"]),
-            ("old within-run rule, all pairs", r["old_within_run_rule_pairwise"]),
+            ("old median rule, all ordered pairs", r["old_within_run_rule_pairwise"]),
         )
         for name, c in checks:
             rate = c["job_regressions"] / max(c["job_comparisons"], 1)

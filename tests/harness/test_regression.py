@@ -397,7 +397,7 @@ def test_no_history_says_the_spread_is_unknown_and_still_catches_a_large_slowdow
     moderate = compare_samples(_run(rng, 1.0, 0.0), _run(rng, 1.12, 0.0), spread=cpu)
     assert moderate.outcome == "within_noise"
     assert moderate.detail.startswith("within noise: run-to-run spread unknown")
-    large = compare_samples(_run(rng, 1.0, 0.0), _run(rng, 20.0, 0.0), spread=cpu)  # beyond e^(3.29 * 0.72)
+    large = compare_samples(_run(rng, 1.0, 0.0), _run(rng, 20.0, 0.0), spread=cpu)  # beyond e^(3.29 * 0.78) = 13x
     assert large.outcome == "regression" and "base run" in large.detail
 
 

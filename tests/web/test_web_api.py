@@ -74,7 +74,7 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
     token = build.token(db_url)
     base = build.document(jobs=[build.job(impl="torch_chunk", median=1.0), build.job(impl="triton_chunk", median=0.5)])
     head = build.document(
-        # One CPU run each, no history: only a change beyond the CPU's measured run-to-run spread counts (~11x).
+        # One CPU run each, no history: only a change beyond the CPU's measured run-to-run spread counts (~13x).
         jobs=[build.job(impl="torch_chunk", median=20.0), build.job(impl="triton_chunk", median=0.5, spread=0.012)]
     )
     client.post("/api/v1/runs", json=build.body(base, head), headers=_auth(token))

@@ -678,7 +678,7 @@ def load_run_document(session: Session, run_id: str, *, checks: str = "all") -> 
 
 @dataclasses.dataclass(frozen=True)
 class ComparisonInput:
-    """What a comparison of runs reads of one stored run (``harness.stats.compare_documents`` takes it as it takes
+    """What a comparison of runs reads of one stored run (``harness.regression.compare_documents`` takes it as it takes
     a :class:`ResultDocument`): its id, its environment and its jobs in document order.
 
     Each job carries its case, impl, backend, device, status, reason, times and its timing (summary and every raw

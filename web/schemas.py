@@ -10,6 +10,7 @@ import datetime as _dt
 from typing import Annotated, Any, Literal
 
 from deltabench.harness.document import ResultDocument
+from deltabench.harness.regression import Comparison, JobComparison, TimingEvidence
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -250,55 +251,10 @@ class RegressionsPublic(BaseModel):
 # ----------------------------------------------------------------------------------------------- comparisons
 
 
-class SampleStatsPublic(BaseModel):
-    """The statistics behind a verdict: ratio of medians with its interval, the rank test's p-value."""
-
-    ratio: float
-    ci_low: float | None
-    ci_high: float | None
-    level: float
-    pvalue: float
-    n_base: int
-    n_head: int
-    method: str
-    detail: str
-
-
-class ComparisonRowPublic(BaseModel):
-    """One matched job, head vs base."""
-
-    op: str
-    impl: str
-    shape: str
-    dtype: str
-    mode: str
-    outcome: str
-    reason: str
-    base_status: str | None
-    head_status: str | None
-    base_median_ms: float | None
-    head_median_ms: float | None
-    stats: SampleStatsPublic | None = None
-
-
-class ComparisonPublic(BaseModel):
-    """Head vs base: per job its outcome, and counts per outcome."""
-
-    base_run_id: str
-    head_run_id: str
-    base_label: str
-    head_label: str
-    base_commit: str | None
-    head_commit: str | None
-    threshold: float
-    alpha: float
-    context_mismatch: str | None
-    failed: bool
-    counts: dict[str, int]
-    rows: list[ComparisonRowPublic]
-    skipped_points: int = Field(
-        0, description="stored points left out as unusable (a job that fails today's validation)"
-    )
+# One definition of a comparison result, shared with the CLI: these names are the harness models themselves.
+SampleStatsPublic = TimingEvidence
+ComparisonRowPublic = JobComparison
+ComparisonPublic = Comparison
 
 
 # ------------------------------------------------------------------------------------------------------ jobs

@@ -1,7 +1,7 @@
 """What the API routes and the pages both compute: run tables, comparisons, histories and regressions.
 
 Each function takes a session and plain arguments, reads through ``deltabench.db.queries`` and grades with
-``deltabench.harness.stats`` / ``deltabench.harness.changepoints``; none builds a query itself.
+``deltabench.harness.regression`` / ``deltabench.harness.changepoints``; none builds a query itself.
 """
 
 from __future__ import annotations
@@ -121,8 +121,7 @@ def run_tables(doc: ResultDocument) -> list[OpTable]:
 def _comparison_public(
     comparison: Any, *, base_label: str, head_label: str, skipped: int = 0
 ) -> schemas.ComparisonPublic:
-    d = comparison.to_dict()
-    return schemas.ComparisonPublic(base_label=base_label, head_label=head_label, skipped_points=skipped, **d)
+    return comparison.model_copy(update={"base_label": base_label, "head_label": head_label, "skipped_points": skipped})
 
 
 # Comparisons are deterministic (seeded bootstrap) and cost ~0.1 ms a job (vectorised), so each is kept until a run
@@ -163,8 +162,9 @@ def _resolve(session: Session, ref: str) -> str:
 def compare_two_runs(
     session: Session, *, base: str, head: str, threshold: float, alpha: float
 ) -> schemas.ComparisonPublic:
-    """Head run vs base run, job by job (see ``harness.stats.compare_documents``)."""
-    from deltabench.harness.stats import compare_documents
+    """Head run vs base run, job by job (see ``harness.regression.compare_documents``)."""
+    from deltabench.db.history import history_spreads
+    from deltabench.harness.regression import GradingRule, compare_documents
 
     base_id, head_id = _resolve(session, base), _resolve(session, head)
 
@@ -173,7 +173,10 @@ def compare_two_runs(
         # nothing else, and building two whole documents was the largest part of a first view's time.
         base_side = queries.load_comparison_input(session, run_id=base_id)
         head_side = queries.load_comparison_input(session, run_id=head_id)
-        comparison = compare_documents(base_side, head_side, threshold=threshold, alpha=alpha)
+        # The same noise model as the CLI gate: each job's run-to-run spread from its series' stored history.
+        spreads = history_spreads(session, base_run_id=base_id, exclude_run_id=head_id)
+        rule = GradingRule(threshold=threshold, alpha=alpha)
+        comparison = compare_documents(base_side, head_side, rule=rule, spreads=spreads)
         return _comparison_public(
             comparison,
             base_label=base_id[:12],
@@ -198,7 +201,7 @@ def compare_impls_in_run(
 def _compare_impls(
     session: Session, run: str, base_impl: str, head_impl: str, threshold: float, alpha: float
 ) -> schemas.ComparisonPublic:
-    from deltabench.harness.stats import Comparison, compare_job_pairs
+    from deltabench.harness.regression import Comparison, GradingRule, compare_job_pairs
 
     doc = queries.load_comparison_input(session, run_id=run)  # jobs and timings only, as for two runs
     by_case: dict[tuple[str, str, str, str], dict[str, JobResult]] = {}
@@ -211,22 +214,25 @@ def _compare_impls(
     if not by_case:
         raise NotFound(f"run {doc.run_id} has no results of {base_impl!r} or {head_impl!r}")
     rows = compare_job_pairs(
-        [(side.get(base_impl), side.get(head_impl)) for side in by_case.values()], threshold=threshold, alpha=alpha
+        [(side.get(base_impl), side.get(head_impl)) for side in by_case.values()],
+        rule=GradingRule(threshold=threshold, alpha=alpha),
+        machine_kind=doc.environment.machine_kind,
     )
-    comparison = Comparison(
+    # A job missing on the head side has the base impl's name in its key; show the head impl's name instead.
+    label = f"{head_impl} vs {base_impl}"
+    return Comparison(
         base_run_id=doc.run_id,
         head_run_id=doc.run_id,
+        base_label=base_impl,
+        head_label=head_impl,
         threshold=threshold,
         alpha=alpha,
-        rows=rows,
+        rows=[row.model_copy(update={"impl": label}) for row in rows],
         base_commit=doc.environment.git_commit,
         head_commit=doc.environment.git_commit,
+        allow_missing=True,  # two impls of one run: a case one of them lacks is not a failure of the other
+        skipped_points=doc.skipped,
     )
-    public = _comparison_public(comparison, base_label=base_impl, head_label=head_impl, skipped=doc.skipped)
-    # A job missing on the head side has the base impl's name in its key; show the head impl's name instead.
-    for row in public.rows:
-        row.impl = f"{head_impl} vs {base_impl}"
-    return public
 
 
 # ---------------------------------------------------------------------------------------------------- series

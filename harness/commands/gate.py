@@ -1,9 +1,10 @@
-"""``deltabench gate`` (CI: exit 1 on a regression or a correctness failure) and ``deltabench compare`` (same table,
-no gating).
+"""``deltabench gate`` (CI: exit 1 on a regression, a correctness failure, or a head missing base jobs) and
+``deltabench compare`` (same table, no gating).
 
 A run is named by a result JSON file, a pytest-benchmark JSON file, a stored run id (or a unique prefix), or a git
-ref/commit (the newest stored run for that commit, preferring the other side's machine class and suite). Files need
-no database, which is what a CI job without one wants.
+ref/commit (the newest stored run for that commit other than the head's own, preferring the head's machine class and
+suite). Files need no database, which is what a CI job without one wants; with a database, each job's run-to-run
+spread comes from its series' history there (``harness.regression.noise``).
 """
 
 from __future__ import annotations
@@ -19,24 +20,10 @@ import typer
 
 if TYPE_CHECKING:
     from deltabench.harness.document import ResultDocument
-    from deltabench.harness.stats import Comparison, JobComparison
+    from deltabench.harness.regression import Comparison, RunSpread
+    from deltabench.harness.series import JobKey
 
-__all__ = ["load_run", "parse_alpha", "parse_threshold", "register", "render_markdown"]
-
-_LABELS = {
-    "correctness_failure": "correctness failure",
-    "regression": "regression",
-    "improvement": "improvement",
-    "within_noise": "within noise",
-    "not_comparable": "not comparable",
-}
-_STYLES = {
-    "correctness_failure": "bold red",
-    "regression": "red",
-    "improvement": "green",
-    "within_noise": "",
-    "not_comparable": "yellow",
-}
+__all__ = ["load_history_spreads", "load_run", "parse_alpha", "parse_spread", "parse_threshold", "register"]
 
 
 def parse_threshold(text: str) -> float:
@@ -52,6 +39,20 @@ def parse_threshold(text: str) -> float:
         raise BadInput(f"ambiguous threshold {text!r}: write {raw}% or {value / 100:g}")
     if not (0.0 <= value < 10.0) or math.isnan(value):
         raise BadInput(f"threshold {text!r} out of range: use 0% to 1000%")
+    return value
+
+
+def parse_spread(text: str) -> float:
+    """A run-to-run spread: ``"3%"`` or ``"0.03"`` -> 0.03 (the standard deviation of log run medians)."""
+    from deltabench.harness.errors import BadInput
+
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise BadInput(f"malformed spread {text!r}: write e.g. 3% or 0.03") from None
+    if not (0.0 < value < 5.0) or math.isnan(value):
+        raise BadInput(f"spread {text!r} out of range: use a fraction above 0, e.g. 3%")
     return value
 
 
@@ -94,12 +95,13 @@ def _git_commit(ref: str) -> str | None:
 
 
 def _run_from_db(ref: str, *, db_url: str | None, prefer: ResultDocument | None, role: str) -> ResultDocument:
-    """Resolve `ref` in the database: exact run id, git ref, run id prefix, then commit prefix."""
+    """Resolve `ref` in the database: exact run id, git ref, run id prefix, then commit prefix. A commit resolves to
+    its newest run other than `prefer` (the head): a head stored by ``deltabench run`` is never its own base."""
     from deltabench.db import queries
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.harness.errors import BadInput
 
-    with session_scope(get_engine(db_url)) as session:
+    with session_scope(get_engine(db_url, create=False)) as session:
         run_id = ref if queries.get_run(session, run_id=ref) is not None else None
         commit = None if run_id else _git_commit(ref)
         if run_id is None and commit is None:
@@ -116,12 +118,15 @@ def _run_from_db(ref: str, *, db_url: str | None, prefer: ResultDocument | None,
                 kind = prefer.environment.machine_kind
                 tries += [{"machine_kind": kind, "suite": prefer.suite or None}, {"machine_kind": kind}]
             tries.append({})
+            exclude = prefer.run_id if prefer is not None else None
             for filters in tries:
-                run_id = queries.latest_run_for_commit(session, commit_prefix=prefix, **filters)
+                runs = queries.list_runs(session, limit=2, commit=prefix, **filters)
+                run_id = next((r.run_id for r in runs if r.run_id != exclude), None)
                 if run_id:
                     break
             if run_id is None:
-                raise BadInput(f"{role} {ref!r}: no stored run for commit {prefix[:12]}")
+                other = " other than the head's" if exclude else ""
+                raise BadInput(f"{role} {ref!r}: no stored run{other} for commit {prefix[:12]}")
         return queries.load_run_document(session, run_id)
 
 
@@ -146,176 +151,48 @@ def load_run(
     return _run_from_db(ref, db_url=db_url, prefer=prefer, role=role)
 
 
-def _fmt_ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    # Four significant digits, trailing zeros kept (2.200, not 2.2), no dangling point on large values.
-    return f"{v:.0f}" if v >= 1000 else f"{v:#.4g}"
+def load_history_spreads(base_run_id: str, *, exclude_run_id: str, db_url: str | None) -> dict[JobKey, RunSpread]:
+    """Each job's run-to-run spread from its series' history in the database (``db.history.history_spreads``)."""
+    from deltabench.db.engine import get_engine, session_scope
+    from deltabench.db.history import history_spreads
 
-
-def _fmt_ratio(r: JobComparison) -> str:
-    s = r.stats
-    if s is None:
-        return "-"
-    return f"{s.ratio:.3f}x ({s.ratio - 1:+.1%})"
-
-
-def _fmt_ci(r: JobComparison) -> str:
-    s = r.stats
-    if s is None or math.isnan(s.ci_low):
-        return "-"
-    return f"[{s.ci_low:.3f}, {s.ci_high:.3f}]"
-
-
-def _fmt_p(r: JobComparison) -> str:
-    s = r.stats
-    if s is None or s.method == "too few samples":
-        return "-"
-    return f"{s.pvalue:.1e}" if s.pvalue < 1e-3 else f"{s.pvalue:.3f}"
-
-
-def _shape(r: JobComparison) -> str:
-    from deltabench.harness.pytest_benchmark import EXTERNAL_OP
-
-    return "-" if r.op == EXTERNAL_OP else r.key[2]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else ("es" if word.endswith("s") else "s"))
-
-
-def summary_line(cmp: Comparison) -> str:
-    """One line: verdict, counts per outcome, the rule's parameters, and which runs were compared."""
-    c = cmp.counts
-    verdict = "FAIL" if cmp.failed else "PASS"
-    parts = [
-        _plural(c["regression"], "regression"),
-        _plural(c["correctness_failure"], "correctness failure"),
-        _plural(c["improvement"], "improvement"),
-        f"{c['within_noise']} within noise",
-        f"{c['not_comparable']} not comparable",
-    ]
-
-    def side(commit: str | None, run_id: str) -> str:
-        return f"`{commit[:10]}` (run {run_id[:8]})" if commit else f"run {run_id[:8]}"
-
-    return (
-        f"**{verdict}**: {', '.join(parts)}; threshold {cmp.threshold:.0%}, alpha {cmp.alpha:g}; "
-        f"base {side(cmp.base_commit, cmp.base_run_id)} vs head {side(cmp.head_commit, cmp.head_run_id)}"
-    )
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(rows: list[JobComparison], *, level: float, with_stats: bool) -> list[str]:
-    if with_stats:
-        head = f"| op | impl | shape | dtype | mode | base ms | head ms | ratio | {level:.0%} CI | p |"
-        lines = [head, "|---|---|---|---|---|--:|--:|--:|--:|--:|"]
-        for r in rows:
-            op, impl, _, dtype, mode = r.key
-            lines.append(
-                f"| {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} | {_fmt_ms(r.base_median_ms)} "
-                f"| {_fmt_ms(r.head_median_ms)} | {_fmt_ratio(r)} | {_fmt_ci(r)} | {_fmt_p(r)} |"
-            )
-    else:
-        lines = ["| op | impl | shape | dtype | mode | why |", "|---|---|---|---|---|---|"]
-        for r in rows:
-            op, impl, _, dtype, mode = r.key
-            lines.append(f"| {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} | {_md_escape(r.reason)} |")
-    return lines
-
-
-def render_markdown(cmp: Comparison, *, title: str = "deltabench performance gate") -> str:
-    """A pull-request comment: correctness failures, regressions and improvements with ratios and intervals, the
-    rest folded away, then a one-line summary."""
-    level = 1.0 - cmp.alpha
-    out = [f"### {title}", ""]
-    if cmp.context_mismatch:
-        out += [f"> Runs differ in context ({_md_escape(cmp.context_mismatch)}): their timings are not compared.", ""]
-    sections = (
-        ("correctness_failure", "Correctness failures", False),
-        ("regression", "Regressions", True),
-        ("improvement", "Improvements", True),
-    )
-    for outcome, heading, with_stats in sections:
-        rows = cmp.by_outcome(outcome)
-        if rows:
-            out += [f"#### {heading} ({len(rows)})", "", *_md_table(rows, level=level, with_stats=with_stats), ""]
-    quiet = [("within_noise", True), ("not_comparable", False)]
-    for outcome, with_stats in quiet:
-        rows = cmp.by_outcome(outcome)
-        if rows:
-            out += [
-                f"<details><summary>{len(rows)} {_LABELS[outcome]}</summary>",
-                "",
-                *_md_table(rows, level=level, with_stats=with_stats),
-                "",
-                "</details>",
-                "",
-            ]
-    out.append(summary_line(cmp))
-    return "\n".join(out) + "\n"
-
-
-def print_comparison(cmp: Comparison, console: Any) -> None:
-    """The rich table of every job (worst first) and the summary line."""
-    from rich.table import Table
-
-    table = Table(title=f"head vs base ({1 - cmp.alpha:.0%} intervals)", title_justify="left")
-    for col, justify in (
-        ("outcome", "left"),
-        ("op", "left"),
-        ("impl", "left"),
-        ("shape", "left"),
-        ("dtype", "left"),
-        ("mode", "left"),
-        ("base ms", "right"),
-        ("head ms", "right"),
-        ("ratio", "right"),
-        ("CI", "right"),
-        ("p", "right"),
-        ("note", "left"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    from deltabench.harness.stats import OUTCOMES
-
-    for outcome in OUTCOMES:
-        for r in cmp.by_outcome(outcome):
-            op, impl, _, dtype, mode = r.key
-            table.add_row(
-                _LABELS[outcome],
-                op,
-                impl,
-                _shape(r),
-                dtype,
-                mode,
-                _fmt_ms(r.base_median_ms),
-                _fmt_ms(r.head_median_ms),
-                _fmt_ratio(r),
-                _fmt_ci(r),
-                _fmt_p(r),
-                r.reason,
-                style=_STYLES[outcome] or None,
-            )
-    console.print(table)
-    if cmp.context_mismatch:
-        console.print(f"runs differ in context: {cmp.context_mismatch}", style="yellow", markup=False)
-    console.print(summary_line(cmp).replace("**", ""), markup=False)
+    with session_scope(get_engine(db_url, create=False)) as session:
+        return history_spreads(session, base_run_id=base_run_id, exclude_run_id=exclude_run_id)
 
 
 def _compare(
-    base: str, head: str, *, threshold: str, alpha: float, db: str | None, markdown: Path | None, json_out: Path | None
+    base: str,
+    head: str,
+    *,
+    threshold: str,
+    alpha: float,
+    db: str | None,
+    history: bool,
+    allow_missing: bool,
+    default_spread: str | None,
+    markdown: Path | None,
+    json_out: Path | None,
 ) -> Comparison:
-    """Load both runs, compare them, print the table, write the markdown / JSON when asked."""
-    from deltabench.harness.stats import compare_documents
+    """Load both runs (refusing a base that is the head), read the history, compare, print the table, write the
+    markdown / JSON when asked."""
+    from deltabench.harness.errors import BadInput
+    from deltabench.harness.regression import GradingRule, compare_documents
+    from deltabench.harness.regression.render import print_comparison, render_markdown
     from rich.console import Console
 
-    thr, alp = parse_threshold(threshold), parse_alpha(alpha)
+    rule = GradingRule(threshold=parse_threshold(threshold), alpha=parse_alpha(alpha))
+    sigma = parse_spread(default_spread) if default_spread is not None else None
     head_doc = load_run(head, db_url=db, role="head")
     base_doc = load_run(base, db_url=db, prefer=head_doc, role="base")
-    cmp = compare_documents(base_doc, head_doc, threshold=thr, alpha=alp)
+    if base_doc.run_id == head_doc.run_id:
+        raise BadInput(f"base {base!r} and head {head!r} are the same run ({head_doc.run_id}): name another base")
+    from_db = db is not None or not (Path(base).is_file() and Path(head).is_file())
+    spreads = (
+        load_history_spreads(base_doc.run_id, exclude_run_id=head_doc.run_id, db_url=db) if history and from_db else {}
+    )
+    cmp = compare_documents(
+        base_doc, head_doc, rule=rule, spreads=spreads, default_sigma=sigma, allow_missing=allow_missing
+    )
     print_comparison(cmp, Console(width=200))
     if markdown is not None:
         markdown.write_text(render_markdown(cmp))
@@ -330,8 +207,15 @@ def _compare(
 def register(app: typer.Typer) -> None:
     """Add the ``gate`` and ``compare`` commands to `app`."""
     threshold_help = "Smallest slowdown that counts, e.g. 5% or 0.05 (asv's factor minus one)."
-    alpha_help = "Significance level of the Mann-Whitney test and of the bootstrap interval (1 - alpha)."
+    alpha_help = "Significance level: Mann-Whitney test, bootstrap interval (1 - alpha), run-to-run bound (one-sided)."
     db_help = "Database URL or SQLite path for run ids and git refs (default: $DELTABENCH_DB or per-user)."
+
+    history_help = "Take each job's run-to-run spread from its series' history in the database (when one is used)."
+    missing_help = "Jobs of the base missing in the head, or a head run cut short, do not fail the gate."
+    spread_help = (
+        "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
+        "default: the measured figure of the machine class (README, Regression gate)."
+    )
 
     @app.command("gate")
     def gate_command(
@@ -342,13 +226,30 @@ def register(app: typer.Typer) -> None:
         markdown: Path = typer.Option(None, "--markdown", help="Write a pull-request comment (markdown) here."),
         json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
         db: str = typer.Option(None, "--db", help=db_help),
+        history: bool = typer.Option(True, "--history/--no-history", help=history_help),
+        allow_missing: bool = typer.Option(False, "--allow-missing", help=missing_help),
+        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
     ) -> int:
-        """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, else 0 (2: bad input).
+        """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
+        jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
 
-        A job regressed when head is slower by more than the threshold (ratio of medians), the Mann-Whitney U test
-        says so at alpha, and the bootstrap interval of the ratio lies above 1.
+        A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
+        bootstrap interval
+        of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
+        past runs when the database has them, else the machine class's measured default (README, "Regression gate").
         """
-        cmp = _compare(base, head, threshold=threshold, alpha=alpha, db=db, markdown=markdown, json_out=json_out)
+        cmp = _compare(
+            base,
+            head,
+            threshold=threshold,
+            alpha=alpha,
+            db=db,
+            history=history,
+            allow_missing=allow_missing,
+            default_spread=default_spread,
+            markdown=markdown,
+            json_out=json_out,
+        )
         return 1 if cmp.failed else 0
 
     @app.command("compare")
@@ -360,7 +261,20 @@ def register(app: typer.Typer) -> None:
         markdown: Path = typer.Option(None, "--markdown", help="Also write the table as markdown here."),
         json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
         db: str = typer.Option(None, "--db", help=db_help),
+        history: bool = typer.Option(True, "--history/--no-history", help=history_help),
+        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
     ) -> int:
         """Compare two runs job by job (head vs base), without gating: exit 0 unless the input is bad."""
-        _compare(base, head, threshold=threshold, alpha=alpha, db=db, markdown=markdown, json_out=json_out)
+        _compare(
+            base,
+            head,
+            threshold=threshold,
+            alpha=alpha,
+            db=db,
+            history=history,
+            allow_missing=True,
+            default_spread=default_spread,
+            markdown=markdown,
+            json_out=json_out,
+        )
         return 0

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from deltabench.harness.cli import main
-from deltabench.harness.commands.gate import load_run, parse_threshold, render_markdown
+from deltabench.harness.commands.gate import load_run, parse_threshold
 from deltabench.harness.document import CaseSpec, CheckRecord, Environment, JobResult, ResultDocument, WorkFigures
 from deltabench.harness.errors import BadInput
-from deltabench.harness.stats import compare_documents
+from deltabench.harness.regression import compare_documents
+from deltabench.harness.regression.render import render_markdown
 from deltabench.runners.timing import summarize
 
 _SHAPES = ((1, 1024, 6, 128), (8, 4096, 6, 128), (4, 8192, 16, 128))
@@ -196,5 +197,65 @@ def test_runs_from_the_database_by_run_id_and_git_ref(tmp_path: Path, monkeypatc
         assert load_run(base_sha[:12], db_url=db).run_id == base.run_id
         assert _cli("gate", "--base", "no-such-branch", "--head", slow.run_id, "--db", db) == 2
         assert _cli("gate", "--base", "0" * 40, "--head", slow.run_id, "--db", db) == 2
+        # A head stored for the commit its base ref names is never its own base: base == head is bad input, and a
+        # commit resolves to its newest run other than the head's.
+        assert _cli("gate", "--base", slow.run_id, "--head", slow.run_id, "--db", db) == 2
+        assert _cli("gate", "--base", "HEAD", "--head", slow.run_id, "--db", db) == 2  # no other run of HEAD
+        with session_scope(get_engine(db)) as session:
+            ingest_document(session, same)
+        assert load_run("HEAD", db_url=db, prefer=slow).run_id == same.run_id
+        assert load_run("HEAD", db_url=db, prefer=same).run_id == slow.run_id
     finally:
         dispose_engines()
+
+
+def test_history_in_the_database_sets_the_noise_bound(tmp_path: Path) -> None:
+    """Five stored runs whose levels wander by ~8% (run effects on a loaded machine): a head 10% off the base run is
+    within the history's run-to-run noise; with no history (files only) the reason says the spread is unknown."""
+    from deltabench.db.engine import dispose_engines, get_engine, session_scope
+    from deltabench.db.ingest import ingest_document
+
+    db = str(tmp_path / "store.sqlite")
+    levels = (1.0, 1.08, 0.93, 1.05, 0.97)
+    runs = [run_document(seed=10 + i, slow={"triton_chunk": lv}, machine_kind="cpu") for i, lv in enumerate(levels)]
+    head = run_document(seed=20, slow={"triton_chunk": 0.97 * 1.10}, machine_kind="cpu")
+    with session_scope(get_engine(db)) as session:
+        for doc in (*runs, head):
+            ingest_document(session, doc)
+    try:
+        out = tmp_path / "cmp.json"
+        assert _cli("gate", "--base", runs[-1].run_id, "--head", head.run_id, "--db", db, "--json", str(out)) == 0
+        import json
+
+        rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "triton_chunk"]
+        assert all(r["stats"]["spread_source"] == "history" and r["stats"]["history_runs"] == 5 for r in rows)
+        # The history's centre is the geometric mean of each run's best sample (the run level), not of medians.
+        for r in rows:
+            bests = [
+                min(j.timing.samples_ms)
+                for d in runs
+                for j in d.jobs
+                if j.impl == "triton_chunk" and j.case.shape_id == r["shape"] and j.case.mode == r["mode"]
+            ]
+            assert r["stats"]["reference_ms"] == pytest.approx(float(np.exp(np.mean(np.log(bests)))))
+        assert all("within run-to-run noise" in r["reason"] for r in rows)
+        files = [_write(tmp_path, f"{n}.json", d) for n, d in (("b", runs[-1]), ("h", head))]
+        assert _cli("gate", "--base", files[0], "--head", files[1], "--json", str(out)) == 0
+        rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "triton_chunk"]
+        assert all(r["reason"].startswith("within noise: run-to-run spread unknown") for r in rows)
+    finally:
+        dispose_engines()
+
+
+def test_a_head_missing_jobs_or_cut_short_fails_unless_allowed(files: dict[str, str], tmp_path: Path) -> None:
+    head = run_document(seed=2)
+    partial = head.model_copy(update={"jobs": head.jobs[:-1], "meta": {"complete": False}})
+    path = _write(tmp_path, "partial.json", partial)
+    md = tmp_path / "partial.md"
+    assert _cli("gate", "--base", files["base"], "--head", path, "--markdown", str(md)) == 1
+    text = md.read_text()
+    assert "cut short" in text and "1 missing in head (a failure; --allow-missing accepts it)" in text
+    assert _cli("gate", "--base", files["base"], "--head", path, "--allow-missing") == 0
+    assert _cli("compare", files["base"], path) == 0
+    whole_but_cut = _write(tmp_path, "cut.json", head.model_copy(update={"meta": {"complete": False}}))
+    assert _cli("gate", "--base", files["base"], "--head", whole_but_cut) == 1

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The regression gate's calibration on one H200 (issue targets: no false failure over >= 5 same-code runs back to
+# back; a planted 5% slowdown of a GPU kernel caught). One device call (~9 min), carry [.whl/base]:
+#
+#   bash benchmarks/gpu/gate_calibration.sh            # results under $OUT: gate-calibration-h200.json and the runs
+#
+# Then copy $OUT/gate-calibration-h200.json to benchmarks/h200/ and `python benchmarks/regression_detection.py
+# --real-only` prints it beside the CPU figures. Run order is interleaved (same, p05, same, p05, ...), so both groups
+# see the same clocks and neighbours; each run is one `deltabench run` process with one process per job.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+# 5 + 5 runs of 8 jobs fit one 10-minute device call (a 10% group would need a second call: add a --group).
+RUNS=${RUNS:-5}
+HEADS=${HEADS:-5}
+mkdir -p "$OUT/runs"
+export PYTHONUNBUFFERED=1
+export DELTABENCH_GIT_COMMIT=${DELTABENCH_GIT_COMMIT:-$(cat .deltabench-commit 2>/dev/null || true)}
+bash benchmarks/gpu/install.sh >"$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+export DELTABENCH_PLANTED_IMPL=gdn/triton_chunk
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt"; cat "$OUT/gpu.txt"
+timeout 540 python3 benchmarks/gate_calibration.py collect --suite benchmarks/gpu/gate-calibration-h200.toml \
+    --dir "$OUT/runs" --group "same:0:$RUNS" --group "p05:0.05:$HEADS"
+python3 benchmarks/gate_calibration.py evaluate --dir "$OUT/runs" --same same --planted p05:0.05 \
+    --planted-impl gdn/triton_chunk --load-note "one H200, runs back to back, nothing else on the GPU" \
+    --out "$OUT/gate-calibration-h200.json"

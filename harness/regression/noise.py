@@ -1,0 +1,187 @@
+"""How far a job's timing moves between runs of unchanged code: the run-to-run noise model the gate decides with.
+
+Most of the variance between two runs of the same code is between processes and machine states (clock frequency,
+cache and memory placement, neighbours on a shared machine), which the samples inside one run never see: two smoke
+runs of one commit on a loaded two-core machine differ by up to 4.9x in a job's median while each run's own samples
+are tight. So the gate compares a head run with the spread of whole runs, not only with the base run's samples.
+
+**Run level.** Each run of a job is summarised by its best (minimum) sample, :func:`run_level`: timing noise on a
+shared machine is added time (preemption, a neighbour's cache traffic), so the best sample tracks the code's own
+cost while the median moves with the machine's load. Measured on the same smoke runs: the run-to-run spread of the
+best time is about a fifth of the median's (benchmarks/NOTES.md, "Regression gate calibration"); conbench reduces
+each result to its best repetition for the same reason. A side stored without raw samples falls back to its median.
+
+Where the spread of run levels comes from, best first:
+
+- **history**: the run levels of the series' past runs on the same machine class and major software (conbench's
+  lookback distribution). The newest :data:`HISTORY_WINDOW` runs up to the base, cut at the series' last change
+  point (a real step is not noise). With ``k >= MIN_HISTORY_RUNS`` levels ``y_i = log(level_i)`` of mean ``c`` and
+  standard deviation ``s``, a head run of unchanged code falls above the one-sided prediction bound
+  ``c + t(1 - alpha; k - 1) * s * sqrt(1 + 1/k)`` with probability alpha (Student-t prediction interval, as
+  Bencher's ``t_test`` threshold; exact for normal run effects).
+- **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
+  ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
+  run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).
+  Smaller changes are reported "within noise: run-to-run spread unknown".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_SPREADS",
+    "HISTORY_WINDOW",
+    "MIN_HISTORY_RUNS",
+    "RUN_LEVEL",
+    "RunSpread",
+    "default_spread",
+    "run_level",
+    "spread_from_history",
+    "spreads_from_histories",
+]
+
+# What a run of a job is summarised by (module docstring); shown in reasons and the evidence.
+RUN_LEVEL = "best time"
+
+# Fewest run levels that give a spread. Student-t allows 3, but on a shared machine run effects are heavy-tailed:
+# with 3-4 runs of the same-code smoke runs the gate failed 2 of 2 and 3 of 5 gates (benchmarks/NOTES.md); a
+# shorter history is treated as none.
+MIN_HISTORY_RUNS = 5
+# Heavy tails are judged from pooled leave-one-out residuals only with at least this many of them (e.g. 10 jobs
+# with 5 runs): a far percentile of fewer is mostly their maximum, which would widen bounds at random.
+MIN_TAIL_RESIDUALS = 50
+_TAIL_QUANTILE = 0.975  # far enough out to see heavy tails, close enough in to be estimated from ~200 residuals
+
+# Newest runs of a series the spread is estimated from: long enough for a stable estimate, short enough that a
+# machine's slow drift (a driver update inside one major version) does not widen it.
+HISTORY_WINDOW = 30
+# A history of identical levels (a coarse clock, a cached result) would give s = 0 and make any difference
+# "beyond noise"; a tenth of a percent is below what any run-to-run measurement here showed.
+MIN_SPREAD = 0.001
+
+# Run-to-run spread (standard deviation of log run levels) assumed when a job has no history, by machine class.
+# Measured, not guessed (benchmarks/NOTES.md, "Regression gate calibration"; benchmarks/gate_calibration.py):
+# - cpu: the smallest spread at which no-history gates on the 20 ordered pairs of 5 same-code `deltabench run
+#   --suite smoke` runs on the two-core CI machine fail none (77.4%; job comparisons fail at most alpha from 48%).
+#   That machine was shared (load average 8.6-11.7 on 2 cores): some jobs' best times moved up to 10x between runs,
+#   so without history only a change beyond ~13x can fail there. A quieter machine measures its own
+#   (`--default-spread`).
+# - accelerators: 5 back-to-back processes of one job on an H200 (benchmarks/h200/measurement_quality.md) spread
+#   0.2-0.5% max-min; 1% keeps a margin for autotuning and clock state until the H200 calibration
+#   (benchmarks/gpu/gate_calibration.sh) replaces it with a measured figure.
+DEFAULT_SPREADS: dict[str, float] = {"cpu": 0.78, "accelerator": 0.01}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpread:
+    """The run-to-run spread of one job's run level: ``sigma`` on the log scale, where it came from, and the centre
+    the head is compared with when it came from history."""
+
+    sigma: float
+    source: str  # "history" or "default"
+    runs: int = 0  # run levels it was estimated from (0 for a default)
+    center_ms: float | None = None  # geometric mean of those run levels; None: the base run is the reference
+    tail: float = 1.0  # widening of the history bound for heavy-tailed run effects (:func:`spreads_from_histories`)
+
+    def bound(self, alpha: float) -> float:
+        """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against
+        :attr:`center_ms` (history) or against the base run (default)."""
+        from scipy.stats import norm, t
+
+        if self.source == "history":
+            return self.tail * float(t.isf(alpha, self.runs - 1)) * self.sigma * math.sqrt(1.0 + 1.0 / self.runs)
+        return float(norm.isf(alpha)) * math.sqrt(2.0) * self.sigma
+
+    def describe(self) -> str:
+        """Where the spread came from, for a verdict's reason: ``"spread 2.1% over 6 past runs"``."""
+        if self.source == "history":
+            widened = f", bound widened {self.tail:.1f}x for heavy tails" if self.tail > 1.0 else ""
+            return f"spread {self.sigma:.1%} over {self.runs} past runs{widened}"
+        return f"run-to-run spread unknown: default {self.sigma:.1%}"
+
+
+def default_spread(machine_kind: str | None) -> RunSpread:
+    """The measured default spread of a machine class (CPU machines vs accelerators) for jobs without history."""
+    key = "cpu" if (machine_kind or "cpu").lower().startswith("cpu") else "accelerator"
+    return RunSpread(sigma=DEFAULT_SPREADS[key], source="default")
+
+
+def run_level(samples_ms: Sequence[float], median_ms: float) -> float:
+    """A run's level for the run-to-run model: its best sample, or its median when no raw samples were stored."""
+    return float(min(samples_ms)) if len(samples_ms) else float(median_ms)
+
+
+def _current_segment(levels: np.ndarray) -> np.ndarray:
+    """The levels after the series' last change point: a real step in the history is a change, not noise."""
+    if levels.size < 2 * MIN_HISTORY_RUNS:
+        return levels
+    from ..changepoints import find_change_points
+
+    found = find_change_points(list(enumerate(levels.tolist())))
+    return levels[found[-1].index :] if found else levels
+
+
+def _usable(levels_ms: Sequence[float]) -> np.ndarray:
+    """The positive, finite levels, in order."""
+    return np.asarray([v for v in levels_ms if v is not None and math.isfinite(v) and v > 0], float)
+
+
+def spread_from_history(levels_ms: Sequence[float]) -> RunSpread | None:
+    """The spread of a series' run levels (:func:`run_level`, oldest first, the base run's included), or None with
+    fewer than :data:`MIN_HISTORY_RUNS` usable ones (then :func:`default_spread` applies)."""
+    m = _current_segment(_usable(levels_ms)[-HISTORY_WINDOW:])
+    if m.size < MIN_HISTORY_RUNS:
+        return None
+    y = np.log(m)
+    sigma = max(float(np.std(y, ddof=1)), MIN_SPREAD)
+    return RunSpread(sigma=sigma, source="history", runs=int(m.size), center_ms=float(np.exp(y.mean())))
+
+
+def _loo_residuals(y: np.ndarray) -> list[float]:
+    """Each level against the others' prediction bound scale: (y_i - mean_-i) / (sd_-i * sqrt(1 + 1/(k-1))), which
+    is Student-t with k - 2 degrees of freedom when run effects are normal."""
+    k = y.size
+    out = []
+    for i in range(k):
+        rest = np.delete(y, i)
+        sd = max(float(np.std(rest, ddof=1)), MIN_SPREAD)
+        out.append(float((y[i] - rest.mean()) / (sd * math.sqrt(1.0 + 1.0 / (k - 1)))))
+    return out
+
+
+def spreads_from_histories(levels_by_key: Mapping[Any, Sequence[float]]) -> dict[Any, RunSpread]:
+    """:func:`spread_from_history` of every job of a run, with the bounds widened together when the history shows
+    heavier tails than the Student-t bound assumes.
+
+    Why: a few runs estimate each job's spread, and on a shared machine run effects are heavy-tailed (a job's best
+    time 4-10x in one run of unchanged code, benchmarks/NOTES.md), so a bound from 4-5 runs fails far more than
+    alpha of unchanged heads. The jobs of one run share the machine, so their histories are pooled: each history
+    level is compared with the bound the other levels give (leave one out), and if the 97.5th percentile of those
+    residuals exceeds the Student-t quantile the bound assumes, every job's bound is widened by that ratio (never
+    narrowed). Judged only with :data:`MIN_TAIL_RESIDUALS` residuals or more. On normal run effects the estimate's
+    own noise widens bounds a little at times (under 1.22x in 95% of 40-job, 5-run histories).
+    """
+    from scipy.stats import t
+
+    spreads = {key: spread_from_history(levels) for key, levels in levels_by_key.items()}
+    found = {key: s for key, s in spreads.items() if s is not None}
+    residuals: list[float] = []
+    dfs: list[int] = []
+    for key, spread in found.items():
+        if spread.runs >= 4:  # leave one out still gives a spread with 2 degrees of freedom
+            y = np.log(_usable(levels_by_key[key])[-spread.runs :])
+            residuals += _loo_residuals(y)
+            dfs.append(spread.runs - 2)
+    if len(residuals) < MIN_TAIL_RESIDUALS:
+        return found
+    expected = float(t.isf(1.0 - _TAIL_QUANTILE, int(np.median(dfs))))
+    tail = max(1.0, float(np.quantile(residuals, _TAIL_QUANTILE)) / expected)
+    if tail == 1.0:
+        return found
+    return {key: dataclasses.replace(s, tail=tail) for key, s in found.items()}

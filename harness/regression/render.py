@@ -1,0 +1,200 @@
+"""Rendering a comparison: the rich table of the CLI, the markdown of a pull-request comment, the summary line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .result import OUTCOMES, Comparison, JobComparison
+
+__all__ = ["print_comparison", "render_markdown", "summary_line"]
+
+_LABELS = {
+    "correctness_failure": "correctness failure",
+    "regression": "regression",
+    "improvement": "improvement",
+    "within_noise": "within noise",
+    "not_comparable": "not comparable",
+}
+_STYLES = {
+    "correctness_failure": "bold red",
+    "regression": "red",
+    "improvement": "green",
+    "within_noise": "",
+    "not_comparable": "yellow",
+}
+
+
+def _fmt_ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    # Four significant digits, trailing zeros kept (2.200, not 2.2), no dangling point on large values.
+    return f"{v:.0f}" if v >= 1000 else f"{v:#.4g}"
+
+
+def _fmt_ratio(r: JobComparison) -> str:
+    s = r.stats
+    if s is None:
+        return "-"
+    return f"{s.ratio:.3f}x ({s.ratio - 1:+.1%})"
+
+
+def _fmt_ci(r: JobComparison) -> str:
+    s = r.stats
+    if s is None or s.ci_low is None or s.ci_high is None:
+        return "-"
+    return f"[{s.ci_low:.3f}, {s.ci_high:.3f}]"
+
+
+def _fmt_p(r: JobComparison) -> str:
+    s = r.stats
+    if s is None or s.method == "too few samples":
+        return "-"
+    return f"{s.pvalue:.1e}" if s.pvalue < 1e-3 else f"{s.pvalue:.3f}"
+
+
+def _fmt_noise(r: JobComparison) -> str:
+    """The run-to-run bound the change was held against, and where its spread came from."""
+    s = r.stats
+    if s is None or s.noise_bound is None:
+        return "-"
+    where = f"{s.history_runs} runs" if s.spread_source == "history" else "no history"
+    return f"\u00b1{s.noise_bound:.1%} ({where})"
+
+
+def _shape(r: JobComparison) -> str:
+    from deltabench.harness.pytest_benchmark import EXTERNAL_OP
+
+    return "-" if r.op == EXTERNAL_OP else r.key[2]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else ("es" if word.endswith("s") else "s"))
+
+
+def summary_line(cmp: Comparison) -> str:
+    """One line: verdict, counts per outcome, the rule's parameters, and which runs were compared."""
+    c = cmp.counts
+    verdict = "FAIL" if cmp.failed else "PASS"
+    parts = [
+        _plural(c["regression"], "regression"),
+        _plural(c["correctness_failure"], "correctness failure"),
+        _plural(c["improvement"], "improvement"),
+        f"{c['within_noise']} within noise",
+        f"{c['not_comparable']} not comparable",
+    ]
+    if cmp.missing_in_head:
+        note = "allowed" if cmp.allow_missing else "a failure; --allow-missing accepts it"
+        parts.append(f"{cmp.missing_in_head} missing in head ({note})")
+    if cmp.head_incomplete:
+        parts.append("head run incomplete (" + ("allowed" if cmp.allow_missing else "a failure") + ")")
+
+    def side(commit: str | None, run_id: str) -> str:
+        return f"`{commit[:10]}` (run {run_id[:8]})" if commit else f"run {run_id[:8]}"
+
+    return (
+        f"**{verdict}**: {', '.join(parts)}; threshold {cmp.threshold:.0%}, alpha {cmp.alpha:g}; "
+        f"base {side(cmp.base_commit, cmp.base_run_id)} vs head {side(cmp.head_commit, cmp.head_run_id)}"
+    )
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(rows: list[JobComparison], *, level: float, with_stats: bool) -> list[str]:
+    if with_stats:
+        head = f"| op | impl | shape | dtype | mode | base ms | head ms | ratio | {level:.0%} CI | p | noise | why |"
+        lines = [head, "|---|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
+        for r in rows:
+            op, impl, _, dtype, mode = r.key
+            lines.append(
+                f"| {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} | {_fmt_ms(r.base_median_ms)} "
+                f"| {_fmt_ms(r.head_median_ms)} | {_fmt_ratio(r)} | {_fmt_ci(r)} | {_fmt_p(r)} | {_fmt_noise(r)} "
+                f"| {_md_escape(r.reason)} |"
+            )
+    else:
+        lines = ["| op | impl | shape | dtype | mode | why |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            op, impl, _, dtype, mode = r.key
+            lines.append(f"| {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} | {_md_escape(r.reason)} |")
+    return lines
+
+
+def render_markdown(cmp: Comparison, *, title: str = "deltabench performance gate") -> str:
+    """A pull-request comment: correctness failures, regressions and improvements with ratios and intervals, the
+    rest folded away, then a one-line summary."""
+    level = 1.0 - cmp.alpha
+    out = [f"### {title}", ""]
+    if cmp.head_incomplete:
+        out += ["> The head run was cut short (its document says it is incomplete).", ""]
+    if cmp.context_mismatch:
+        out += [f"> Runs differ in context ({_md_escape(cmp.context_mismatch)}): their timings are not compared.", ""]
+    sections = (
+        ("correctness_failure", "Correctness failures", False),
+        ("regression", "Regressions", True),
+        ("improvement", "Improvements", True),
+    )
+    for outcome, heading, with_stats in sections:
+        rows = cmp.by_outcome(outcome)
+        if rows:
+            out += [f"#### {heading} ({len(rows)})", "", *_md_table(rows, level=level, with_stats=with_stats), ""]
+    quiet = [("within_noise", True), ("not_comparable", False)]
+    for outcome, with_stats in quiet:
+        rows = cmp.by_outcome(outcome)
+        if rows:
+            out += [
+                f"<details><summary>{len(rows)} {_LABELS[outcome]}</summary>",
+                "",
+                *_md_table(rows, level=level, with_stats=with_stats),
+                "",
+                "</details>",
+                "",
+            ]
+    out.append(summary_line(cmp))
+    return "\n".join(out) + "\n"
+
+
+def print_comparison(cmp: Comparison, console: Any) -> None:
+    """The rich table of every job (worst first) and the summary line."""
+    from rich.table import Table
+
+    table = Table(title=f"head vs base ({1 - cmp.alpha:.0%} intervals)", title_justify="left")
+    for col, justify in (
+        ("outcome", "left"),
+        ("op", "left"),
+        ("impl", "left"),
+        ("shape", "left"),
+        ("dtype", "left"),
+        ("mode", "left"),
+        ("base ms", "right"),
+        ("head ms", "right"),
+        ("ratio", "right"),
+        ("CI", "right"),
+        ("p", "right"),
+        ("noise", "right"),
+        ("why", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for outcome in OUTCOMES:
+        for r in cmp.by_outcome(outcome):
+            op, impl, _, dtype, mode = r.key
+            table.add_row(
+                _LABELS[outcome],
+                op,
+                impl,
+                _shape(r),
+                dtype,
+                mode,
+                _fmt_ms(r.base_median_ms),
+                _fmt_ms(r.head_median_ms),
+                _fmt_ratio(r),
+                _fmt_ci(r),
+                _fmt_p(r),
+                _fmt_noise(r),
+                r.reason,
+                style=_STYLES[outcome] or None,
+            )
+    console.print(table)
+    if cmp.context_mismatch:
+        console.print(f"runs differ in context: {cmp.context_mismatch}", style="yellow", markup=False)
+    console.print(summary_line(cmp).replace("**", ""), markup=False)

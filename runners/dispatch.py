@@ -6,8 +6,10 @@ set, the job is sent as a Celery task to the queue named after its device kind (
 ``deltabench serve`` has started :func:`start_local_worker`: a background thread that claims queued jobs from
 the table, one per device of this machine at a time (the CPU, each GPU), runs each in its own process
 (:func:`.worker.execute_queued_job`), stores the document with ``db.ingest.ingest_document`` and moves the job
-queued -> running -> done | failed. A job cancelled while it runs has its process ended and stores nothing.
-Jobs that a crashed server left ``running`` on its local worker are queued again when the worker starts.
+queued -> running -> done | failed (the moves of ``db.jobs``). While a job runs, its heartbeat is written every
+``DELTABENCH_JOB_HEARTBEAT_S`` seconds (default 5); the server fails or queues again a job whose heartbeats stop.
+A job cancelled while it runs has its process ended and stores nothing. Jobs that a crashed server left
+``running`` on its local worker are queued again when the worker starts.
 """
 
 from __future__ import annotations
@@ -17,15 +19,24 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from deltabench.db.jobs import record_heartbeat
 from deltabench.db.models import QueuedJob
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .environment import nvidia_smi_query
-from .worker import JobOutcome, QueuedJobRequest, device_for_kind, execute_queued_job, queued_run_id
+from .worker import (
+    JobOutcome,
+    QueuedJobRequest,
+    device_for_kind,
+    execute_queued_job,
+    heartbeat_interval_s,
+    queued_run_id,
+)
 
 __all__ = [
     "BROKER_ENV",
@@ -110,6 +121,7 @@ class LocalWorker:
         imports: list[str] | None = None,
         poll_s: float = 2.0,
         fail_unserved: bool = True,
+        heartbeat_s: float | None = None,
     ) -> None:
         from deltabench.db.engine import get_engine
 
@@ -119,6 +131,7 @@ class LocalWorker:
         self.imports = list(imports or [])
         self.poll_s = poll_s
         self.fail_unserved = fail_unserved
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_interval_s()
         self.name = f"local@{socket.gethostname()}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -157,7 +170,7 @@ class LocalWorker:
             result = session.execute(
                 update(QueuedJob)
                 .where(QueuedJob.status == "running", QueuedJob.worker == self.name)
-                .values(status="queued", updated_at=_now())
+                .values(status="queued", heartbeat_at=None, updated_at=_now())
             )
         if result.rowcount:
             log.warning("re-queued %d job(s) left running by a previous server", result.rowcount)
@@ -205,7 +218,7 @@ class LocalWorker:
                         status="running",
                         attempts=QueuedJob.attempts + 1,
                         worker=self.name,
-                        error=None,
+                        heartbeat_at=_now(),
                         updated_at=_now(),
                     )
                 )
@@ -219,7 +232,7 @@ class LocalWorker:
             session.execute(
                 update(QueuedJob)
                 .where(QueuedJob.id == job_id, QueuedJob.status == "running")
-                .values(status=status, run_id=run_id, error=error, updated_at=_now())
+                .values(status=status, run_id=run_id, error=error, heartbeat_at=None, updated_at=_now())
             )
 
     def _loop(self) -> None:
@@ -271,10 +284,20 @@ class LocalWorker:
         )
         log.info("local worker: job %s on %s", job.id, slot.name)
 
+        last_beat = [time.monotonic()]
+
         def should_cancel() -> bool:
+            if time.monotonic() - last_beat[0] >= self.heartbeat_s:
+                last_beat[0] = time.monotonic()
+                try:
+                    with self.sessions.begin() as session:
+                        record_heartbeat(session, job_id=job.id)
+                except Exception:  # a busy or unreachable database: keep running, beat again later
+                    log.warning("local worker: job %s: could not record a heartbeat", job.id, exc_info=True)
             return self._stop.is_set() or self._status(job.id) == "cancelled"
 
-        outcome: JobOutcome = execute_queued_job(request, should_cancel=should_cancel, env=slot.env)
+        poll_s = min(1.0, self.heartbeat_s)
+        outcome: JobOutcome = execute_queued_job(request, should_cancel=should_cancel, env=slot.env, poll_s=poll_s)
         if outcome.cancelled:
             if self._stop.is_set() and self._status(job.id) == "running":
                 self._finish(job.id, status="queued")  # the server is stopping: run it again next time

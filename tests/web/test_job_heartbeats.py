@@ -38,7 +38,7 @@ def _get(url: str, job_id: int) -> QueuedJob:
 
 
 def test_the_sweep_requeues_a_silent_first_attempt_fails_a_later_one_and_spares_the_living(db_url: str) -> None:
-    ago = lambda s: NOW - dt.timedelta(seconds=s)  # noqa: E731
+    ago = lambda s: NOW - dt.timedelta(seconds=s)
     first = _add(db_url, status="running", attempts=1, worker="wa@h1", heartbeat_at=ago(600), updated_at=ago(900))
     second = _add(db_url, status="running", attempts=2, worker="wb@h2", heartbeat_at=ago(61), updated_at=ago(900))
     alive = _add(db_url, status="running", attempts=1, worker="wc@h3", heartbeat_at=ago(59), updated_at=ago(900))

@@ -12,4 +12,4 @@ Start here::
         same = queries.load_run_document(session, run_id)
 """
 
-__all__ = ["engine", "ingest", "models", "queries"]
+__all__ = ["engine", "ingest", "jobs", "models", "queries"]

@@ -3,10 +3,11 @@
 ::
 
     queued  -> running     a worker took it (attempts + 1, heartbeat now)
+    queued  -> failed      no worker serves its device kind (the local worker, without a broker)
     running -> running     a heartbeat (the worker is alive)
     running -> done        its result document was stored
     running -> failed      its worker reported a failure, or it missed its heartbeats a second time
-    running -> queued      it missed its heartbeats on its first attempt: run it again
+    running -> queued      it missed its heartbeats on its first attempt, or the server's own worker stopped
     queued | running -> cancelled
 
 A worker sends a heartbeat every few seconds while a job runs: the fleet's workers through
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -37,9 +39,13 @@ __all__ = [
     "JOB_STATUSES",
     "StalledJob",
     "cancel_job",
+    "claim_job",
     "create_job",
+    "fail_unserved_jobs",
+    "finish_job",
     "heartbeat_timeout_s",
     "record_heartbeat",
+    "requeue_jobs_of",
     "sweep_stalled_jobs",
     "update_job_status",
 ]
@@ -128,6 +134,68 @@ def update_job_status(
         job.error = error
     job.updated_at = now
     session.flush()
+
+
+def claim_job(session: Session, *, device_kinds: Sequence[str], worker: str) -> QueuedJob | None:
+    """Take the oldest queued job of one of `device_kinds` for `worker` (queued -> running); None when there is
+    none. Atomic: of several workers claiming at once, one gets each job."""
+    candidates = session.scalars(
+        select(QueuedJob.id)
+        .where(QueuedJob.status == "queued", QueuedJob.device_kind.in_(sorted(device_kinds)))
+        .order_by(QueuedJob.created_at, QueuedJob.id)
+        .limit(5)
+    ).all()
+    for job_id in candidates:
+        now = _now()
+        taken = session.execute(
+            update(QueuedJob)
+            .where(QueuedJob.id == job_id, QueuedJob.status == "queued")
+            .values(status="running", attempts=QueuedJob.attempts + 1, worker=worker, heartbeat_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if taken.rowcount == 1:
+            return session.get(QueuedJob, job_id, populate_existing=True)
+    return None
+
+
+def finish_job(
+    session: Session, *, job_id: int, status: str, run_id: str | None = None, error: str | None = None
+) -> bool:
+    """End a running job: ``done`` (with its run), ``failed`` (with the reason) or ``queued`` (to run again).
+    Nothing changes when it is no longer running (a cancel always wins); True when it changed."""
+    result = session.execute(
+        update(QueuedJob)
+        .where(QueuedJob.id == job_id, QueuedJob.status == "running")
+        .values(status=status, run_id=run_id, error=error, heartbeat_at=None, updated_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount)
+
+
+def requeue_jobs_of(session: Session, *, worker: str) -> int:
+    """Put every job `worker` left running back in the queue (its process ended mid-job); how many there were."""
+    result = session.execute(
+        update(QueuedJob)
+        .where(QueuedJob.status == "running", QueuedJob.worker == worker)
+        .values(status="queued", heartbeat_at=None, updated_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount or 0
+
+
+def fail_unserved_jobs(session: Session, *, served_kinds: Sequence[str], reason: str) -> int:
+    """Fail the queued jobs of device kinds outside `served_kinds` with `reason`; how many."""
+    unserved = (QueuedJob.status == "queued", QueuedJob.device_kind.not_in(sorted(served_kinds)))
+    # Look before writing: an UPDATE that matches nothing would still take SQLite's write lock on every call.
+    if session.scalar(select(QueuedJob.id).where(*unserved).limit(1)) is None:
+        return 0
+    result = session.execute(
+        update(QueuedJob)
+        .where(*unserved)
+        .values(status="failed", error=reason, updated_at=_now())
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount or 0
 
 
 def record_heartbeat(session: Session, *, job_id: int) -> bool:

@@ -51,7 +51,9 @@ def _env(**kw: object) -> Environment:
 def _job(impl: str = "triton_chunk", status: str = "ok", samples=None, attempt: int = 1, T: int = 4096) -> JobResult:
     case = CaseSpec(op="gdn", B=8, T=T, H=6, K=128, V=128, dtype="bf16", mode="fwd")
     timing = _timing(samples) if samples is not None else None
-    return JobResult(case=case, impl=impl, status=status, timing=timing, attempt=attempt, reason="")
+    # Unvalidated: the grading must hold for what older versions stored (an ok job without timing, a failed
+    # one with a timing), which a document today is refused for.
+    return JobResult.model_construct(case=case, impl=impl, status=status, timing=timing, attempt=attempt, reason="")
 
 
 def test_ten_percent_slower_is_a_regression() -> None:

@@ -18,7 +18,7 @@ Start here::
 
 from typing import Any
 
-__all__ = ["engine", "ingest", "models", "queries", "results_frame"]
+__all__ = ["engine", "ingest", "jobs", "models", "queries", "results_frame"]
 
 
 def __getattr__(name: str) -> Any:

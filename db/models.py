@@ -12,7 +12,8 @@ Measurement side (what result documents hold)::
 Service side (written by the web layer and workers)::
 
     api_tokens    bearer tokens, stored as sha256 hashes
-    job_queue     submitted jobs: spec, target device kind, status, attempts, the run they produced
+    job_queue     submitted jobs: spec, target device kind, status, attempts, the run they produced, the last
+                  heartbeat of the worker running one
     annotations   a human's verdict on a change point of a series (acknowledged / expected)
 
 Results carry copies of their run's ``created_at``, ``git_commit`` and ``machine_kind`` on purpose: the series
@@ -317,6 +318,8 @@ class QueuedJob(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
     updated_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow, onupdate=_utcnow)
+    # The last sign of life of the worker running it (see deltabench.db.jobs); None unless running.
+    heartbeat_at: Mapped[_dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Annotation(Base):

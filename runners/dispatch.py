@@ -6,26 +6,36 @@ set, the job is sent as a Celery task to the queue named after its device kind (
 ``deltabench serve`` has started :func:`start_local_worker`: a background thread that claims queued jobs from
 the table, one per device of this machine at a time (the CPU, each GPU), runs each in its own process
 (:func:`.worker.execute_queued_job`), stores the document with ``db.ingest.ingest_document`` and moves the job
-queued -> running -> done | failed. A job cancelled while it runs has its process ended and stores nothing.
-Jobs that a crashed server left ``running`` on its local worker are queued again when the worker starts.
+queued -> running -> done | failed (the moves of ``db.jobs``). While a job runs, its heartbeat is written every
+``DELTABENCH_JOB_HEARTBEAT_S`` seconds (default 5); the server fails or queues again a job whose heartbeats stop.
+A job cancelled while it runs has its process ended and stores nothing. Jobs that a crashed server left
+``running`` on its local worker are queued again when the worker starts.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from deltabench.db import jobs
 from deltabench.db.models import QueuedJob
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from .environment import nvidia_smi_query
-from .worker import JobOutcome, QueuedJobRequest, device_for_kind, execute_queued_job, queued_run_id
+from .worker import (
+    JobOutcome,
+    QueuedJobRequest,
+    device_for_kind,
+    execute_queued_job,
+    heartbeat_interval_s,
+    queued_run_id,
+)
 
 __all__ = [
     "BROKER_ENV",
@@ -40,10 +50,6 @@ BROKER_ENV = "DELTABENCH_BROKER"
 log = logging.getLogger(__name__)
 _local_worker: LocalWorker | None = None
 _ERROR_MAX = 20_000  # characters of an error kept on the job row
-
-
-def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc)
 
 
 def submit_job(session_factory: Callable[[], Session], job_id: int) -> None:
@@ -110,6 +116,7 @@ class LocalWorker:
         imports: list[str] | None = None,
         poll_s: float = 2.0,
         fail_unserved: bool = True,
+        heartbeat_s: float | None = None,
     ) -> None:
         from deltabench.db.engine import get_engine
 
@@ -119,6 +126,7 @@ class LocalWorker:
         self.imports = list(imports or [])
         self.poll_s = poll_s
         self.fail_unserved = fail_unserved
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_interval_s()
         self.name = f"local@{socket.gethostname()}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -154,14 +162,10 @@ class LocalWorker:
     def requeue_orphans(self) -> int:
         """Put jobs left ``running`` by this host's local worker back to ``queued``; how many there were."""
         with self.sessions.begin() as session:
-            result = session.execute(
-                update(QueuedJob)
-                .where(QueuedJob.status == "running", QueuedJob.worker == self.name)
-                .values(status="queued", updated_at=_now())
-            )
-        if result.rowcount:
-            log.warning("re-queued %d job(s) left running by a previous server", result.rowcount)
-        return result.rowcount or 0
+            count = jobs.requeue_jobs_of(session, worker=self.name)
+        if count:
+            log.warning("re-queued %d job(s) left running by a previous server", count)
+        return count
 
     def _status(self, job_id: int) -> str | None:
         with self.sessions() as session:
@@ -169,58 +173,22 @@ class LocalWorker:
 
     def _fail_unserved(self) -> None:
         kinds = sorted(self.kinds)
-        unserved = (QueuedJob.status == "queued", QueuedJob.device_kind.not_in(kinds))
-        with self.sessions() as session:
-            # Look before writing: an UPDATE that matches nothing would still take SQLite's write lock each poll.
-            if session.scalar(select(QueuedJob.id).where(*unserved).limit(1)) is None:
-                return
+        reason = (
+            f"no broker is configured ({BROKER_ENV}) and this server's local worker has no such device "
+            f"(it serves {', '.join(kinds)})"
+        )
         with self.sessions.begin() as session:
-            session.execute(
-                update(QueuedJob)
-                .where(*unserved)
-                .values(
-                    status="failed",
-                    updated_at=_now(),
-                    error=(
-                        f"no broker is configured ({BROKER_ENV}) and this server's local worker has no such device "
-                        f"(it serves {', '.join(kinds)})"
-                    ),
-                )
-            )
+            jobs.fail_unserved_jobs(session, served_kinds=kinds, reason=reason)
 
     def _claim(self, slot: Slot) -> QueuedJob | None:
         """Take the oldest queued job this slot serves (atomically: a job is claimed once)."""
         with self.sessions.begin() as session:
-            candidates = session.scalars(
-                select(QueuedJob.id)
-                .where(QueuedJob.status == "queued", QueuedJob.device_kind.in_(sorted(slot.kinds)))
-                .order_by(QueuedJob.created_at, QueuedJob.id)
-                .limit(5)
-            ).all()
-            for job_id in candidates:
-                taken = session.execute(
-                    update(QueuedJob)
-                    .where(QueuedJob.id == job_id, QueuedJob.status == "queued")
-                    .values(
-                        status="running",
-                        attempts=QueuedJob.attempts + 1,
-                        worker=self.name,
-                        error=None,
-                        updated_at=_now(),
-                    )
-                )
-                if taken.rowcount == 1:
-                    return session.get(QueuedJob, job_id)
-        return None
+            return jobs.claim_job(session, device_kinds=sorted(slot.kinds), worker=self.name)
 
     def _finish(self, job_id: int, *, status: str, run_id: str | None = None, error: str | None = None) -> None:
         """Record the end of a job, unless it was cancelled meanwhile (a cancel always wins)."""
         with self.sessions.begin() as session:
-            session.execute(
-                update(QueuedJob)
-                .where(QueuedJob.id == job_id, QueuedJob.status == "running")
-                .values(status=status, run_id=run_id, error=error, updated_at=_now())
-            )
+            jobs.finish_job(session, job_id=job_id, status=status, run_id=run_id, error=error)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -271,10 +239,20 @@ class LocalWorker:
         )
         log.info("local worker: job %s on %s", job.id, slot.name)
 
+        last_beat = [time.monotonic()]
+
         def should_cancel() -> bool:
+            if time.monotonic() - last_beat[0] >= self.heartbeat_s:
+                last_beat[0] = time.monotonic()
+                try:
+                    with self.sessions.begin() as session:
+                        jobs.record_heartbeat(session, job_id=job.id)
+                except Exception:  # a busy or unreachable database: keep running, beat again later
+                    log.warning("local worker: job %s: could not record a heartbeat", job.id, exc_info=True)
             return self._stop.is_set() or self._status(job.id) == "cancelled"
 
-        outcome: JobOutcome = execute_queued_job(request, should_cancel=should_cancel, env=slot.env)
+        poll_s = min(1.0, self.heartbeat_s)
+        outcome: JobOutcome = execute_queued_job(request, should_cancel=should_cancel, env=slot.env, poll_s=poll_s)
         if outcome.cancelled:
             if self._stop.is_set() and self._status(job.id) == "running":
                 self._finish(job.id, status="queued")  # the server is stopping: run it again next time

@@ -14,8 +14,10 @@ Delivery guarantees:
   visibility timeout (``DELTABENCH_BROKER_VISIBILITY_S``, default 6 h: it must exceed the longest job, else a
   running job is delivered a second time). ``task_reject_on_worker_lost`` does the same for a pool process lost.
 - The document's run id and job ids are fixed by the job (see :mod:`.worker`), so a job run twice is stored once.
-- Before running, and every few seconds while it runs, the worker asks the server for the job: a job already
-  done or cancelled is not run (again), and a cancel ends the running job.
+- Before running, the worker asks the server for the job: a job already done or cancelled is not run (again).
+  While it runs, the worker sends a heartbeat every ``DELTABENCH_JOB_HEARTBEAT_S`` (default 5 s) through
+  ``POST /api/v1/jobs/{id}/heartbeat``; the reply tells it of a cancel, which ends the running job. A job whose
+  heartbeats stop (its worker was killed) is queued again, then failed, by the server (``deltabench.db.jobs``).
 - A job's failure (incorrect, timeout, oom, failed cases) is in its document; only a job whose process could
   not produce a document (a spec naming nothing runnable, a crash) is reported ``failed`` with the reason.
 - A document the server refuses (a 4xx: it fails validation, the token was revoked) is not retried: the job is
@@ -33,7 +35,7 @@ from typing import Any
 
 from celery import Celery
 
-from .worker import QueuedJobRequest, device_for_kind, execute_queued_job
+from .worker import QueuedJobRequest, device_for_kind, execute_queued_job, heartbeat_interval_s
 
 __all__ = [
     "TASK_NAME",
@@ -134,6 +136,14 @@ class ServerClient:
         response.raise_for_status()
         return response.json()["status"]
 
+    def heartbeat(self, job_id: int) -> str | None:
+        """Tell the server this worker still runs the job; the job's status there (None when it is unknown)."""
+        response = self.http.post(f"/jobs/{job_id}/heartbeat")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.json()["status"]
+
     def report(self, job_id: int, status: str, *, worker: str, error: str | None = None) -> None:
         """Tell the server the job is running, or failed (with the reason)."""
         body: dict[str, Any] = {"status": status, "worker": worker}
@@ -176,7 +186,7 @@ class WorkerConfig:
     device: str | None = None
     imports: list[str] = []  # noqa: RUF012 - replaced as a whole by configure_worker
     timeout_s: float | None = None
-    cancel_poll_s: float = 5.0
+    heartbeat_s: float = 5.0  # between heartbeats, which also bring news of a cancel
     concurrency: int = 1
     retry_s: float = 60.0  # wait before retrying a job whose server could not be reached
     max_retries: int = 30
@@ -227,6 +237,7 @@ def configure_worker(
     WorkerConfig.imports = list(imports or [])
     WorkerConfig.timeout_s = timeout_s
     WorkerConfig.concurrency = concurrency
+    WorkerConfig.heartbeat_s = heartbeat_interval_s()
     _accelerators.reset(concurrency)
 
 
@@ -279,19 +290,21 @@ def _run_job(task: Any, job_id: int, spec: dict[str, Any], run_id: str) -> str:
     last_check = [time.monotonic()]
 
     def should_cancel() -> bool:
-        if time.monotonic() - last_check[0] < WorkerConfig.cancel_poll_s:
+        # Called about once a second while the job runs: the heartbeat doubles as the question "cancelled?".
+        if time.monotonic() - last_check[0] < WorkerConfig.heartbeat_s:
             return False
         last_check[0] = time.monotonic()
         try:
-            return client.job_status(job_id) == "cancelled"
-        except Exception:  # the server briefly unreachable: keep running, ask again later
+            return client.heartbeat(job_id) == "cancelled"
+        except Exception:  # the server briefly unreachable: keep running, beat again later
             return False
 
     log.info("job %s: running %s", job_id, run_id)
     gpu = _accelerators.take()
     try:
         env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if request.device == "cuda" and gpu_pinning() else None
-        outcome = execute_queued_job(request, should_cancel=should_cancel, env=env)
+        poll_s = min(1.0, WorkerConfig.heartbeat_s)
+        outcome = execute_queued_job(request, should_cancel=should_cancel, env=env, poll_s=poll_s)
     finally:
         _accelerators.give_back(gpu)
     if outcome.cancelled:

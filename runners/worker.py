@@ -37,10 +37,12 @@ from typing import Any
 from deltabench.harness.errors import BadInput
 
 __all__ = [
+    "HEARTBEAT_ENV",
     "JobOutcome",
     "QueuedJobRequest",
     "device_for_kind",
     "execute_queued_job",
+    "heartbeat_interval_s",
     "main",
     "queued_run_id",
     "run_queued_job",
@@ -48,8 +50,25 @@ __all__ = [
     "suite_for_spec",
 ]
 
+HEARTBEAT_ENV = "DELTABENCH_JOB_HEARTBEAT_S"
 _TERM_GRACE_S = 10.0  # after SIGTERM, how long the job process has to kill its case and exit
 _LOG_TAIL = 1500  # characters of the job process's log quoted in a failure
+
+
+def heartbeat_interval_s() -> float:
+    """Seconds between a worker's heartbeats for the job it runs: ``$DELTABENCH_JOB_HEARTBEAT_S``, default 5.
+
+    The server gives up on a job after ``DELTABENCH_JOB_HEARTBEAT_TIMEOUT_S`` (default 300) without one, so the
+    interval must stay well below that. A worker also learns of a cancel at its heartbeats.
+    """
+    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
+    try:
+        seconds = float(raw) if raw else 5.0
+    except ValueError:
+        raise BadInput(f"{HEARTBEAT_ENV}={raw!r}: give a positive number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise BadInput(f"{HEARTBEAT_ENV}={raw!r}: give a positive number of seconds")
+    return seconds
 
 
 def device_for_kind(device_kind: str) -> str:

@@ -126,7 +126,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Freeze what start-up allocated out of the garbage collector's sight.
+    """Freeze what start-up allocated out of the garbage collector's sight; sweep the job queue while serving.
 
     Everything imported by then (torch alone is some 200,000 objects) lives as long as the server; left tracked,
     every full collection walks it in the middle of some request. Measured with 1,000,000 stored results on
@@ -134,7 +134,24 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """
     gc.collect()
     gc.freeze()
-    yield
+    sweeper = _start_job_sweeper(app)
+    try:
+        yield
+    finally:
+        sweeper.stop()
+
+
+def _start_job_sweeper(app: FastAPI):  # type: ignore[no-untyped-def]  # -> JobSweeper
+    """Start failing (or queueing again) running jobs whose worker went silent (see :mod:`.job_sweeper`)."""
+    from deltabench.db.jobs import heartbeat_timeout_s
+
+    from .api.routes.jobs import dispatch_to_workers
+    from .job_sweeper import JobSweeper
+
+    timeout = app.state.settings.job_heartbeat_timeout_s or heartbeat_timeout_s()
+    return JobSweeper(
+        app.state.engine, timeout_s=timeout, redispatch=lambda job_id: dispatch_to_workers(app, job_id)
+    ).start()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -1,15 +1,16 @@
-"""The service's writes, as keyword-only functions (reads live in ``deltabench.db.queries``).
+"""The service's writes, as keyword-only functions (reads live in ``deltabench.db.queries``; the job queue's
+state machine in ``deltabench.db.jobs``, re-exported here).
 
 Routes and pages call these inside a session; the caller's ``session_scope`` commits.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Sequence
 from typing import Any
 
 from deltabench.db.ingest import ingest_document
+from deltabench.db.jobs import FINAL_JOB_STATUSES, JOB_STATUSES, cancel_job, create_job, update_job_status
 from deltabench.db.models import Annotation, QueuedJob
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.errors import BadInput
@@ -26,57 +27,8 @@ __all__ = [
     "update_job_status",
 ]
 
-JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
-FINAL_JOB_STATUSES = frozenset({"done", "failed", "cancelled"})
 # A result document whose meta carries this key (a queued job's id) marks that job done when it is ingested.
 META_QUEUE_JOB = "queue_job_id"
-
-
-def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc)
-
-
-def create_job(session: Session, *, spec: dict[str, Any], device_kind: str, submitted_by: str | None) -> QueuedJob:
-    """Store a submitted job as ``queued`` and return it (its id assigned)."""
-    job = QueuedJob(spec=spec, device_kind=device_kind, status="queued", submitted_by=submitted_by)
-    session.add(job)
-    session.flush()
-    return job
-
-
-def cancel_job(session: Session, *, job: QueuedJob) -> bool:
-    """Mark `job` cancelled unless it has finished; True when it changed. A running job's worker sees the flag."""
-    if job.status in FINAL_JOB_STATUSES:
-        return False
-    job.status = "cancelled"
-    job.updated_at = _now()
-    session.flush()
-    return True
-
-
-def update_job_status(
-    session: Session,
-    *,
-    job: QueuedJob,
-    status: str,
-    worker: str | None = None,
-    run_id: str | None = None,
-    error: str | None = None,
-) -> None:
-    """Record a worker's report on `job`. A cancelled job stays cancelled; ``running`` counts an attempt."""
-    if job.status == "cancelled":
-        return
-    if status == "running" and job.status != "running":
-        job.attempts = (job.attempts or 0) + 1
-    job.status = status
-    if worker is not None:
-        job.worker = worker
-    if run_id is not None:
-        job.run_id = run_id
-    if error is not None:
-        job.error = error
-    job.updated_at = _now()
-    session.flush()
 
 
 _INT64 = 2**63 - 1

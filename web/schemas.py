@@ -301,6 +301,9 @@ class JobPublic(BaseModel):
     error: str | None
     created_at: UtcDatetime
     updated_at: UtcDatetime
+    heartbeat_at: UtcDatetime | None = Field(
+        default=None, description="the last heartbeat of the worker running it (running jobs only)"
+    )
 
 
 class JobsPublic(BaseModel):

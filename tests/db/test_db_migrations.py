@@ -31,7 +31,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0004"
+    assert current_revision(fresh_engine) == head_revision() == "0005"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -39,7 +39,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0004"
+    assert current_revision(fresh_engine) == "0005"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -85,3 +85,13 @@ def test_0003_backfills_the_series_software_and_downgrades(fresh_engine, factory
         assert sorted(conn.execute(query).all()) == at_ingest
     indexes = {ix["name"]: ix["column_names"] for ix in inspect(fresh_engine).get_indexes("results")}
     assert indexes["ix_results_series"][-2:] == ["software", "run_created_at"]
+
+
+def test_0005_adds_the_job_heartbeat_and_downgrades(fresh_engine) -> None:  # type: ignore[no-untyped-def]
+    upgrade(fresh_engine, "0004")
+    assert "heartbeat_at" not in {c["name"] for c in inspect(fresh_engine).get_columns("job_queue")}
+    upgrade(fresh_engine, "0005")
+    column = {c["name"]: c for c in inspect(fresh_engine).get_columns("job_queue")}["heartbeat_at"]
+    assert column["nullable"]
+    downgrade(fresh_engine, "0004")
+    assert "heartbeat_at" not in {c["name"] for c in inspect(fresh_engine).get_columns("job_queue")}

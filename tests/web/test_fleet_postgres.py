@@ -3,11 +3,13 @@
 A CPU (torch) job and a JAX job run through Celery and are stored: before the store's columns followed the
 document, PostgreSQL refused both results (their memory methods are longer than 64 characters), the worker's
 post got a 422 and the job stayed ``running`` forever. A document the server refuses (here: over the body limit)
-now marks the job ``failed`` with the server's reason.
+now marks the job ``failed`` with the server's reason. A killed worker's job is queued again by the server's
+heartbeat sweep and run by another worker, whose heartbeats keep it alive through a case longer than the timeout.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +96,60 @@ def test_a_refused_result_post_fails_the_job_with_the_server_s_reason(pg_fleet: 
     assert job["error"].startswith("the server refused the result document: 413 request body too large"), job
     assert worker.poll() is None, "the worker acknowledged the task and goes on"
     assert httpx.get(f"{pg_fleet.base}/api/v1/runs", timeout=10).json()["count"] == 0
+
+
+def test_a_killed_worker_s_job_is_queued_again_and_a_long_live_one_is_left_alone(pg_fleet: PostgresFleet) -> None:
+    pg_fleet.env.update(
+        DELTABENCH_JOB_HEARTBEAT_TIMEOUT_S="3",
+        DELTABENCH_JOB_HEARTBEAT_S="0.5",
+        # The broker would deliver the killed worker's job again only after an hour: the server's sweep does it.
+        DELTABENCH_BROKER_VISIBILITY_S="3600",
+    )
+    (pg_fleet.control / "slow").write_text("600")
+    pg_fleet.start_server()
+    first = pg_fleet.start_worker("wa")
+    pg_fleet.wait_server()
+    pg_fleet.wait_ready("wa", first)
+    spec = {**SPEC, "impls": ["fleet_slow_once"]}
+    auth = {"Authorization": f"Bearer {pg_fleet.token}"}
+    submitted = httpx.post(f"{pg_fleet.base}/api/v1/jobs", json=spec, headers=auth, timeout=10)
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+
+    started = wait_for("the slow case to start", lambda: sorted(pg_fleet.control.glob("started-*")), timeout=120)
+    assert pg_fleet.job(job_id)["heartbeat_at"] is not None
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    (pg_fleet.control / "slow").write_text(str(7))  # the next attempt sleeps 7 s, over two timeouts, once
+
+    def requeued() -> dict | None:
+        job = pg_fleet.job(job_id)
+        return job if job["status"] != "running" else None
+
+    job = wait_for("the sweep to queue the job again", requeued, timeout=30, every=0.2)
+    assert job["status"] == "queued", job
+    assert job["error"].startswith("no heartbeat from worker wa@") and job["error"].endswith("queued again"), job
+    page = httpx.get(f"{pg_fleet.base}/jobs", headers={"Accept": "text/html"}, timeout=10).text
+    assert "no heartbeat from worker wa@" in page
+
+    second = pg_fleet.start_worker("wb")  # the server sent the job to the queue again: this worker takes it
+    again = wait_for(
+        "the second attempt's slow case",
+        lambda: sorted(set(pg_fleet.control.glob("started-*")) - set(started)),
+        timeout=120,
+    )
+    (pg_fleet.control / "slow").unlink()  # the sleeping call goes on; the later ones are fast
+    assert again
+    taken = pg_fleet.job(job_id)
+    assert (taken["status"], taken["attempts"], taken["worker"][:3]) == ("running", 2, "wb@"), taken
+
+    def finished() -> dict | None:
+        assert second.poll() is None, pg_fleet.log("wb")
+        job = pg_fleet.job(job_id)
+        return job if job["status"] in ("done", "failed", "cancelled") else None
+
+    job = wait_for("the second attempt to finish", finished, timeout=180, every=0.5)
+    assert job["status"] == "done" and job["attempts"] == 2, (job, pg_fleet.log("wb")[-3000:])
+    run = httpx.get(f"{pg_fleet.base}/api/v1/runs/{job['run_id']}", timeout=10).json()
+    [result] = run["jobs"]
+    assert result["status"] == "ok" and run["meta"]["worker"].startswith("wb@"), result["reason"]

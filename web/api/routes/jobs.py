@@ -2,7 +2,8 @@
 
 A submitted job is stored ``queued`` and handed to ``deltabench.runners.dispatch.submit_job``: Celery when a
 broker is configured, else the local worker ``deltabench serve`` started. Workers report progress with
-``POST /jobs/{id}/status`` and post their result documents to ``POST /runs`` (with ``meta.queue_job_id``).
+``POST /jobs/{id}/status``, send ``POST /jobs/{id}/heartbeat`` every few seconds while a job runs (the reply
+tells them of a cancel), and post their result documents to ``POST /runs`` (with ``meta.queue_job_id``).
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
+from deltabench.db import jobs as job_states
 from deltabench.db import queries
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from ... import crud, jobspec, schemas
 from ...deps import ReadAccessDep, SessionDep, WriteTokenDep
 from ._common import ERRORS, WRITE_ERRORS, Limit, Offset
 
-__all__ = ["dispatch_job", "router", "submit"]
+__all__ = ["dispatch_job", "dispatch_to_workers", "router", "submit"]
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -29,19 +31,24 @@ Kind = Annotated[str | None, Query(pattern=schemas.DEVICE_KIND_PATTERN)]
 
 
 def dispatch_job(request: Request, job_id: int) -> str | None:
-    """Hand a stored job to the runners' dispatcher; the error text when it could not be handed over.
+    """Hand a stored job to the runners' dispatcher; the error text when it could not be handed over."""
+    return dispatch_to_workers(request.app, job_id)
+
+
+def dispatch_to_workers(app: FastAPI, job_id: int) -> str | None:
+    """Hand `app`'s stored job `job_id` to the runners' dispatcher; the error text when it could not be.
 
     Without ``deltabench.runners.dispatch`` installed (or with ``Settings.dispatch_jobs`` off) the job stays
     queued for a worker started later.
     """
-    if not request.app.state.settings.dispatch_jobs:
+    if not app.state.settings.dispatch_jobs:
         return None
     try:
         from deltabench.runners.dispatch import submit_job
     except ImportError:
         log.warning("deltabench.runners.dispatch is not installed: job %s stays queued", job_id)
         return None
-    factory = sessionmaker(bind=request.app.state.engine, expire_on_commit=False)
+    factory = sessionmaker(bind=app.state.engine, expire_on_commit=False)
     try:
         submit_job(factory, job_id)
     except Exception as exc:  # a broker that is down: the job fails with the reason, the request does not
@@ -118,4 +125,14 @@ def report_status(
     crud.update_job_status(
         session, job=job, status=body.status, worker=body.worker or token.name, run_id=body.run_id, error=body.error
     )
+    return schemas.JobPublic.model_validate(job)
+
+
+@router.post("/{job_id}/heartbeat", response_model=schemas.JobPublic, responses=WRITE_ERRORS)
+def heartbeat(job_id: JobId, session: SessionDep, _token: WriteTokenDep) -> schemas.JobPublic:
+    """A worker running the job is alive (sent every few seconds); the job as it stands, so the worker learns
+    of a cancel. A job that is not running is returned unchanged."""
+    job = _job(session, job_id)
+    if job_states.record_heartbeat(session, job_id=job_id):
+        session.refresh(job)
     return schemas.JobPublic.model_validate(job)

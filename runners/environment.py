@@ -18,7 +18,15 @@ from pathlib import Path
 
 from deltabench.harness.document import Environment
 
-__all__ = ["collect_environment", "git_state", "kernel_hash", "machine_kind", "nvidia_smi_query", "source_root"]
+__all__ = [
+    "collect_environment",
+    "compile_caches",
+    "git_state",
+    "kernel_hash",
+    "machine_kind",
+    "nvidia_smi_query",
+    "source_root",
+]
 
 _VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "instinct", "intel"}
 
@@ -116,6 +124,44 @@ def _nvidia_driver() -> str | None:
     return drivers[0] if drivers else None
 
 
+def _cache_state(path: Path) -> str:
+    try:
+        entries = sum(1 for _ in path.iterdir())
+    except OSError:
+        return f"{path} (absent)"
+    return f"{path} ({entries} entries)" if entries else f"{path} (empty)"
+
+
+def compile_caches() -> dict[str, str]:
+    """Where compiled kernels and the gate's references persist between runs, each with how many entries it
+    holds (``absent`` or ``empty``: a cold start), by the rules the job processes follow; imports none of them.
+
+    Triton: ``$TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache`` (home by default); TileLang:
+    ``$TILELANG_CACHE_DIR``, else ``~/.tilelang/cache``; JAX: the persistent cache kernels/common/jax_compile.py
+    enables (``off`` when disabled); references: harness/reference_cache.py.
+    """
+    from deltabench.harness.reference_cache import cache_dir as reference_cache_dir
+
+    home = Path.home()
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache")
+    triton = os.environ.get("TRITON_CACHE_DIR") or str(
+        Path(os.environ.get("TRITON_HOME") or home) / ".triton" / "cache"
+    )
+    tilelang = os.environ.get("TILELANG_CACHE_DIR") or str(home / ".tilelang" / "cache")
+    jax_wanted = os.environ.get("DELTABENCH_JAX_CACHE_DIR", "")
+    if jax_wanted.lower() in ("off", "0", "none", "false"):
+        jax = None
+    else:
+        jax = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax_wanted or str(xdg / "deltabench" / "jax")
+    references = reference_cache_dir()
+    return {
+        "cache.triton": _cache_state(Path(triton)),
+        "cache.tilelang": _cache_state(Path(tilelang)),
+        "cache.jax": _cache_state(Path(jax)) if jax else "off",
+        "cache.references": _cache_state(references) if references else "off",
+    }
+
+
 def collect_environment(device: str = "cpu") -> Environment:
     """The fingerprint of this machine for a run on `device` (``"cpu"`` or ``"cuda"``)."""
     import torch
@@ -133,6 +179,7 @@ def collect_environment(device: str = "cpu") -> Environment:
     else:
         name, count, kind, driver, cuda, extra = cpu, 1, "cpu", None, None, {}
         extra["threads"] = str(torch.get_num_threads())
+    extra.update(compile_caches())
     return Environment(
         host=socket.gethostname(),
         machine_kind=kind,

@@ -59,10 +59,13 @@ def _forkserver() -> multiprocessing.context.BaseContext:
 
 
 def job_environment() -> dict[str, str]:
-    """The environment a job runs with: this process's, and JAX not grabbing most of the GPU up front
-    (a job may hold torch and JAX buffers side by side)."""
+    """The environment a job runs with: this process's, JAX not grabbing most of the GPU up front (a job may
+    hold torch and JAX buffers side by side), and Triton keeping autotuning results in its on-disk cache
+    beside the compiled kernels, so a later process or run does not tune the same kernel again (a user's
+    ``TRITON_CACHE_AUTOTUNING=0`` still wins)."""
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     return env
 
 

@@ -19,7 +19,7 @@ def test_caches_follow_each_tools_variables(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.setenv("DELTABENCH_REFERENCE_CACHE", str(refs))
     assert compile_caches() == {
-        "cache.triton": f"{triton} (1 entries)",
+        "cache.triton": f"{triton} (1 entries), autotuning cached",
         "cache.tilelang": f"{tilelang} (absent)",
         "cache.jax": f"{jax} (empty)",
         "cache.references": f"{refs} (absent)",
@@ -28,7 +28,8 @@ def test_caches_follow_each_tools_variables(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("DELTABENCH_REFERENCE_CACHE", "off")
     monkeypatch.delenv("TRITON_CACHE_DIR")
     monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")  # the user's choice wins over the jobs' default
     caches = compile_caches()
     assert caches["cache.jax"] == "off" and caches["cache.references"] == "off"
-    assert caches["cache.triton"] == f"{tmp_path / '.triton' / 'cache'} (absent)"
+    assert caches["cache.triton"] == f"{tmp_path / '.triton' / 'cache'} (absent), autotuning not cached"
     assert collect_environment("cpu").extra["cache.triton"] == caches["cache.triton"]

@@ -21,6 +21,7 @@ with the signal or exit code and the tail of its log.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import multiprocessing
@@ -293,27 +294,17 @@ class _Worker:
             _kill_group(self._proc.pid, self._proc.kill)
             self._proc.join()
 
-    def close(self, grace_s: float = 10.0) -> None:
-        """Let the process finish (no more jobs), killing its group if it has not within `grace_s`; clean up."""
-        if self.exit_code() is None:
-            try:
-                if self._popen is not None:
-                    self._popen.stdin.close()
-                    self._popen.wait(grace_s)
-                else:
-                    self._send_end.close()
-                    self._proc.join(grace_s)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        # Whatever the job started in its process group goes too, even after a clean exit.
+    def close(self) -> None:
+        """End the process and everything its jobs started, and clean up. It is idle (its last result was read),
+        so nothing is lost: killing it saves the second or so an interpreter with torch and JAX takes to exit."""
         if self._popen is not None:
-            _kill_group(self._popen.pid, self._popen.kill)
-            self._popen.wait()
+            with contextlib.suppress(OSError):
+                self._popen.stdin.close()
+            self.kill()
             self._log.close()
         else:
-            _kill_group(self._proc.pid, self._proc.kill)
-            self._proc.join()
             self._send_end.close()
+            self.kill()
         self._tmp.cleanup()
 
 

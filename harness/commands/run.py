@@ -3,7 +3,9 @@ progress display (jobs done of all, the current job and its phase, ETA) while it
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import typer
@@ -17,6 +19,12 @@ _PHASE_LABELS = {"first call": "compile (first call)", "gate": "correctness gate
 def _resolve_imports(specs: list[str]) -> list[str]:
     """Absolute paths for file imports, so the job subprocesses find them whatever their directory."""
     return [str(Path(s).resolve()) if s.endswith(".py") or Path(s).is_file() else s for s in specs]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """`timeout`, CI runners and job schedulers stop a run with SIGTERM: leave through Python's exit, so the
+    runner's clean-up kills the worker processes (each in a session of its own) instead of orphaning them."""
+    raise SystemExit(128 + signum)
 
 
 def _store(doc, db_url: str | None) -> str:
@@ -84,6 +92,9 @@ def register(app: typer.Typer) -> None:
                 raise BadInput("--device cuda: no CUDA device on this machine")
 
         from deltabench.runners.session import partial_path, plan_run, run_plan
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
         plan = plan_run(loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports)
         if not plan.jobs:

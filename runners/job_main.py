@@ -30,12 +30,23 @@ __all__ = ["PRELOAD", "child_main", "main", "run_payload", "serve_main"]
 PRELOAD = ["torch", "deltabench.harness.verify", "deltabench.runners.job"]
 
 
-def run_payload(payload: dict[str, Any]) -> None:
-    """Run the job of `payload` and write its result to ``payload["result_path"]``."""
+def run_payload(payload: dict[str, Any], *, settle: bool = False) -> None:
+    """Run the job of `payload` and write its result to ``payload["result_path"]``.
+
+    With `settle` (a worker that runs more jobs) what the job left is freed before the result is written, so the
+    parent sends the next job only to a clean process; an error surfacing then (an asynchronous CUDA fault of the
+    job's last launch) fails this job, and the parent replaces the process.
+    """
     from deltabench.runners.base import JobSpec
     from deltabench.runners.job import execute
 
     result = execute(JobSpec.model_validate(payload["job"]))
+    if settle:
+        try:
+            _between_jobs()
+        except Exception as exc:
+            result.status, result.timing = "failed", None
+            result.reason = f"after the job: {type(exc).__name__}: {exc}".strip()[:2000]
     path = Path(payload["result_path"])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(result.model_dump_json())
@@ -81,10 +92,9 @@ def serve_main(jobs: Connection, log_path: str, env: dict[str, str]) -> None:
             payload = json.loads(jobs.recv())
         except EOFError:
             return
-        run_payload(payload)
+        run_payload(payload, settle=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        _between_jobs()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,10 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--serve" in (sys.argv[1:] if argv is None else argv):
         for line in sys.stdin:
             if line.strip():
-                run_payload(json.loads(line))
+                run_payload(json.loads(line), settle=True)
                 sys.stdout.flush()
                 sys.stderr.flush()
-                _between_jobs()
         return 0
     run_payload(json.loads(sys.stdin.read()))
     return 0

@@ -269,9 +269,10 @@ class _Worker:
                     self.kill()
                     return None, True, self.exit_code() or 0, self._log_since(start_at)
                 if on_phase is not None and self.log_path.stat().st_size > seen:
-                    text = self._log_since(seen)
-                    seen += len(text.encode())
-                    marks = [ln for ln in text.splitlines() if ln.startswith(PHASE_MARK)]
+                    lines = self._read_from(seen)
+                    lines = lines[: lines.rfind(b"\n") + 1]  # whole lines only: a mark may be half written
+                    seen += len(lines)
+                    marks = [ln for ln in lines.decode(errors="replace").splitlines() if ln.startswith(PHASE_MARK)]
                     if marks and marks[-1] != phase:
                         phase = marks[-1]
                         on_phase(job, phase[len(PHASE_MARK) :].strip())
@@ -280,10 +281,13 @@ class _Worker:
             self.kill()  # interrupted: leave no orphan behind
             raise
 
-    def _log_since(self, offset: int) -> str:
+    def _read_from(self, offset: int) -> bytes:
         with open(self.log_path, "rb") as f:
             f.seek(offset)
-            return f.read().decode(errors="replace")
+            return f.read()
+
+    def _log_since(self, offset: int) -> str:
+        return self._read_from(offset).decode(errors="replace")
 
     def kill(self) -> None:
         """End the process and everything it started, now."""
@@ -353,8 +357,11 @@ class SharedProcessRunner:
         self.close()
 
 
-def make_runner(isolation: str = "impl", *, python: str | None = None, on_phase: PhaseCallback | None = None):
-    """The runner for a suite's `isolation`: ``"impl"`` (one worker process per impl) or ``"job"``."""
+def make_runner(
+    isolation: str = "impl", *, python: str | None = None, on_phase: PhaseCallback | None = None
+) -> SharedProcessRunner | IsolatedRunner:
+    """The runner for a suite's `isolation`: ``"impl"`` (one worker process per impl, reporting each job's phases
+    to `on_phase`) or ``"job"`` (a fresh process per job; no phases)."""
     if isolation == "job":
         return IsolatedRunner(python=python)
     if isolation == "impl":

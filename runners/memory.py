@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import resource
 import sys
 from collections.abc import Callable
@@ -47,12 +46,12 @@ def rss_high_water_bytes() -> int:
 
 
 def reset_rss_high_water() -> bool:
-    """Return freed C-heap memory to the OS and reset this process's RSS high-water mark to its current RSS.
+    """Return freed C-heap memory to the OS and reset this process's RSS high-water mark to its current RSS (a
+    worker has collected the last job's garbage already: runners/job_main.py).
 
     False where the platform cannot (not Linux, or ``clear_refs`` not writable): the mark then still holds
     what earlier work in this process reached.
     """
-    gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # glibc only
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     try:

@@ -9,9 +9,9 @@ costliest part of a job. Here they are kept on disk:
 
 * under ``$DELTABENCH_REFERENCE_CACHE`` (a directory; ``off`` disables the cache), else
   ``$XDG_CACHE_HOME/deltabench/references`` (``~/.cache/deltabench/references``);
-* keyed by the case, the reference kind, the gradients flag and a reference version: a hash of the
-  ``references/`` sources (and, for the chunked reference, of its module and the ``kernels/common`` helpers
-  it builds on), so an edited oracle never serves an old answer;
+* keyed by the case, the reference kind, the gradients flag, torch's version and a reference version: a hash
+  of the ``references/`` sources (and, for the chunked reference, of its module and the ``kernels/common``
+  helpers it builds on), so an edited oracle never serves an old answer;
 * written atomically (a temporary file renamed into place), with a SHA-256 of the content checked on every
   read together with the key stored inside: a corrupt, truncated or foreign entry is recomputed and
   rewritten, never trusted;
@@ -101,7 +101,8 @@ def reference_key(case: Case, *, kind: str, grads: bool) -> dict[str, Any]:
     """What a reference run depends on: the case (its mode only through `grads`), the kind and its version."""
     key = case.to_dict()
     key.pop("mode", None)
-    key.update(kind=kind, grads=grads, version=reference_version(kind, case.op))
+    # torch too: the same code may round differently under another torch (its CPU and cuBLAS kernels).
+    key.update(kind=kind, grads=grads, version=reference_version(kind, case.op), torch=torch.__version__)
     return key
 
 

@@ -158,6 +158,9 @@ def _environment_lines(doc: ResultDocument) -> list[str]:
         f"software: Python {e.python}, " + ", ".join(s for s in sw if s),
         f"deltabench {e.deltabench}, commit {commit}, kernel hash {e.kernel_hash or '-'}",
     ]
+    caches = {k.removeprefix("cache."): v for k, v in e.extra.items() if k.startswith("cache.")}
+    if caches:  # where compiled kernels and references persist: "absent" or "empty" was a cold start
+        lines.append("caches at the start: " + "; ".join(f"{k} {v}" for k, v in caches.items()))
     if ceil:
         lines.append(
             f"ceilings: matmul {_num(ceil.get('matmul_tflops'))} TFLOP/s, copy {_num(ceil.get('copy_gbps'))} GB/s"

@@ -11,6 +11,9 @@ level apply to every op unless the op overrides them. Shipped suites live in ``h
     dtypes = ["bf16"]
     modes = ["fwd", "fwd+bwd"]            # fwd, fwd+bwd, bwd
     timeout_s = 900                       # per job
+    isolation = "impl"                    # "impl": the jobs of one impl share one process, one after another
+                                          #   (a timeout, crash, OOM or failure ends it; the next job gets a
+                                          #   fresh one); "job": a fresh process per job, for leaky kernels
     regime = "typical"                    # the gate's input regime; optional
     [timing]                              # optional: runners.base.TimingSettings
     budget_s = 2.0
@@ -42,6 +45,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
+    "ISOLATIONS",
     "SUITES_DIR",
     "GateSettings",
     "OpPlan",
@@ -61,6 +65,7 @@ _TOP_KEYS = {
     "dtypes",
     "modes",
     "timeout_s",
+    "isolation",
     "regime",
     "initial_state",
     "seed",
@@ -70,6 +75,7 @@ _TOP_KEYS = {
 }
 _OP_KEYS = {"impls", "baseline", "shapes", "dtypes", "modes"}
 _DEVICES = ("cpu", "cuda")
+ISOLATIONS = ("impl", "job")  # how jobs share processes (runners.isolated.make_runner)
 
 
 class _Settings(BaseModel):
@@ -121,6 +127,7 @@ class Suite:
     ops: tuple[OpPlan, ...]
     device: str | None = None
     timeout_s: float | None = None
+    isolation: str = "impl"
     regime: str = "typical"
     initial_state: bool = False
     seed: int = 0
@@ -254,6 +261,9 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
     timeout = data.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise BadInput(f"{where}: timeout_s must be a positive number of seconds")
+    isolation = data.get("isolation", "impl")
+    if isolation not in ISOLATIONS:
+        raise BadInput(f"{where}: isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
     ops_table = data.get("ops")
     if not isinstance(ops_table, dict) or not ops_table:
         raise BadInput(f"{where}: needs at least one [ops.<op>] table")
@@ -292,6 +302,7 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         ops=tuple(plans),
         device=device,
         timeout_s=float(timeout) if timeout is not None else None,
+        isolation=isolation,
         regime=regime,
         initial_state=bool(data.get("initial_state", False)),
         seed=int(data.get("seed", 0)),

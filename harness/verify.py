@@ -34,6 +34,7 @@ from .checks import compare, finite_record, note_record
 from .document import CheckRecord
 from .errors import BadInput
 from .ops import OpSpec, get_op
+from .reference_cache import cached_reference
 from .tolerances import threshold
 
 __all__ = ["ORACLE_MAX_ELEMENTS", "ORACLE_MAX_ELEMENTS_GRAD", "SHORT_T", "VerifyReport", "split_point", "verify_case"]
@@ -300,6 +301,13 @@ def _chunk_reference(case: Case) -> Callable[..., Any]:
     return get_impl(case.op, "torch_chunk")
 
 
+def _shared_reference(case: Case, kind: str, grads: bool, compute: Callable[[], _Run]) -> _Run:
+    """The reference run of `case`, shared through the on-disk cache (harness/reference_cache.py)."""
+    tensors = cached_reference(case, kind=kind, grads=grads, compute=lambda: compute().tensors())
+    grad_of = {n[len("grad:") :]: t for n, t in tensors.items() if n.startswith("grad:")}
+    return _Run(o=tensors["o"], state=tensors["final_state"], grads=grad_of)
+
+
 def _check_against(
     fn: Callable[..., Any],
     spec: OpSpec,
@@ -325,10 +333,11 @@ def _check_against(
     records.append(finite_record(run.tensors(), **where))
     if ref_kind == "oracle":
         ref_cot = None if cot is None else (cot[0].double(), cot[1].double())
-        ref = _call(spec.oracle, spec, _oracle_inputs(inputs), ref_cot)
+        ref = _shared_reference(sub, ref_kind, grads, lambda: _call(spec.oracle, spec, _oracle_inputs(inputs), ref_cot))
     else:
         ref_cot = None if cot is None else (cot[0].float().to(case.device), cot[1].to(case.device))
-        ref = _call(_chunk_reference(case), spec, _fp32_inputs(inputs), ref_cot)
+        chunk = _chunk_reference(case)
+        ref = _shared_reference(sub, ref_kind, grads, lambda: _call(chunk, spec, _fp32_inputs(inputs), ref_cot))
     records += _compare_runs(run, ref, sub, seed=seed, h0=h0, reference=reference_label, grads=grads, profile=profile)
     return records, run, inputs
 

@@ -2,7 +2,8 @@
 
 A job is one (case, impl) pair with the settings of its suite. :class:`Runner` is the one-method
 interface every execution strategy implements: in this process (:mod:`.job`, used inside the job's
-subprocess) or isolated in a fresh subprocess with a timeout (:mod:`.isolated`).
+subprocess) or isolated in subprocesses with a timeout, a worker per impl or a fresh one per job
+(:mod:`.isolated`).
 """
 
 from __future__ import annotations

@@ -13,12 +13,21 @@ import platform
 import re
 import socket
 import subprocess
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from deltabench.harness.document import Environment
 
-__all__ = ["collect_environment", "git_state", "kernel_hash", "machine_kind", "nvidia_smi_query", "source_root"]
+__all__ = [
+    "collect_environment",
+    "compile_caches",
+    "git_state",
+    "kernel_hash",
+    "machine_kind",
+    "nvidia_smi_query",
+    "source_root",
+]
 
 _VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "instinct", "intel"}
 
@@ -116,6 +125,49 @@ def _nvidia_driver() -> str | None:
     return drivers[0] if drivers else None
 
 
+def _cache_state(path: Path) -> str:
+    try:
+        entries = sum(1 for _ in path.iterdir())
+    except OSError:
+        return f"{path} (absent)"
+    return f"{path} ({entries} entries)" if entries else f"{path} (empty)"
+
+
+def compile_caches(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where compiled kernels and the gate's references persist between runs, each with how many entries it
+    holds (``absent`` or ``empty``: a cold start), by the rules a job process with environment `env` (default:
+    what runners.isolated.job_environment gives it) follows; imports none of the tools.
+
+    Triton: ``$TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache`` (home by default), and whether its
+    autotuning results are cached too; TileLang: ``$TILELANG_CACHE_DIR``, else ``~/.tilelang/cache``; JAX: the
+    persistent cache kernels/common/jax_compile.py enables (``off`` when disabled); references:
+    harness/reference_cache.py.
+    """
+    from deltabench.harness.reference_cache import cache_dir as reference_cache_dir
+
+    if env is None:
+        from .isolated import job_environment
+
+        env = job_environment()
+    home = Path.home()
+    xdg = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
+    triton = env.get("TRITON_CACHE_DIR") or str(Path(env.get("TRITON_HOME") or home) / ".triton" / "cache")
+    tuned = "autotuning cached" if env.get("TRITON_CACHE_AUTOTUNING", "0") not in ("", "0") else "autotuning not cached"
+    tilelang = env.get("TILELANG_CACHE_DIR") or str(home / ".tilelang" / "cache")
+    jax_wanted = env.get("DELTABENCH_JAX_CACHE_DIR", "")
+    if jax_wanted.lower() in ("off", "0", "none", "false"):
+        jax = None
+    else:
+        jax = env.get("JAX_COMPILATION_CACHE_DIR") or jax_wanted or str(xdg / "deltabench" / "jax")
+    references = reference_cache_dir()
+    return {
+        "cache.triton": f"{_cache_state(Path(triton))}, {tuned}",
+        "cache.tilelang": _cache_state(Path(tilelang)),
+        "cache.jax": _cache_state(Path(jax)) if jax else "off",
+        "cache.references": _cache_state(references) if references else "off",
+    }
+
+
 def collect_environment(device: str = "cpu") -> Environment:
     """The fingerprint of this machine for a run on `device` (``"cpu"`` or ``"cuda"``)."""
     import torch
@@ -133,6 +185,7 @@ def collect_environment(device: str = "cpu") -> Environment:
     else:
         name, count, kind, driver, cuda, extra = cpu, 1, "cpu", None, None, {}
         extra["threads"] = str(torch.get_num_threads())
+    extra.update(compile_caches())
     return Environment(
         host=socket.gethostname(),
         machine_kind=kind,

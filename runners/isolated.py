@@ -1,16 +1,27 @@
-"""Runs each job in its own process with a timeout, so that a crash, a hang or an out-of-memory error
+"""Runs jobs in processes of their own with a timeout, so that a crash, a hang or an out-of-memory error
 ends that job (with its status and message) and the run goes on.
 
-By default a job process is forked from a multiprocessing fork server that has imported torch and the
+Two strategies, both behind the one-method runner interface:
+
+* :class:`SharedProcessRunner` (``isolation = "impl"``, the default of ``deltabench run``): the jobs of one
+  (op, impl, device) run one after another in one long-lived worker process, which pays the impl's import,
+  compilation and autotuning once. A job that times out, crashes, runs out of memory or fails ends that
+  process (it may have left the device or the impl in a bad state); the job gets its status and a fresh
+  process takes the next job.
+* :class:`IsolatedRunner` / :func:`run_isolated` (``isolation = "job"``): one fresh process per job, for
+  kernels that leak state from one call to the next.
+
+By default a process is forked from a multiprocessing fork server that has imported torch and the
 harness once (a job then starts in milliseconds rather than seconds); with ``python=`` it is
-``python -m deltabench.runners.job_main`` under that interpreter. Either way the job runs in a new
-session (its own process group): on timeout the whole group is killed, whatever the subject spawned.
-A job that dies without writing a result (a segfault, ``os._exit``, the kernel's OOM killer) ends
-``failed`` with the signal or exit code and the tail of its log.
+``python -m deltabench.runners.job_main`` under that interpreter. Either way it runs in a new session (its
+own process group): on timeout the whole group is killed, whatever the subject spawned. A job whose
+process dies without writing a result (a segfault, ``os._exit``, the kernel's OOM killer) ends ``failed``
+with the signal or exit code and the tail of its log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import multiprocessing
@@ -19,16 +30,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from deltabench.harness.document import JobResult
+from deltabench.harness.suites import ISOLATIONS
 
 from .base import JobSpec
 from .job import PHASE_MARK, case_spec
 
-__all__ = ["IsolatedRunner", "job_environment", "run_isolated"]
+__all__ = ["IsolatedRunner", "SharedProcessRunner", "job_environment", "make_runner", "run_isolated"]
 
 _LOG_TAIL = 600  # characters of the child's log quoted in a failure's reason
+_POLL_S = 0.02  # how often a waiting parent looks for the result, the process and new phase marks
+# A worker goes on to the next job only after these; any other status may have left it in a bad state.
+_REUSABLE = frozenset({"ok", "incorrect", "unsupported"})
 _context: multiprocessing.context.BaseContext | None = None
 
 
@@ -43,10 +60,13 @@ def _forkserver() -> multiprocessing.context.BaseContext:
 
 
 def job_environment() -> dict[str, str]:
-    """The environment a job runs with: this process's, and JAX not grabbing most of the GPU up front
-    (a job may hold torch and JAX buffers side by side)."""
+    """The environment a job runs with: this process's, JAX not grabbing most of the GPU up front (a job may
+    hold torch and JAX buffers side by side), and Triton keeping autotuning results in its on-disk cache
+    beside the compiled kernels, so a later process or run does not tune the same kernel again (a user's
+    ``TRITON_CACHE_AUTOTUNING=0`` still wins)."""
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     return env
 
 
@@ -120,26 +140,10 @@ def _run_exec(payload: dict, log_path: Path, timeout_s: float, python: str) -> t
     return False, proc.returncode
 
 
-def run_isolated(job: JobSpec, *, python: str | None = None) -> JobResult:
-    """Run `job` in a fresh process, killing its process group after ``job.timeout_s`` seconds.
-
-    With `python` (an interpreter path) the job is started under it; otherwise it is forked from the
-    fork server.
-    """
-    started = _dt.datetime.now(_dt.timezone.utc)
+def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: int, log_text: str) -> JobResult:
+    """The result of a job whose process gave none: ``timeout``, or ``failed`` with its signal or exit code,
+    the phase it was in and the tail of its log."""
     case = job.to_case()
-    with tempfile.TemporaryDirectory(prefix="deltabench-job-") as tmp:
-        result_path = Path(tmp) / "result.json"
-        log_path = Path(tmp) / "log.txt"
-        payload = {"job": job.model_dump(), "result_path": str(result_path), "env": job_environment()}
-        if python:
-            timed_out, rc = _run_exec(payload, log_path, job.timeout_s, python)
-        else:
-            timed_out, rc = _run_forked(payload, log_path, job.timeout_s)
-        log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
-        if not timed_out and result_path.exists():
-            return JobResult.model_validate_json(result_path.read_text())
-
     result = JobResult(
         job_id=job.job_id,
         attempt=job.attempt,
@@ -167,6 +171,202 @@ def run_isolated(job: JobSpec, *, python: str | None = None) -> JobResult:
     if tail:
         result.reason += f" [log: {tail}]"
     return result
+
+
+def run_isolated(job: JobSpec, *, python: str | None = None) -> JobResult:
+    """Run `job` in a fresh process, killing its process group after ``job.timeout_s`` seconds.
+
+    With `python` (an interpreter path) the job is started under it; otherwise it is forked from the
+    fork server.
+    """
+    started = _dt.datetime.now(_dt.timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="deltabench-job-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        log_path = Path(tmp) / "log.txt"
+        payload = {"job": job.model_dump(), "result_path": str(result_path), "env": job_environment()}
+        if python:
+            timed_out, rc = _run_exec(payload, log_path, job.timeout_s, python)
+        else:
+            timed_out, rc = _run_forked(payload, log_path, job.timeout_s)
+        log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if not timed_out and result_path.exists():
+            return JobResult.model_validate_json(result_path.read_text())
+    return _lost_result(job, started, timed_out=timed_out, rc=rc, log_text=log_text)
+
+
+PhaseCallback = Callable[[JobSpec, str], None]
+
+
+class _Worker:
+    """One long-lived process that runs the jobs it is sent, one at a time (see :class:`SharedProcessRunner`)."""
+
+    def __init__(self, python: str | None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="deltabench-worker-")
+        self.dir = Path(self._tmp.name)
+        self.log_path = self.dir / "log.txt"
+        self.log_path.touch()
+        self.jobs_done = 0
+        env = job_environment()
+        if python:
+            self._log = open(self.log_path, "w")  # noqa: SIM115 - open for the process's whole life
+            self._popen: subprocess.Popen | None = subprocess.Popen(
+                [python, "-m", "deltabench.runners.job_main", "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                text=True,
+                env=env,
+            )
+            self._proc = None
+            self._send_end = None
+            self.pid = self._popen.pid
+        else:
+            from .job_main import serve_main
+
+            ctx = _forkserver()
+            receive_end, self._send_end = ctx.Pipe(duplex=False)
+            self._proc = ctx.Process(target=serve_main, args=(receive_end, str(self.log_path), env), daemon=False)
+            self._proc.start()
+            receive_end.close()
+            self._popen = None
+            self.pid = self._proc.pid
+
+    def exit_code(self) -> int | None:
+        """The process's exit code (negative: the signal), None while it runs."""
+        return self._popen.poll() if self._popen is not None else self._proc.exitcode
+
+    def _send(self, payload: dict) -> None:
+        try:
+            if self._popen is not None:
+                self._popen.stdin.write(json.dumps(payload) + "\n")
+                self._popen.stdin.flush()
+            else:
+                self._send_end.send(json.dumps(payload))
+        except (BrokenPipeError, OSError):
+            pass  # the process is gone: its exit code says how
+
+    def run(self, job: JobSpec, on_phase: PhaseCallback | None) -> tuple[JobResult | None, bool, int, str]:
+        """Run `job`: (its result or None, timed out, exit code, the log it wrote)."""
+        result_path = self.dir / f"result-{self.jobs_done}.json"
+        self.jobs_done += 1
+        start_at = self.log_path.stat().st_size
+        self._send({"job": job.model_dump(), "result_path": str(result_path)})
+        deadline = time.monotonic() + job.timeout_s
+        seen, phase = start_at, None
+        try:
+            while True:
+                if result_path.exists():
+                    result = JobResult.model_validate_json(result_path.read_text())
+                    result_path.unlink()
+                    return result, False, 0, self._log_since(start_at)
+                rc = self.exit_code()
+                if rc is not None:
+                    if result_path.exists():  # written just before the process ended
+                        continue
+                    return None, False, rc, self._log_since(start_at)
+                if time.monotonic() > deadline:
+                    self.kill()
+                    return None, True, self.exit_code() or 0, self._log_since(start_at)
+                if on_phase is not None and self.log_path.stat().st_size > seen:
+                    lines = self._read_from(seen)
+                    lines = lines[: lines.rfind(b"\n") + 1]  # whole lines only: a mark may be half written
+                    seen += len(lines)
+                    marks = [ln for ln in lines.decode(errors="replace").splitlines() if ln.startswith(PHASE_MARK)]
+                    if marks and marks[-1] != phase:
+                        phase = marks[-1]
+                        on_phase(job, phase[len(PHASE_MARK) :].strip())
+                time.sleep(_POLL_S)
+        except BaseException:
+            self.kill()  # interrupted: leave no orphan behind
+            raise
+
+    def _read_from(self, offset: int) -> bytes:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+
+    def _log_since(self, offset: int) -> str:
+        return self._read_from(offset).decode(errors="replace")
+
+    def kill(self) -> None:
+        """End the process and everything it started, now."""
+        if self._popen is not None:
+            _kill_group(self._popen.pid, self._popen.kill)
+            self._popen.wait()
+        else:
+            _kill_group(self._proc.pid, self._proc.kill)
+            self._proc.join()
+
+    def close(self) -> None:
+        """End the process and everything its jobs started, and clean up. It is idle (its last result was read),
+        so nothing is lost: killing it saves the second or so an interpreter with torch and JAX takes to exit."""
+        if self._popen is not None:
+            with contextlib.suppress(OSError):
+                self._popen.stdin.close()
+            self.kill()
+            self._log.close()
+        else:
+            self._send_end.close()
+            self.kill()
+        self._tmp.cleanup()
+
+
+class SharedProcessRunner:
+    """Runs the jobs of one (op, impl, device) one after another in one long-lived process, with each job's
+    timeout; a timeout, a crash or a status other than ok / incorrect / unsupported ends that process and
+    the next job gets a fresh one. A job of another impl closes the current process first (one process at a
+    time holds the device). Call :meth:`close` at the end (or use it as a context manager).
+    """
+
+    def __init__(self, python: str | None = None, on_phase: PhaseCallback | None = None) -> None:
+        self.python = python
+        self.on_phase = on_phase
+        self.processes_started = 0
+        self._worker: _Worker | None = None
+        self._key: tuple | None = None
+
+    def run(self, job: JobSpec) -> JobResult:
+        """Run `job` in the current worker of its impl, starting one when there is none."""
+        case = job.to_case()
+        key = (case.op, job.impl, case.device, tuple(job.imports))
+        if self._worker is not None and (key != self._key or self._worker.exit_code() is not None):
+            self.close()
+        if self._worker is None:
+            self._worker, self._key = _Worker(self.python), key
+            self.processes_started += 1
+        started = _dt.datetime.now(_dt.timezone.utc)
+        result, timed_out, rc, log_text = self._worker.run(job, self.on_phase)
+        if result is None:
+            self.close()
+            return _lost_result(job, started, timed_out=timed_out, rc=rc, log_text=log_text)
+        if result.status not in _REUSABLE:
+            self.close()
+        return result
+
+    def close(self) -> None:
+        """End the current worker process, if any."""
+        if self._worker is not None:
+            worker, self._worker, self._key = self._worker, None, None
+            worker.close()
+
+    def __enter__(self) -> SharedProcessRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_runner(
+    isolation: str = "impl", *, python: str | None = None, on_phase: PhaseCallback | None = None
+) -> SharedProcessRunner | IsolatedRunner:
+    """The runner for a suite's `isolation`: ``"impl"`` (one worker process per impl, reporting each job's phases
+    to `on_phase`) or ``"job"`` (a fresh process per job; no phases)."""
+    if isolation == "job":
+        return IsolatedRunner(python=python)
+    if isolation == "impl":
+        return SharedProcessRunner(python=python, on_phase=on_phase)
+    raise ValueError(f"unknown isolation {isolation!r}: use one of {', '.join(ISOLATIONS)}")
 
 
 class IsolatedRunner:

@@ -1,10 +1,11 @@
 """Runs one job in this process: inputs, first call, correctness gate, memory, timing.
 
-This is what the job's subprocess executes (see :mod:`.isolated`). The order matters:
+This is what the job's subprocess executes (see :mod:`.isolated`), one job or, in a shared worker, many of the
+same impl one after another. The order matters:
 
-1. the impl's user modules are imported (``--import``), inputs are built;
-2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, which is
-   only meaningful in a fresh process);
+1. the impl's user modules are imported (``--import``, once per process), inputs are built;
+2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, over a
+   high-water mark reset just before it);
 3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode;
    a failed gate ends the job as ``incorrect`` with its records and no timing;
 4. peak device memory (CUDA) and the timing, by the device's timer (JAX impls by the JAX timer).
@@ -31,6 +32,8 @@ from .base import JobSpec
 __all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary"]
 
 PHASE_MARK = "deltabench-job: phase "  # written to stderr so a parent can say where a hang happened
+_imported: set[str] = set()  # user modules this process has loaded (a shared worker runs many jobs)
+_default_threads: int | None = None  # torch's own intra-op thread count, before any job set it
 
 
 def case_spec(case: Case) -> CaseSpec:
@@ -139,7 +142,9 @@ def execute(job: JobSpec) -> JobResult:
 
         _phase(phase)
         for module in job.imports:
-            load_module(module)
+            if module not in _imported:
+                load_module(module)
+                _imported.add(module)
         impl = get_impl(case.op, job.impl)
         result.backend = impl.backend
         result.notes = impl.notes
@@ -153,10 +158,15 @@ def execute(job: JobSpec) -> JobResult:
         from . import memory
         from .closures import build_subject
 
+        global _default_threads
+        if _default_threads is None:
+            _default_threads = torch.get_num_threads()
         if case.device == "cpu" and job.timing.cpu_threads:
             # Tiny CPU cases gain nothing from intra-op threads and suffer from them on a busy machine.
             torch.set_num_threads(job.timing.cpu_threads)
             result.notes = "; ".join(x for x in (result.notes, f"torch threads={job.timing.cpu_threads}") if x)
+        else:
+            torch.set_num_threads(_default_threads)  # not what an earlier job of this process asked for
         torch.manual_seed(case.seed)
         inputs = get_op(case.op).make_inputs(
             case.B,
@@ -175,6 +185,8 @@ def execute(job: JobSpec) -> JobResult:
 
         phase = "first call"
         _phase(phase)
+        if case.device == "cpu":
+            memory.reset_rss_high_water()  # what earlier jobs of a shared worker reached is not this job's
         rss0 = memory.rss_high_water_bytes()
         t0 = time.perf_counter()
         subject()

@@ -1,9 +1,11 @@
 """A whole run: a suite's jobs, one after another, into one result document.
 
 Each job is judged in the parent first (an impl that cannot run the case is ``unsupported`` with its
-reason, and no process is started); the others go to a runner (by default each in its own subprocess
-with a timeout). After every job the document so far is written atomically to the output file, so a
-crash of the parent loses nothing that finished.
+reason, and no process is started); the others go to a runner, by the suite's ``isolation``: the jobs of
+one impl in one long-lived worker process (``"impl"``, the default; they run impl by impl, in the suite's
+order within each impl) or each job in its own subprocess (``"job"``), always with the job's timeout. The
+document lists the jobs in the suite's order whatever order they ran in. After every job the document so
+far is written atomically to the output file, so a crash of the parent loses nothing that finished.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from deltabench.harness.suites import GateSettings, Suite, TimingSettings
 from .base import JobSpec, Runner
 from .job import case_spec
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RunPlan", "partial_path", "plan_run", "run_plan", "write_document"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RunPlan",
+    "execution_order",
+    "partial_path",
+    "plan_run",
+    "run_plan",
+    "write_document",
+]
 
 DEFAULT_TIMEOUT_S = 900.0  # per job: a new shape of a JIT-compiled kernel can compile for a minute
 
@@ -86,6 +96,18 @@ def _unsupported(job: JobSpec, case: Case, backend: str, reason: str) -> JobResu
     )
 
 
+def execution_order(plan: RunPlan) -> list[int]:
+    """The order in which `plan`'s jobs run (indices into ``plan.jobs``): with ``isolation = "impl"``, impl
+    by impl (each (op, impl) from its first appearance, its jobs in the suite's order), so that one worker
+    process serves an impl's jobs back to back; with ``"job"``, the suite's order."""
+    if plan.suite.isolation == "job":
+        return list(range(len(plan.jobs)))
+    first: dict[tuple[str, str], int] = {}
+    for i, job in enumerate(plan.jobs):
+        first.setdefault((job.case["op"], job.impl), i)
+    return sorted(range(len(plan.jobs)), key=lambda i: (first[(plan.jobs[i].case["op"], plan.jobs[i].impl)], i))
+
+
 def run_plan(
     plan: RunPlan,
     *,
@@ -94,17 +116,39 @@ def run_plan(
     on_start: Callable[[JobSpec], None] | None = None,
     on_done: Callable[[JobSpec, JobResult], None] | None = None,
     on_begin: Callable[[Path], None] | None = None,
+    on_phase: Callable[[JobSpec, str], None] | None = None,
 ) -> ResultDocument:
     """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
 
     Without `out` the in-progress document goes to :func:`partial_path`. `on_start` / `on_done` let a
-    caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job.
+    caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job;
+    `on_phase` (job, phase) follows a job through its phases (setup, first call, gate, memory, timing) when the
+    default runner is used.
     """
+    from .isolated import make_runner
+
+    if runner is not None:
+        return _run_jobs(plan, runner, out, on_start, on_done, on_begin)
+    own = make_runner(plan.suite.isolation, on_phase=on_phase)
+    try:
+        return _run_jobs(plan, own, out, on_start, on_done, on_begin)
+    finally:
+        close = getattr(own, "close", None)
+        if close is not None:
+            close()  # the last worker process ends with the run
+
+
+def _run_jobs(
+    plan: RunPlan,
+    runner: Runner,
+    out: Path | None,
+    on_start: Callable[[JobSpec], None] | None,
+    on_done: Callable[[JobSpec, JobResult], None] | None,
+    on_begin: Callable[[Path], None] | None,
+) -> ResultDocument:
     from .ceilings import ceilings_for, work_figures
     from .environment import collect_environment
-    from .isolated import IsolatedRunner
 
-    runner = runner or IsolatedRunner()
     env = collect_environment(plan.device)
     doc = ResultDocument(
         suite=plan.suite.name,
@@ -117,7 +161,9 @@ def run_plan(
     write_document(doc, target)
     if on_begin:
         on_begin(target)
-    for job in plan.jobs:
+    finished: dict[int, JobResult] = {}
+    for index in execution_order(plan):
+        job = plan.jobs[index]
         if on_start:
             on_start(job)
         case = job.to_case()
@@ -128,7 +174,8 @@ def run_plan(
             result.timing = None  # only a job that passed the gate has a valid timing
         median = result.timing.median_ms if result.timing else None
         result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, doc.ceilings)
-        doc.jobs.append(result)
+        finished[index] = result
+        doc.jobs = [finished[i] for i in sorted(finished)]
         write_document(doc, target)
         if on_done:
             on_done(job, result)

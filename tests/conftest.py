@@ -7,6 +7,8 @@
   disturb other layers' tests.
 - ``DELTABENCH_JAX_CACHE_DIR=off``: no persistent JAX compile cache, so tests do not depend on what other processes
   left in it.
+- ``DELTABENCH_REFERENCE_CACHE``: the gate's shared references go to a directory of this test session, never the
+  user's cache (harness/reference_cache.py).
 - ``DELTABENCH_REQUIRE_SERVICES=1`` (set by ``.ci/run``): a test skipped because PostgreSQL, Redis or Chromium is
   missing fails instead, so CI can never pass by skipping the real components it is meant to exercise.
 """
@@ -62,6 +64,12 @@ def _nan_fill_in_kernel_tests(request: pytest.FixtureRequest) -> None:
     parts = request.node.path.parts
     if "tests" in parts and parts[parts.index("tests") + 1 : parts.index("tests") + 2] == ("kernels",):
         request.getfixturevalue("nan_filled_empty")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _reference_cache_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the gate's reference cache in a temporary directory (job subprocesses inherit the variable)."""
+    os.environ.setdefault("DELTABENCH_REFERENCE_CACHE", str(tmp_path_factory.mktemp("reference-cache")))
 
 
 # Skip reasons that mean "a real component is missing", as the db, web and fleet tests word them (optional

@@ -1,17 +1,30 @@
-"""``deltabench run``: a suite's jobs, each gated on correctness then timed in its own process, stored."""
+"""``deltabench run``: a suite's jobs, each gated on correctness then timed in a worker process, stored; a live
+progress display (jobs done of all, the current job and its phase, ETA) while it runs."""
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import typer
 
 __all__ = ["register"]
 
+# How a job's phases (runners/job.py) read in the progress display: the first call is where an impl compiles.
+_PHASE_LABELS = {"first call": "compile (first call)", "gate": "correctness gate"}
+
 
 def _resolve_imports(specs: list[str]) -> list[str]:
     """Absolute paths for file imports, so the job subprocesses find them whatever their directory."""
     return [str(Path(s).resolve()) if s.endswith(".py") or Path(s).is_file() else s for s in specs]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """`timeout`, CI runners and job schedulers stop a run with SIGTERM: leave through Python's exit, so the
+    runner's clean-up kills the worker processes (each in a session of its own) instead of orphaning them."""
+    raise SystemExit(128 + signum)
 
 
 def _store(doc, db_url: str | None) -> str:
@@ -37,6 +50,7 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(None, "--timeout", help="Seconds per job before it is killed (timeout)."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         fmt: str = typer.Option("table", "--format", help="How to print the results: table, csv, json, markdown."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     ) -> int:
         """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
 
@@ -47,7 +61,14 @@ def register(app: typer.Typer) -> None:
         from deltabench.harness.report import FORMATS, print_results, render_results
         from deltabench.harness.suites import load_suite
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         if fmt not in FORMATS:
             raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -72,23 +93,36 @@ def register(app: typer.Typer) -> None:
 
         from deltabench.runners.session import partial_path, plan_run, run_plan
 
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
         plan = plan_run(loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports)
         if not plan.jobs:
             raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
         console = Console(stderr=True)
+        # Live only where someone watches: a pipe, a file or CI gets the tables and the summary alone.
+        live = not quiet and sys.stdout.isatty() and console.is_terminal
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=console,
             transient=False,
+            disable=not live,
         ) as progress:
             task = progress.add_task(f"suite {loaded.name} on {dev}", total=len(plan.jobs))
+            current: dict[str, str] = {}
 
             def on_start(job) -> None:
                 c = job.to_case()
-                progress.update(task, description=f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}")
+                current["job"] = f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}"
+                progress.update(task, description=f"{current['job']}: starting")
+
+            def on_phase(job, phase: str) -> None:
+                progress.update(task, description=f"{current.get('job', job.impl)}: {_PHASE_LABELS.get(phase, phase)}")
 
             def on_done(job, result) -> None:
                 progress.advance(task)
@@ -97,12 +131,10 @@ def register(app: typer.Typer) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
                 console.print(f"partial document (each job saved as it ends): {path}")
 
-            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin)
+            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin, on_phase=on_phase)
             progress.update(task, description=f"suite {loaded.name} on {dev}: done")
 
         if fmt == "table":
-            import sys
-
             # A pipe or a file gets the full table rather than rich's 80-column default.
             print_results(doc, Console(width=None if sys.stdout.isatty() else 200))
         else:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import time
 
+import torch
 from deltabench.harness.registry import register_impl
 from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
 
@@ -51,4 +53,23 @@ def planted_exit(q, k, v, g, beta, scale=None, initial_state=None):
 @register_impl("gdn", "planted_cuda_only", backend="torch", devices=("cuda",), dtypes=("fp32",))
 def planted_cuda_only(q, k, v, g, beta, scale=None, initial_state=None):
     """Declared for CUDA only: on a CPU run it is `unsupported`, and no process is started for it."""
+    return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+# planted_fragile's faults, by the job's T (never a length the gate's streaming halves of the other Ts reach).
+FRAGILE_SEGFAULT_T, FRAGILE_HANG_T, FRAGILE_OOM_T = 40, 41, 42
+
+
+@register_impl("gdn", "planted_fragile", **_ANY)
+def planted_fragile(q, k, v, g, beta, scale=None, initial_state=None):
+    """Right at most lengths; segfaults, hangs or runs out of memory at one T each, as a kernel with a bad
+    launch configuration for one shape would, in the middle of a worker process that ran other jobs."""
+    T = q.shape[1]
+    if T == FRAGILE_SEGFAULT_T:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if T == FRAGILE_HANG_T:
+        while True:
+            time.sleep(1)
+    if T == FRAGILE_OOM_T:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted)")
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

@@ -8,6 +8,7 @@ completes, exits 1, writes its document and stores it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,89 @@ def test_unknown_suite_is_bad_input(capsys):
 def test_results_document_is_valid_json(faulty_run):
     text = faulty_run[1].to_json()
     assert json.loads(text)["schema_version"] == 1
+
+
+FRAGILE_SUITE = """
+name = "fragile"
+device = "cpu"
+dtypes = ["fp32"]
+modes = ["fwd"]
+timeout_s = 120
+{isolation}
+[timing]
+budget_s = 0.3
+min_reps = 3
+warmup_s = 0.02
+[gate]
+seeds = 1
+extra_seed = false
+[ops.gdn]
+impls = ["planted_fragile", "torch_chunk"]
+baseline = "torch_chunk"
+shapes = {shapes}
+"""
+
+
+def _run_in_terminal(argv: list[str], timeout_s: float = 300) -> tuple[int, str]:
+    """Run ``deltabench ARGV`` with stdout and stderr on a pseudo-terminal: (exit code, everything it drew)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "160"}
+    code = "import sys; from deltabench.harness.cli import main; main(sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=secondary, stderr=secondary, env=env)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    drawn = b"".join(chunks).decode(errors="replace")
+    return proc.wait(timeout_s), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn)  # without colours and cursor moves
+
+
+def test_a_crash_mid_worker_costs_one_job_and_the_terminal_shows_live_progress(tmp_path):
+    suite = tmp_path / "fragile.toml"
+    suite.write_text(
+        FRAGILE_SUITE.format(
+            isolation="", shapes='["B=1,T=20,H=1,K=8,V=8", "B=1,T=40,H=1,K=8,V=8", "B=1,T=24,H=1,K=8,V=8"]'
+        )
+    )
+    out = tmp_path / "out.json"
+    code, drawn = _run_in_terminal(["run", "--suite", str(suite), "--import", PLANTED, "--out", str(out), "--no-db"])
+    assert code == 1, drawn
+    doc = ResultDocument.from_json(out.read_text())
+    # Listed in the suite's order although planted_fragile's three jobs ran first, back to back.
+    assert [(j.impl, j.case.T, j.status) for j in doc.jobs] == [
+        ("planted_fragile", 20, "ok"),
+        ("torch_chunk", 20, "ok"),
+        ("planted_fragile", 40, "failed"),
+        ("torch_chunk", 40, "ok"),
+        ("planted_fragile", 24, "ok"),
+        ("torch_chunk", 24, "ok"),
+    ]
+    assert "SIGSEGV" in doc.jobs[2].reason
+    assert "ETA" in drawn and "/6" in drawn
+    assert "planted_fragile B1-T24-H1-K8-V8 fp32 fwd: timing" in drawn  # the current job and its phase
+
+
+def test_quiet_and_job_isolation(tmp_path):
+    suite = tmp_path / "one.toml"
+    suite.write_text(FRAGILE_SUITE.format(isolation='isolation = "job"', shapes='["B=1,T=20,H=1,K=8,V=8"]'))
+    code, drawn = _run_in_terminal(
+        ["run", "--suite", str(suite), "--import", PLANTED, "--impl", "torch_chunk", "--no-db", "-q"]
+    )
+    assert code == 0, drawn
+    assert "ETA" not in drawn and "jobs: 1 ok" in drawn
+    suite.write_text(FRAGILE_SUITE.format(isolation='isolation = "thread"', shapes='["B=1,T=20,H=1,K=8,V=8"]'))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--suite", str(suite), "--import", PLANTED, "--no-db"])
+    assert exit_info.value.code == 2

@@ -134,7 +134,8 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=json_)
         shape_id = "-".join(f"{k}{v}" for k, v in dims.items())
-        with console.status(f"verifying {op}/{impl} on {shape_id} {dtype} {mode or ''} ({device}, in a child process)"):
+        what = " ".join(x for x in (shape_id, dtype, mode) if x)
+        with console.status(f"verifying {op}/{impl} on {what} ({device}, in a child process)"):
             outcome = verify_in_child(request, timeout_s)
         if outcome.bad_input is not None:
             raise BadInput(outcome.bad_input)

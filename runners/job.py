@@ -65,7 +65,9 @@ def _is_oom(exc: BaseException) -> bool:
         return True
     import torch
 
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory" (a RuntimeError)
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def _call_with_supported(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -35,6 +35,23 @@ def _store(doc, db_url: str | None) -> str:
         return ingest_document(session, doc)
 
 
+def _check_memory(jobs: list) -> None:
+    """Exit 2 before any job starts when a job's inputs and oracle cannot fit in host memory (one line with the
+    estimate, see harness/memory_need.py)."""
+    from deltabench.harness.errors import BadInput
+    from deltabench.harness.memory_need import check_fits
+    from deltabench.harness.registry import get_impl
+
+    for job in jobs:
+        case = job.to_case()
+        try:
+            grads = case.mode != "fwd" and get_impl(case.op, job.impl).supports_backward
+        except BadInput:  # an impl the planner reports as unknown: judged as if it had a backward
+            grads = case.mode != "fwd"
+        what = f"{case.op}/{job.impl} at {case.shape_id} {case.dtype} {case.mode} on {case.device}"
+        check_fits(case, reference=job.gate.reference, grads=grads, what=what)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``run`` command to `app`."""
 
@@ -99,6 +116,7 @@ def register(app: typer.Typer) -> None:
         plan = plan_run(loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports)
         if not plan.jobs:
             raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
+        _check_memory(plan.jobs)
         console = Console(stderr=True)
         # Live only where someone watches: a pipe, a file or CI gets the tables and the summary alone.
         live = not quiet and sys.stdout.isatty() and console.is_terminal

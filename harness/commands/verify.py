@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
+import json
+from pathlib import Path
 from typing import Any
 
 import typer
 
-__all__ = ["register", "summarize_records"]
+__all__ = ["default_timeout_s", "register", "summarize_records"]
 
 
 def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
@@ -92,61 +93,94 @@ def register(app: typer.Typer) -> None:
         deterministic: bool = typer.Option(False, "--deterministic", help="Make bitwise determinism gating."),
         reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
         all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
+        timeout: float = typer.Option(
+            None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
+        ),
     ) -> int:
-        """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness."""
-        import json
+        """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness.
 
-        from deltabench.harness.cases import Case, parse_dtype, parse_shape
+        The case runs in a child process: a crash or a hang (past --timeout) is a failed verification that names
+        the signal or the phase (import, inputs, call, check), exit code 1. Exit code 2: bad input, an --import
+        file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
+        """
+        from deltabench.harness.cases import parse_dtype, parse_shape
         from deltabench.harness.errors import BadInput
         from deltabench.harness.ops import get_op
-        from deltabench.harness.registry import get_impl, load_module
 
+        if timeout is not None and timeout <= 0:
+            raise BadInput("--timeout must be a positive number of seconds")
         spec_op = get_op(op)
         dims = parse_shape(shape)
         dtype = parse_dtype(dtype)
-        for spec in import_:
-            load_module(spec)
-        chosen = get_impl(op, impl)
         if device is None:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda"):
             raise BadInput(f"unknown device {device!r}: use cpu or cuda")
-        if device == "cpu" and chosen.backend == "triton":
-            # Before anything imports triton (the impls are lazy), so that the kernel runs under the interpreter.
-            os.environ["TRITON_INTERPRET"] = "1"
-        if mode is None:
-            mode = "fwd+bwd" if chosen.supports_backward else "fwd"
-        if mode not in ("fwd", "fwd+bwd"):
+        if mode is not None and mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
-        case = Case(op, **dims, dtype=dtype, seed=seed, regime=regime, initial_state=initial_state, mode=mode,
-                    device=device)  # fmt: skip
-        why = chosen.check_case(case)
-        if why:
-            raise BadInput(f"{op}/{impl} cannot run {case.shape_id} {dtype} {mode} on {device}: {why}")
+        if reference not in ("auto", "oracle", "torch_chunk"):
+            raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
+        request = {
+            "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regime": regime,
+            "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
+            "reference": reference, "imports": [_absolute(s) for s in import_],
+        }  # fmt: skip
+        timeout_s = timeout if timeout is not None else default_timeout_s()
 
-        from deltabench.harness.verify import verify_case
+        from deltabench.harness.verify_child import verify_in_child
         from rich.console import Console
 
         console = Console(stderr=json_)
-        try:
-            with console.status(f"verifying {op}/{impl} on {case.shape_id} {dtype} {mode} ({device})"):
-                report = verify_case(chosen, case, seeds=seeds, gate_determinism=deterministic, reference=reference)
-        except BadInput:
-            raise
-        except Exception as exc:  # the impl crashed: a failed verification, reported in one line
-            msg = f"{op}/{impl} raised {type(exc).__name__}: {exc}".splitlines()[0]
-            if json_:
-                print(json.dumps({"passed": False, "error": msg}))
+        shape_id = "-".join(f"{k}{v}" for k, v in dims.items())
+        what = " ".join(x for x in (shape_id, dtype, mode) if x)
+        with console.status(f"verifying {op}/{impl} on {what} ({device}, in a child process)"):
+            outcome = verify_in_child(request, timeout_s)
+        if outcome.bad_input is not None:
+            raise BadInput(outcome.bad_input)
+        if outcome.report is None:
+            if outcome.crash is not None:
+                msg = f"{op}/{impl} {outcome.crash}"
             else:
-                console.print(f"[red]FAIL[/] {msg}")
+                oom = ", out of memory" if outcome.oom else ""
+                msg = f"{op}/{impl} raised {outcome.error} (in {outcome.phase}{oom})"
+            _print_failure(console, msg, outcome, json_)
             return 1
+        report = outcome.report
         if json_:
             print(json.dumps(report.to_dict(), indent=1))
             return 0 if report.passed else 1
         _print_report(console, report, spec_op.title, all_records)
         return 0 if report.passed else 1
+
+
+def default_timeout_s() -> float:
+    """``verify``'s default --timeout: the per-job timeout ``run`` uses when a suite sets none."""
+    from deltabench.runners.base import JobSpec
+
+    return float(JobSpec.model_fields["timeout_s"].default)
+
+
+def _absolute(spec: str) -> str:
+    """A file import as an absolute path (the child may not share the working directory's meaning)."""
+    return str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
+
+
+def _print_failure(console: Any, msg: str, outcome: Any, json_: bool) -> None:
+    """A crash, a hang or an exception as one failing record: JSON, or one red line."""
+    from deltabench.harness.checks import note_record
+    from rich.markup import escape
+
+    record = note_record("crash" if outcome.crash else "exception", msg, passed=False, gating=True)
+    if json_:
+        out = {
+            "passed": False, "error": msg, "phase": outcome.phase, "signal": outcome.signal,
+            "timed_out": outcome.timed_out, "oom": outcome.oom, "records": [record.model_dump()],
+        }  # fmt: skip
+        print(json.dumps(out, indent=1))
+    else:
+        console.print(f"[red]FAIL[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 _SHORT_NAMES = {

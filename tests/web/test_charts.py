@@ -6,8 +6,8 @@ import json
 
 import pytest
 from deltabench.harness.document import WorkFigures
-from deltabench.harness.stats import compare_documents
-from deltabench.web import charts, schemas
+from deltabench.harness.regression import GradingRule, compare_documents
+from deltabench.web import charts
 
 CEILINGS = {"matmul_tflops": 2.0, "copy_gbps": 50.0, "matmul_dtype_bits": 32.0}
 
@@ -120,8 +120,9 @@ def test_ratio_figure_draws_each_rows_interval_coloured_by_outcome(build) -> Non
     head = build.document(
         jobs=[build.job(impl="torch_chunk", median=1.3, n=40), build.job(impl="triton_chunk", median=1.0, n=40)]
     )
-    comparison = compare_documents(base, head, threshold=0.05, alpha=0.01)
-    public = schemas.ComparisonPublic(base_label="base", head_label="head", **comparison.to_dict())
+    # A known 1% run-to-run spread (as a series' history would give), so the 30% step grades as a regression.
+    comparison = compare_documents(base, head, rule=GradingRule(threshold=0.05, alpha=0.01), default_sigma=0.01)
+    public = comparison.model_copy(update={"base_label": "base", "head_label": "head"})
     fig = charts.ratio_figure(public)
     assert fig is not None and fig["id"] == "chart-ratios"
     by_outcome = {t["name"]: t for t in fig["data"]}
@@ -137,7 +138,7 @@ def test_ratio_figure_draws_each_rows_interval_coloured_by_outcome(build) -> Non
     assert "ratio" in fig["layout"]["xaxis"]["title"]["text"]
     # A comparison without statistics (nothing matched) has no chart.
     lone = compare_documents(base, build.document(jobs=[build.job(impl="other")]))
-    assert charts.ratio_figure(schemas.ComparisonPublic(base_label="b", head_label="h", **lone.to_dict())) is None
+    assert charts.ratio_figure(lone) is None
 
 
 def test_figures_are_strict_json_and_escape_stored_names(doc, build) -> None:  # type: ignore[no-untyped-def]

@@ -85,13 +85,19 @@ def _job(build, impl: str, mode: str, T: int, median: float, **kw):  # type: ign
     return job
 
 
+HISTORY = 4  # same-code runs before the base: with the base, the five a series needs to give its spread
+
+
 @pytest.fixture(scope="module")
 def runs(server, build) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Two runs of gdn (three impls x fwd, fwd+bwd x two shapes, one incorrect job); in the newer, triton_chunk is
-    30% slower. Both carry the machine's ceilings."""
+    """Runs of gdn (three impls x fwd, fwd+bwd x two shapes, one incorrect job): four same-code runs of history,
+    the base (`suite-0`) and the head (`suite-1`), in which triton_chunk is 30% slower. The history gives the
+    comparison its run-to-run spread (without it a 30% step on one run each is within noise). All carry the
+    machine's ceilings."""
     base_url, token = server
     docs = []
-    for i, slow in enumerate((1.0, 1.3)):
+    steps = (1.0,) * HISTORY + (1.0, 1.3)
+    for i, slow in enumerate(steps):
         jobs = [
             _job(
                 build,
@@ -106,15 +112,17 @@ def runs(server, build) -> dict[str, str]:  # type: ignore[no-untyped-def]
         ]
         jobs.append(_job(build, "jax_chunk", "fwd", 1000, 1.0, status="incorrect"))
         doc = build.document(
-            jobs=jobs, created_at=dt.datetime.now(UTC) - dt.timedelta(days=2 - i), commit=f"{i + 7:040x}"
+            jobs=jobs,
+            created_at=dt.datetime.now(UTC) - dt.timedelta(days=len(steps) - i),
+            commit=f"{i + 7:040x}",
         ).model_copy(update={"ceilings": {"matmul_tflops": 2.0, "copy_gbps": 50.0, "matmul_dtype_bits": 32.0}})
-        doc.suite = f"suite-{i}"
+        doc.suite = f"history-{i}" if i < HISTORY else f"suite-{i - HISTORY}"
         docs.append(doc)
     r = httpx.post(
         f"{base_url}/api/v1/runs", json=build.body(*docs), headers={"Authorization": f"Bearer {token}"}, timeout=60
     )
     assert r.status_code == 201, r.text
-    return {"old": docs[0].run_id, "new": docs[1].run_id}
+    return {"old": docs[-2].run_id, "new": docs[-1].run_id}
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +210,7 @@ def test_compare_page_picks_runs_and_draws_ratios_with_intervals(server, runs, p
     page.goto(f"{base_url}/compare")
     form = page.locator("#compare-runs")
     base, head = form.locator("select[name=base]"), form.locator("select[name=head]")
-    assert base.locator("option").count() == 3, "a placeholder and the two runs"
+    assert base.locator("option").count() == 1 + HISTORY + 2, "a placeholder and every run"
     # The filter box narrows the lists to matching runs.
     form.locator("input.run-filter").fill("suite-0")
     visible = base.locator("option:not([hidden])")
@@ -271,5 +279,5 @@ def test_every_other_page_renders_offline(server, runs, page) -> None:  # type: 
     page.locator("a.series-link", has_text="triton_chunk / B2-T64").first.click()
     history = _drawn(page, "history-plot")
     assert history.locator(".scatterlayer .trace").count() == 3, "the IQR band's two edges and the median"
-    assert history.locator(".scatterlayer .trace").nth(2).locator(".point").count() == 2, "one point per run"
+    assert history.locator(".scatterlayer .trace").nth(2).locator(".point").count() == HISTORY + 2, "one point per run"
     assert "median ms" in history.text_content()

@@ -1,6 +1,6 @@
 """Error pages for the dashboard's page routes: a request a page cannot take (``/?page=abc``) or a server error
 answers with an HTML page giving the status and the reason, as any other page error does (``app._error``); API
-routes keep their JSON bodies (FastAPI's validation detail, ``{"detail": ...}`` for a server error).
+routes keep their JSON bodies (the validation detail with short excerpts, ``{"detail": ...}`` for a server error).
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -48,7 +47,10 @@ def install_page_error_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         if _is_page(request):
             return error_page(request, 422, validation_reason(exc))
-        return await request_validation_exception_handler(request, exc)
+        from ..app import validation_errors
+
+        # The API's 422 quotes at most a short excerpt of each offending input, never the whole body.
+        return JSONResponse({"detail": validation_errors(list(exc.errors()))}, status_code=422)
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> Response:

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
             help="Kept for the record of the case; both variants (with and without) are always checked.",
         ),
         mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
-        device: str = typer.Option(None, "--device", help="cpu or cuda (default cuda when present)."),
+        device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default cuda when present)."),
         json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         deterministic: bool = typer.Option(False, "--deterministic", help="Make bitwise determinism gating."),
@@ -107,12 +107,9 @@ def register(app: typer.Typer) -> None:
         for spec in import_:
             load_module(spec)
         chosen = get_impl(op, impl)
-        if device is None:
-            import torch
+        from deltabench.harness.devices import default_device, parse_platform, placement
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise BadInput(f"unknown device {device!r}: use cpu or cuda")
+        device = parse_platform(device) if device is not None else default_device().platform
         if device == "cpu" and chosen.backend == "triton":
             # Before anything imports triton (the impls are lazy), so that the kernel runs under the interpreter.
             os.environ["TRITON_INTERPRET"] = "1"
@@ -131,7 +128,10 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=json_)
         try:
-            with console.status(f"verifying {op}/{impl} on {case.shape_id} {dtype} {mode} ({device})"):
+            with (
+                console.status(f"verifying {op}/{impl} on {case.shape_id} {dtype} {mode} ({device})"),
+                placement(device, chosen.backend),
+            ):
                 report = verify_case(chosen, case, seeds=seeds, gate_determinism=deterministic, reference=reference)
         except BadInput:
             raise

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .devices import parse_device
+from .devices import parse_device, parse_platform
 from .errors import BadInput
 
 __all__ = [
@@ -112,7 +112,8 @@ class Case:
             raise BadInput(f"unknown gate regime {self.regime!r}: use one of {', '.join(REGIMES)}")
         if self.mode not in MODES:
             raise BadInput(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
-        object.__setattr__(self, "device", str(parse_device(self.device)))
+        # a platform only: the runners compare it as such; a GPU is chosen with CUDA_VISIBLE_DEVICES
+        object.__setattr__(self, "device", parse_platform(self.device))
         for d in _DIMS:
             if int(getattr(self, d)) < 1:
                 raise BadInput(f"{d} must be at least 1, got {getattr(self, d)}")

@@ -145,3 +145,51 @@ def test_a_jax_impl_asked_for_cpu_computes_on_the_cpu() -> None:
 @pytest.mark.skipif(not _has_jax_gpu() or not torch.cuda.is_available(), reason="no GPU visible to JAX and torch")
 def test_a_jax_impl_asked_for_cuda_computes_on_the_gpu() -> None:
     assert _jax_output_platforms("cuda") == {"gpu"}
+
+
+def test_a_job_places_its_jax_impl_on_the_cases_device_for_the_gate() -> None:
+    """Through runners.job.execute: the torch-facing call of the gate crosses over to the case's JAX device."""
+    from deltabench.harness.cases import Case
+    from deltabench.harness.registry import register_impl
+    from deltabench.kernels.common.jax_bridge import torch_to_jax
+    from deltabench.runners.base import JobSpec
+    from deltabench.runners.job import execute
+
+    seen: set[str] = set()
+    chunk = get_impl("gdn", "torch_chunk")
+
+    @register_impl("gdn", "spy_jax_placement", backend="jax", devices=("cpu", "cuda", "tpu"), dtypes=("fp32",))
+    def spy(q, k, v, g, beta, scale=None, initial_state=None):
+        seen.update(d.platform for d in torch_to_jax(q).devices())
+        return chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+    case = Case("gdn", 1, 12, 1, 8, 8, dtype="fp32", mode="fwd", device="cpu")
+    job = JobSpec.for_case(case, "spy_jax_placement", gate={"seeds": 1, "extra_seed": False},
+                           timing={"budget_s": 0.02, "min_reps": 2, "warmup_s": 0.0})  # fmt: skip
+    result = execute(job)
+    assert result.status == "ok", result.reason
+    assert seen == {"cpu"}
+
+
+def test_host_tensors_cross_over_to_the_placed_device_not_the_default() -> None:
+    """The TPU path on a machine without one: host tensors committed to the placed device (here the second of
+    two XLA host devices, in a fresh process that asks XLA for two), and jitted code computes there."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, torch\n"
+        "from deltabench.kernels.common.jax_bridge import placed_on, torch_to_jax\n"
+        "t = torch.arange(6, dtype=torch.float32)\n"
+        "assert torch_to_jax(t).devices() == {jax.devices('cpu')[0]}\n"
+        "with placed_on('cpu', 1) as dev:\n"
+        "    x = torch_to_jax(t)\n"
+        "    y = jax.jit(lambda a: a * 2)(x)\n"
+        "assert dev == jax.devices('cpu')[1], dev\n"
+        "assert x.devices() == {dev} and y.devices() == {dev}, (x.devices(), y.devices())\n"
+        "assert torch_to_jax(t).devices() == {jax.devices('cpu')[0]}\n"
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

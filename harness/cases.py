@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .devices import parse_device, parse_platform
 from .errors import BadInput
 
 __all__ = [
@@ -111,9 +112,17 @@ class Case:
             raise BadInput(f"unknown gate regime {self.regime!r}: use one of {', '.join(REGIMES)}")
         if self.mode not in MODES:
             raise BadInput(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+        # a platform only: the runners compare it as such; a GPU is chosen with CUDA_VISIBLE_DEVICES
+        object.__setattr__(self, "device", parse_platform(self.device))
         for d in _DIMS:
             if int(getattr(self, d)) < 1:
                 raise BadInput(f"{d} must be at least 1, got {getattr(self, d)}")
+
+    @property
+    def torch_device(self) -> str:
+        """Where torch builds this case's tensors: the GPU for ``cuda``, else the host (a ``tpu`` case's JAX
+        impl receives them on the TPU, see harness.devices.placement)."""
+        return parse_device(self.device).torch_device
 
     @property
     def dims(self) -> dict[str, int]:

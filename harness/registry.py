@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .cases import Case, parse_dtype
+from .devices import absent_reason, parse_device
 from .errors import BadInput, ImplUnavailable, UnknownImpl
 from .ops import OPS, get_op
 
@@ -70,14 +71,13 @@ class Impl:
         why = self.missing_requirement()
         if why:
             return why
-        if device not in self.devices:
-            return f"runs on {', '.join(self.devices)}, not {device}"
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                return "no CUDA device on this machine"
-        if device == "cpu" and self.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        platform = parse_device(device).platform
+        if platform not in self.devices:
+            return f"runs on {', '.join(self.devices)}, not {platform}"
+        why = absent_reason(device)
+        if why:
+            return why
+        if platform == "cpu" and self.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
             return "Triton runs on the CPU only under the interpreter (set TRITON_INTERPRET=1)"
         return None
 

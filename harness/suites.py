@@ -6,7 +6,7 @@ level apply to every op unless the op overrides them. Shipped suites live in ``h
 
     name = "mine"
     description = "my kernel against the chunked reference"
-    device = "cuda"                       # optional; `deltabench run --device` overrides it
+    device = "cuda"                       # optional: cpu, cuda or tpu; `deltabench run --device` overrides it
     shapes = ["B=8,T=4096,H=6,K=128,V=128"]
     dtypes = ["bf16"]
     modes = ["fwd", "fwd+bwd"]            # fwd, fwd+bwd, bwd
@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cases import MODES, REGIMES, Case, parse_dtype, parse_shape
+from .devices import parse_platform
 from .errors import BadInput
 
 if sys.version_info >= (3, 11):
@@ -74,7 +75,6 @@ _TOP_KEYS = {
     "ops",
 }
 _OP_KEYS = {"impls", "baseline", "shapes", "dtypes", "modes"}
-_DEVICES = ("cpu", "cuda")
 ISOLATIONS = ("impl", "job")  # how jobs share processes (runners.isolated.make_runner)
 
 
@@ -253,8 +253,11 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         raise BadInput(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})")
     name = str(data.get("name") or Path(source).stem)
     device = data.get("device")
-    if device is not None and device not in _DEVICES:
-        raise BadInput(f"{where}: device must be one of {', '.join(_DEVICES)}, not {device!r}")
+    if device is not None:
+        try:
+            device = parse_platform(device)
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc}") from None
     regime = data.get("regime", "typical")
     if regime not in REGIMES:
         raise BadInput(f"{where}: unknown regime {regime!r}: use one of {', '.join(REGIMES)}")

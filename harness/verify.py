@@ -324,7 +324,7 @@ def _check_against(
     sub = case.replace(seed=seed, initial_state=h0)
     inputs = spec.make_inputs(
         sub.B, sub.T, sub.H, sub.K, sub.V,
-        dtype=sub.torch_dtype, device=sub.device, seed=seed, regime=sub.regime, initial_state=h0,
+        dtype=sub.torch_dtype, device=sub.torch_device, seed=seed, regime=sub.regime, initial_state=h0,
     )  # fmt: skip
     cot = _cotangents(sub, seed) if grads else None
     run = _call(fn, spec, inputs, cot)
@@ -335,7 +335,7 @@ def _check_against(
         ref_cot = None if cot is None else (cot[0].double(), cot[1].double())
         ref = _shared_reference(sub, ref_kind, grads, lambda: _call(spec.oracle, spec, _oracle_inputs(inputs), ref_cot))
     else:
-        ref_cot = None if cot is None else (cot[0].float().to(case.device), cot[1].to(case.device))
+        ref_cot = None if cot is None else (cot[0].float().to(case.torch_device), cot[1].to(case.torch_device))
         chunk = _chunk_reference(case)
         ref = _shared_reference(sub, ref_kind, grads, lambda: _call(chunk, spec, _fp32_inputs(inputs), ref_cot))
     records += _compare_runs(run, ref, sub, seed=seed, h0=h0, reference=reference_label, grads=grads, profile=profile)

@@ -108,6 +108,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     except BadInput as exc:
         return {"bad_input": str(exc)}
 
+    from .devices import placement
     from .verify import verify_case
 
     spec = get_op(case.op)
@@ -122,10 +123,11 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     # This process verifies one case and ends: the op's contract may carry the phase-marking input builder.
     OPS[case.op] = dataclasses.replace(spec, make_inputs=traced_inputs)
     try:
-        report = verify_case(
-            _Traced(chosen), case, seeds=request["seeds"], gate_determinism=request["deterministic"],
-            reference=request["reference"],
-        )  # fmt: skip
+        with placement(device, chosen.backend):  # a JAX impl computes on the case's device, never a default
+            report = verify_case(
+                _Traced(chosen), case, seeds=request["seeds"], gate_determinism=request["deterministic"],
+                reference=request["reference"],
+            )  # fmt: skip
     except BadInput as exc:
         return {"bad_input": str(exc)}
     except Exception as exc:  # the impl raised: a failed verification

@@ -56,9 +56,14 @@ def _copy_seconds(nbytes: int, device: str, reps: int, sync) -> float:
 
 
 def measure_ceilings(device: str = "cpu") -> dict[str, float]:
-    """Measure ``{"matmul_tflops", "copy_gbps"}`` on `device` now (seconds on a GPU, under one on a CPU)."""
+    """Measure ``{"matmul_tflops", "copy_gbps"}`` on `device` now (seconds on a GPU, under one on a CPU).
+
+    A TPU gets none (``{}``: its results carry no roofline floor): the probes are torch's, and torch has no TPU.
+    """
     import torch
 
+    if device == "tpu":
+        return {}
     if device == "cuda":
         n, dtype, reps, copy_bytes = 8192, torch.bfloat16, 20, 2**30
         sync = torch.cuda.synchronize

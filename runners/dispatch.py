@@ -232,7 +232,7 @@ class LocalWorker:
             queue_job_id=job.id,
             run_id=queued_run_id(job.id, job.created_at),
             spec=dict(job.spec),
-            device=device_for_kind(job.device_kind) if slot.device == "cuda" else "cpu",
+            device=device_for_kind(job.device_kind),  # the slot serves only kinds of its own device
             imports=self.imports,
             worker=f"{self.name}/{slot.name}",
             delivery=job.attempts,

@@ -57,6 +57,37 @@ def machine_kind(device_name: str) -> str:
     return "".join(kind) or "unknown"
 
 
+def tpu_machine_kind(device_kind: str) -> str:
+    """The machine kind of a TPU from JAX's ``device_kind``: ``"TPU v5 lite"`` -> ``"tpu-v5e"``, ``"TPU v5e"``
+    -> ``"tpu-v5e"``, ``"TPU v6 lite"`` -> ``"tpu-v6e"``, ``"TPU v5"`` -> ``"tpu-v5p"``, ``"TPU v4"`` -> ``"tpu-v4"``.
+
+    Google sells the ``lite`` chips as the ``e`` generations and the v5 full chip as v5p; the kind names the chip
+    as its users know it, so that runs on one TPU generation compare with each other only.
+    """
+    words = device_kind.lower().replace("tpu", " ").split()
+    if not words:
+        return "tpu"
+    version = words[0]
+    rest = words[1:]
+    if rest[:1] == ["lite"]:
+        version, rest = version + "e", rest[1:]
+    elif version == "v5" and not rest:
+        version = "v5p"
+    return "-".join(["tpu", version, *rest])
+
+
+def _tpu() -> tuple[str, int] | None:
+    """(device_kind, count) of the TPUs JAX sees, or None when it sees none (or JAX is not installed)."""
+    from deltabench.harness.devices import absent_reason
+
+    if absent_reason("tpu"):
+        return None
+    import jax
+
+    devices = jax.devices("tpu")
+    return str(devices[0].device_kind), len(devices)
+
+
 def git_state(root: Path | None = None) -> tuple[str | None, bool]:
     """(commit, dirty) of the deltabench source tree, or (None, False) when it is not a git checkout.
 
@@ -169,13 +200,22 @@ def compile_caches(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def collect_environment(device: str = "cpu") -> Environment:
-    """The fingerprint of this machine for a run on `device` (``"cpu"`` or ``"cuda"``)."""
+    """The fingerprint of this machine for a run on `device` (``cpu``, ``cuda`` or ``tpu``): the accelerator the
+    jobs use, named by itself (``machine_kind`` ``h200`` from the GPU's name, ``tpu-v5e`` from the TPU's
+    ``device_kind``); the host CPU where the device is the CPU or is absent (every job then ends unsupported)."""
+    from deltabench.harness.devices import parse_device
+
+    wanted = parse_device(device).platform
+    tpu = _tpu() if wanted == "tpu" else None
     import torch
     from deltabench.harness.version import __version__
 
     commit, dirty = git_state()
     cpu = _cpu_name()
-    if device == "cuda" and torch.cuda.is_available():
+    if tpu is not None:
+        name, count = tpu
+        kind, driver, cuda, extra = tpu_machine_kind(name), None, None, {"jax_platform": "tpu"}
+    elif wanted == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         count = torch.cuda.device_count()
         kind = machine_kind(name)

@@ -41,7 +41,6 @@ __all__ = [
 
 CLOCK = "jax"
 XLA_MEMORY_METHOD = "XLA buffer assignment of the compiled program: temporaries + outputs, net of the inputs"
-_JAX_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
 
 
 def time_callable(
@@ -119,9 +118,9 @@ def jax_ops_of(impl: Any) -> Any:
 
 
 def _jax_device(name: str) -> jax.Device:
-    platform = _JAX_PLATFORM.get(name.split(":")[0], name)
-    index = int(name.split(":")[1]) if ":" in name else 0
-    return jax.devices(platform)[index]
+    """The JAX device a case's device names (``cpu``, ``cuda``, ``cuda:1``, ``tpu``)."""
+    platform, _, index = name.partition(":")
+    return jax_bridge.jax_device(platform, int(index) if index else 0)
 
 
 def _to_jax(x: Any, device: jax.Device) -> jax.Array:

@@ -16,6 +16,7 @@ it happened in.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import inspect
 import sys
@@ -138,7 +139,9 @@ def execute(job: JobSpec) -> JobResult:
         started_at=started,
     )
     phase = "setup"
+    placed = contextlib.ExitStack()  # the JAX device of the case, from the impl's first call to its timing
     try:
+        from deltabench.harness.devices import placement
         from deltabench.harness.ops import get_op
         from deltabench.harness.registry import get_impl, load_module
 
@@ -154,6 +157,7 @@ def execute(job: JobSpec) -> JobResult:
         if why:
             result.status, result.reason = "unsupported", why
             return _finish(result)
+        placed.enter_context(placement(case.device, impl.backend))
 
         import torch
 
@@ -177,7 +181,7 @@ def execute(job: JobSpec) -> JobResult:
             case.K,
             case.V,
             dtype=case.torch_dtype,
-            device=case.device,
+            device=case.torch_device,
             seed=case.seed,
             regime=case.regime,
             initial_state=case.initial_state,
@@ -243,6 +247,8 @@ def execute(job: JobSpec) -> JobResult:
         result.reason = f"{phase}: {type(exc).__name__}: {exc}".strip()[:2000]
         tb = traceback.format_exc()
         result.notes = "; ".join(x for x in (result.notes, tb[-3000:]) if x)
+    finally:
+        placed.close()
     return _finish(result)
 
 

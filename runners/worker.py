@@ -72,13 +72,12 @@ def heartbeat_interval_s() -> float:
 
 
 def device_for_kind(device_kind: str) -> str:
-    """The runners' device for a queue's device kind: ``cpu`` -> ``cpu``; a TPU kind -> ``cpu`` (torch inputs
-    stay on the host, JAX impls run on JAX's default backend, the TPU); any other kind (``h200``, ``cuda``) ->
-    ``cuda``."""
-    kind = device_kind.lower()
-    if kind == "cpu" or kind.startswith("tpu"):
-        return "cpu"
-    return "cuda"
+    """The runners' device for a queue's device kind (:func:`deltabench.harness.devices.device_for_kind`):
+    ``cpu`` -> ``cpu``; ``tpu``, ``tpu-v5e``... -> ``tpu`` (a machine without a TPU ends each job
+    ``unsupported``, never runs it on its CPU); any other kind (``h200``, ``cuda``) -> ``cuda``."""
+    from deltabench.harness.devices import device_for_kind as _device_for_kind
+
+    return _device_for_kind(device_kind).platform
 
 
 def queued_run_id(queue_job_id: int, created_at: _dt.datetime | str) -> str:

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     @app.command("list")
     def list_command(
         device: str = typer.Option(
-            None, help="Judge availability for this device (default: cuda if present, else cpu)."
+            None, help="Judge availability for this device: cpu, cuda or tpu (default: cuda if present, else cpu)."
         ),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         json_: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -29,10 +29,9 @@ def register(app: typer.Typer) -> None:
 
         for spec in import_:
             load_module(spec)
-        if device is None:
-            import torch
+        from deltabench.harness.devices import default_device, parse_platform
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = parse_platform(device) if device is not None else default_device().platform
         rows = []
         for impl in all_impls():
             why = impl.unavailable_reason(device)

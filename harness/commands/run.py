@@ -60,7 +60,9 @@ def register(app: typer.Typer) -> None:
         suite: str = typer.Option(..., "--suite", help="A shipped suite's name (smoke, train, ...) or a .toml path."),
         impl: list[str] = typer.Option([], "--impl", help="Only these impls (repeatable)."),
         op: list[str] = typer.Option([], "--op", help="Only these ops (repeatable)."),
-        device: str = typer.Option(None, "--device", help="cpu or cuda (default: the suite's, else cuda if present)."),
+        device: str = typer.Option(
+            None, "--device", help="cpu, cuda or tpu (default: the suite's, else cuda if present)."
+        ),
         db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
         no_db: bool = typer.Option(False, "--no-db", help="Do not store the run in a database."),
         out: Path = typer.Option(None, "--out", help="Write the result document (JSON) here, job by job."),
@@ -95,18 +97,13 @@ def register(app: typer.Typer) -> None:
         for spec in imports:
             load_module(spec)
         loaded = load_suite(suite)
-        dev = device or loaded.device
-        if dev is None:
-            import torch
+        from deltabench.harness.devices import absent_reason, default_device, parse_platform
 
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        if dev not in ("cpu", "cuda"):
-            raise BadInput(f"unknown device {dev!r}: use cpu or cuda")
-        if dev == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise BadInput("--device cuda: no CUDA device on this machine")
+        dev = parse_platform(device or loaded.device or default_device().platform)
+        if dev == "cuda" and absent_reason(dev):
+            # Every job would need the GPU; an absent TPU is instead each job's `unsupported` reason, since
+            # JAX-free impls there are unsupported anyway and the run says why for each.
+            raise BadInput(f"--device cuda: {absent_reason(dev)}")
 
         from deltabench.runners.session import partial_path, plan_run, run_plan
 

@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             help="Kept for the record of the case; both variants (with and without) are always checked.",
         ),
         mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
-        device: str = typer.Option(None, "--device", help="cpu or cuda (default cuda when present)."),
+        device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default cuda when present)."),
         json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         deterministic: bool = typer.Option(False, "--deterministic", help="Make bitwise determinism gating."),
@@ -112,12 +112,9 @@ def register(app: typer.Typer) -> None:
         spec_op = get_op(op)
         dims = parse_shape(shape)
         dtype = parse_dtype(dtype)
-        if device is None:
-            import torch
+        from deltabench.harness.devices import default_device, parse_platform
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise BadInput(f"unknown device {device!r}: use cpu or cuda")
+        device = parse_platform(device) if device is not None else default_device().platform
         if mode is not None and mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
         if reference not in ("auto", "oracle", "torch_chunk"):

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         concurrency: int = typer.Option(
             1, "--concurrency", "-c", help="Jobs at a time, one per accelerator (job i sees only GPU i)."
         ),
-        device: str = typer.Option(None, "--device", help="cpu or cuda (default: from each job's device kind)."),
+        device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default: from each job's device kind)."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         timeout: float = typer.Option(None, "--timeout", help="Seconds per case before it is killed (timeout)."),
         name: str = typer.Option(None, "--name", help="This worker's name (default: worker<pid>@<host>)."),
@@ -54,8 +54,10 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--server {server!r}: give an http:// or https:// URL")
         if concurrency < 1:
             raise BadInput("--concurrency must be at least 1")
-        if device is not None and device not in ("cpu", "cuda"):
-            raise BadInput(f"unknown device {device!r}: use cpu or cuda")
+        if device is not None:
+            from deltabench.harness.devices import parse_platform
+
+            device = parse_platform(device)
         if timeout is not None and timeout <= 0:
             raise BadInput("--timeout must be a positive number of seconds")
         bad = [q for q in queue if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", q)]

@@ -18,11 +18,13 @@ and cheap CPU compiles when ``DELTABENCH_JAX_FAST_COMPILE=1``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -33,13 +35,47 @@ import torch
 
 from .jax_compile import configure_compilation
 
-__all__ = ["TorchFacingJaxOp", "jax_to_torch", "torch_to_jax"]
+__all__ = ["TorchFacingJaxOp", "jax_device", "jax_to_torch", "placed_on", "torch_to_jax"]
 
 configure_compilation()  # persistent cache; cheap CPU compiles when DELTABENCH_JAX_FAST_COMPILE=1
 
+# deltabench's platform names -> JAX's ("cuda" is JAX's "gpu")
+_JAX_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
+# (platform, index) host tensors are committed to; the host unless a caller placed the op elsewhere
+_HOST_TARGET: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("jax_host_target", default=("cpu", 0))
+
+
+def jax_device(platform: str, index: int = 0) -> jax.Device:
+    """The JAX device `index` of deltabench platform `platform` (``cpu``, ``cuda``, ``tpu``).
+
+    Raises RuntimeError when JAX has no such device (no TPU, no GPU backend): a caller asked for a device this
+    machine lacks, and nothing silently runs elsewhere.
+    """
+    name = _JAX_PLATFORM.get(platform)
+    if name is None:
+        raise ValueError(f"unknown platform {platform!r}: use one of cpu, cuda, tpu")
+    devices = jax.devices(name)  # raises RuntimeError when that backend is absent
+    if index >= len(devices):
+        raise RuntimeError(f"JAX sees {len(devices)} {name} device(s), not device {index}")
+    return devices[index]
+
+
+@contextlib.contextmanager
+def placed_on(platform: str, index: int = 0) -> Iterator[jax.Device]:
+    """Inside: torch tensors on the host cross over to JAX device `index` of `platform`, so the jitted op
+    computes there (a ``tpu`` case's torch inputs live on the host; its JAX impl must still run on the TPU).
+    Tensors already on a GPU cross over through DLPack to that GPU whatever the placement."""
+    device = jax_device(platform, index)
+    token = _HOST_TARGET.set((platform, index))
+    try:
+        yield device
+    finally:
+        _HOST_TARGET.reset(token)
+
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:
-    """A JAX array holding the values of torch tensor `x`, on the matching JAX device, same dtype."""
+    """A JAX array holding the values of torch tensor `x`, same dtype: a CUDA tensor on its GPU; a host
+    tensor on the device of the enclosing :func:`placed_on` (the CPU when none)."""
     x = x.detach()
     if x.device.type == "cuda":
         x = x.contiguous()
@@ -53,7 +89,7 @@ def torch_to_jax(x: torch.Tensor) -> jax.Array:
         arr = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         arr = x.numpy()
-    return jax.device_put(arr, jax.devices("cpu")[0])
+    return jax.device_put(arr, jax_device(*_HOST_TARGET.get()))
 
 
 def jax_to_torch(a: jax.Array, device: torch.device | str) -> torch.Tensor:

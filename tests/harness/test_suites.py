@@ -86,7 +86,8 @@ def test_user_suite_by_path(tmp_path):
         ({"timing": {"budget_s": -1}}, "[timing] budget_s"),
         ({"gate": {"seedz": 2}}, "[gate] seedz"),
         ({"ops": {}}, "needs at least one [ops.<op>] table"),
-        ({"device": "tpu"}, "device must be one of cpu, cuda"),
+        ({"device": "npu"}, "unknown device 'npu': use one of cpu, cuda, tpu"),
+        ({"device": "cuda:1"}, "give a platform (cpu, cuda, tpu)"),
     ],
 )
 def test_bad_suites_are_bad_input(change, message):

@@ -60,7 +60,8 @@ def test_run_and_job_ids_are_fixed_by_the_queued_job() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "device"), [("cpu", "cpu"), ("h200", "cuda"), ("cuda", "cuda"), ("a100", "cuda"), ("tpu-v5e", "cpu")]
+    ("kind", "device"),
+    [("cpu", "cpu"), ("h200", "cuda"), ("cuda", "cuda"), ("a100", "cuda"), ("tpu-v5e", "tpu"), ("TPU", "tpu")],
 )
 def test_device_kinds_map_to_runner_devices(kind: str, device: str) -> None:
     assert device_for_kind(kind) == device

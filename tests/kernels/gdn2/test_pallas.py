@@ -25,6 +25,7 @@ import pytest
 import torch
 from deltabench.harness import Case, get_impl, register_impl
 from deltabench.harness import registry as _registry
+from deltabench.harness.devices import absent_reason
 from deltabench.harness.verify import verify_case
 from deltabench.references import gdn2, kda
 
@@ -238,7 +239,8 @@ def test_tpu_lowering_rejects_blocks_mosaic_cannot_tile() -> None:
     and not the whole axis, which the Mosaic lowering refuses (the registry's constraint says so up front)."""
     with pytest.raises(ValueError, match="divisible by 8 and 128"):
         _tpu_export(lambda *a: pallas_chunk.chunk_gdn2_pallas(*a), *_gdn2_shapes(64, jnp.float32, K_=16, V_=16))
-    why = get_impl("gdn2", "pallas_chunk").check_case(Case("gdn2", 1, 64, 2, 16, 16, device="tpu"))
+    # the impl's own constraint (check_case says first that no TPU is visible, on a machine without one)
+    why = get_impl("gdn2", "pallas_chunk").constraint(Case("gdn2", 1, 64, 2, 16, 16, device="tpu"))
     assert why and "multiples of 128" in why
 
 
@@ -247,6 +249,7 @@ def test_registered_with_reasons() -> None:
         impl = get_impl(op, "pallas_chunk")
         assert impl.backend == "jax" and set(impl.devices) == {"cpu", "tpu"} and impl.supports_backward
         assert impl.check_case(Case(op, 1, 100, 2, 16, 24, dtype="bf16", mode="fwd+bwd")) is None
-        assert impl.check_case(Case(op, 8, 4096, 6, 128, 128, device="tpu")) is None
+        on_tpu = Case(op, 8, 4096, 6, 128, 128, device="tpu")
+        assert impl.constraint(on_tpu) is None and impl.check_case(on_tpu) == absent_reason("tpu")
         assert "interpreter" in (impl.check_case(Case(op, 8, 4096, 6, 128, 128)) or "")
         assert "not cuda" in (impl.check_case(Case(op, 1, 64, 2, 128, 128, device="cuda")) or "")

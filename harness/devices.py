@@ -1,0 +1,127 @@
+"""Devices: where a case runs, as one value (``cpu``, ``cuda``, ``tpu``, with an optional index), parsed here only.
+
+A device names the platform the impl computes on, not where torch keeps the inputs: torch has no TPU, so a
+``tpu`` case builds its torch inputs on the host and a JAX impl receives them on the TPU (see
+:func:`placement`). Whether a device is present is asked here too (:func:`absent_reason`), so that a job for a
+device this machine lacks ends ``unsupported`` with that reason instead of running somewhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+from collections.abc import Iterator
+
+from .errors import BadInput
+
+__all__ = [
+    "PLATFORMS",
+    "Device",
+    "absent_reason",
+    "default_device",
+    "device_for_kind",
+    "parse_device",
+    "parse_platform",
+    "placement",
+]
+
+PLATFORMS = ("cpu", "cuda", "tpu")
+NO_TPU = "no TPU visible to JAX"
+NO_CUDA = "no CUDA device on this machine"
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A platform (``cpu``, ``cuda`` or ``tpu``) and, optionally, which of its devices (``cuda:1``)."""
+
+    platform: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.platform if self.index is None else f"{self.platform}:{self.index}"
+
+    @property
+    def torch_device(self) -> str:
+        """Where torch holds this device's tensors: the GPU for ``cuda``, else the host (torch has no TPU)."""
+        return str(self) if self.platform == "cuda" else "cpu"
+
+
+def parse_device(text: str) -> Device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"tpu"``... as a Device; BadInput naming the choices otherwise."""
+    raw = str(text).strip().lower()
+    platform, sep, index = raw.partition(":")
+    if platform == "gpu":  # JAX's name for the CUDA platform
+        platform = "cuda"
+    if platform not in PLATFORMS or (sep and not index.isdigit()):
+        raise BadInput(f"unknown device {text!r}: use one of {', '.join(PLATFORMS)} (optionally :index)")
+    return Device(platform, int(index) if sep else None)
+
+
+def parse_platform(text: str) -> str:
+    """The platform of a device given where only a platform fits (a suite, a case, a command's ``--device``)."""
+    device = parse_device(text)
+    if device.index is not None:
+        raise BadInput(
+            f"device {text!r}: give a platform ({', '.join(PLATFORMS)}); choose a GPU with CUDA_VISIBLE_DEVICES"
+        )
+    return device.platform
+
+
+def device_for_kind(device_kind: str) -> Device:
+    """The device a queue's device kind runs on: ``cpu`` -> cpu; ``tpu``, ``tpu-v5e``... -> tpu; any other
+    kind (``cuda``, ``h200``, a GPU class) -> cuda."""
+    kind = device_kind.strip().lower()
+    if kind == "cpu":
+        return Device("cpu")
+    if kind.startswith("tpu"):
+        return Device("tpu")
+    return Device("cuda")
+
+
+def _jax_sees_tpu() -> bool:
+    if importlib.util.find_spec("jax") is None:
+        return False
+    import jax
+
+    try:
+        return bool(jax.devices("tpu"))
+    except RuntimeError:  # JAX raises when no backend of that platform initialises
+        return False
+
+
+def absent_reason(device: Device | str) -> str | None:
+    """Why `device` is not present on this machine (``no TPU visible to JAX``...), or None when it is."""
+    device = parse_device(device) if isinstance(device, str) else device
+    if device.platform == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return NO_CUDA
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"no CUDA device {device.index} (this machine has {torch.cuda.device_count()})"
+    elif device.platform == "tpu" and not _jax_sees_tpu():
+        return NO_TPU
+    return None
+
+
+def default_device() -> Device:
+    """The device a command uses when none is given: the GPU when torch sees one, else the host."""
+    import torch
+
+    return Device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def placement(device: Device | str, backend: str) -> Iterator[None]:
+    """Inside: a JAX impl (`backend` ``jax``) computes on the JAX device of `device`, its host inputs committed
+    there (``jax.devices("cpu" | "gpu" | "tpu")``). Other backends need nothing: their tensors are already
+    on the device."""
+    device = parse_device(device) if isinstance(device, str) else device
+    if backend != "jax":
+        yield
+        return
+    from deltabench.kernels.common.jax_bridge import placed_on
+
+    with placed_on(device.platform, device.index or 0):
+        yield

@@ -73,7 +73,7 @@ class CaseSpec(_Model):
     V: int = Field(ge=1)
     dtype: Literal["fp32", "bf16", "fp16"]
     mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
-    regime: Literal["typical", "long"] = "typical"
+    regime: Literal["typical", "long", "strong"] = "typical"
     seed: int = 0
     initial_state: bool = False
 

@@ -19,7 +19,7 @@ from .cases import parse_dtype
 
 __all__ = ["FAMILIES", "PROFILES", "TOLERANCES", "TRITON_INTERPRETER_BF16", "family_of", "threshold"]
 
-FAMILIES = ("output", "state", "gradient", "streaming")
+FAMILIES = ("output", "state", "gradient", "streaming", "boundary")
 
 TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {
@@ -32,6 +32,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "gradient": 1e-4,
         # Worst 9.8e-7 (torch_chunk gdn2 state after the split): 100x margin.
         "streaming": 1e-4,
+        "boundary": 1e-4,
     },
     "bf16": {
         # Rounding o to bf16 alone gives 1.68e-3 (oracle cast; torch impls the same); FLA's kernels 4.1e-3 at
@@ -45,6 +46,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         # Same impl, two schedules: worst 9.0e-5 (torch_chunk gdn2), triton_chunk 4.0e-3; two results each
         # within a kernel's own error (<= 4.5e-3) of the truth differ by at most about twice that.
         "streaming": 1e-2,
+        "boundary": 1e-2,
     },
     "fp16": {
         # fp16 keeps 3 more mantissa bits than bf16 (8x finer): o rounding 2.13e-4, triton_chunk 5.2e-4 (long);
@@ -56,6 +58,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "gradient": 2e-3,
         # triton_chunk 5.7e-4 (long), torch_chunk 1.6e-5: 3.5x margin.
         "streaming": 2e-3,
+        "boundary": 2e-3,
     },
 }
 
@@ -77,6 +80,8 @@ def family_of(check: str) -> str:
         return "gradient"
     if check.startswith("streaming"):
         return "streaming"
+    if check.startswith("boundary"):
+        return "boundary"
     if check == "final_state":
         return "state"
     return "output"

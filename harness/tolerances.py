@@ -1,7 +1,10 @@
 """Thresholds of the correctness gate: a relative Frobenius bound per dtype and check family.
 
 Families: ``output`` (o), ``state`` (final state), ``gradient`` (every input's gradient), ``streaming`` (T1 then
-T - T1 tokens against all T at once, the same impl). A value above its bound fails; nothing downgrades a failure.
+T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with T1 on a chunk boundary).
+The bounds hold for every gate regime: ``strong`` (mixed heads, log-decays down to -5 per token) was measured on
+the torch and JAX impls of every op at B1-T150-H3-K16-V32, seeds 0-1, fwd+bwd: worst 9.1e-7 at fp32 (torch_chunk
+gdn dg), 3.4e-3 at bf16 (torch_chunk kda dbeta), inside the typical and long worst cases quoted below. A value above its bound fails; nothing downgrades a failure.
 
 How the numbers were set. Measured with ``verify_case`` (float64 oracle, random cotangents on o and on the final
 state, with and without an initial state) on the built-in ``torch_recurrent`` and ``torch_chunk`` of gdn, gdn2
@@ -32,7 +35,9 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "gradient": 1e-4,
         # Worst 9.8e-7 (torch_chunk gdn2 state after the split): 100x margin.
         "streaming": 1e-4,
-        "boundary": 1e-4,
+        # A stream split on a chunk boundary: a chunked impl does the same arithmetic both ways (measured 0,
+        # bitwise, for torch_chunk and jax_chunk of every op); jax_scan 1.1e-7: 90x margin.
+        "boundary": 1e-5,
     },
     "bf16": {
         # Rounding o to bf16 alone gives 1.68e-3 (oracle cast; torch impls the same); FLA's kernels 4.1e-3 at
@@ -46,7 +51,12 @@ TOLERANCES: dict[str, dict[str, float]] = {
         # Same impl, two schedules: worst 9.0e-5 (torch_chunk gdn2), triton_chunk 4.0e-3; two results each
         # within a kernel's own error (<= 4.5e-3) of the truth differ by at most about twice that.
         "streaming": 1e-2,
-        "boundary": 1e-2,
+        # Split on a chunk boundary, the streamed run of a chunked kernel differs from the run at once only in the
+        # state carried across that boundary (returned in fp32, passed back in): torch_chunk and jax_chunk of
+        # every op measure 0 (bitwise), jax_scan 5.1e-5 (its o rounded after a different summation order). Bound
+        # 1e-3 is 20x over that, and catches what the oracle bounds cannot: a forward-only bf16 kernel carrying
+        # its state wrongly measures 0.78-0.95 of the output bound against the oracle and 6.9e-3 here (6.9x).
+        "boundary": 1e-3,
     },
     "fp16": {
         # fp16 keeps 3 more mantissa bits than bf16 (8x finer): o rounding 2.13e-4, triton_chunk 5.2e-4 (long);
@@ -58,7 +68,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "gradient": 2e-3,
         # triton_chunk 5.7e-4 (long), torch_chunk 1.6e-5: 3.5x margin.
         "streaming": 2e-3,
-        "boundary": 2e-3,
+        # As bf16's (fp16 rounds 8x finer): bitwise for chunked impls; 1e-3.
+        "boundary": 1e-3,
     },
 }
 

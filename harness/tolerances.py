@@ -4,7 +4,8 @@ Families: ``output`` (o), ``state`` (final state), ``gradient`` (every input's g
 T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with T1 on a chunk boundary).
 The bounds hold for every gate regime: ``strong`` (mixed heads, log-decays down to -5 per token) was measured on
 the torch and JAX impls of every op at B1-T150-H3-K16-V32, seeds 0-1, fwd+bwd: worst 9.1e-7 at fp32 (torch_chunk
-gdn dg), 3.4e-3 at bf16 (torch_chunk kda dbeta), inside the typical and long worst cases quoted below. A value above its bound fails; nothing downgrades a failure.
+gdn dg), 3.4e-3 at bf16 (torch_chunk kda dbeta), inside the typical and long worst cases quoted below.
+A value above its bound fails; nothing downgrades a failure.
 
 How the numbers were set. Measured with ``verify_case`` (float64 oracle, random cotangents on o and on the final
 state, with and without an initial state) on the built-in ``torch_recurrent`` and ``torch_chunk`` of gdn, gdn2

@@ -79,7 +79,9 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
         seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
         seed: int = typer.Option(0, "--seed", help="The first seed."),
-        regime: str = typer.Option("typical", "--regime", help="Gate regime: typical or long."),
+        regime: list[str] = typer.Option(
+            [], "--regime", help="Only this gate regime (repeatable): typical, long or strong (default: all three)."
+        ),
         initial_state: bool = typer.Option(
             True,
             "--initial-state/--no-initial-state",
@@ -120,7 +122,13 @@ def register(app: typer.Typer) -> None:
             mode = "fwd+bwd" if chosen.supports_backward else "fwd"
         if mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
-        case = Case(op, **dims, dtype=dtype, seed=seed, regime=regime, initial_state=initial_state, mode=mode,
+        from deltabench.harness.cases import REGIMES
+
+        unknown = [r for r in regime if r not in REGIMES]
+        if unknown:
+            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(REGIMES)}")
+        regimes = tuple(dict.fromkeys(regime)) or REGIMES
+        case = Case(op, **dims, dtype=dtype, seed=seed, regime=regimes[0], initial_state=initial_state, mode=mode,
                     device=device)  # fmt: skip
         why = chosen.check_case(case)
         if why:
@@ -132,7 +140,9 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=json_)
         try:
             with console.status(f"verifying {op}/{impl} on {case.shape_id} {dtype} {mode} ({device})"):
-                report = verify_case(chosen, case, seeds=seeds, gate_determinism=deterministic, reference=reference)
+                report = verify_case(
+                    chosen, case, seeds=seeds, gate_determinism=deterministic, reference=reference, regimes=regimes
+                )
         except BadInput:
             raise
         except Exception as exc:  # the impl crashed: a failed verification, reported in one line
@@ -154,6 +164,8 @@ _SHORT_NAMES = {
     "grad:initial_state": "grad:h0",
     "streaming:output": "stream:output",
     "streaming:final_state": "stream:state",
+    "boundary:output": "bound:output",
+    "boundary:final_state": "bound:state",
 }
 
 
@@ -173,7 +185,7 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
 
     case = report.case
     table = Table(
-        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.regime} {case.mode}",
+        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.mode}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -198,13 +210,14 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
     else:
         rows = summarize_records(report.records)
     notes: dict[str, None] = {}
+    against: dict[str, list[str]] = {}  # reference -> the checks made against it (one footnote each)
     for row in rows:
         verdict = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
         if not row["gating"]:
             verdict = "info"
         name = _SHORT_NAMES.get(row["check"], row["check"])
         if row["reference"] not in ("oracle", "none"):
-            notes[f"{name}: vs {row['reference']}"] = None
+            against.setdefault(row["reference"], []).append(name)
         if row["detail"] and (not row["passed"] or not row["gating"]):
             notes[f"{name} (seed {row['seed']}): {row['detail']}"] = None
         table.add_row(
@@ -218,8 +231,10 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
             verdict,
         )
     console.print(table)
+    for ref, names in against.items():
+        console.print(f"  vs {ref}: {', '.join(dict.fromkeys(names))}", highlight=False, emoji=False)
     for note in notes:
-        console.print(f"  {note}", highlight=False)
+        console.print(f"  {note}", highlight=False, emoji=False)
     seeds = [str(s) for s in report.seeds]
     if report.drawn_seed is not None:
         seeds[-1] = f"{report.drawn_seed} (drawn)"

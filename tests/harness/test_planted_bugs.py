@@ -181,7 +181,7 @@ def test_unplanted_loop_passes(op: str, dtype: str, planted: Any) -> None:
     assert report.passed, [(r.check, r.value, r.threshold) for r in report.failures]
 
 
-@pytest.mark.parametrize("regime", ["typical", "long"])
+@pytest.mark.parametrize("regime", ["typical", "long", "strong"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("impl_name", ["torch_recurrent", "torch_chunk"])
 @pytest.mark.parametrize("op", OPS)

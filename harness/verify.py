@@ -552,7 +552,9 @@ def _length_sweep(
     splits: list[int | None] = []
     check_case = getattr(impl, "check_case", None)
     for T, t1 in sweep_lengths(case.T):
-        sub = case.replace(B=min(case.B, SWEEP_B), H=min(case.H, SWEEP_H), T=T, regime=regime)
+        sub = case.replace(
+            B=min(case.B, SWEEP_B), H=min(case.H, SWEEP_H), T=T, regime=regime, mode=case.mode if grads else "fwd"
+        )
         why = check_case(sub) if check_case is not None else None
         if why:
             records.append(note_record(f"length T={T}", f"not run: {why}", passed=True, gating=False, seed=seed))

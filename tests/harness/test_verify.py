@@ -157,6 +157,9 @@ def test_forward_only_impl_is_noted_not_failed() -> None:
     assert report.passed
     assert any(r.check == "gradients" and not r.gating for r in report.records)
     assert not any(r.check.startswith("grad:") for r in report.records)
+    # the length sweep runs it forward only rather than skipping it as unable to run a backward
+    assert {r.reference for r in report.records if r.check == "boundary:output"}
+    assert not any(r.check.startswith("length") for r in report.records)
 
 
 def test_auto_reference_leaves_the_oracle_at_large_shapes() -> None:

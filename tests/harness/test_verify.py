@@ -187,3 +187,11 @@ def test_nan_filled_empty_reaches_kernel_code_only(nan_filled_empty: None) -> No
     assert torch.isnan(a).all() and torch.isnan(b).all()
     assert not torch.isnan(torch.zeros(3).new_empty(3).fill_(0)).any()
     assert not torch.isnan(torch.empty(5).zero_()).any()
+
+
+def test_stacked_and_padded_oracle_matches_the_oracle_run_alone() -> None:
+    """The gate stacks a case's runs along B (and pads the sweep's shorter lengths) into one oracle call: against
+    the oracle run alone on each input, cast to fp32, every value agrees to fp32 rounding."""
+    report = verify_case(oracle_cast("gdn2"), Case("gdn2", **TINY, mode="fwd+bwd"), seeds=2, extra_seed=False)
+    values = [r.value for r in report.records if r.metric == "rel_fro" and r.reference.startswith("oracle")]
+    assert len(values) > 100 and max(values) < 1e-6

@@ -6,8 +6,9 @@ The bounds hold for every gate regime: ``strong`` (mixed heads, log-decays down 
 the torch and JAX impls of every op at B1-T150-H3-K16-V32, seeds 0-1, fwd+bwd: worst 9.1e-7 at fp32 (torch_chunk
 gdn dg), 3.4e-3 at bf16 (torch_chunk kda dbeta), inside the typical and long worst cases quoted below.
 Over 20 seeds x 3 regimes x fp32/bf16 (benchmarks/verify_sweep.sh, benchmarks/cpu/verify-sweep.txt; torch and JAX
-impls of every op at B2-T70-H3-K16-V32), the worst value over its bound is 0.31 (bf16 gradients), 0.20 (bf16
-output), 0.05 (bf16 boundary, jax_scan); every fp32 family stays at or under 0.01 of its bound.
+impls of every op at B2-T70-H3-K16-V32), the worst value over its bound is 0.70 (bf16 gradients: torch_chunk kda
+dbeta 6.29e-3, typical, seed 18, with h0), 0.20 (bf16 output), 0.05 (bf16 boundary, jax_scan); every fp32 family
+stays at or under 0.01 of its bound.
 A value above its bound fails; nothing downgrades a failure.
 
 How the numbers were set. Measured with ``verify_case`` (float64 oracle, random cotangents on o and on the final
@@ -50,6 +51,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         # The torch impls keep the state in fp32 (9.8e-7); FLA's bf16 kernels measure 3.0e-3: 3.3x margin.
         "state": 1e-2,
         # Worst 4.86e-3 (torch_chunk kda dbeta, typical, B1-T300); FLA 4.5e-3 (chunk_gdn2 db): 1.85x margin.
+        # Over 20 seeds the worst is 6.29e-3 (torch_chunk kda dbeta, typical, seed 18, B2-T70): 1.43x margin.
         # It cannot be looser: the planted dk * 1.01 measures 1.0e-2 at bf16 and must fail.
         "gradient": 9e-3,
         # Same impl, two schedules: worst 9.0e-5 (torch_chunk gdn2), triton_chunk 4.0e-3; two results each

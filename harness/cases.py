@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import torch
+from deltabench.references._inputs import REGIMES  # the gate regimes, defined with the input generators
 
 from .devices import parse_device, parse_platform
 from .errors import BadInput
@@ -40,7 +41,6 @@ _DTYPE_ALIASES = {
     "torch.float16": "fp16",
 }
 MODES = ("fwd", "fwd+bwd", "bwd")
-REGIMES = ("typical", "long")
 _DIMS = ("B", "T", "H", "K", "V")
 
 

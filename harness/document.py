@@ -193,7 +193,7 @@ class CaseSpec(_Model):
     V: int = Field(ge=1, le=_INT32)
     dtype: Literal["fp32", "bf16", "fp16"]
     mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
-    regime: Literal["typical", "long"] = "typical"
+    regime: Literal["typical", "long", "strong"] = "typical"
     seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False
 

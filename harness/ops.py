@@ -32,6 +32,13 @@ class OpSpec:
     oracle: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     make_inputs: Callable[..., dict[str, torch.Tensor]]
     rule: str  # the per-token update, for docs and `deltabench list`
+    # The contract demands bitwise-deterministic results (two identical calls, identical bits): the gate's
+    # determinism record is then gating for every impl of the op, not only under ``--deterministic``.
+    deterministic: bool = False
+    # A token whose q, k, v and gates are all zero leaves the state unchanged and outputs zero (true of every
+    # delta rule here: decay exp(0) = 1, zero write): the gate then runs the oracle on sequences of different
+    # lengths in one call, the shorter ones padded with such tokens.
+    zero_token_is_identity: bool = True
 
     @property
     def args(self) -> tuple[str, ...]:

@@ -89,10 +89,11 @@ def _chunk_sources(op: str) -> tuple[Path, ...]:
 
 @functools.cache
 def reference_version(kind: str, op: str) -> str:
-    """A hash of the code a reference of `kind` (``oracle`` or ``torch_chunk``) for `op` runs."""
+    """A hash of the code a reference of `kind` (``oracle`` or ``torch_chunk``, optionally ``|`` and what the
+    inputs were drawn with) for `op` runs."""
     root = _source_root()
     files = list((root / "references").rglob("*.py"))
-    if kind != "oracle":
+    if kind.partition("|")[0] != "oracle":
         files += [f for f in _chunk_sources(op) if f.is_relative_to(root)]
     return _hash_files(files, root)
 

@@ -1,17 +1,27 @@
 """The verification engine: is an impl right for a case? Every check returns a CheckRecord.
 
-For each seed (``case.seed, case.seed + 1, ...`` plus one drawn from ``os.urandom`` and recorded) and for both
-variants, without and with a random initial state, :func:`verify_case`
+For each seed (``case.seed, case.seed + 1, ...`` plus one drawn from ``os.urandom`` and recorded), each gate
+regime (``typical``, ``long`` and ``strong`` unless narrowed) and both variants, without and with a random initial
+state, :func:`verify_case`
 
 - calls the impl on the op's seeded inputs (on ``case.device``, in ``case.dtype``) and checks the output contract
-  (shapes, ``o`` in ``v``'s dtype) and that every output and gradient is finite;
+  (shapes, ``o`` in ``v``'s dtype), that every output and gradient is finite, and that every input tensor is
+  bitwise unchanged after the call (the failure names the tensor). The runs with an initial state pass a
+  non-default ``scale`` (:data:`ALT_SCALE` times ``K ** -0.5``, the oracle given the same); the run without one
+  in the last regime draws q and k with random norms instead of unit vectors;
 - compares the output and the final state with the float64 oracle (run on the CPU, on the very same rounded
   inputs): relative Frobenius error (gating) and max abs error with the worst element's index (reported);
 - when ``case.mode != "fwd"``, back-propagates random cotangents on ``o`` and on the final state through both and
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
 
-and finally calls the impl twice on identical inputs to report bitwise determinism (gating only when asked).
+then sweeps lengths at the first seed (B and H cut to at most :data:`SWEEP_B` and :data:`SWEEP_H`, long regime,
+with an initial state): T rounded to a multiple of :data:`LARGEST_CHUNK` (two to four chunks) streamed with its
+split on a chunk boundary, a T inside one chunk streamed with its split inside it, and T = 1. A split on a chunk
+boundary makes a chunked kernel do the same arithmetic streamed and at once, but for the state carried across that
+boundary; its bound (``boundary`` in tolerances.py) is far below the oracle's at bf16, which is what catches a
+forward-only bf16 kernel carrying its state wrongly. Finally it calls the impl twice on identical inputs to report
+bitwise determinism (gating when asked, or when the op's contract demands it).
 
 When the oracle is too costly at the case's shape (``reference="auto"``), the full-shape comparisons run against
 the op's ``torch_chunk`` impl in fp32 on the case's device, and the oracle checks the impl at a shorter T.
@@ -29,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .cases import Case
+from .cases import REGIMES, Case
 from .checks import compare, finite_record, note_record
 from .document import CheckRecord
 from .errors import BadInput
@@ -37,7 +47,19 @@ from .ops import OpSpec, get_op
 from .reference_cache import cached_reference
 from .tolerances import threshold
 
-__all__ = ["ORACLE_MAX_ELEMENTS", "ORACLE_MAX_ELEMENTS_GRAD", "SHORT_T", "VerifyReport", "split_point", "verify_case"]
+__all__ = [
+    "ALT_SCALE",
+    "LARGEST_CHUNK",
+    "ORACLE_MAX_ELEMENTS",
+    "ORACLE_MAX_ELEMENTS_GRAD",
+    "SHORT_T",
+    "SWEEP_B",
+    "SWEEP_H",
+    "VerifyReport",
+    "split_point",
+    "sweep_lengths",
+    "verify_case",
+]
 
 # The oracle is a float64 token loop on the CPU: its cost is B*T*H*K*V element-steps (about 1 s per 1e8 on one
 # core), and its autograd keeps a few [B,H,K,V] float64 tensors per token (about 3 GB at 1e8), so gradients get
@@ -46,6 +68,13 @@ ORACLE_MAX_ELEMENTS = 2e8
 ORACLE_MAX_ELEMENTS_GRAD = 4e7
 SHORT_T = 256  # the oracle's T when the full shape is too costly for it
 _COTANGENT_SEED_OFFSET = 1_000_003  # cotangents are drawn from their own stream, not the inputs'
+# The non-default scale, as a multiple of the default K**-0.5: far from 1 (a kernel ignoring `scale` is off by
+# 1/0.6 - 1 = 67%), and not a power of two, so that a kernel using it in one place but K**-0.5 in another is wrong.
+ALT_SCALE = 0.6
+# The largest chunk any shipped kernel uses: 64 in kernels/gdn (wy.CHUNK), kernels/gdn2/jax_chunk (CHUNK) and the
+# torch_chunk impls (chunk_size); FLA's chunked kernels use 64 too.
+LARGEST_CHUNK = 64
+SWEEP_B, SWEEP_H = 1, 2  # the length sweep's batch and heads (at most): its cost stays that of a tiny case
 
 
 @dataclasses.dataclass
@@ -84,14 +113,33 @@ class VerifyReport:
 
 @dataclasses.dataclass
 class _Run:
-    """One call's outputs and, when back-propagated, the gradient of every input by name."""
+    """One call's outputs, when back-propagated the gradient of every input by name, and the inputs it wrote into."""
 
     o: torch.Tensor
     state: torch.Tensor | None
     grads: dict[str, torch.Tensor | None]
+    mutated: list[str] = dataclasses.field(default_factory=list)
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {"o": self.o, "final_state": self.state, **{f"grad:{n}": g for n, g in self.grads.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Variant:
+    """How one run's inputs and arguments are drawn: regime, initial state, scale factor, unit-norm q and k."""
+
+    regime: str
+    h0: bool
+    scale_factor: float | None = None  # None: scale=None (the default K**-0.5); else this times K**-0.5
+    unit_qk: bool = True
+
+    def scale(self, K: int) -> float | None:
+        return None if self.scale_factor is None else self.scale_factor * K**-0.5
+
+    def label(self) -> str:
+        """The run's arguments where they differ from the defaults, for the record's reference."""
+        parts = [] if self.scale_factor is None else [f"scale={self.scale_factor:g}/sqrt(K)"]
+        return ", ".join(parts + ([] if self.unit_qk else ["q, k not unit-norm"]))
 
 
 def split_point(T: int) -> int | None:
@@ -100,9 +148,22 @@ def split_point(T: int) -> int | None:
     if T < 2:
         return None
     t1 = T // 2
-    if t1 % 64 == 0:
+    if t1 % LARGEST_CHUNK == 0:
         t1 -= 1
     return t1
+
+
+def sweep_lengths(T: int) -> list[tuple[int, int | None]]:
+    """The length sweep's (T, streaming split) pairs for a case of length `T`.
+
+    T rounded to a multiple of :data:`LARGEST_CHUNK` (at least two chunks, so that a boundary lies inside, and at
+    most ``SHORT_T``, so that the oracle stays cheap) split on a chunk boundary; one chunk exactly, split in its
+    middle; T = 1 (nothing to split). The lengths reuse one another's shapes (the boundary split's halves are one
+    chunk long): a compiling impl (JAX, Triton) compiles few new programs.
+    """
+    C = LARGEST_CHUNK
+    chunks = min(max(round(T / C), 2), SHORT_T // C)
+    return [(chunks * C, C * (chunks // 2)), (C, C // 2), (1, None)]
 
 
 def _draw_seed() -> int:
@@ -122,12 +183,16 @@ def _call(
     spec: OpSpec,
     inputs: dict[str, torch.Tensor],
     cotangents: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    scale: float | None = None,
 ) -> _Run:
-    """Call `fn` on fresh leaf copies of `inputs`; back-propagate `cotangents` when given."""
+    """Call `fn` on fresh leaf copies of `inputs`; back-propagate `cotangents` when given. `inputs` themselves are
+    never handed out: the copies are compared with them afterwards, bit for bit, and any that changed is named in
+    ``mutated``."""
     want_grad = cotangents is not None
     leaves = {n: t.detach().clone().requires_grad_(want_grad) for n, t in inputs.items()}
     with torch.enable_grad() if want_grad else torch.no_grad():
-        o, state = fn(*(leaves[n] for n in spec.args), scale=None, initial_state=leaves.get("initial_state"))
+        o, state = fn(*(leaves[n] for n in spec.args), scale=scale, initial_state=leaves.get("initial_state"))
     grads: dict[str, torch.Tensor | None] = {}
     if want_grad:
         do, dht = cotangents
@@ -142,7 +207,24 @@ def _call(
         names = list(leaves)
         values = torch.autograd.grad(outs, [leaves[n] for n in names], cots, allow_unused=True) if outs else []
         grads = dict(zip(names, values, strict=True)) if outs else dict.fromkeys(names)
-    return _Run(o=o, state=state, grads=grads)
+    mutated = [n for n, t in leaves.items() if not torch.equal(t.detach(), inputs[n].detach())]
+    return _Run(o=o, state=state, grads=grads, mutated=mutated)
+
+
+def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
+    """Gating: no call wrote into an input tensor (value = how many input tensors changed)."""
+    names = sorted({n for run in runs for n in run.mutated})
+    detail = ("the impl wrote into its input " + ", ".join(names)) if names else "every input bitwise unchanged"
+    return CheckRecord(
+        check="inputs_unchanged",
+        metric="changed_count",
+        value=float(len(names)),
+        threshold=0.0,
+        passed=not names,
+        reference="the inputs before the call",
+        detail=detail,
+        **where,
+    )
 
 
 def _oracle_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -169,9 +251,19 @@ def _contract(run: _Run, case: Case, v_dtype: torch.dtype, **where: Any) -> list
 
 
 def _compare_runs(
-    run: _Run, ref: _Run, case: Case, *, seed: int, h0: bool, reference: str, grads: bool, profile: str = "native"
+    run: _Run,
+    ref: _Run,
+    case: Case,
+    *,
+    seed: int,
+    h0: bool,
+    reference: str,
+    grads: bool,
+    profile: str = "native",
+    family: str | None = None,
 ) -> list[CheckRecord]:
-    """Output, final state and (when `grads`) every gradient of `run` against `ref`."""
+    """Output, final state and (when `grads`) every gradient of `run` against `ref`; `family` overrides the
+    tolerance family of every check (the streaming checks)."""
     where = {"seed": seed, "regime": case.regime, "initial_state": h0, "reference": reference}
     records: list[CheckRecord] = []
     pairs: list[tuple[str, torch.Tensor | None, torch.Tensor | None]] = [
@@ -186,7 +278,8 @@ def _compare_runs(
         if not isinstance(x, torch.Tensor):
             records.append(note_record(check, "the impl returned no value (no gradient reached this input)", **where))
             continue
-        records += compare(check, x, r, threshold=threshold(case.dtype, check, profile=profile), **where)
+        bound = threshold(case.dtype, family or check, profile=profile)
+        records += compare(check, x, r, threshold=bound, **where)
     return records
 
 
@@ -215,29 +308,36 @@ def _streaming(
     seed: int,
     h0: bool,
     profile: str = "native",
-) -> list[CheckRecord]:
-    """T1 tokens, then T - T1 from the returned state, against all T at once (the same impl)."""
+    t1: int | None = None,
+    scale: float | None = None,
+) -> tuple[list[CheckRecord], list[_Run]]:
+    """T1 tokens, then T - T1 from the returned state, against all T at once (the same impl). `t1` defaults to
+    :func:`split_point` (inside a chunk); a split on a multiple of LARGEST_CHUNK is checked as ``boundary:*``
+    against its own bound. Returns the records and the two calls (for the input check)."""
     where = {"seed": seed, "regime": case.regime, "initial_state": h0}
-    t1 = split_point(case.T)
+    t1 = split_point(case.T) if t1 is None else t1
     if t1 is None:
-        return [note_record("streaming", "T=1: nothing to split", passed=True, gating=False, **where)]
+        return [note_record("streaming", "T=1: nothing to split", passed=True, gating=False, **where)], []
     t1, refused = _split_the_impl_runs(fn, case, t1)
     if t1 is None:
         why = f"the impl runs no split of T={case.T} ({refused})"
-        return [note_record("streaming", f"not checked: {why}", passed=True, gating=False, **where)]
+        return [note_record("streaming", f"not checked: {why}", passed=True, gating=False, **where)], []
+    on_boundary = t1 % LARGEST_CHUNK == 0
+    prefix = "boundary" if on_boundary else "streaming"
     seq = {n: t for n, t in inputs.items() if n != "initial_state"}
     first = {n: t[:, :t1] for n, t in seq.items()}
     second = {n: t[:, t1:] for n, t in seq.items()}
     if "initial_state" in inputs:
         first["initial_state"] = inputs["initial_state"]
-    head = _call(fn, spec, first, None)
+    head = _call(fn, spec, first, None, scale=scale)
     if not isinstance(head.state, torch.Tensor):
-        return [note_record("streaming", "the impl returned no final state to continue from", **where)]
+        return [note_record(prefix, "the impl returned no final state to continue from", **where)], [head]
     second["initial_state"] = head.state.detach()
-    tail = _call(fn, spec, second, None)
-    reference = f"same impl, all T at once (split at T1={t1})"
+    tail = _call(fn, spec, second, None, scale=scale)
+    where_ = "on a chunk boundary" if on_boundary else "inside a chunk"
+    reference = f"same impl, all T={case.T} at once (split at T1={t1}, {where_})"
     if not isinstance(tail.o, torch.Tensor) or not isinstance(head.o, torch.Tensor):
-        return [note_record("streaming", "the impl returned no output", reference=reference, **where)]
+        return [note_record(prefix, "the impl returned no output", reference=reference, **where)], [head, tail]
     streamed_o = torch.cat([head.o, tail.o], dim=1)
     streamed = _Run(o=streamed_o, state=tail.state, grads={})
     records = [
@@ -247,11 +347,11 @@ def _streaming(
     ]
     at_once = _Run(o=whole.o.detach(), state=None if whole.state is None else whole.state.detach(), grads={})
     compared = _compare_runs(
-        streamed, at_once, case, seed=seed, h0=h0, reference=reference, grads=False, profile=profile
+        streamed, at_once, case, seed=seed, h0=h0, reference=reference, grads=False, profile=profile, family=prefix
     )
     for rec in compared:
-        records.append(rec.model_copy(update={"check": f"streaming:{rec.check}"}))
-    return records
+        records.append(rec.model_copy(update={"check": f"{prefix}:{rec.check}"}))
+    return records, [head, tail]
 
 
 def _determinism(first: _Run, second: _Run, *, gating: bool, seed: int, case: Case) -> CheckRecord:
@@ -301,45 +401,230 @@ def _chunk_reference(case: Case) -> Callable[..., Any]:
     return get_impl(case.op, "torch_chunk")
 
 
-def _shared_reference(case: Case, kind: str, grads: bool, compute: Callable[[], _Run]) -> _Run:
-    """The reference run of `case`, shared through the on-disk cache (harness/reference_cache.py)."""
-    tensors = cached_reference(case, kind=kind, grads=grads, compute=lambda: compute().tensors())
-    grad_of = {n[len("grad:") :]: t for n, t in tensors.items() if n.startswith("grad:")}
-    return _Run(o=tensors["o"], state=tensors["final_state"], grads=grad_of)
+@dataclasses.dataclass
+class _Item:
+    """One run of the impl: its case (regime and h0 set), variant, inputs, cotangents, result and records."""
+
+    case: Case
+    variant: _Variant
+    seed: int
+    inputs: dict[str, torch.Tensor]
+    cot: tuple[torch.Tensor, torch.Tensor] | None
+    run: _Run
+    records: list[CheckRecord]
 
 
-def _check_against(
-    fn: Callable[..., Any],
-    spec: OpSpec,
-    case: Case,
-    ref_kind: str,
-    *,
-    seed: int,
-    h0: bool,
-    grads: bool,
-    reference_label: str,
-    profile: str = "native",
-) -> tuple[list[CheckRecord], _Run, dict[str, torch.Tensor]]:
-    """Run the impl on the case's inputs at (seed, h0) and compare it with the oracle or the chunk reference."""
-    sub = case.replace(seed=seed, initial_state=h0)
+def _run_impl(fn: Callable[..., Any], spec: OpSpec, case: Case, variant: _Variant, *, seed: int, grads: bool) -> _Item:
+    """Call the impl on the case's inputs at (seed, variant): the contract and finiteness records."""
+    h0 = variant.h0
+    sub = case.replace(seed=seed, initial_state=h0, regime=variant.regime)
     inputs = spec.make_inputs(
-        sub.B, sub.T, sub.H, sub.K, sub.V,
-        dtype=sub.torch_dtype, device=sub.torch_device, seed=seed, regime=sub.regime, initial_state=h0,
+        sub.B, sub.T, sub.H, sub.K, sub.V, dtype=sub.torch_dtype, device=sub.torch_device, seed=seed, regime=sub.regime,
+        initial_state=h0, unit_qk=variant.unit_qk,
     )  # fmt: skip
     cot = _cotangents(sub, seed) if grads else None
-    run = _call(fn, spec, inputs, cot)
-    where = {"seed": seed, "regime": case.regime, "initial_state": h0}
+    run = _call(fn, spec, inputs, cot, scale=variant.scale(sub.K))
+    where = {"seed": seed, "regime": sub.regime, "initial_state": h0}
     records = _contract(run, sub, inputs["v"].dtype, **where)
     records.append(finite_record(run.tensors(), **where))
-    if ref_kind == "oracle":
-        ref_cot = None if cot is None else (cot[0].double(), cot[1].double())
-        ref = _shared_reference(sub, ref_kind, grads, lambda: _call(spec.oracle, spec, _oracle_inputs(inputs), ref_cot))
-    else:
-        ref_cot = None if cot is None else (cot[0].float().to(case.torch_device), cot[1].to(case.torch_device))
+    return _Item(sub, variant, seed, inputs, cot, run, records)
+
+
+def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
+    """The float64 oracle on every item's inputs, in as few calls as `limit` (B*T*H*K*V per call) allows.
+
+    The oracle's cost is a Python loop over tokens, nearly independent of B at the gate's sizes, so the items are
+    stacked along B: a zero initial state where an item has none (its gradient dropped), each item's scale
+    applied to its q (``o`` is linear in ``scale * q``), and, where the op allows it, shorter sequences padded
+    to the longest with identity tokens (zero inputs and gates, a zero cotangent).
+    """
+    groups: list[list[int]] = []
+    for i, it in enumerate(items):
+        g = groups[-1] if groups else None
+        fits = g is not None and _stack_key(items[g[0]]) == _stack_key(it)
+        if fits and not spec.zero_token_is_identity:
+            fits = items[g[0]].case.T == it.case.T
+        if fits:
+            T = max(items[j].case.T for j in [*g, i])
+            fits = _cost(it.case.replace(B=sum(items[j].case.B for j in [*g, i]), T=T)) <= limit
+        if fits:
+            g.append(i)
+        else:
+            groups.append([i])
+    runs: list[_Run | None] = [None] * len(items)
+    for g in groups:
+        group = [items[i] for i in g]
+        for i, run in zip(
+            g, _shared_runs("oracle", group, lambda group=group: _oracle_stacked(spec, group)), strict=True
+        ):
+            runs[i] = run
+    return [r for r in runs if r is not None]
+
+
+def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]]) -> list[_Run]:
+    """The reference runs of `items`, shared with every impl gated on the same case through the on-disk cache
+    (harness/reference_cache.py). The key names each item's draw (its B, T, seed, regime, initial state, scale
+    and q/k norm), so two calls that share a key ran the reference on identical inputs."""
+    draws = ";".join(
+        f"B{it.case.B},T{it.case.T},s{it.seed},{it.case.regime},h{int(it.variant.h0)},{it.variant.label()}"
+        for it in items
+    )
+    grads = items[0].cot is not None
+    flat = cached_reference(
+        items[0].case,
+        kind=f"{kind}|{draws}",
+        grads=grads,
+        compute=lambda: {f"{i}/{n}": t for i, run in enumerate(compute()) for n, t in run.tensors().items()},
+    )
+    runs = []
+    for i in range(len(items)):
+        mine = {n.split("/", 1)[1]: t for n, t in flat.items() if n.split("/", 1)[0] == str(i)}
+        grad_of = {n[len("grad:") :]: t for n, t in mine.items() if n.startswith("grad:")}
+        runs.append(_Run(o=mine["o"], state=mine["final_state"], grads=grad_of))
+    return runs
+
+
+def _stack_key(item: _Item) -> tuple[int, int, int, bool]:
+    c = item.case
+    return (c.H, c.K, c.V, item.cot is not None)
+
+
+def _padded(x: torch.Tensor, T: int) -> torch.Tensor:
+    """`x` [B, t, ...] padded with zeros along dim 1 to T tokens."""
+    if x.shape[1] == T:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], T - x.shape[1], *x.shape[2:])], dim=1)
+
+
+def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
+    """One oracle call on `items` stacked along B (see :func:`_oracle_runs`)."""
+    T = max(it.case.T for it in items)
+    stacked = {
+        n: torch.cat([_padded(it.inputs[n].detach().to("cpu", torch.float64), T) for it in items]) for n in spec.args
+    }
+    states = []
+    for it in items:
+        c = it.case
+        h0 = it.inputs.get("initial_state")
+        states.append(
+            h0.detach().to("cpu", torch.float64) if h0 is not None else torch.zeros(c.B, c.H, c.K, c.V).double()
+        )
+    stacked["initial_state"] = torch.cat(states)
+    ratio = torch.tensor(
+        [1.0 if it.variant.scale_factor is None else it.variant.scale_factor for it in items for _ in range(it.case.B)],
+        dtype=torch.float64,
+    ).reshape(-1, 1, 1, 1)
+
+    def oracle(q: torch.Tensor, *rest: torch.Tensor, scale: float | None, initial_state: torch.Tensor) -> Any:
+        return spec.oracle(q * ratio, *rest, scale=None, initial_state=initial_state)
+
+    cot = None
+    if items[0].cot is not None:
+        cot = (
+            torch.cat([_padded(it.cot[0].double(), T) for it in items]),
+            torch.cat([it.cot[1].double() for it in items]),
+        )
+    whole = _call(oracle, spec, stacked, cot)
+    runs, row = [], 0
+    for it in items:
+        rows, t = slice(row, row + it.case.B), it.case.T
+        row += it.case.B
+        grads = {
+            n: (None if x is None else x[rows, :t] if n != "initial_state" else x[rows]) for n, x in whole.grads.items()
+        }
+        if not it.variant.h0:
+            grads.pop("initial_state", None)
+        runs.append(_Run(o=whole.o[rows, :t], state=whole.state[rows], grads=grads))
+    return runs
+
+
+def _chunk_run(case: Case, spec: OpSpec, item: _Item) -> _Run:
+    """The op's torch_chunk in fp32 on the item's inputs (the full-shape reference when the oracle is too costly)."""
+    ref_cot = (
+        None if item.cot is None else (item.cot[0].float().to(case.torch_device), item.cot[1].to(case.torch_device))
+    )
+
+    def compute() -> list[_Run]:
         chunk = _chunk_reference(case)
-        ref = _shared_reference(sub, ref_kind, grads, lambda: _call(chunk, spec, _fp32_inputs(inputs), ref_cot))
-    records += _compare_runs(run, ref, sub, seed=seed, h0=h0, reference=reference_label, grads=grads, profile=profile)
-    return records, run, inputs
+        return [_call(chunk, spec, _fp32_inputs(item.inputs), ref_cot, scale=item.variant.scale(case.K))]
+
+    (run,) = _shared_runs("torch_chunk", [item], compute)
+    return run
+
+
+def _compare_items(
+    items: list[_Item], refs: list[_Run], reference_label: str, *, grads: bool, profile: str
+) -> list[CheckRecord]:
+    """Every item's run against its reference run: its own records, then the comparisons."""
+    records: list[CheckRecord] = []
+    for it, ref in zip(items, refs, strict=True):
+        label = ", ".join(x for x in (reference_label, it.variant.label()) if x)
+        records += it.records
+        records += _compare_runs(
+            it.run, ref, it.case, seed=it.seed, h0=it.variant.h0, reference=label, grads=grads, profile=profile
+        )
+    return records
+
+
+def _variants(regimes: tuple[str, ...]) -> list[_Variant]:
+    """The runs of one seed: each regime without and with an initial state; the runs with one pass the
+    non-default scale (and are streamed), and the last regime's run without one draws q and k off the unit sphere.
+    The runs without an initial state keep the default scale, the arguments the runner times with: a compiling
+    impl (JAX, whose ``scale`` is static) reuses that program."""
+    out = []
+    for i, regime in enumerate(regimes):
+        out.append(_Variant(regime, h0=False, unit_qk=i != len(regimes) - 1))
+        out.append(_Variant(regime, h0=True, scale_factor=ALT_SCALE))
+    return out
+
+
+def _regimes(regimes: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    if regimes is None:
+        return REGIMES
+    chosen = (regimes,) if isinstance(regimes, str) else tuple(regimes)
+    unknown = [r for r in chosen if r not in REGIMES]
+    if unknown or not chosen:
+        raise BadInput(f"unknown gate regime {', '.join(map(repr, unknown)) or '(none)'}: use {', '.join(REGIMES)}")
+    return tuple(dict.fromkeys(chosen))
+
+
+def _length_sweep(
+    impl: Callable[..., Any],
+    spec: OpSpec,
+    case: Case,
+    regimes: tuple[str, ...],
+    *,
+    seed: int,
+    grads: bool,
+    profile: str,
+    limit: float,
+) -> tuple[list[CheckRecord], list[_Run]]:
+    """The impl at the lengths of :func:`sweep_lengths` (small B and H, one seed, with an initial state), each
+    against the oracle and streamed at its split."""
+    regime = "long" if "long" in regimes else regimes[0]
+    records: list[CheckRecord] = []
+    runs: list[_Run] = []
+    items: list[_Item] = []
+    splits: list[int | None] = []
+    check_case = getattr(impl, "check_case", None)
+    for T, t1 in sweep_lengths(case.T):
+        sub = case.replace(
+            B=min(case.B, SWEEP_B), H=min(case.H, SWEEP_H), T=T, regime=regime, mode=case.mode if grads else "fwd"
+        )
+        why = check_case(sub) if check_case is not None else None
+        if why:
+            records.append(note_record(f"length T={T}", f"not run: {why}", passed=True, gating=False, seed=seed))
+            continue
+        items.append(_run_impl(impl, spec, sub, _Variant(regime, h0=True), seed=seed, grads=grads))
+        splits.append(t1)
+    for item, ref, t1 in zip(items, _oracle_runs(spec, items, limit), splits, strict=True):
+        records += _compare_items([item], [ref], f"oracle at {item.case.shape_id}", grads=grads, profile=profile)
+        stream, calls = _streaming(
+            impl, spec, item.case, item.inputs, item.run, seed=seed, h0=True, profile=profile, t1=t1
+        )
+        records += stream
+        runs += [item.run, *calls]
+    return records, runs
 
 
 def verify_case(
@@ -351,18 +636,22 @@ def verify_case(
     gate_determinism: bool = False,
     reference: str = "auto",
     oracle_max_elements: float | None = None,
+    regimes: str | tuple[str, ...] | list[str] | None = None,
 ) -> VerifyReport:
     """Verify `impl` (an Impl or any callable with the op's signature) on `case`; see the module docstring.
 
     Args:
         impl: the implementation under test.
-        case: op, dims, dtype, seed (the first of `seeds` consecutive ones), regime, mode and device.
+        case: op, dims, dtype, seed (the first of `seeds` consecutive ones), mode and device (``case.regime`` is
+            the regime the case is timed in; the gate runs `regimes`).
         seeds: how many consecutive seeds, from ``case.seed``.
         extra_seed: also draw one seed at run time (recorded in the report).
-        gate_determinism: make the bitwise-determinism record gating.
+        gate_determinism: make the bitwise-determinism record gating (it always is when the op's contract says
+            ``deterministic``).
         reference: ``"auto"``, ``"oracle"`` (always the float64 oracle) or ``"torch_chunk"`` (the chunked
             torch reference in fp32 at the full shape plus the oracle at a shorter T).
         oracle_max_elements: B*T*H*K*V above which ``"auto"`` leaves the oracle (default 2e8, 4e7 with gradients).
+        regimes: the gate regimes to run (default: every one, ``typical``, ``long`` and ``strong``).
 
     Returns:
         A :class:`VerifyReport`; ``.passed`` is True when every gating record passed.
@@ -370,6 +659,7 @@ def verify_case(
     if seeds < 1 and not extra_seed:
         raise BadInput("verify needs at least one seed")
     spec = get_op(case.op)
+    chosen_regimes = _regimes(regimes)
     name = getattr(impl, "name", getattr(impl, "__name__", "impl"))
     grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
     limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
@@ -390,32 +680,43 @@ def verify_case(
         sentence = "float64 oracle"
     else:
         sentence = f"torch_chunk in fp32 at full T, float64 oracle at {short.shape_id}"
+    sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(
+        f"T={T}" for T, _ in sweep_lengths(case.T)
+    )
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
-    first_run: tuple[_Run, dict[str, torch.Tensor]] | None = None
-    for seed in seed_list:
-        for h0 in (False, True):
-            if use_oracle:
-                recs, run, inputs = _check_against(
-                    impl, spec, case, "oracle", seed=seed, h0=h0, grads=grads, reference_label="oracle", profile=profile
-                )
-            else:
-                recs, run, inputs = _check_against(
-                    impl, spec, case, "torch_chunk", seed=seed, h0=h0, grads=grads,
-                    reference_label="torch_chunk_fp32", profile=profile,
-                )  # fmt: skip
-                short_recs, _, _ = _check_against(
-                    impl, spec, short, "oracle", seed=seed, h0=h0, grads=grads,
-                    reference_label=f"oracle at {short.shape_id}", profile=profile,
-                )  # fmt: skip
-                recs += short_recs
-            records += recs
-            records += _streaming(impl, spec, case, inputs, run, seed=seed, h0=h0, profile=profile)
-            if first_run is None and h0:
-                first_run = (run, inputs)
+    first_run: _Item | None = None
+    items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in seed_list for v in _variants(chosen_regimes)]
+    if use_oracle:
+        records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
+    else:
+        refs = [_chunk_run(case, spec, it) for it in items]
+        records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
+        shorts = [_run_impl(impl, spec, short, it.variant, seed=it.seed, grads=grads) for it in items]
+        label = f"oracle at {short.shape_id}"
+        records += _compare_items(shorts, _oracle_runs(spec, shorts, limit), label, grads=grads, profile=profile)
+    for n, it in enumerate(items):
+        # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
+        # compiling impl keeps to the shapes and static arguments it already has.
+        stream, stream_calls = [], []
+        if it.variant.h0:
+            stream, stream_calls = _streaming(
+                impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
+                scale=it.variant.scale(case.K),
+            )  # fmt: skip
+        calls = [it.run, *stream_calls] + ([shorts[n].run] if not use_oracle else [])
+        where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
+        records += [*stream, _unchanged_record(calls, **where)]
+        if first_run is None and it.variant.h0:
+            first_run = it
+    sweep, sweep_calls = _length_sweep(
+        impl, spec, case, chosen_regimes, seed=seed_list[0], grads=grads, profile=profile, limit=limit
+    )
+    records += sweep
+    if sweep_calls:
+        records.append(_unchanged_record(sweep_calls, seed=seed_list[0], regime=None, initial_state=True))
     if first_run is not None:
-        run, inputs = first_run
-        cot = _cotangents(case, seed_list[0]) if grads else None
-        again = _call(impl, spec, inputs, cot)
-        records.append(_determinism(run, again, gating=gate_determinism, seed=seed_list[0], case=case))
+        again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(case.K))
+        gating = gate_determinism or spec.deterministic
+        records.append(_determinism(first_run.run, again, gating=gating, seed=first_run.seed, case=case))
     return VerifyReport(case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence)

@@ -98,8 +98,9 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         mode = request["mode"] or ("fwd+bwd" if chosen.supports_backward else "fwd")
         if mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
-        settings = {k: request[k] for k in ("dtype", "seed", "regime", "initial_state")}
-        case = Case(request["op"], **request["dims"], **settings, mode=mode, device=device)
+        settings = {k: request[k] for k in ("dtype", "seed", "initial_state")}
+        regimes = tuple(request["regimes"])
+        case = Case(request["op"], **request["dims"], **settings, regime=regimes[0], mode=mode, device=device)
         why = chosen.check_case(case)
         if why:
             raise BadInput(f"{case.op}/{chosen.name} cannot run {case.shape_id} {case.dtype} {mode} on {device}: {why}")
@@ -126,7 +127,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         with placement(device, chosen.backend):  # a JAX impl computes on the case's device, never a default
             report = verify_case(
                 _Traced(chosen), case, seeds=request["seeds"], gate_determinism=request["deterministic"],
-                reference=request["reference"],
+                reference=request["reference"], regimes=regimes,
             )  # fmt: skip
     except BadInput as exc:
         return {"bad_input": str(exc)}
@@ -173,7 +174,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def verify_in_child(request: dict[str, Any], timeout_s: float) -> ChildOutcome:
     """Verify the case of `request` in a child process, killed with its process group after `timeout_s` s.
 
-    `request` holds op, impl, dims, dtype, seed, seeds, regime, initial_state, mode (None: the impl's
+    `request` holds op, impl, dims, dtype, seed, seeds, regimes (a list), initial_state, mode (None: the impl's
     default), device, imports, deterministic and reference."""
     with tempfile.TemporaryDirectory(prefix="deltabench-verify-") as tmp:
         request_path, result_path, log_path = (Path(tmp) / n for n in ("request.json", "result.pkl", "log.txt"))

@@ -1,17 +1,28 @@
 """Shared pieces of the seeded input generators.
 
-Two regimes of gates:
+Three regimes of gates:
 
 * ``typical``: ``g = logsigmoid(randn)``, the decay a trained layer shows (mean decay about 0.5 per token);
 * ``long``: ``g ~ U[-0.05, 0]``, long memory, where the state accumulates over hundreds of tokens and
-  rounding errors grow with it.
+  rounding errors grow with it;
+* ``strong``: mixed heads. Even heads forget fast, ``g ~ U[-5, -0.5]`` per token (a 64-token chunk sums to about
+  -176, so ``exp(-G)`` overflows float32 and a kernel that factors ``exp(G_i - G_j)`` into ``exp(G_i) * exp(-G_j)``
+  returns inf or NaN); odd heads barely decay, ``g ~ U[-1e-3, 0]``. Both kinds meet in one call, as in a trained
+  model whose heads specialise.
+
+q and k are L2-normalised, as layers do; ``unit_qk=False`` draws them with per-token norms instead (k in
+[0.5, 1.2], keeping ``beta * |k|^2 < 2`` so the delta rule stays contractive; q in [0.25, 2]), so that a kernel
+normalising them itself is caught.
 """
 
 from __future__ import annotations
 
 import torch
 
-REGIMES = ("typical", "long")
+REGIMES = ("typical", "long", "strong")
+# Norm ranges of q and k when they are not unit vectors (see the module docstring).
+K_NORMS = (0.5, 1.2)
+Q_NORMS = (0.25, 2.0)
 
 
 def generator(seed: int) -> torch.Generator:
@@ -38,7 +49,22 @@ def log_decay(gen: torch.Generator, regime: str, *shape: int) -> torch.Tensor:
         return torch.nn.functional.logsigmoid(randn(gen, *shape))
     if regime == "long":
         return -0.05 * torch.rand(*shape, generator=gen, dtype=torch.float32)
+    if regime == "strong":
+        u = torch.rand(*shape, generator=gen, dtype=torch.float32)
+        strong = -0.5 - 4.5 * u
+        near_zero = -1e-3 * u
+        head = torch.arange(shape[2]).reshape(-1, *([1] * (len(shape) - 3)))  # [H, 1...] against [B, T, H, ...]
+        return torch.where(head % 2 == 0, strong, near_zero)
     raise ValueError(f"unknown gate regime {regime!r}; expected one of {', '.join(REGIMES)}")
+
+
+def direction(gen: torch.Generator, *shape: int, norms: tuple[float, float] | None = None) -> torch.Tensor:
+    """Random directions over the last dimension: unit vectors, or with per-row norms drawn from U[`norms`]."""
+    x = l2norm(randn(gen, *shape))
+    if norms is None:
+        return x
+    lo, hi = norms
+    return x * (lo + (hi - lo) * torch.rand(*shape[:-1], 1, generator=gen, dtype=torch.float32))
 
 
 def strength(gen: torch.Generator, *shape: int) -> torch.Tensor:

@@ -74,15 +74,17 @@ def make_inputs(
     seed: int = 0,
     regime: str = "typical",
     initial_state: bool = False,
+    unit_qk: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Seeded GDN inputs: L2-normalised q/k, N(0,1) v, gates of `regime`, beta = sigmoid(randn).
+    """Seeded GDN inputs: L2-normalised q/k (``unit_qk=False``: drawn norms),
+    N(0,1) v, gates of `regime`, beta = sigmoid(randn).
 
     Returns a dict with keys ``q, k, v, g, beta`` and, if asked, ``initial_state`` (float32).
     """
     gen = _in.generator(seed)
     t = {
-        "q": _in.l2norm(_in.randn(gen, B, T, H, K)),
-        "k": _in.l2norm(_in.randn(gen, B, T, H, K)),
+        "q": _in.direction(gen, B, T, H, K, norms=None if unit_qk else _in.Q_NORMS),
+        "k": _in.direction(gen, B, T, H, K, norms=None if unit_qk else _in.K_NORMS),
         "v": _in.randn(gen, B, T, H, V),
         "g": _in.log_decay(gen, regime, B, T, H),
         "beta": _in.strength(gen, B, T, H),

@@ -80,7 +80,9 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
         seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
         seed: int = typer.Option(0, "--seed", help="The first seed."),
-        regime: str = typer.Option("typical", "--regime", help="Gate regime: typical or long."),
+        regime: list[str] = typer.Option(
+            [], "--regime", help="Only this gate regime (repeatable): typical, long or strong (default: all three)."
+        ),
         initial_state: bool = typer.Option(
             True,
             "--initial-state/--no-initial-state",
@@ -117,10 +119,16 @@ def register(app: typer.Typer) -> None:
         device = parse_platform(device) if device is not None else default_device().platform
         if mode is not None and mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+        from deltabench.harness.cases import REGIMES
+
+        unknown = [r for r in regime if r not in REGIMES]
+        if unknown:
+            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(REGIMES)}")
+        regimes = list(dict.fromkeys(regime)) or list(REGIMES)
         if reference not in ("auto", "oracle", "torch_chunk"):
             raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
         request = {
-            "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regime": regime,
+            "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regimes": regimes,
             "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
             "reference": reference, "imports": [_absolute(s) for s in import_],
         }  # fmt: skip
@@ -185,6 +193,8 @@ _SHORT_NAMES = {
     "grad:initial_state": "grad:h0",
     "streaming:output": "stream:output",
     "streaming:final_state": "stream:state",
+    "boundary:output": "bound:output",
+    "boundary:final_state": "bound:state",
 }
 
 
@@ -204,7 +214,7 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
 
     case = report.case
     table = Table(
-        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.regime} {case.mode}",
+        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.mode}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -229,13 +239,14 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
     else:
         rows = summarize_records(report.records)
     notes: dict[str, None] = {}
+    against: dict[str, list[str]] = {}  # reference -> the checks made against it (one footnote each)
     for row in rows:
         verdict = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
         if not row["gating"]:
             verdict = "info"
         name = _SHORT_NAMES.get(row["check"], row["check"])
         if row["reference"] not in ("oracle", "none"):
-            notes[f"{name}: vs {row['reference']}"] = None
+            against.setdefault(row["reference"], []).append(name)
         if row["detail"] and (not row["passed"] or not row["gating"]):
             notes[f"{name} (seed {row['seed']}): {row['detail']}"] = None
         table.add_row(
@@ -249,8 +260,10 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
             verdict,
         )
     console.print(table)
+    for ref, names in against.items():
+        console.print(f"  vs {ref}: {', '.join(dict.fromkeys(names))}", highlight=False, emoji=False)
     for note in notes:
-        console.print(f"  {note}", highlight=False)
+        console.print(f"  {note}", highlight=False, emoji=False)
     seeds = [str(s) for s in report.seeds]
     if report.drawn_seed is not None:
         seeds[-1] = f"{report.drawn_seed} (drawn)"

@@ -40,6 +40,7 @@ def test_verify_passes_and_prints_the_table(capsys: pytest.CaptureFixture[str]) 
     for text in ("grad:beta", "stream:output", "rel err", "bound", "worst at", "(drawn)", "PASS", "float64 oracle"):
         assert text in out
     assert "seeds: 0, 1, " in out
+    assert "regimes long;" in out  # --regime narrowed the gate to one regime
     assert max(len(line) for line in out.splitlines()) <= 80  # readable in a plain terminal
 
 
@@ -52,7 +53,15 @@ def test_verify_json_lists_every_record(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0 and doc["passed"] is True
     assert doc["case"]["mode"] == "fwd" and len(doc["seeds"]) == 2 and doc["seeds"][1] == doc["drawn_seed"]
     checks = {r["check"] for r in doc["records"]}
-    assert {"output", "final_state", "finite", "streaming:output", "determinism"} <= checks
+    assert {"output", "final_state", "finite", "streaming:output", "boundary:output", "inputs_unchanged"} <= checks
+    assert "determinism" in checks
+    # by default every regime runs, and the length sweep covers T at a chunk multiple, one chunk and T = 1
+    assert {r["regime"] for r in doc["records"] if r["check"] == "output"} == {"typical", "long", "strong"}
+    assert {r["reference"] for r in doc["records"] if r["check"] == "output"} >= {
+        f"oracle at B1-T{T}-H1-K8-V8" for T in (128, 64, 1)
+    }
+    assert any("scale=0.6/sqrt(K)" in r["reference"] for r in doc["records"])
+    assert any("q, k not unit-norm" in r["reference"] for r in doc["records"])
     assert not any(c.startswith("grad:") for c in checks)
 
 

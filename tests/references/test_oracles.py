@@ -43,7 +43,7 @@ def _assert_same(actual: tuple[torch.Tensor, torch.Tensor], expected: tuple[torc
         torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("regime", ["typical", "long"])
+@pytest.mark.parametrize("regime", ["typical", "long", "strong"])
 def test_kda_is_gdn2_with_erase_and_write_beta(regime: str) -> None:
     """kda(q, k, v, g, beta) == gdn2(q, k, v, g, b=beta, w=beta), outputs and final states."""
     B, T, H, K, V = 2, 20, 3, 5, 7
@@ -56,7 +56,7 @@ def test_kda_is_gdn2_with_erase_and_write_beta(regime: str) -> None:
     _assert_same(kda.kda_recurrent(**x), expected)
 
 
-@pytest.mark.parametrize("regime", ["typical", "long"])
+@pytest.mark.parametrize("regime", ["typical", "long", "strong"])
 def test_gdn_is_kda_with_decay_broadcast_over_keys(regime: str) -> None:
     """gdn(q, k, v, g, beta) == kda(q, k, v, g broadcast over K, beta), outputs and final states."""
     B, T, H, K, V = 2, 20, 3, 5, 7
@@ -86,7 +86,7 @@ def test_generators_are_seeded(op: str) -> None:
         assert not torch.equal(first[name], other[name]), name
 
 
-@pytest.mark.parametrize("regime", ["typical", "long"])
+@pytest.mark.parametrize("regime", ["typical", "long", "strong"])
 @pytest.mark.parametrize("op", GENERATORS)
 def test_generator_contract(op: str, regime: str) -> None:
     """Unit-norm q/k, log-decays <= 0 (in [-0.05, 0] for the long regime), float32 g and state, dtype honoured."""
@@ -116,3 +116,26 @@ def test_unknown_regime_is_refused() -> None:
     """A regime that does not exist raises ValueError naming the known ones."""
     with pytest.raises(ValueError, match="typical, long"):
         gdn.make_inputs(1, 4, 1, 2, 2, regime="short")
+
+
+def test_strong_regime_mixes_fast_and_slow_heads() -> None:
+    """Even heads forget fast (log-decay in [-5, -0.5] per token), odd heads barely decay ([-1e-3, 0])."""
+    from deltabench.references import _inputs
+
+    for per_channel, x in (
+        (False, gdn.make_inputs(2, 64, 4, 8, 8, regime="strong")),
+        (True, kda.make_inputs(2, 64, 4, 8, 8, regime="strong")),
+    ):
+        g = x["g"]
+        fast, slow = g[:, :, 0::2], g[:, :, 1::2]
+        assert fast.min() >= -5 and fast.max() <= -0.5 and slow.min() >= -1e-3 and slow.max() <= 0
+        # over one 64-token chunk exp(-G) of a fast head overflows float32: the regime that exposes factored decays
+        assert torch.isinf((-fast.sum(dim=1)).float().exp()).any(), per_channel
+    assert _inputs.REGIMES == ("typical", "long", "strong")
+
+
+def test_unit_qk_false_draws_norms_in_range() -> None:
+    x = gdn2.make_inputs(2, 50, 3, 16, 16, unit_qk=False)
+    qn, kn = x["q"].norm(dim=-1), x["k"].norm(dim=-1)
+    assert qn.min() >= 0.25 - 1e-5 and qn.max() <= 2 + 1e-5 and qn.std() > 0.2
+    assert kn.min() >= 0.5 - 1e-5 and kn.max() <= 1.2 + 1e-5 and kn.std() > 0.1

@@ -256,6 +256,16 @@ class _Worker:
         seen, phase = start_at, None
         try:
             while True:
+                # Marks first: a job's last phases are in the log before its result file appears.
+                if on_phase is not None and self.log_path.stat().st_size > seen:
+                    lines = self._read_from(seen)
+                    lines = lines[: lines.rfind(b"\n") + 1]  # whole lines only: a mark may be half written
+                    seen += len(lines)
+                    marks = [ln for ln in lines.decode(errors="replace").splitlines() if ln.startswith(PHASE_MARK)]
+                    for mark in marks:  # every phase, in order: a short one may share a poll with the next
+                        if mark != phase:
+                            phase = mark
+                            on_phase(job, phase[len(PHASE_MARK) :].strip())
                 if result_path.exists():
                     result = JobResult.model_validate_json(result_path.read_text())
                     result_path.unlink()
@@ -268,14 +278,6 @@ class _Worker:
                 if time.monotonic() > deadline:
                     self.kill()
                     return None, True, self.exit_code() or 0, self._log_since(start_at)
-                if on_phase is not None and self.log_path.stat().st_size > seen:
-                    lines = self._read_from(seen)
-                    lines = lines[: lines.rfind(b"\n") + 1]  # whole lines only: a mark may be half written
-                    seen += len(lines)
-                    marks = [ln for ln in lines.decode(errors="replace").splitlines() if ln.startswith(PHASE_MARK)]
-                    if marks and marks[-1] != phase:
-                        phase = marks[-1]
-                        on_phase(job, phase[len(PHASE_MARK) :].strip())
                 time.sleep(_POLL_S)
         except BaseException:
             self.kill()  # interrupted: leave no orphan behind

@@ -6,7 +6,7 @@ For each job: its duration (``started_at`` to ``finished_at``, both stamped insi
 process's start-up is not in it), ``compile_s`` (the first call), the time its timed samples took, and the
 overhead: the duration less the timed samples, i.e. imports of the impl, inputs, the first call, the
 correctness gate, the memory probe and warm-up. For a kernel already compiled (a warm run) that overhead is
-what issue 16's "at most 5 s per job beyond its timing budget" bounds. Per document: jobs, the sum of
+what the target of at most 5 s per job beyond its timing budget bounds. Per document: jobs, the sum of
 durations, and with ``--wall-s`` (the run's measured wall clock, one per document) the rest: the parent's
 start-up, environment and printing, and between jobs the processes' start-up and clean-up.
 """

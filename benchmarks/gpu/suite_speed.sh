@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How long a GPU suite takes end to end: the 12-job comparison of flashqla-h200.toml (fla_chunk, triton_chunk,
 # flash_qla x 2 shapes x fwd, fwd+bwd), once from cold caches and once warm, wall clock and per-job overhead.
-# Targets (issue 16): cold < 240 s, warm < 120 s, overhead of a compiled kernel <= 5 s per job beyond its timing.
+# Targets: cold < 240 s, warm < 120 s, overhead of a compiled kernel <= 5 s per job beyond its timing.
 #
 # FlashQLA's wheels need two back-to-back calls (README.md here); the measurement is the second:
 #   first, here: git rev-parse HEAD > .deltabench-commit

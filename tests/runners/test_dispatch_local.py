@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob, Result, Run
 from deltabench.runners.dispatch import LocalWorker
 from deltabench.web.security.tokens import create_token
-from processes import pid_alive, wait_for
+from processes import free_port, pid_alive, wait_for
 from sqlalchemy import func, select
 
 SLOW_IMPLS = '''
@@ -41,13 +40,6 @@ def slow_once(q, k, v, g, beta, scale=None, initial_state=None):
         time.sleep(float(gate.read_text()))
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
 '''
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

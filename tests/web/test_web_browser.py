@@ -9,14 +9,12 @@ import datetime as dt
 import os
 import pathlib
 import re
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from processes import serve_dashboard
 
 pytestmark = pytest.mark.browser
 
@@ -25,52 +23,12 @@ ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts" / "we
 UTC = dt.timezone.utc
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[tuple[str, str, pathlib.Path]]:  # type: ignore[no-untyped-def]
     """``deltabench serve`` on a fresh SQLite file and a free port: (base URL, write token, db path)."""
     db = tmp_path_factory.mktemp("browser") / "serve.db"
-    env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
-    cli = [sys.executable, "-c", "from deltabench.harness.cli import main; main()"]
-    token = subprocess.run(
-        [*cli, "token", "create", "--name", "browser", "--db", str(db)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    port = _free_port()
-    log = open(db.with_suffix(".log"), "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [*cli, "serve", "--db", str(db), "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/api/v1/runs", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"deltabench serve did not come up: {db.with_suffix('.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    yield base, token, db
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with serve_dashboard(db, "browser") as (base, token):
+        yield base, token, db
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,12 @@ import datetime as dt
 import os
 import pathlib
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from deltabench.harness.document import WorkFigures
+from processes import serve_dashboard
 
 pytestmark = pytest.mark.browser
 
@@ -29,52 +26,12 @@ UTC = dt.timezone.utc
 IMPLS = {"torch_chunk": 2.0, "triton_chunk": 1.0, "jax_chunk": 3.0}  # fwd medians at T=64 (ms); torch the baseline
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
     """``deltabench serve`` on a fresh SQLite file and a free port: (base URL, write token)."""
     db = tmp_path_factory.mktemp("charts") / "serve.db"
-    env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
-    cli = [sys.executable, "-c", "from deltabench.harness.cli import main; main()"]
-    token = subprocess.run(
-        [*cli, "token", "create", "--name", "charts", "--db", str(db)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    port = _free_port()
-    log = open(db.with_suffix(".log"), "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [*cli, "serve", "--db", str(db), "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/api/v1/runs", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"deltabench serve did not come up: {db.with_suffix('.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    yield base, token
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with serve_dashboard(db, "charts") as (base, token):
+        yield base, token
 
 
 def _job(build, impl: str, mode: str, T: int, median: float, **kw):  # type: ignore[no-untyped-def]

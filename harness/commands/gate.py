@@ -26,15 +26,22 @@ if TYPE_CHECKING:
 __all__ = ["load_history_spreads", "load_run", "parse_alpha", "parse_spread", "parse_threshold", "register"]
 
 
-def parse_threshold(text: str) -> float:
-    """``"5%"`` or ``"0.05"`` -> 0.05. A bare number of 1 or more is ambiguous (5 or 500%?) and refused."""
+def _fraction(text: str, what: str, example: str) -> tuple[str, float]:
+    """``"5%"`` or ``"0.05"`` -> (the stripped text, 0.05); malformed text is one line naming `what`."""
     from deltabench.harness.errors import BadInput
 
     raw = str(text).strip()
     try:
-        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+        return raw, float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise BadInput(f"malformed threshold {text!r}: write e.g. 5% or 0.05") from None
+        raise BadInput(f"malformed {what} {text!r}: write e.g. {example}") from None
+
+
+def parse_threshold(text: str) -> float:
+    """``"5%"`` or ``"0.05"`` -> 0.05. A bare number of 1 or more is ambiguous (5 or 500%?) and refused."""
+    from deltabench.harness.errors import BadInput
+
+    raw, value = _fraction(text, "threshold", "5% or 0.05")
     if not raw.endswith("%") and value >= 1.0:
         raise BadInput(f"ambiguous threshold {text!r}: write {raw}% or {value / 100:g}")
     if not (0.0 <= value < 10.0) or math.isnan(value):
@@ -46,11 +53,7 @@ def parse_spread(text: str) -> float:
     """A run-to-run spread: ``"3%"`` or ``"0.03"`` -> 0.03 (the standard deviation of log run medians)."""
     from deltabench.harness.errors import BadInput
 
-    raw = str(text).strip()
-    try:
-        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise BadInput(f"malformed spread {text!r}: write e.g. 3% or 0.03") from None
+    _, value = _fraction(text, "spread", "3% or 0.03")
     if not (0.0 < value < 5.0) or math.isnan(value):
         raise BadInput(f"spread {text!r} out of range: use a fraction above 0, e.g. 3%")
     return value

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-__all__ = ["free_port", "pid_alive", "serve_dashboard", "wait_for"]
+__all__ = ["free_port", "pid_alive", "serve_dashboard", "stop_processes", "wait_for"]
 
 
 def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 0.3) -> object:
@@ -40,6 +40,19 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return "State:\tZ" not in status
+
+
+def stop_processes(procs: list[subprocess.Popen], sig: int) -> None:  # type: ignore[type-arg]
+    """Send `sig` to every process still running, then wait for each (15 s) and kill what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob, Result, Run
 from deltabench.web.security.tokens import create_token
-from processes import pid_alive, wait_for
+from processes import free_port, pid_alive, stop_processes, wait_for
 from sqlalchemy import func, select
 
 pytestmark = pytest.mark.redis
@@ -98,9 +97,7 @@ class Fleet:
             "DELTABENCH_BROKER_RESTORE_S": "1",
         }
         self.procs: list[subprocess.Popen] = []
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -140,15 +137,7 @@ class Fleet:
         return httpx.get(f"{self.base}/api/v1/jobs/{job_id}", timeout=5).json()
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs, signal.SIGTERM)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 import test_celery_fleet
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import Result, Run
-from processes import wait_for
+from processes import free_port, stop_processes, wait_for
 from sqlalchemy import select
 
 pytestmark = pytest.mark.redis
@@ -115,23 +114,13 @@ class Shell:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs, signal.SIGINT)
 
 
 @pytest.fixture
 def shell(tmp_path: Path, redis_db: None, pg_server) -> Iterator[Shell]:  # type: ignore[no-untyped-def]
     """A shell whose placeholders point at a fresh PostgreSQL schema, Redis db 13 and a free port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     replace = {
         DB_PLACEHOLDER: pg_server(),
         BROKER_PLACEHOLDER: test_celery_fleet.BROKER,

@@ -31,7 +31,7 @@ from .api_docs import install_api_docs
 from .auth_first import AuthenticateWritesFirst
 from .config import Settings
 from .limits import BodySizeLimit
-from .pages.errors import install_page_error_handlers
+from .pages.errors import install_page_error_handlers, validation_reason
 from .services import NotFound
 
 __all__ = ["EXCERPT", "STATIC_DIR", "create_app", "plotly_js_path", "validation_errors"]
@@ -92,12 +92,10 @@ def _error(request: Request, status: int, detail: str) -> Response:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        errors = validation_errors(list(exc.errors()))
         if _wants_html(request):
-            first = errors[0] if errors else {"loc": [], "msg": "malformed request"}
-            where = ".".join(str(p) for p in first["loc"])
-            return _error(request, 422, f"{where}: {first['msg']}" if where else first["msg"])
-        return JSONResponse({"detail": errors}, status_code=422)
+            return _error(request, 422, validation_reason(exc))
+        # Short excerpts of each offending input, never the whole body.
+        return JSONResponse({"detail": validation_errors(list(exc.errors()))}, status_code=422)
 
     @app.exception_handler(BadInput)
     async def _bad_input(request: Request, exc: BadInput) -> Response:

@@ -40,17 +40,9 @@ def _is_page(request: Request) -> bool:
 
 
 def install_page_error_handlers(app: FastAPI) -> None:
-    """Answer page routes' validation errors (422) and unhandled exceptions (500) with the error page."""
+    """Answer page routes' unhandled exceptions (500) with the error page (their 422s go through the app's one
+    validation handler, which words them with :func:`validation_reason`)."""
     from .render import error_page
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        if _is_page(request):
-            return error_page(request, 422, validation_reason(exc))
-        from ..app import validation_errors
-
-        # The API's 422 quotes at most a short excerpt of each offending input, never the whole body.
-        return JSONResponse({"detail": validation_errors(list(exc.errors()))}, status_code=422)
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> Response:

@@ -9,7 +9,8 @@ costliest part of a job. Here they are kept on disk:
 
 * under ``$DELTABENCH_REFERENCE_CACHE`` (a directory; ``off`` disables the cache), else
   ``$XDG_CACHE_HOME/deltabench/references`` (``~/.cache/deltabench/references``);
-* keyed by the case, the reference kind, the gradients flag, torch's version and a reference version: a hash
+* keyed by the case, what its inputs were drawn with beyond it (scale, q/k norms, the stacked runs), the
+  reference kind, the gradients flag, torch's version and a reference version: a hash
   of the ``references/`` sources (and, for the chunked reference, of its module and the ``kernels/common``
   helpers it builds on), so an edited oracle never serves an old answer;
 * written atomically (a temporary file renamed into place), with a SHA-256 of the content checked on every
@@ -89,21 +90,23 @@ def _chunk_sources(op: str) -> tuple[Path, ...]:
 
 @functools.cache
 def reference_version(kind: str, op: str) -> str:
-    """A hash of the code a reference of `kind` (``oracle`` or ``torch_chunk``, optionally ``|`` and what the
-    inputs were drawn with) for `op` runs."""
+    """A hash of the code a reference of `kind` (``oracle`` or ``torch_chunk``) for `op` runs."""
     root = _source_root()
     files = list((root / "references").rglob("*.py"))
-    if kind.partition("|")[0] != "oracle":
+    if kind != "oracle":
         files += [f for f in _chunk_sources(op) if f.is_relative_to(root)]
     return _hash_files(files, root)
 
 
-def reference_key(case: Case, *, kind: str, grads: bool) -> dict[str, Any]:
-    """What a reference run depends on: the case (its mode only through `grads`), the kind and its version."""
+def reference_key(case: Case, *, kind: str, grads: bool, draws: str = "") -> dict[str, Any]:
+    """What a reference run depends on: the case (its mode only through `grads`), what its inputs were drawn
+    with beyond the case (`draws`), the kind and its version."""
     key = case.to_dict()
     key.pop("mode", None)
     # torch too: the same code may round differently under another torch (its CPU and cuBLAS kernels).
     key.update(kind=kind, grads=grads, version=reference_version(kind, case.op), torch=torch.__version__)
+    if draws:
+        key["draws"] = draws
     return key
 
 
@@ -172,13 +175,13 @@ def _nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values() if isinstance(t, torch.Tensor))
 
 
-def cached_reference(case: Case, *, kind: str, grads: bool, compute: Callable[[], Tensors]) -> Tensors:
+def cached_reference(case: Case, *, kind: str, grads: bool, compute: Callable[[], Tensors], draws: str = "") -> Tensors:
     """The reference tensors of `case` (``o``, ``final_state``, ``grad:<input>``), from the cache when a sound
     entry exists, else from `compute()` (then stored when worth it). Returned tensors are detached."""
     root = cache_dir()
     if root is None:
         return _detached(compute())
-    key = reference_key(case, kind=kind, grads=grads)
+    key = reference_key(case, kind=kind, grads=grads, draws=draws)
     path = _entry_path(root, key)
     hit = _read(path, key)
     if hit is not None:

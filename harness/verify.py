@@ -472,7 +472,8 @@ def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]
     grads = items[0].cot is not None
     flat = cached_reference(
         items[0].case,
-        kind=f"{kind}|{draws}",
+        kind=kind,
+        draws=draws,
         grads=grads,
         compute=lambda: {f"{i}/{n}": t for i, run in enumerate(compute()) for n, t in run.tensors().items()},
     )

@@ -19,7 +19,7 @@ bash benchmarks/gpu/install.sh >"$OUT/install.log" 2>&1 || { tail -40 "$OUT/inst
 export PYTHONPATH=/tmp/site
 export DELTABENCH_PLANTED_IMPL=gdn/triton_chunk
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-timeout 540 python3 benchmarks/gate_calibration.py collect --suite benchmarks/gpu/gate-calibration-h200.toml \
+timeout "${COLLECT_TIMEOUT_S:-540}" python3 benchmarks/gate_calibration.py collect --suite benchmarks/gpu/gate-calibration-h200.toml \
     --dir "$OUT/runs" --group "same:0:$RUNS" --group "p05:0.05:$HEADS"
 python3 benchmarks/gate_calibration.py evaluate --dir "$OUT/runs" --same same --planted p05:0.05 \
     --planted-impl gdn/triton_chunk --load-note "one H200, runs back to back, nothing else on the GPU" \

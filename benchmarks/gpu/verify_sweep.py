@@ -2,7 +2,7 @@
 
 Run on the GPU machine (a script, not a test)::
 
-    python benchmarks/gpu/verify_sweep.py [--seeds 20] [--impl fla_chunk ...] [--out sweep.txt]
+    python benchmarks/gpu/verify_sweep.py [--seeds 20] [--impl fla_chunk ...] [--op gdn ...] [--dtype bf16]
 
 Each line is one ``verify_case`` (the runner's gate): ``--seeds`` consecutive seeds plus one drawn x the three
 gate regimes (typical, long, strong) x with and without an initial state, the non-default scale, q and k off the
@@ -37,6 +37,8 @@ def main() -> int:
     parser.add_argument("--wide-shape", default="B=2,T=70,H=3,K=128,V=128")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--impl", action="append", help="impl names (default: all but the CPU-swept ones)")
+    parser.add_argument("--op", action="append", help="ops (default: every op)")
+    parser.add_argument("--dtype", action="append", choices=("fp32", "bf16"), help="dtypes (default: both)")
     args = parser.parse_args()
 
     from deltabench.harness.cases import Case, parse_shape
@@ -46,10 +48,10 @@ def main() -> int:
     failed = 0
     for impl in all_impls():
         wanted = impl.name in args.impl if args.impl else impl.name not in CPU_SWEPT
-        if not wanted or impl.unavailable_reason(args.device):
+        if not wanted or (args.op and impl.op not in args.op) or impl.unavailable_reason(args.device):
             continue
         mode = "fwd+bwd" if impl.supports_backward else "fwd"
-        for dtype in ("fp32", "bf16"):
+        for dtype in args.dtype or ("fp32", "bf16"):
             case = why = None
             for shape in (args.shape, args.wide_shape):
                 case = Case(op=impl.op, **parse_shape(shape), dtype=dtype, mode=mode, device=args.device)

@@ -157,19 +157,25 @@ LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
 #   for 64/8/1 (64/8/2 0.371, 16/4/2 0.476; 32/4/2 0.311 but 32 columns faulted in state_fwd);
 # - "narrow" (fewer, e.g. 1x32768x16: 32 programs at 64 columns, 128 at 16): 16/4/3 1.40 ms against 3.88
 #   for 64/8/1 (16/4/2 1.70, 64/4/2 2.85, 16/2/2 4.06). 16 columns never in one stage (walk.py's fault).
+# - fewer chunks than stages: the forward walk's single-stage LAUNCH config. On the H200 the narrow config
+#   returned dh0 37% off at T = 64 (one chunk, B*H = 2, bf16; the gate's length sweep), where the interpreter,
+#   which does not pipeline, agreed with the oracle (benchmarks/NOTES.md, "state_bwd at one chunk").
 BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 
 
-def bwd_launch_config(V: int, heads: int, BK: int) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences (see BWD_LAUNCH), at the
-    padded head size `BK` = wy.TUNED_K; at other sizes the forward walk's gated LAUNCH config."""
+def bwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences of `NT` chunks (see
+    BWD_LAUNCH), at the padded head size `BK` = wy.TUNED_K; at other sizes, or when the walk has fewer chunks
+    than the tuned config has stages, the forward walk's gated LAUNCH config."""
+    gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
     if BK != TUNED_K:
-        BV = _block_v(V)
-        return BV, _warps(BK, BV), LAUNCH["stages"]
+        return gated
     wide = BWD_LAUNCH["wide"]
     if padded(V) >= wide[0] and heads * triton.cdiv(V, wide[0]) >= BWD_LAUNCH["min_programs"]:
-        return wide
-    return BWD_LAUNCH["narrow"]
+        tuned = wide
+    else:
+        tuned = BWD_LAUNCH["narrow"]
+    return tuned if tuned[2] <= NT else gated
 
 
 def _block_v(V: int) -> int:
@@ -235,7 +241,7 @@ def state_bwd(
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
     BK = padded(K)
-    BV, warps, stages = config or bwd_launch_config(V, B * H, BK)
+    BV, warps, stages = config or bwd_launch_config(V, B * H, BK, NT)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,

@@ -140,7 +140,19 @@ def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:
     config faulted there, so other sizes keep the config the GPU gate passed before."""
     from deltabench.kernels.gdn.state import bwd_launch_config
 
-    assert bwd_launch_config(128, 6, 64) == (64, 8, 1)
-    assert bwd_launch_config(128, 6, 256) == (64, 8, 1)
-    assert bwd_launch_config(128, 6, 128) == (16, 4, 3)  # narrow: 12 programs at 64 columns
-    assert bwd_launch_config(128, 48, 128) == (64, 4, 2)  # wide: 96 programs
+    assert bwd_launch_config(128, 6, 64, NT=64) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 256, NT=64) == (64, 8, 1)
+    assert bwd_launch_config(128, 6, 128, NT=64) == (16, 4, 3)  # narrow: 12 programs at 64 columns
+    assert bwd_launch_config(128, 48, 128, NT=64) == (64, 4, 2)  # wide: 96 programs
+
+
+def test_walks_shorter_than_the_pipeline_keep_the_single_stage_launch() -> None:
+    """A tuned config pipelines its chunk loop over 2 or 3 stages; with fewer chunks than stages the H200 gave
+    a wrong dh0 (the narrow config at T = 64), so such walks take the gated single-stage config."""
+    from deltabench.kernels.gdn.state import bwd_launch_config
+
+    assert bwd_launch_config(128, 2, 128, NT=1) == (64, 8, 1)
+    assert bwd_launch_config(128, 2, 128, NT=2) == (64, 8, 1)
+    assert bwd_launch_config(128, 2, 128, NT=3) == (16, 4, 3)
+    assert bwd_launch_config(128, 48, 128, NT=1) == (64, 8, 1)
+    assert bwd_launch_config(128, 48, 128, NT=2) == (64, 4, 2)

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import ChunkGatedDeltaRuleFunction, prepare_chunk_inputs, save_for_chunk_bwd
+from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
 from .output import chunk_output
 from .walk import state_walk
-from .wy import wy_fwd
+from .wy import CHUNK, wy_fwd
 
 __all__ = ["chunk_gated_delta_rule_split", "gdn_triton_chunk_split"]
 
 
 def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
-    """Forward orchestrator: returns ``(o, final_state, saved)``; `saved` is chunk.py's ``(L, W, h, v_new)``."""
+    """Forward orchestrator: returns ``(o, final_state, saved)``; `saved` is chunk.py's ``(L, W, h, v_new)``.
+
+    A sequence of one chunk takes chunk.py's forward: there is no walk to split, and on the H200 the walk's
+    pipelined launch faulted at one chunk (T = 64, B*H = 2; benchmarks/NOTES.md, "state_bwd at one chunk")."""
+    if q.shape[1] <= CHUNK:
+        return chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, keep_for_backward=True)
     L, w, u = wy_fwd(k, v, g, beta)
     h, vnew, ht = state_walk(k, w, u, g, initial_state, output_final_state)
     o = chunk_output(q, k, g, h, vnew, scale)

@@ -110,6 +110,31 @@ def test_same_bits_as_triton_chunk(walk_block: int) -> None:
         torch.testing.assert_close(split[name], fused[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize("T", [1, 64])
+def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At one chunk the walk is never launched (its pipelined launch faulted there on the H200, where the
+    interpreter does not pipeline): chunk.py's forward runs instead, so every result has chunk.py's bits."""
+    from deltabench.kernels.gdn import chunk_split
+
+    def no_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("state_walk launched for a one-chunk sequence")
+
+    monkeypatch.setattr(chunk_split, "state_walk", no_walk)
+    B, H, K, V = 1, 2, 32, 64
+    x = make_inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=5, initial_state=True)
+    do, dht = _cotangents(B, T, H, K, V, torch.bfloat16)
+    split = _run(chunk_gated_delta_rule_split, x, do, dht)
+    fused = _run(chunk_gated_delta_rule, x, do, dht)
+    for name in fused:
+        torch.testing.assert_close(split[name], fused[name], rtol=0, atol=0, msg=name)
+    with pytest.raises(AssertionError, match="state_walk launched"):
+        _run(
+            chunk_gated_delta_rule_split,
+            make_inputs(B, 65, H, K, V, dtype=torch.bfloat16, seed=5),
+            *_cotangents(B, 65, H, K, V, torch.bfloat16),
+        )
+
+
 def test_walk_launch_config() -> None:
     """64-column blocks when they fill the machine, 16 otherwise; 4 warps, 2 stages (H200 measurements)."""
     assert walk.launch_config(128, 48) == (64, 4, 2)  # 8 x 4096 x 6: 96 programs

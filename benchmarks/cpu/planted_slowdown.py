@@ -1,8 +1,8 @@
 """A planted slowdown for the gate's calibration: re-registers one impl under its own name with extra work after
 each call, ``DELTABENCH_PLANTED_SLOWDOWN`` (a fraction, default 0.10) of the call's own time, so its timing moves by
 that fraction whatever the machine's state. The extra work follows the forward call: a fwd+bwd job slows by
-the fraction of its forward's share (about a third to a quarter of it for the chunked kernels). ``DELTABENCH_PLANTED_IMPL`` names it (``op/impl``, default
-``gdn/torch_chunk``).
+the fraction of its forward's share (about a third to a quarter of it for the chunked kernels).
+``DELTABENCH_PLANTED_IMPL`` names it (``op/impl``, default ``gdn/torch_chunk``).
 
 - CPU: a busy-wait of the fraction of the call's measured time (a sleep is too coarse below a millisecond).
 - CUDA: ``torch.cuda._sleep`` enqueued after the call on the same stream, its cycle count set from the call's

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import torch
-from deltabench.references._inputs import REGIMES  # the gate regimes, defined with the input generators
+from deltabench.references.contract import INDEXED_DIMS, REGIMES, parse_dims, shape_id
 
 from .devices import parse_device, parse_platform
 from .errors import BadInput
@@ -41,7 +40,6 @@ _DTYPE_ALIASES = {
     "torch.float16": "fp16",
 }
 MODES = ("fwd", "fwd+bwd", "bwd")
-_DIMS = ("B", "T", "H", "K", "V")
 
 
 def parse_dtype(text: str) -> str:
@@ -65,40 +63,58 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise BadInput(f"unsupported dtype {dtype}")
 
 
-def parse_shape(text: str) -> dict[str, int]:
-    """Parse ``B=2,T=200,H=4,K=64,V=64`` into a dict; V defaults to K, and every dim must be a positive int."""
-    dims: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
-        m = re.fullmatch(r"([A-Za-z]+)\s*=\s*(\d+)", part)
-        if not m:
-            raise BadInput(f"malformed shape {text!r}: expected e.g. B=2,T=200,H=4,K=64,V=64")
-        key = m.group(1).upper()
-        if key not in _DIMS:
-            raise BadInput(f"unknown dimension {m.group(1)!r} in shape {text!r}: dimensions are {', '.join(_DIMS)}")
-        if key in dims:
-            raise BadInput(f"dimension {key} given twice in shape {text!r}")
-        dims[key] = int(m.group(2))
-    if "V" not in dims and "K" in dims:
-        dims["V"] = dims["K"]
-    missing = [d for d in _DIMS if d not in dims]
+def _contract(op: str | None) -> Any:
+    """The contract of `op` (the delta family's, gdn's, when None), or None for an op not registered here."""
+    from .errors import UnknownOp
+    from .ops import get_op
+
+    try:
+        return get_op(op or "gdn")
+    except UnknownOp:
+        return None
+
+
+def parse_shape(text: str, op: str | None = None) -> dict[str, int]:
+    """Parse ``B=2,T=200,H=4,K=64,V=64`` (or ``B2-T200-...``) into the dims of `op` (default: the delta family's
+    B, T, H, K, V, where V defaults to K); every dim must be given (or defaulted) and a positive int."""
+    try:
+        given = parse_dims(text)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    contract = _contract(op)
+    if contract is None:
+        raise BadInput(f"unknown op {op!r}: cannot read its shape {text!r}")
+    names = contract.dims
+    example = ",".join(f"{d}={v}" for d, v in zip(names, (2, 200, 4, 64, 64, 8, 8), strict=False))
+    unknown = [d for d in given if d not in names]
+    if unknown:
+        raise BadInput(f"unknown dimension {unknown[0]!r} in shape {text!r}: dimensions are {', '.join(names)}")
+    for dim, source in contract.dim_defaults:
+        if dim not in given and source in given:
+            given[dim] = given[source]
+    missing = [d for d in names if d not in given]
     if missing:
-        raise BadInput(f"shape {text!r} lacks {', '.join(missing)}: expected e.g. B=2,T=200,H=4,K=64,V=64")
-    bad = [d for d in _DIMS if dims[d] < 1]
+        raise BadInput(f"shape {text!r} lacks {', '.join(missing)}: expected e.g. {example}")
+    bad = [d for d in names if given[d] < 1]
     if bad:
         raise BadInput(f"shape {text!r}: {', '.join(bad)} must be at least 1")
-    return {d: dims[d] for d in _DIMS}
+    return {d: given[d] for d in names}
 
 
-@dataclasses.dataclass(frozen=True)
+_CASE_FIELDS = ("dtype", "seed", "regime", "initial_state", "mode", "device")
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class Case:
-    """One problem instance: an op at a shape, dtype, seed, gate regime, mode and device."""
+    """One problem instance: an op at a shape (its contract's named dims), dtype, seed, regime, mode and device.
+
+    Dims are given by name (``Case("gdn", B=1, T=64, H=2, K=16, V=16)``, V defaulting to K as the contract says) or
+    positionally in the contract's order (``Case("gdn", 1, 64, 2, 16, 16)``) and read as attributes
+    (``case.T``) or as :attr:`dims`. An op not registered here keeps the dims it is given, as given.
+    """
 
     op: str
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
+    shape: tuple[tuple[str, int], ...]
     dtype: str = "fp32"
     seed: int = 0
     regime: str = "typical"
@@ -106,17 +122,59 @@ class Case:
     mode: str = "fwd"
     device: str = "cpu"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        if self.regime not in REGIMES:
-            raise BadInput(f"unknown gate regime {self.regime!r}: use one of {', '.join(REGIMES)}")
-        if self.mode not in MODES:
-            raise BadInput(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+    def __init__(
+        self,
+        op: str,
+        *positional: int,
+        dtype: str = "fp32",
+        seed: int = 0,
+        regime: str = "typical",
+        initial_state: bool = False,
+        mode: str = "fwd",
+        device: str = "cpu",
+        shape: Any = None,
+        **named: int,
+    ) -> None:
+        contract = _contract(op)
+        given = dict(shape or {})
+        order = contract.dims if contract is not None else INDEXED_DIMS
+        if len(positional) > len(order):
+            raise BadInput(f"op {op!r} has {len(order)} dims ({', '.join(order)}), got {len(positional)} sizes")
+        given.update(zip(order, positional, strict=False))
+        given.update(named)
+        if contract is not None:
+            try:
+                given = contract.complete_dims(given)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
+            regimes = contract.regimes
+        else:
+            regimes = REGIMES
+        for d, size in given.items():
+            if int(size) < 1:
+                raise BadInput(f"{d} must be at least 1, got {size}")
+        if regime not in regimes:
+            raise BadInput(f"unknown gate regime {regime!r}: use one of {', '.join(regimes)}")
+        if mode not in MODES:
+            raise BadInput(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+        set_ = object.__setattr__
+        set_(self, "op", op)
+        set_(self, "shape", tuple((d, int(v)) for d, v in given.items()))
+        set_(self, "dtype", parse_dtype(dtype))
+        set_(self, "seed", seed)
+        set_(self, "regime", regime)
+        set_(self, "initial_state", initial_state)
+        set_(self, "mode", mode)
         # a platform only: the runners compare it as such; a GPU is chosen with CUDA_VISIBLE_DEVICES
-        object.__setattr__(self, "device", parse_platform(self.device))
-        for d in _DIMS:
-            if int(getattr(self, d)) < 1:
-                raise BadInput(f"{d} must be at least 1, got {getattr(self, d)}")
+        set_(self, "device", parse_platform(device))
+
+    def __getattr__(self, name: str) -> int:
+        # Only called when normal lookup fails: a dim of the case's shape (``case.T``).
+        if name != "shape" and not name.startswith("_"):
+            for d, size in self.__dict__.get("shape", ()):
+                if d == name:
+                    return size
+        raise AttributeError(f"{type(self).__name__} of op {self.__dict__.get('op')!r} has no dim or field {name!r}")
 
     @property
     def torch_device(self) -> str:
@@ -126,13 +184,13 @@ class Case:
 
     @property
     def dims(self) -> dict[str, int]:
-        """``{"B":..., "T":..., "H":..., "K":..., "V":...}``."""
-        return {d: getattr(self, d) for d in _DIMS}
+        """The shape as ``{dim: size}`` in the contract's order (``{"B":..., "T":..., "H":..., "K":..., "V":...}``)."""
+        return dict(self.shape)
 
     @property
     def shape_id(self) -> str:
-        """A readable id such as ``B2-T200-H4-K64-V64``."""
-        return "-".join(f"{d}{getattr(self, d)}" for d in _DIMS)
+        """A readable id such as ``B2-T200-H4-K64-V64`` (references/contract.shape_id: the one spelling)."""
+        return shape_id(self.dims)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -140,12 +198,13 @@ class Case:
         return DTYPES[self.dtype]
 
     def replace(self, **changes: Any) -> Case:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields or dims changed (``case.replace(T=64, regime="long")``)."""
+        fields = {f: changes.pop(f, getattr(self, f)) for f in _CASE_FIELDS}
+        return Case(self.op, **{**self.dims, **changes}, **fields)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (for JSON and result documents)."""
-        return dataclasses.asdict(self)
+        """Plain-dict form (for JSON and result documents): op, each dim by name, then the other fields."""
+        return {"op": self.op, **self.dims, **{f: getattr(self, f) for f in _CASE_FIELDS}}
 
     def __str__(self) -> str:
         init = "+h0" if self.initial_state else ""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .cases import Case
 from .errors import BadInput
-from .ops import work
+from .ops import get_op, work
 
 __all__ = ["MemoryNeed", "check_fits", "estimate_need", "format_bytes", "host_memory_available"]
 
@@ -54,8 +54,13 @@ def _call_bytes(case: Case, dtype: str, mode: str) -> float:
     return work(case.op, case.dims, dtype, mode)["bytes"]
 
 
+def _steps(case: Case) -> float:
+    """The oracle's element-steps at `case` (the contract's cost: B*T*H*K*V for the delta family)."""
+    return get_op(case.op).cost(case.dims)
+
+
 def _oracle_bytes(case: Case, grads: bool) -> float:
-    steps = float(case.B) * case.T * case.H * case.K * case.V
+    steps = _steps(case)
     # float64 is twice float32's bytes
     return 2 * _call_bytes(case, "fp32", "fwd") + (_ORACLE_GRAD_BYTES_PER_STEP * steps if grads else 0.0)
 
@@ -71,12 +76,12 @@ def estimate_need(case: Case, *, reference: str = "auto", grads: bool | None = N
     mode = "fwd+bwd" if grads else "fwd"
     drawn = _call_bytes(case, "fp32", "fwd")
     impl = _call_bytes(case, case.dtype, "fwd") + _call_bytes(case, case.dtype, mode) if case.device == "cpu" else 0.0
-    steps = float(case.B) * case.T * case.H * case.K * case.V
+    steps = _steps(case)
     limit = ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS
     if reference == "oracle" or (reference == "auto" and steps <= limit):
         return MemoryNeed(drawn, impl, _oracle_bytes(case, grads), "float64 oracle")
-    # The oracle at the short case: at most `limit` element-steps (verify.py cuts T, then B, then heads).
-    short = case.replace(T=min(case.T, SHORT_T), B=1)
+    # The oracle at the short case: at most `limit` element-steps (the contract's rule, as verify.py cuts it).
+    short = case.replace(**get_op(case.op).shrink(case.dims, limit, SHORT_T))
     ref = _oracle_bytes(short, grads)
     if case.device == "cpu":
         ref += _call_bytes(case, "fp32", "fwd") + _call_bytes(case, "fp32", mode)

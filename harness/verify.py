@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
-from .cases import REGIMES, Case
+from .cases import Case
 from .checks import compare, finite_record, note_record
 from .document import CheckRecord
 from .errors import BadInput
-from .ops import OpSpec, get_op
+from .ops import OpSpec, get_op, make_case_inputs
 from .reference_cache import cached_reference
 from .tolerances import threshold
 
@@ -133,8 +133,9 @@ class _Variant:
     scale_factor: float | None = None  # None: scale=None (the default K**-0.5); else this times K**-0.5
     unit_qk: bool = True
 
-    def scale(self, K: int) -> float | None:
-        return None if self.scale_factor is None else self.scale_factor * K**-0.5
+    def scale(self, spec: OpSpec, dims: dict[str, int]) -> float | None:
+        default = spec.default_scale(dims)
+        return None if self.scale_factor is None or default is None else self.scale_factor * default
 
     def label(self) -> str:
         """The run's arguments where they differ from the defaults, for the record's reference."""
@@ -170,12 +171,23 @@ def _draw_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
-def _cotangents(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random cotangents on o (in the case's dtype, as an upstream gradient would be) and on the state (float32)."""
+def _cotangents(spec: OpSpec, case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random cotangents on the output (in the case's dtype, as an upstream gradient would be) and on the state
+    (float32), in the contract's shapes."""
     gen = torch.Generator(device="cpu").manual_seed(seed + _COTANGENT_SEED_OFFSET)
-    do = torch.randn(case.B, case.T, case.H, case.V, generator=gen).to(case.torch_dtype)
-    dht = torch.randn(case.B, case.H, case.K, case.V, generator=gen)
+    do = torch.randn(*spec.output.shape(case.dims), generator=gen).to(case.torch_dtype)
+    dht = torch.randn(*spec.state.shape(case.dims), generator=gen)
     return do, dht
+
+
+def _differentiable(spec: OpSpec, name: str, t: torch.Tensor) -> bool:
+    """An input the gradients are taken for: a float tensor the contract gives a gradient (never an index)."""
+    return t.is_floating_point() and spec.arg(name).differentiable
+
+
+def _kwargs(spec: OpSpec, scale: float | None, state: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword arguments of one call: ``scale`` where the op takes one, and the initial state."""
+    return {**({"scale": scale} if spec.scale is not None else {}), spec.state_arg: state}
 
 
 def _call(
@@ -190,9 +202,11 @@ def _call(
     never handed out: the copies are compared with them afterwards, bit for bit, and any that changed is named in
     ``mutated``."""
     want_grad = cotangents is not None
-    leaves = {n: t.detach().clone().requires_grad_(want_grad) for n, t in inputs.items()}
+    leaves = {
+        n: t.detach().clone().requires_grad_(want_grad and _differentiable(spec, n, t)) for n, t in inputs.items()
+    }
     with torch.enable_grad() if want_grad else torch.no_grad():
-        o, state = fn(*(leaves[n] for n in spec.args), scale=scale, initial_state=leaves.get("initial_state"))
+        o, state = fn(*(leaves[n] for n in spec.args), **_kwargs(spec, scale, leaves.get(spec.state_arg)))
     grads: dict[str, torch.Tensor | None] = {}
     if want_grad:
         do, dht = cotangents
@@ -204,7 +218,7 @@ def _call(
         if isinstance(state, torch.Tensor) and state.requires_grad and state.shape == dht.shape:
             outs.append(state)
             cots.append(dht.to(state.device, state.dtype))
-        names = list(leaves)
+        names = [n for n, t in leaves.items() if t.requires_grad]
         values = torch.autograd.grad(outs, [leaves[n] for n in names], cots, allow_unused=True) if outs else []
         grads = dict(zip(names, values, strict=True)) if outs else dict.fromkeys(names)
     mutated = [n for n, t in leaves.items() if not torch.equal(t.detach(), inputs[n].detach())]
@@ -227,22 +241,21 @@ def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
     )
 
 
-def _oracle_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: t.detach().to("cpu", torch.float64) for n, t in inputs.items()}
-
-
 def _fp32_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: t.detach().float() for n, t in inputs.items()}
+    return {n: t.detach().float() if t.is_floating_point() else t.detach() for n, t in inputs.items()}
 
 
-def _contract(run: _Run, case: Case, v_dtype: torch.dtype, **where: Any) -> list[CheckRecord]:
-    """The output contract: o is a [B,T,H,V] tensor in v's dtype and the final state a [B,H,K,V] tensor."""
+def _contract(run: _Run, spec: OpSpec, case: Case, **where: Any) -> list[CheckRecord]:
+    """The output contract: the output and the final state have the contract's shapes (the delta family's o
+    [B,T,H,V] in the case's dtype, state [B,H,K,V]), the output in the case's dtype (float32 where it says so)."""
     problems = []
-    o_shape, s_shape = [case.B, case.T, case.H, case.V], [case.B, case.H, case.K, case.V]
+    o_shape, s_shape = list(spec.output.shape(case.dims)), list(spec.state.shape(case.dims))
+    o_dtype = torch.float32 if spec.output.dtype == "float32" else case.torch_dtype
+    name = spec.output.name
     if not isinstance(run.o, torch.Tensor) or list(run.o.shape) != o_shape:
-        problems.append(f"o has shape {list(getattr(run.o, 'shape', []))}, expected {o_shape}")
-    elif run.o.dtype != v_dtype:
-        problems.append(f"o is {run.o.dtype}, expected v's dtype {v_dtype}")
+        problems.append(f"{name} has shape {list(getattr(run.o, 'shape', []))}, expected {o_shape}")
+    elif run.o.dtype != o_dtype:
+        problems.append(f"{name} is {run.o.dtype}, expected the case's dtype {o_dtype}")
     if not isinstance(run.state, torch.Tensor) or list(run.state.shape) != s_shape:
         problems.append(f"final state has shape {list(getattr(run.state, 'shape', []))}, expected {s_shape}")
     if problems:
@@ -324,15 +337,16 @@ def _streaming(
         return [note_record("streaming", f"not checked: {why}", passed=True, gating=False, **where)], []
     on_boundary = t1 % LARGEST_CHUNK == 0
     prefix = "boundary" if on_boundary else "streaming"
-    seq = {n: t for n, t in inputs.items() if n != "initial_state"}
-    first = {n: t[:, :t1] for n, t in seq.items()}
-    second = {n: t[:, t1:] for n, t in seq.items()}
-    if "initial_state" in inputs:
-        first["initial_state"] = inputs["initial_state"]
+    state_arg = spec.state_arg
+    seq = {n: t for n, t in inputs.items() if n != state_arg}
+    first = {n: t[:, :t1] if spec.arg(n).sequence else t for n, t in seq.items()}
+    second = {n: t[:, t1:] if spec.arg(n).sequence else t for n, t in seq.items()}
+    if state_arg in inputs:
+        first[state_arg] = inputs[state_arg]
     head = _call(fn, spec, first, None, scale=scale)
     if not isinstance(head.state, torch.Tensor):
         return [note_record(prefix, "the impl returned no final state to continue from", **where)], [head]
-    second["initial_state"] = head.state.detach()
+    second[state_arg] = head.state.detach()
     tail = _call(fn, spec, second, None, scale=scale)
     where_ = "on a chunk boundary" if on_boundary else "inside a chunk"
     reference = f"same impl, all T={case.T} at once (split at T1={t1}, {where_})"
@@ -382,17 +396,13 @@ def _determinism(first: _Run, second: _Run, *, gating: bool, seed: int, case: Ca
 
 
 def _cost(case: Case) -> float:
-    return float(case.B) * case.T * case.H * case.K * case.V
+    return get_op(case.op).cost(case.dims)
 
 
 def _short_case(case: Case, limit: float) -> Case:
-    """The case cut down until the oracle can afford it: T to SHORT_T, then B to 1, then fewer heads."""
-    short = case.replace(T=min(case.T, SHORT_T))
-    if _cost(short) > limit:
-        short = short.replace(B=1)
-    if _cost(short) > limit:
-        short = short.replace(H=max(1, int(limit // (short.T * short.K * short.V))))
-    return short
+    """The case cut down until the oracle can afford it (the contract's rule: T to SHORT_T, then the delta
+    family's B to 1, then fewer heads)."""
+    return case.replace(**get_op(case.op).shrink(case.dims, limit, SHORT_T))
 
 
 def _chunk_reference(case: Case) -> Callable[..., Any]:
@@ -418,14 +428,11 @@ def _run_impl(fn: Callable[..., Any], spec: OpSpec, case: Case, variant: _Varian
     """Call the impl on the case's inputs at (seed, variant): the contract and finiteness records."""
     h0 = variant.h0
     sub = case.replace(seed=seed, initial_state=h0, regime=variant.regime)
-    inputs = spec.make_inputs(
-        sub.B, sub.T, sub.H, sub.K, sub.V, dtype=sub.torch_dtype, device=sub.torch_device, seed=seed, regime=sub.regime,
-        initial_state=h0, unit_qk=variant.unit_qk,
-    )  # fmt: skip
-    cot = _cotangents(sub, seed) if grads else None
-    run = _call(fn, spec, inputs, cot, scale=variant.scale(sub.K))
+    inputs = make_case_inputs(spec, sub, unit_qk=variant.unit_qk)
+    cot = _cotangents(spec, sub, seed) if grads else None
+    run = _call(fn, spec, inputs, cot, scale=variant.scale(spec, sub.dims))
     where = {"seed": seed, "regime": sub.regime, "initial_state": h0}
-    records = _contract(run, sub, inputs["v"].dtype, **where)
+    records = _contract(run, spec, sub, **where)
     records.append(finite_record(run.tensors(), **where))
     return _Item(sub, variant, seed, inputs, cot, run, records)
 
@@ -485,9 +492,9 @@ def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]
     return runs
 
 
-def _stack_key(item: _Item) -> tuple[int, int, int, bool]:
-    c = item.case
-    return (c.H, c.K, c.V, item.cot is not None)
+def _stack_key(item: _Item) -> tuple[Any, ...]:
+    """Items stack along B when every dim but B and T agrees (and both are, or are not, back-propagated)."""
+    return (*(v for d, v in item.case.dims.items() if d not in ("B", "T")), item.cot is not None)
 
 
 def _padded(x: torch.Tensor, T: int) -> torch.Tensor:
@@ -500,24 +507,30 @@ def _padded(x: torch.Tensor, T: int) -> torch.Tensor:
 def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
     """One oracle call on `items` stacked along B (see :func:`_oracle_runs`)."""
     T = max(it.case.T for it in items)
-    stacked = {
-        n: torch.cat([_padded(it.inputs[n].detach().to("cpu", torch.float64), T) for it in items]) for n in spec.args
-    }
+
+    def on_host(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().to("cpu", torch.float64) if x.is_floating_point() else x.detach().cpu()
+
+    def row(it: _Item, n: str) -> torch.Tensor:
+        return _padded(on_host(it.inputs[n]), T) if spec.arg(n).sequence else on_host(it.inputs[n])
+
+    stacked = {n: torch.cat([row(it, n) for it in items]) for n in spec.args}
     states = []
     for it in items:
-        c = it.case
-        h0 = it.inputs.get("initial_state")
-        states.append(
-            h0.detach().to("cpu", torch.float64) if h0 is not None else torch.zeros(c.B, c.H, c.K, c.V).double()
-        )
-    stacked["initial_state"] = torch.cat(states)
+        h0 = it.inputs.get(spec.state_arg)
+        states.append(on_host(h0) if h0 is not None else torch.zeros(*spec.state.shape(it.case.dims)).double())
+    stacked[spec.state_arg] = torch.cat(states)
     ratio = torch.tensor(
         [1.0 if it.variant.scale_factor is None else it.variant.scale_factor for it in items for _ in range(it.case.B)],
         dtype=torch.float64,
-    ).reshape(-1, 1, 1, 1)
+    )
+    scaled = None if spec.scale is None else spec.args.index(spec.scale[0])
 
-    def oracle(q: torch.Tensor, *rest: torch.Tensor, scale: float | None, initial_state: torch.Tensor) -> Any:
-        return spec.oracle(q * ratio, *rest, scale=None, initial_state=initial_state)
+    def oracle(*args: torch.Tensor, **kwargs: Any) -> Any:
+        # o is linear in scale * q: each stacked row's own scale is applied to its q, the oracle given the default.
+        if scaled is not None:
+            args = tuple(x * ratio.reshape(-1, *[1] * (x.dim() - 1)) if i == scaled else x for i, x in enumerate(args))
+        return spec.oracle(*args, **_kwargs(spec, None, kwargs[spec.state_arg]))
 
     cot = None
     if items[0].cot is not None:
@@ -531,10 +544,10 @@ def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
         rows, t = slice(row, row + it.case.B), it.case.T
         row += it.case.B
         grads = {
-            n: (None if x is None else x[rows, :t] if n != "initial_state" else x[rows]) for n, x in whole.grads.items()
+            n: (None if x is None else x[rows, :t] if spec.arg(n).sequence else x[rows]) for n, x in whole.grads.items()
         }
         if not it.variant.h0:
-            grads.pop("initial_state", None)
+            grads.pop(spec.state_arg, None)
         runs.append(_Run(o=whole.o[rows, :t], state=whole.state[rows], grads=grads))
     return runs
 
@@ -547,7 +560,7 @@ def _chunk_run(case: Case, spec: OpSpec, item: _Item) -> _Run:
 
     def compute() -> list[_Run]:
         chunk = _chunk_reference(case)
-        return [_call(chunk, spec, _fp32_inputs(item.inputs), ref_cot, scale=item.variant.scale(case.K))]
+        return [_call(chunk, spec, _fp32_inputs(item.inputs), ref_cot, scale=item.variant.scale(spec, case.dims))]
 
     (run,) = _shared_runs("torch_chunk", [item], compute)
     return run
@@ -567,25 +580,26 @@ def _compare_items(
     return records
 
 
-def _variants(regimes: tuple[str, ...]) -> list[_Variant]:
+def _variants(spec: OpSpec, regimes: tuple[str, ...]) -> list[_Variant]:
     """The runs of one seed: each regime without and with an initial state; the runs with one pass the
     non-default scale (and are streamed), and the last regime's run without one draws q and k off the unit sphere.
     The runs without an initial state keep the default scale, the arguments the runner times with: a compiling
     impl (JAX, whose ``scale`` is static) reuses that program."""
     out = []
     for i, regime in enumerate(regimes):
-        out.append(_Variant(regime, h0=False, unit_qk=i != len(regimes) - 1))
-        out.append(_Variant(regime, h0=True, scale_factor=ALT_SCALE))
+        out.append(_Variant(regime, h0=False, unit_qk=i != len(regimes) - 1 or not spec.unit_norm_variant))
+        out.append(_Variant(regime, h0=True, scale_factor=ALT_SCALE if spec.scale is not None else None))
     return out
 
 
-def _regimes(regimes: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+def _regimes(spec: OpSpec, regimes: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    known = spec.regimes
     if regimes is None:
-        return REGIMES
+        return known
     chosen = (regimes,) if isinstance(regimes, str) else tuple(regimes)
-    unknown = [r for r in chosen if r not in REGIMES]
+    unknown = [r for r in chosen if r not in known]
     if unknown or not chosen:
-        raise BadInput(f"unknown gate regime {', '.join(map(repr, unknown)) or '(none)'}: use {', '.join(REGIMES)}")
+        raise BadInput(f"unknown gate regime {', '.join(map(repr, unknown)) or '(none)'}: use {', '.join(known)}")
     return tuple(dict.fromkeys(chosen))
 
 
@@ -609,9 +623,8 @@ def _length_sweep(
     splits: list[int | None] = []
     check_case = getattr(impl, "check_case", None)
     for T, t1 in sweep_lengths(case.T):
-        sub = case.replace(
-            B=min(case.B, SWEEP_B), H=min(case.H, SWEEP_H), T=T, regime=regime, mode=case.mode if grads else "fwd"
-        )
+        caps = {d: min(case.dims[d], cap) for d, cap in (("B", SWEEP_B), ("H", SWEEP_H)) if d in case.dims}
+        sub = case.replace(**caps, T=T, regime=regime, mode=case.mode if grads else "fwd")
         why = check_case(sub) if check_case is not None else None
         if why:
             records.append(note_record(f"length T={T}", f"not run: {why}", passed=True, gating=False, seed=seed))
@@ -620,9 +633,11 @@ def _length_sweep(
         splits.append(t1)
     for item, ref, t1 in zip(items, _oracle_runs(spec, items, limit), splits, strict=True):
         records += _compare_items([item], [ref], f"oracle at {item.case.shape_id}", grads=grads, profile=profile)
-        stream, calls = _streaming(
-            impl, spec, item.case, item.inputs, item.run, seed=seed, h0=True, profile=profile, t1=t1
-        )
+        stream, calls = [], []
+        if spec.streaming:
+            stream, calls = _streaming(
+                impl, spec, item.case, item.inputs, item.run, seed=seed, h0=True, profile=profile, t1=t1
+            )
         records += stream
         runs += [item.run, *calls]
     return records, runs
@@ -660,7 +675,7 @@ def verify_case(
     if seeds < 1 and not extra_seed:
         raise BadInput("verify needs at least one seed")
     spec = get_op(case.op)
-    chosen_regimes = _regimes(regimes)
+    chosen_regimes = _regimes(spec, regimes)
     name = getattr(impl, "name", getattr(impl, "__name__", "impl"))
     grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
     limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
@@ -687,7 +702,8 @@ def verify_case(
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
     first_run: _Item | None = None
-    items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in seed_list for v in _variants(chosen_regimes)]
+    variants = _variants(spec, chosen_regimes)
+    items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in seed_list for v in variants]
     if use_oracle:
         records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
     else:
@@ -700,10 +716,10 @@ def verify_case(
         # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
         # compiling impl keeps to the shapes and static arguments it already has.
         stream, stream_calls = [], []
-        if it.variant.h0:
+        if it.variant.h0 and spec.streaming:
             stream, stream_calls = _streaming(
                 impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
-                scale=it.variant.scale(case.K),
+                scale=it.variant.scale(spec, case.dims),
             )  # fmt: skip
         calls = [it.run, *stream_calls] + ([shorts[n].run] if not use_oracle else [])
         where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
@@ -717,7 +733,7 @@ def verify_case(
     if sweep_calls:
         records.append(_unchanged_record(sweep_calls, seed=seed_list[0], regime=None, initial_state=True))
     if first_run is not None:
-        again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(case.K))
+        again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(spec, case.dims))
         gating = gate_determinism or spec.deterministic
         records.append(_determinism(first_run.run, again, gating=gating, seed=first_run.seed, case=case))
     return VerifyReport(case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence)

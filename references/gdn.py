@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from . import _inputs as _in
+from .contract import ArgSpec, delta_contract
 
-__all__ = ["gdn_recurrent", "make_inputs"]
+__all__ = ["CONTRACT", "gdn_recurrent", "make_inputs"]
 
 
 def gdn_recurrent(
@@ -92,3 +93,14 @@ def make_inputs(
     if initial_state:
         t["initial_state"] = _in.state(gen, B, H, K, V)
     return _in.finish(t, dtype=dtype, device=device)
+
+
+# The op's contract: q, k, v, then its gates (the log-decay kept in float32), with the delta family's layout.
+CONTRACT = delta_contract(
+    "gdn",
+    "Gated DeltaNet",
+    (ArgSpec("g", "BTH", "float32"), ArgSpec("beta", "BTH")),
+    oracle=gdn_recurrent,
+    make_inputs=make_inputs,
+    rule="S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T (scale q)",
+)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from . import _inputs as _in
+from .contract import ArgSpec, delta_contract
 
-__all__ = ["gdn2_recurrent", "make_inputs"]
+__all__ = ["CONTRACT", "gdn2_recurrent", "make_inputs"]
 
 
 def gdn2_recurrent(
@@ -92,3 +93,14 @@ def make_inputs(
     if initial_state:
         t["initial_state"] = _in.state(gen, B, H, K, V)
     return _in.finish(t, dtype=dtype, device=device)
+
+
+# The op's contract: q, k, v, then its gates (the log-decay kept in float32), with the delta family's layout.
+CONTRACT = delta_contract(
+    "gdn2",
+    "Gated DeltaNet-2",
+    (ArgSpec("g", "BTHK", "float32"), ArgSpec("b", "BTHK"), ArgSpec("w", "BTHV")),
+    oracle=gdn2_recurrent,
+    make_inputs=make_inputs,
+    rule="S <- Diag(exp g) S; r = S^T (b*k); S <- S + k (w*v - r)^T; o = S^T (scale q)",
+)

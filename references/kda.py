@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from . import _inputs as _in
+from .contract import ArgSpec, delta_contract
 
-__all__ = ["kda_recurrent", "make_inputs"]
+__all__ = ["CONTRACT", "kda_recurrent", "make_inputs"]
 
 
 def kda_recurrent(
@@ -88,3 +89,14 @@ def make_inputs(
     if initial_state:
         t["initial_state"] = _in.state(gen, B, H, K, V)
     return _in.finish(t, dtype=dtype, device=device)
+
+
+# The op's contract: q, k, v, then its gates (the log-decay kept in float32), with the delta family's layout.
+CONTRACT = delta_contract(
+    "kda",
+    "Kimi Delta Attention",
+    (ArgSpec("g", "BTHK", "float32"), ArgSpec("beta", "BTH")),
+    oracle=kda_recurrent,
+    make_inputs=make_inputs,
+    rule="S <- Diag(exp g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T (scale q)",
+)

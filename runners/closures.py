@@ -41,24 +41,28 @@ class Subject:
 def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Subject:
     """The zero-argument closure for `case.mode` over `inputs` (as ``OpSpec.make_inputs`` returns them)."""
     spec = get_op(case.op)
-    names = [*spec.args, *(["initial_state"] if "initial_state" in inputs else [])]
+    state_arg = spec.state_arg
     if case.mode == "fwd":
         args = [inputs[n] for n in spec.args]
-        h0 = inputs.get("initial_state")
+        h0 = {state_arg: inputs.get(state_arg)}
 
         def fwd() -> Any:
             with torch.no_grad():
-                return impl(*args, initial_state=h0)
+                return impl(*args, **h0)
 
         return Subject(fwd, dict(inputs))
 
+    # The leaves are the contract's differentiable inputs (never an index tensor) and the state when given.
+    names = [n for n in (*spec.args, state_arg) if n in inputs and inputs[n].is_floating_point()]
+    names = [n for n in names if spec.arg(n).differentiable]
     leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
-    largs = [leaves[n] for n in spec.args]
-    lh0 = leaves.get("initial_state")
-    do = cotangent(case, inputs["v"])  # o has v's shape and dtype by the op contract
+    largs = [leaves.get(n, inputs[n]) for n in spec.args]
+    lh0 = {state_arg: leaves.get(state_arg)}
+    # the output's cotangent, in the contract's output shape and the case's dtype
+    do = cotangent(case, torch.empty(spec.output.shape(case.dims), dtype=case.torch_dtype, device=case.torch_device))
 
     def loss() -> torch.Tensor:
-        o, _ = impl(*largs, initial_state=lh0)
+        o, _ = impl(*largs, **lh0)
         return (o * do).sum()
 
     wrt = list(leaves.values())

@@ -142,7 +142,7 @@ def execute(job: JobSpec) -> JobResult:
     placed = contextlib.ExitStack()  # the JAX device of the case, from the impl's first call to its timing
     try:
         from deltabench.harness.devices import placement
-        from deltabench.harness.ops import get_op
+        from deltabench.harness.ops import get_op, make_case_inputs
         from deltabench.harness.registry import get_impl, load_module
 
         _phase(phase)
@@ -174,18 +174,7 @@ def execute(job: JobSpec) -> JobResult:
         else:
             torch.set_num_threads(_default_threads)  # not what an earlier job of this process asked for
         torch.manual_seed(case.seed)
-        inputs = get_op(case.op).make_inputs(
-            case.B,
-            case.T,
-            case.H,
-            case.K,
-            case.V,
-            dtype=case.torch_dtype,
-            device=case.torch_device,
-            seed=case.seed,
-            regime=case.regime,
-            initial_state=case.initial_state,
-        )
+        inputs = make_case_inputs(get_op(case.op), case)
         subject = build_subject(impl, case, inputs)
         inputs_bytes = memory.tensors_bytes(subject.held)
 

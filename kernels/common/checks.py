@@ -4,15 +4,15 @@ error, and one place for the op contract's gate layouts and default query scale)
 from __future__ import annotations
 
 import torch
+from deltabench.references import gdn as _gdn
+from deltabench.references import gdn2 as _gdn2
+from deltabench.references import kda as _kda
 
 __all__ = ["GATE_LAYOUTS", "check_inputs", "check_op_inputs", "default_scale"]
 
-# The op contract's gate layouts (DESIGN.md), in argument order: gdn's scalar gates, gdn2's per-channel decay and
-# erase (per key channel) and write (per value channel), kda's per-channel decay and scalar beta.
+# The gate layouts of each op, in argument order, read from the op's contract (references/<op>.py): the one gate list.
 GATE_LAYOUTS: dict[str, dict[str, str]] = {
-    "gdn": {"g": "BTH", "beta": "BTH"},
-    "gdn2": {"g": "BTHK", "b": "BTHK", "w": "BTHV"},
-    "kda": {"g": "BTHK", "beta": "BTH"},
+    c.name: {a.name: "".join(a.layout) for a in c.gates} for c in (_gdn.CONTRACT, _gdn2.CONTRACT, _kda.CONTRACT)
 }
 
 

@@ -129,7 +129,7 @@ def test_output_in_the_wrong_dtype_breaks_the_contract() -> None:
     fn = oracle_cast("gdn", out_dtype=torch.float32)
     report = verify_case(fn, Case("gdn", **TINY, dtype="bf16"), seeds=1, extra_seed=False)
     assert {r.check for r in report.failures} == {"contract"}
-    assert "expected v's dtype" in report.failures[0].detail
+    assert "expected the case's dtype" in report.failures[0].detail
 
 
 def test_impl_exceptions_propagate() -> None:

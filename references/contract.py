@@ -1,0 +1,316 @@
+"""An op's contract as plain data: its named dims, its inputs, output and state, its oracle, input generator, work
+model and the checks that apply to it.
+
+Every op is called ``fn(*inputs, [scale=...,] <state>=None) -> (output, final_state)``: the inputs in the
+contract's order, the optional initial state by keyword. Layouts are tuples of dim names; the first dim of every
+tensor is the batch dim ``B`` (the oracle stacks runs along it) and a sequence tensor has the time dim ``T`` second
+(the streaming check splits along it). Nothing here imports the rest of deltabench (nor torch), so a user's file can
+declare an op without the harness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "DTYPE_RULES",
+    "INDEXED_DIMS",
+    "REGIMES",
+    "ArgSpec",
+    "OpContract",
+    "chunked_delta_work",
+    "delta_contract",
+    "io_bytes",
+    "order_dims",
+    "parse_dims",
+    "shape_id",
+]
+
+# The gate regimes every generator here draws (references/_inputs.py documents them).
+REGIMES = ("typical", "long", "strong")
+# The dims a result store keeps in columns of their own (indexed); an op's other dims are stored beside them.
+INDEXED_DIMS = ("B", "T", "H", "K", "V")
+# "float": the case's dtype; "float32": float32 whatever the case's dtype (a log-decay, a state); "index": int64.
+DTYPE_RULES = ("float", "float32", "index")
+_ELEM_BYTES = {"float32": 4, "index": 8}
+_DIM_NAME = re.compile(r"[A-Z]+")  # letters only: a shape id such as B2-T200 then reads back one way
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """One tensor of an op: its name, its layout over the op's dims, its dtype rule and whether it has a gradient.
+
+    `layout` may be given as a string of one-letter dims (``"BTHK"``); it is kept as a tuple of dim names.
+    """
+
+    name: str
+    layout: tuple[str, ...]
+    dtype: str = "float"
+    differentiable: bool = True
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layout, str):
+            object.__setattr__(self, "layout", tuple(self.layout))
+        if self.dtype not in DTYPE_RULES:
+            raise ValueError(f"{self.name}: dtype rule {self.dtype!r} is not one of {', '.join(DTYPE_RULES)}")
+        if self.dtype == "index" and self.differentiable:
+            raise ValueError(f"{self.name}: an index tensor has no gradient (differentiable=False)")
+
+    def shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        """The tensor's shape at `dims`."""
+        return tuple(int(dims[d]) for d in self.layout)
+
+    def numel(self, dims: Mapping[str, int]) -> int:
+        """How many elements the tensor holds at `dims`."""
+        return math.prod(self.shape(dims))
+
+    def elem_bytes(self, case_elem_bytes: int) -> int:
+        """Bytes per element when the case's float dtype takes `case_elem_bytes`."""
+        return _ELEM_BYTES.get(self.dtype, case_elem_bytes)
+
+    @property
+    def sequence(self) -> bool:
+        """True when the tensor runs along time (``T`` its second dim): the streaming check splits it."""
+        return len(self.layout) > 1 and self.layout[1] == "T"
+
+
+# A work model: (contract, dims, bytes of the case's float dtype, mode) -> {"flops": ..., "bytes": ...}.
+WorkModel = Callable[["OpContract", Mapping[str, int], int, str], dict[str, float]]
+
+
+def io_bytes(contract: OpContract, dims: Mapping[str, int], elem: int) -> tuple[int, int, int]:
+    """The floor of one forward call's traffic: (every input read once, the output written once, the state once)."""
+    inputs = sum(a.numel(dims) * a.elem_bytes(elem) for a in contract.inputs)
+    out = contract.output.numel(dims) * contract.output.elem_bytes(elem)
+    state = contract.state.numel(dims) * contract.state.elem_bytes(elem)
+    return inputs, out, state
+
+
+# The chunk length the chunked-delta work model assumes (the chunked pipelines' C).
+CHUNK = 64
+
+
+def chunked_delta_work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: str) -> dict[str, float]:
+    """FLOP and minimum-byte counts of one call, as a chunked delta-rule pipeline computes it.
+
+    Forward FLOP per token per head: ``5*C*(K+V) + 6*K*V + C^2/3`` (about 0.18 MFLOP at C = 64, K = V = 128); the
+    backward is about 2.6 times the forward. Bytes are the floor: each input read once and each output written
+    once (:func:`io_bytes`); the backward reads the inputs and ``do`` and writes a gradient of each input.
+    """
+    B, T, H, K, V = (dims[d] for d in INDEXED_DIMS)
+    C = CHUNK
+    fwd_flops = B * T * H * (5 * C * (K + V) + 6 * K * V + C * C / 3)
+    return _fwd_bwd(fwd_flops, *io_bytes(contract, dims, elem), mode)
+
+
+def _fwd_bwd(fwd_flops: float, inputs: int, out: int, state: int, mode: str) -> dict[str, float]:
+    fwd_bytes = inputs + out + state
+    bwd_flops = 2.6 * fwd_flops
+    bwd_bytes = 2 * inputs + out + 2 * state
+    if mode == "fwd":
+        return {"flops": float(fwd_flops), "bytes": float(fwd_bytes)}
+    if mode == "bwd":
+        return {"flops": float(bwd_flops), "bytes": float(bwd_bytes)}
+    return {"flops": float(fwd_flops + bwd_flops), "bytes": float(fwd_bytes + bwd_bytes)}
+
+
+def streaming_work(flops_per_element: float) -> WorkModel:
+    """A work model for an elementwise scan: `flops_per_element` per element of the output, the I/O floor for
+    bytes, the backward about 2.6 times the forward (as :func:`chunked_delta_work` assumes)."""
+
+    def work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: str) -> dict[str, float]:
+        return _fwd_bwd(flops_per_element * contract.output.numel(dims), *io_bytes(contract, dims, elem), mode)
+
+    return work
+
+
+@dataclasses.dataclass(frozen=True)
+class OpContract:
+    """Everything the harness knows of an op, declared beside its oracle.
+
+    Attributes:
+        name, title, rule: the op's id, its readable name and its per-token update (for docs and ``list``).
+        dims: the named dims, in the order a shape is written (``B=2,T=200,...``).
+        inputs: the positional inputs in call order.
+        output, state: the output and the state (passed as keyword ``state.name``, returned as the final state).
+        oracle: the float64 reference, same call convention.
+        make_inputs: ``make_inputs(**dims, dtype=, device=, seed=, regime=, <state.name>=bool[, unit_qk=])`` ->
+            ``{name: tensor}`` (the state under ``state.name`` when asked).
+        regimes: the input regimes ``make_inputs`` draws.
+        dim_defaults: ``(dim, from_dim)`` pairs: a dim left out of a shape takes another's value (V = K).
+        scale: ``(input, dim)`` when the op takes ``scale=`` multiplying that input (default ``dim ** -0.5``).
+        unit_norm_variant: ``make_inputs`` takes ``unit_qk`` (the gate also draws inputs off the unit sphere).
+        work: the FLOP and byte model.
+        oracle_shrink: the dims cut to fit the oracle's budget, in order, after T is cut (:meth:`shrink`).
+        streaming: the streaming split applies (T1 tokens, then the rest from the returned state).
+        deterministic: results must be bitwise deterministic (the gate's determinism record always gates).
+        zero_token_is_identity: a token whose inputs are all zero leaves the state unchanged and outputs zero (the
+            oracle may then pad shorter sequences to stack them).
+    """
+
+    name: str
+    title: str
+    dims: tuple[str, ...]
+    inputs: tuple[ArgSpec, ...]
+    output: ArgSpec
+    state: ArgSpec
+    oracle: Callable[..., Any]
+    make_inputs: Callable[..., dict[str, Any]]
+    rule: str = ""
+    regimes: tuple[str, ...] = REGIMES
+    dim_defaults: tuple[tuple[str, str], ...] = ()
+    scale: tuple[str, str] | None = None
+    unit_norm_variant: bool = False
+    work: WorkModel = chunked_delta_work
+    oracle_shrink: tuple[str, ...] = ("B",)
+    streaming: bool = True
+    deterministic: bool = False
+    zero_token_is_identity: bool = True
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]
+        if bad:
+            raise ValueError(f"op {self.name!r}: dim names are upper-case letters, not {bad}")
+        if self.dims[:1] != ("B",):
+            raise ValueError(f"op {self.name!r}: the first dim is the batch dim B, got {self.dims}")
+        for a in (*self.inputs, self.output, self.state):
+            unknown = [d for d in a.layout if d not in self.dims]
+            if unknown:
+                raise ValueError(f"op {self.name!r}: {a.name} uses dims {unknown} not among {self.dims}")
+            if a.layout[:1] != ("B",):
+                raise ValueError(f"op {self.name!r}: {a.name} must start with the batch dim B, got {a.layout}")
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The positional input names, in call order."""
+        return tuple(a.name for a in self.inputs)
+
+    @property
+    def gates(self) -> tuple[ArgSpec, ...]:
+        """The delta family's gates: the inputs after q, k, v (the one gate list; kernels' checks read it)."""
+        return self.inputs[3:] if self.args[:3] == ("q", "k", "v") else ()
+
+    @property
+    def state_arg(self) -> str:
+        """The keyword that passes the initial state."""
+        return self.state.name
+
+    @property
+    def grad_inputs(self) -> tuple[str, ...]:
+        """Every input that has a gradient (the state included when given)."""
+        return (*(a.name for a in self.inputs if a.differentiable), self.state_arg)
+
+    def arg(self, name: str) -> ArgSpec:
+        """The input (or the state) called `name`."""
+        for a in (*self.inputs, self.state):
+            if a.name == name:
+                return a
+        raise KeyError(f"op {self.name!r} has no input {name!r}")
+
+    def complete_dims(self, given: Mapping[str, int]) -> dict[str, int]:
+        """`given` with the defaulted dims filled in, in the contract's order; ValueError names what is missing."""
+        dims = dict(given)
+        for dim, source in self.dim_defaults:
+            if dim not in dims and source in dims:
+                dims[dim] = dims[source]
+        unknown = [d for d in dims if d not in self.dims]
+        if unknown:
+            known = ", ".join(self.dims)
+            raise ValueError(f"unknown dimension {', '.join(unknown)} for op {self.name}: dims are {known}")
+        missing = [d for d in self.dims if d not in dims]
+        if missing:
+            raise ValueError(f"op {self.name} needs {', '.join(missing)} (dims {', '.join(self.dims)})")
+        return {d: int(dims[d]) for d in self.dims}
+
+    def default_scale(self, dims: Mapping[str, int]) -> float | None:
+        """The default ``scale`` (``dim ** -0.5``), or None when the op takes no scale."""
+        return None if self.scale is None else dims[self.scale[1]] ** -0.5
+
+    def cost(self, dims: Mapping[str, int]) -> float:
+        """The oracle's cost at `dims` in element-steps: the product of every dim (B*T*H*K*V for the delta family)."""
+        return float(math.prod(dims.values()))
+
+    def shrink(self, dims: Mapping[str, int], limit: float, short_t: int) -> dict[str, int]:
+        """`dims` cut until the oracle can afford them: T to `short_t`, then each of :attr:`oracle_shrink` to 1 in
+        order, the last to what fits the budget `limit`."""
+        out = dict(dims)
+        out["T"] = min(out["T"], short_t)
+        for i, d in enumerate(self.oracle_shrink):
+            if self.cost(out) <= limit:
+                break
+            last = i == len(self.oracle_shrink) - 1
+            rest = self.cost(out) / out[d]
+            out[d] = max(1, int(limit // rest)) if last else 1
+        return out
+
+
+def delta_contract(
+    name: str,
+    title: str,
+    gates: tuple[ArgSpec, ...],
+    *,
+    oracle: Callable[..., Any],
+    make_inputs: Callable[..., dict[str, Any]],
+    rule: str,
+    **options: Any,
+) -> OpContract:
+    """A delta-rule op: ``fn(q, k, v, *gates, scale=None, initial_state=None) -> (o, final_state)`` over dims
+    B, T, H, K, V (V defaults to K), q, k ``[B,T,H,K]``, v and o ``[B,T,H,V]``, a float32 state ``[B,H,K,V]``, the
+    chunked-delta work model, the oracle cut along B then H."""
+    return OpContract(
+        name=name,
+        title=title,
+        dims=INDEXED_DIMS,
+        inputs=(ArgSpec("q", "BTHK"), ArgSpec("k", "BTHK"), ArgSpec("v", "BTHV"), *gates),
+        output=ArgSpec("o", "BTHV"),
+        state=ArgSpec("initial_state", "BHKV", "float32", optional=True),
+        oracle=oracle,
+        make_inputs=make_inputs,
+        rule=rule,
+        dim_defaults=(("V", "K"),),
+        scale=("q", "K"),
+        unit_norm_variant=True,
+        oracle_shrink=("B", "H"),
+        **options,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ shapes as text
+
+
+def order_dims(dims: Mapping[str, int]) -> dict[str, int]:
+    """`dims` in the one order shapes are written: the indexed dims B, T, H, K, V first, then the others as given."""
+    ordered = {d: int(dims[d]) for d in INDEXED_DIMS if d in dims}
+    ordered.update({d: int(v) for d, v in dims.items() if d not in ordered})
+    return ordered
+
+
+def shape_id(dims: Mapping[str, int]) -> str:
+    """The readable id of a shape, ``B2-T200-H4-K64-V64`` (``B2-T100-D8`` for an op of dims B, T, D)."""
+    return "-".join(f"{d}{v}" for d, v in order_dims(dims).items())
+
+
+def parse_dims(text: str) -> dict[str, int]:
+    """Read ``B=2,T=200,H=4`` or a shape id ``B2-T200-H4`` (any dim names) into ``{dim: size}``.
+
+    Raises ValueError naming the malformed part or a dim given twice; sizes are not checked here.
+    """
+    dims: dict[str, int] = {}
+    parts = [p for p in re.split(r"[-,\s]+", str(text).strip()) if p]
+    # one form or the other: ``B2,T=3`` is more likely a typo than a shape
+    form = r"([A-Za-z]+)=(\d+)" if "=" in str(text) else r"([A-Za-z]+)(\d+)"
+    for part in parts:
+        m = re.fullmatch(form, part.replace(" ", ""))
+        if not m:
+            raise ValueError(f"malformed shape {text!r}: expected e.g. B=2,T=200,H=4,K=64,V=64 or B2-T200-H4-K64-V64")
+        key = m.group(1).upper()
+        if key in dims:
+            raise ValueError(f"dimension {key} given twice in shape {text!r}")
+        dims[key] = int(m.group(2))
+    return dims

@@ -43,6 +43,7 @@ _RESULT_COLUMNS = (
     ("H", Result.H),
     ("K", Result.K),
     ("V", Result.V),
+    ("extra_dims", Result.extra_dims),
     ("dtype", Result.dtype),
     ("mode", Result.mode),
     ("regime", Result.regime),

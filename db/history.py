@@ -8,9 +8,11 @@ from collections import defaultdict
 
 from deltabench.harness.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spreads_from_histories
 from deltabench.harness.series import JobKey
+from deltabench.references.contract import shape_id
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from .dims import dims_of
 from .models import Result, Run
 from .queries import result_samples
 
@@ -58,6 +60,7 @@ def history_spreads(
             Result.H,
             Result.K,
             Result.V,
+            Result.extra_dims,
             Result.dtype,
             Result.mode,
             Result.software,
@@ -70,7 +73,7 @@ def history_spreads(
     per_run: dict[tuple[JobKey, str], dict[int, tuple[int, int, float]]] = defaultdict(dict)
     base_series: dict[JobKey, str] = {}
     for r in rows:
-        key: JobKey = (r.op, r.impl, f"B{r.B}-T{r.T}-H{r.H}-K{r.K}-V{r.V}", r.dtype, r.mode)
+        key: JobKey = (r.op, r.impl, shape_id(dims_of(r.B, r.T, r.H, r.K, r.V, r.extra_dims)), r.dtype, r.mode)
         runs = per_run[(key, r.software)]
         if r.run_pk not in runs or r.attempt >= runs[r.run_pk][0]:
             runs[r.run_pk] = (r.attempt, r.id, float(r.median_ms))

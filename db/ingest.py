@@ -24,6 +24,7 @@ from deltabench.harness.series import series_software
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
+from .dims import dims_columns
 from .models import Check, Environment, Machine, Result, ResultSamples, Run
 
 __all__ = [
@@ -131,11 +132,7 @@ def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument)
         "position": position,
         "op": case.op,
         "impl": job.impl,
-        "B": case.B,
-        "T": case.T,
-        "H": case.H,
-        "K": case.K,
-        "V": case.V,
+        **dims_columns(case.dims),
         "dtype": case.dtype,
         "mode": case.mode,
         "regime": case.regime,

@@ -182,6 +182,7 @@ class Result(Base):
             "H",
             "K",
             "V",
+            "extra_dims",
             "dtype",
             "mode",
             "machine_kind",
@@ -207,6 +208,9 @@ class Result(Base):
     H: Mapped[int] = mapped_column(Integer)
     K: Mapped[int] = mapped_column(Integer)
     V: Mapped[int] = mapped_column(Integer)
+    # An op's dims besides B, T, H, K, V: canonical JSON text (db.ingest.extra_dims_text), "" for none; an indexed
+    # dim the op lacks is stored as 0 (migration 0006).
+    extra_dims: Mapped[str] = mapped_column(String(255), default="", server_default="")
     dtype: Mapped[str] = mapped_column(String(8))
     mode: Mapped[str] = mapped_column(String(8))
     regime: Mapped[str] = mapped_column(String(16), default="typical")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,10 +30,12 @@ from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput
 from deltabench.harness.series import SeriesKey as HarnessSeriesKey
 from deltabench.harness.series import parse_software
+from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims, shape_id
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from .dims import case_dim_fields, dims_columns, dims_of
 from .ingest import unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
 
@@ -73,13 +74,14 @@ __all__ = [
     "result_samples",
     "run_ids_by_pk",
     "run_results",
+    "series_dims",
     "series_history",
+    "series_key",
     "series_software_now",
 ]
 
-_DIMS = ("B", "T", "H", "K", "V")
 # The columns that say "same problem" when two results are compared.
-_CASE_COLUMNS = ("op", "B", "T", "H", "K", "V", "dtype", "mode")
+_CASE_COLUMNS = ("op", *INDEXED_DIMS, "extra_dims", "dtype", "mode")
 
 
 # ---------------------------------------------------------------------------------------------------- types
@@ -120,16 +122,17 @@ class SeriesKey:
     mode: str
     machine_kind: str
     software: str = ""
+    extra_dims: str = ""  # the op's other dims as stored (db/dims.py); B..V of a dim it lacks are 0
 
     @property
     def shape(self) -> dict[str, int]:
-        """The dims as a dict."""
-        return {d: getattr(self, d) for d in _DIMS}
+        """The dims as a dict (every dim of the op, any names)."""
+        return dims_of(self.B, self.T, self.H, self.K, self.V, self.extra_dims)
 
     @property
     def shape_id(self) -> str:
-        """``B2-T256-H4-K64-V64``."""
-        return "-".join(f"{d}{getattr(self, d)}" for d in _DIMS)
+        """``B2-T256-H4-K64-V64`` (references/contract.shape_id)."""
+        return shape_id(self.shape)
 
     def to_harness(self) -> HarnessSeriesKey:
         """The same series as ``harness.series.SeriesKey`` (the definition's source of truth)."""
@@ -196,27 +199,43 @@ class ComparedPair:
 
 
 def parse_shape_filter(shape: str | Mapping[str, int] | None) -> dict[str, int]:
-    """Dims to filter on from ``"B8-T4096-H6-K128-V128"``, ``"B=8,T=4096"`` or a dict (any subset of B,T,H,K,V)."""
+    """Dims to filter on from ``"B8-T4096-H6-K128-V128"``, ``"B=8,T=4096"`` or a dict (any subset of an op's dims)."""
     if shape is None:
         return {}
     if isinstance(shape, Mapping):
         dims = {str(k).upper(): int(v) for k, v in shape.items()}
     else:
-        parts = [p for p in re.split(r"[-,\s]+", shape.strip()) if p]
-        dims = {}
-        for part in parts:
-            m = re.fullmatch(r"([A-Za-z])=?(\d+)", part)
-            if not m:
-                raise BadInput(f"malformed shape {shape!r}: expected e.g. B8-T4096-H6-K128-V128 or B=8,T=4096")
-            dims[m.group(1).upper()] = int(m.group(2))
-    unknown = sorted(set(dims) - set(_DIMS))
+        try:
+            dims = parse_dims(shape)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+    known = _known_dims()
+    unknown = [d for d in dims if d not in known]
     if unknown:
-        raise BadInput(f"unknown dimension(s) {', '.join(unknown)} in shape {shape!r}: dimensions are B, T, H, K, V")
+        raise BadInput(
+            f"unknown dimension(s) {', '.join(unknown)} in shape {shape!r}: dimensions are {', '.join(known)}"
+        )
     return dims
 
 
+def _known_dims() -> tuple[str, ...]:
+    """Every dim of the ops registered in this process (B, T, H, K, V first)."""
+    from deltabench.harness.ops import OPS, load_entry_point_ops
+
+    load_entry_point_ops()
+    return tuple(order_dims(dict.fromkeys([*INDEXED_DIMS, *(d for c in OPS.values() for d in c.dims)], 1)))
+
+
 def _shape_clauses(shape: str | Mapping[str, int] | None) -> list[Any]:
-    return [getattr(Result, d) == v for d, v in parse_shape_filter(shape).items()]
+    """Clauses matching results whose dims include `shape`'s (an extra dim is matched inside the stored JSON)."""
+    clauses: list[Any] = []
+    for d, v in parse_shape_filter(shape).items():
+        if d in INDEXED_DIMS:
+            clauses.append(getattr(Result, d) == v)
+        else:
+            entry = f'"{d}":{int(v)}'
+            clauses.append(or_(Result.extra_dims.contains(entry + ","), Result.extra_dims.contains(entry + "}")))
+    return clauses
 
 
 def _one_or_many(column: Any, value: str | Sequence[str] | None) -> list[Any]:
@@ -555,11 +574,7 @@ def _job_result(row: Any, samples: list[float] | None, checks: list[CheckRecord]
         attempt=row.attempt,
         case=CaseSpec.model_construct(
             op=row.op,
-            B=row.B,
-            T=row.T,
-            H=row.H,
-            K=row.K,
-            V=row.V,
+            **case_dim_fields(row.B, row.T, row.H, row.K, row.V, row.extra_dims),
             dtype=row.dtype,  # type: ignore[arg-type]
             mode=row.mode,  # type: ignore[arg-type]
             regime=row.regime,  # type: ignore[arg-type]
@@ -753,6 +768,7 @@ _COMPARISON_RESULT_COLUMNS = (
     "H",
     "K",
     "V",
+    "extra_dims",
     "dtype",
     "mode",
     "regime",
@@ -793,6 +809,7 @@ def _comparison_job(row: Sequence[Any], run_created_at: _dt.datetime | None) -> 
         H,
         K,
         V,
+        extra_dims,
         dtype,
         mode,
         regime,
@@ -837,11 +854,7 @@ def _comparison_job(row: Sequence[Any], run_created_at: _dt.datetime | None) -> 
         }
     case = {
         "op": op,
-        "B": B,
-        "T": T,
-        "H": H,
-        "K": K,
-        "V": V,
+        **case_dim_fields(B, T, H, K, V, extra_dims),
         "dtype": dtype,
         "mode": mode,
         "regime": regime,
@@ -897,9 +910,7 @@ def series_history(
         statuses: which statuses to include (default: only timed, correct results); None for all.
         with_samples: also load each point's raw samples (for rank tests and bootstraps).
     """
-    dims = parse_shape_filter(shape)
-    if set(dims) != set(_DIMS):
-        raise BadInput(f"a series needs all of B, T, H, K, V; got {shape!r}")
+    dims = series_dims(op, shape)
     same_case = _same_case(op, impl, dims, dtype, mode, machine_kind)
     if software is None:
         software = _software_now(session, same_case, statuses)
@@ -982,13 +993,44 @@ def series_software_now(session: Session, *, key: SeriesKey, statuses: Sequence[
     )
 
 
+def series_dims(op: str, shape: str | Mapping[str, int]) -> dict[str, int]:
+    """The complete dims of a series of `op` from `shape`: every dim of its contract (B, T, H, K, V for the delta
+    family); of an op not registered in this process, at least B and T. BadInput says what is missing."""
+    dims = parse_shape_filter(shape)
+    needed = _series_dims(op)
+    if (needed is not None and set(dims) != set(needed)) or not {"B", "T"} <= set(dims):
+        raise BadInput(f"a series needs all of {', '.join(needed or ('B', 'T', '...'))}; got {shape!r}")
+    return dims
+
+
+def series_key(
+    op: str, impl: str, dims: Mapping[str, int], dtype: str, mode: str, machine_kind: str, software: str = ""
+) -> SeriesKey:
+    """The SeriesKey of one case at complete `dims` (any names; db/dims.py's columns)."""
+    cols = dims_columns(dims)
+    B, T, H, K, V = (cols[d] for d in INDEXED_DIMS)
+    return SeriesKey(op, impl, B, T, H, K, V, dtype, mode, machine_kind, software, cols["extra_dims"])
+
+
+def _series_dims(op: str) -> tuple[str, ...] | None:
+    """The dims of `op`'s contract, or None for an op not registered in this process (stored by a user's file)."""
+    from deltabench.harness.errors import UnknownOp
+    from deltabench.harness.ops import get_op
+
+    try:
+        return get_op(op).dims
+    except UnknownOp:
+        return None
+
+
 def _same_case(
     op: str, impl: str, dims: Mapping[str, int], dtype: str, mode: str, machine_kind: str
 ) -> tuple[Any, ...]:
+    """Clauses of one case: every dim column (0 where the op lacks the dim) and the extra dims, exactly."""
     return (
         Result.op == op,
         Result.impl == impl,
-        *(getattr(Result, d) == v for d, v in dims.items()),
+        *(getattr(Result, c) == v for c, v in dims_columns(dims).items()),
         Result.dtype == dtype,
         Result.mode == mode,
         Result.machine_kind == machine_kind,
@@ -1012,14 +1054,15 @@ def list_series(
     limit: int = 10_000,
 ) -> list[SeriesKey]:
     """The distinct series with at least one ok result (optionally since a time), sorted by their fields."""
-    columns = [Result.op, Result.impl, *(getattr(Result, d) for d in _DIMS), Result.dtype, Result.mode]
-    query = select(*columns, Result.machine_kind, Result.software).where(Result.status == "ok").distinct()
+    columns = [Result.op, Result.impl, *(getattr(Result, d) for d in INDEXED_DIMS), Result.dtype, Result.mode]
+    query = select(*columns, Result.machine_kind, Result.software, Result.extra_dims)
+    query = query.where(Result.status == "ok").distinct()
     for column, value in ((Result.op, op), (Result.impl, impl), (Result.machine_kind, machine_kind)):
         if value is not None:
             query = query.where(column == value)
     if since is not None:
         query = query.where(Result.run_created_at >= utc(since))
-    query = query.order_by(*columns, Result.machine_kind, Result.software).limit(limit)
+    query = query.order_by(*columns, Result.machine_kind, Result.software, Result.extra_dims).limit(limit)
     return [SeriesKey(*row) for row in session.execute(query)]
 
 
@@ -1058,7 +1101,7 @@ def _pairs(
 def compare_runs(session: Session, *, base_run_id: str, head_run_id: str, op: str | None = None) -> list[ComparedPair]:
     """Pair the results of two runs by (op, impl, shape, dtype, mode): base order first, then head-only cases.
 
-    Each pair's key is ``(op, impl, B, T, H, K, V, dtype, mode)``.
+    Each pair's key is ``(op, impl, B, T, H, K, V, extra_dims, dtype, mode)`` (db/dims.py).
     """
     columns = ("op", "impl", *_CASE_COLUMNS[1:])
     base_rows = run_results(session, run_id=base_run_id, op=op)

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+from deltabench.references.contract import INDEXED_DIMS, order_dims, shape_id
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
@@ -51,7 +52,8 @@ __all__ = [
     "timing_problem",
 ]
 
-SCHEMA_VERSION = 1
+# 2: CaseSpec's extra_dims, and H, K, V optional (ops with other dims); version 1 documents read unchanged.
+SCHEMA_VERSION = 2
 Status = Literal["ok", "incorrect", "unsupported", "oom", "timeout", "failed"]
 STATUSES: tuple[str, ...] = ("ok", "incorrect", "unsupported", "oom", "timeout", "failed")
 # Run and job ids: short, printable and safe in a URL path segment (no "/", no spaces), the same everywhere.
@@ -183,17 +185,23 @@ class Environment(_Model):
 
 
 class CaseSpec(_Model):
-    """One job's problem: op, dims, dtype, mode, gate regime and seed."""
+    """One job's problem: op, dims, dtype, mode, input regime and seed.
+
+    The delta family's dims B, T, H, K, V are fields of their own (a store indexes them); an op's other dims are
+    in ``extra_dims`` and the fields of dims it lacks are None (schema version 2; version 1 has the five fields and
+    no ``extra_dims``).
+    """
 
     op: str = Field(max_length=64)
     B: int = Field(ge=1, le=_INT32)
     T: int = Field(ge=1, le=_INT32)
-    H: int = Field(ge=1, le=_INT32)
-    K: int = Field(ge=1, le=_INT32)
-    V: int = Field(ge=1, le=_INT32)
+    H: int | None = Field(default=None, ge=1, le=_INT32)
+    K: int | None = Field(default=None, ge=1, le=_INT32)
+    V: int | None = Field(default=None, ge=1, le=_INT32)
+    extra_dims: dict[str, int] = Field(default_factory=dict, max_length=16, description="dims besides B,T,H,K,V")
     dtype: Literal["fp32", "bf16", "fp16"]
     mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
-    regime: Literal["typical", "long", "strong"] = "typical"
+    regime: str = Field(default="typical", max_length=16, pattern=r"^[a-z][a-z0-9_]*$")
     seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False
 
@@ -204,14 +212,39 @@ class CaseSpec(_Model):
         if op not in known:
             raise ValueError(
                 f"unknown op {op[:64]!r}: known ops are {', '.join(sorted(known))} "
-                "(a plug-in registers its op with deltabench.harness.document.register_op_name)"
+                "(a plug-in registers its op with deltabench.harness.ops.register_op)"
             )
         return op
 
+    @field_validator("extra_dims")
+    @classmethod
+    def _extra_dims(cls, dims: dict[str, int]) -> dict[str, int]:
+        import re
+
+        for name, size in dims.items():
+            if not re.fullmatch(r"[A-Z]{1,8}", name) or name in INDEXED_DIMS:
+                raise ValueError(f"extra dim {name[:16]!r}: upper-case letters, none of {', '.join(INDEXED_DIMS)}")
+            if not 1 <= size <= _INT32:
+                raise ValueError(f"extra dim {name} = {size}: must be between 1 and {_INT32}")
+        return dims
+
+    @classmethod
+    def from_dims(cls, op: str, dims: dict[str, int], **fields: Any) -> CaseSpec:
+        """The document's case of `op` at `dims` (any names): the indexed ones as fields, the others as extra dims."""
+        indexed = {d: v for d, v in dims.items() if d in INDEXED_DIMS}
+        extra = {d: v for d, v in dims.items() if d not in INDEXED_DIMS}
+        return cls(op=op, **indexed, extra_dims=extra, **fields)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        """Every dim the case has, indexed ones first (references/contract.order_dims)."""
+        indexed = {d: getattr(self, d) for d in INDEXED_DIMS if getattr(self, d) is not None}
+        return order_dims({**indexed, **(self.extra_dims or {})})
+
     @property
     def shape_id(self) -> str:
-        """``B8-T4096-H6-K128-V128``."""
-        return f"B{self.B}-T{self.T}-H{self.H}-K{self.K}-V{self.V}"
+        """``B8-T4096-H6-K128-V128`` (``B2-T100-D8`` for an op of dims B, T, D)."""
+        return shape_id(self.dims)
 
 
 class CheckRecord(_Model):

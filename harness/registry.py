@@ -1,10 +1,12 @@
 """The impl registry: named implementations of an op, with what they need and where they run.
 
-An impl is a callable with its op's signature, ``fn(q, k, v, *gates, scale=None, initial_state=None)
--> (o, final_state)``, registered with :func:`register_impl`. Built-in impls are wired in by
-``harness/builtin.py`` (kernels/ never imports the harness); third-party packages register through the
-entry-point group ``deltabench.impls`` (each entry point names a module to import, or a callable to call);
-``load_module`` imports a user's module or ``.py`` file that calls ``register_impl``.
+An impl is a callable with its op's signature (the delta family's ``fn(q, k, v, *gates, scale=None,
+initial_state=None) -> (o, final_state)``), registered with :func:`register_impl`. Built-in impls are declared
+beside their kernels, as plain data (``IMPLS``, a tuple of kernels/declare.ImplDecl, in each ``kernels/<op>/``
+package and in ``kernels/external``): the registry collects every such package (kernels/ never imports the
+harness). Third-party packages register through the entry-point groups ``deltabench.ops`` (harness/ops.py) and
+``deltabench.impls`` (each entry point names a module to import, or a callable to call); ``load_module`` imports a
+user's module or ``.py`` file that calls ``register_op`` and ``register_impl`` (or :func:`register_impls`).
 """
 
 from __future__ import annotations
@@ -19,19 +21,23 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from deltabench.kernels.declare import ImplDecl
+
 from .cases import Case, parse_dtype
 from .devices import absent_reason, parse_device
 from .errors import BadInput, ImplUnavailable, UnknownImpl
-from .ops import OPS, get_op
+from .ops import OPS, get_op, load_entry_point_ops
 
 __all__ = [
     "Impl",
+    "ImplDecl",
     "all_impls",
     "get_impl",
     "impls_for",
     "lazy",
     "load_module",
     "register_impl",
+    "register_impls",
 ]
 
 BACKENDS = ("torch", "triton", "jax", "cuda")
@@ -144,6 +150,31 @@ def register_impl(
     return decorate
 
 
+def register_impls(decls: Any) -> None:
+    """Register every declaration of `decls` (kernels/declare.ImplDecl), each imported lazily on its first call."""
+    for d in decls:
+        register_impl(
+            d.op,
+            d.name,
+            backend=d.backend,
+            devices=d.devices,
+            dtypes=d.dtypes,
+            supports_backward=d.backward,
+            constraint=d.constraint,
+            requires=d.requires,
+            notes=d.notes,
+        )(lazy(d.target))
+
+
+def _kernel_packages() -> list[str]:
+    """Every package under kernels/ (an op's folder, or external): where built-in impls are declared."""
+    import pkgutil
+
+    import deltabench.kernels as kernels
+
+    return [f"{kernels.__name__}.{m.name}" for m in pkgutil.iter_modules(kernels.__path__) if m.ispkg]
+
+
 def _source_of(fn: Callable[..., Any]) -> str:
     mod = getattr(fn, "__module__", "") or ""
     return "builtin" if mod.startswith("deltabench.") else mod
@@ -197,8 +228,9 @@ def _load_all() -> None:
     if _LOADED:
         return
     _LOADED = True
-    from . import builtin  # noqa: F401  (registers on import)
-
+    for package in _kernel_packages():
+        register_impls(getattr(importlib.import_module(package), "IMPLS", ()))
+    load_entry_point_ops()
     for ep in entry_points(group="deltabench.impls"):
         try:
             obj = ep.load()

@@ -285,9 +285,10 @@ def delta_contract(
 
 
 def order_dims(dims: Mapping[str, int]) -> dict[str, int]:
-    """`dims` in the one order shapes are written: the indexed dims B, T, H, K, V first, then the others as given."""
+    """`dims` in the one order shapes are written: the indexed dims B, T, H, K, V first, then the others sorted by
+    name (so that a shape stored without its op's contract reads back the same)."""
     ordered = {d: int(dims[d]) for d in INDEXED_DIMS if d in dims}
-    ordered.update({d: int(v) for d, v in dims.items() if d not in ordered})
+    ordered.update({d: int(dims[d]) for d in sorted(dims) if d not in ordered})
     return ordered
 
 

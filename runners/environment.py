@@ -111,13 +111,18 @@ def git_state(root: Path | None = None) -> tuple[str | None, bool]:
         return None, False
 
 
+# Every kernel source kind: Python, and CUDA/C++ sources a kernel may compile (a change to any of them is a new kernel).
+KERNEL_SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".cpp", ".h", ".hpp")
+
+
 def kernel_hash(root: Path | None = None) -> str | None:
-    """SHA-256 (first 16 hex digits) over the paths and contents of ``kernels/**/*.py``."""
+    """SHA-256 (first 16 hex digits) over the paths and contents of every source file under ``kernels/``
+    (:data:`KERNEL_SOURCE_SUFFIXES`)."""
     base = (root or source_root()) / "kernels"
     if not base.is_dir():
         return None
     h = hashlib.sha256()
-    for path in sorted(base.rglob("*.py")):
+    for path in sorted(p for p in base.rglob("*") if p.suffix in KERNEL_SOURCE_SUFFIXES and p.is_file()):
         if "__pycache__" in path.parts:
             continue
         h.update(path.relative_to(base).as_posix().encode())

@@ -39,9 +39,8 @@ _default_threads: int | None = None  # torch's own intra-op thread count, before
 
 def case_spec(case: Case) -> CaseSpec:
     """The document's form of a case (device dropped: the job carries it)."""
-    d = case.to_dict()
-    d.pop("device", None)
-    return CaseSpec(**d)
+    fields = {f: v for f, v in case.to_dict().items() if f not in case.dims and f not in ("op", "device")}
+    return CaseSpec.from_dims(case.op, case.dims, **fields)
 
 
 def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:

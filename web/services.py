@@ -260,10 +260,8 @@ def series_key_of(
     """
     from deltabench.harness.series import parse_software
 
-    dims = queries.parse_shape_filter(shape)
-    if set(dims) != {"B", "T", "H", "K", "V"}:
-        raise BadInput(f"a series needs all of B, T, H, K, V; got {shape!r}")
-    case = queries.SeriesKey(op, impl, dims["B"], dims["T"], dims["H"], dims["K"], dims["V"], dtype, mode, machine_kind)
+    dims = queries.series_dims(op, shape)
+    case = queries.series_key(op, impl, dims, dtype, mode, machine_kind)
     if software is None:
         software = queries.series_software_now(session, key=case)
         if software is None:

@@ -9,8 +9,52 @@ functions with an op's signature, ``fn(q, k, v, *gates, scale=None, initial_stat
 * :mod:`.flash_qla`: FlashQLA's fused TileLang kernels (``gdn_flash_qla``; SM90+, bf16/fp16, K = V = 128);
 * :mod:`.opengdn`: opengdn 0.1.0 (``gdn_opengdn_triton``, ``gdn_opengdn_chunkwise``).
 
-They are wired into the registry by ``harness/builtin.py`` with ``requires=(package,)``, so `deltabench list` shows
-each one as unavailable, with the reason, where its package is missing.
+Each module declares its impls beside its code (``IMPLS``, kernels/declare.py) with ``requires=(package,)``, so
+`deltabench list` shows each one as unavailable, with the reason, where its package is missing; this package's
+``IMPLS`` gathers them for the registry. atomic-ops' adapter (:mod:`.atomic_ops`) imports JAX at its top, so its
+declarations are here, where listing them imports no JAX.
 """
 
-__all__ = ["fla", "flash_qla", "opengdn"]
+from typing import Any
+
+from ..declare import JAX_DEVICES, JAX_DTYPES, ImplDecl
+from . import fla, flash_qla, opengdn
+
+__all__ = ["IMPLS", "fla", "flash_qla", "opengdn"]
+
+
+def _atomic_ops_case(path: str) -> Any:
+    def constraint(case: Any) -> str | None:
+        from .atomic_ops import unsupported_reason
+
+        return unsupported_reason(T=case.T, K=case.K, V=case.V, device=case.device, path=path)
+
+    return constraint
+
+
+# atomic-ops 0.2.0 (atomic_ops.py): JAX, so timed natively like deltabench's JAX impls.
+_ATOMIC_OPS = tuple(
+    ImplDecl(
+        "gdn2",
+        name,
+        f"{__name__}.atomic_ops:{name}",
+        backend="jax",
+        devices=devices,
+        dtypes=JAX_DTYPES,
+        constraint=_atomic_ops_case(path),
+        requires=("atomic_ops", "jax"),
+        notes=note,
+    )
+    for name, path, devices, note in (
+        ("atomic_ops_fused", "fused", ("tpu",), "atomic-ops 0.2.0 gdn2_pallas_forward_trainable: fused Pallas fwd+bwd"),
+        (
+            "atomic_ops_auto",
+            "auto",
+            JAX_DEVICES,
+            "atomic-ops 0.2.0 gdn2_forward_trainable: its fused kernel on a TPU with K=128, its chunked WY elsewhere",
+        ),
+        ("atomic_ops_wy", "wy", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_chunked_wy_reference (pure JAX, chunk 256)"),
+        ("atomic_ops_serial", "serial", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_token_serial_reference (pure JAX scan)"),
+    )
+)
+IMPLS = (*fla.IMPLS, *flash_qla.IMPLS, *opengdn.IMPLS, *_ATOMIC_OPS)

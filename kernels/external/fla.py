@@ -28,10 +28,13 @@ from types import ModuleType
 
 import torch
 
+from ..common.constraints import kv_at_most
+from ..declare import ALL_DTYPES, ImplDecl
 from .fla_convention import call_fla_convention
 
 __all__ = [
     "GUARD_BYPASSED",
+    "IMPLS",
     "gdn2_fla_chunk",
     "gdn_fla_chunk",
     "gdn_fla_recurrent",
@@ -165,3 +168,30 @@ def kda_fla_chunk(
     beta ``[B, T, H]`` already in (0, 1) (``use_beta_sigmoid_in_kernel=False``). FLA asserts K <= 256."""
     fla_kda = _submodule("kda")
     return call_fla_convention(fla_kda.chunk_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+# Declarations (kernels/declare.py). FLA's chunk kernels hold a whole key row in one tile: chunk_gdn2/chunk_kda assert
+# K <= 256.
+_NOTE = "FLA 0.6.0's Triton path: FlashQLA and TileLang dispatch off (FLA_FLASH_QLA=0, FLA_TILELANG=0)"
+_FLA_IMPL = dict(
+    backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=kv_at_most(256, " in FLA"), requires=("fla",)
+)
+IMPLS = (
+    ImplDecl(
+        "gdn",
+        "fla_chunk",
+        f"{__name__}:gdn_fla_chunk",
+        **_FLA_IMPL,
+        notes=f"{_NOTE}; bwd guard bypassed (FLA #640) on Hopper with Triton >=3.4,<3.7.1: the gate judges it",
+    ),
+    ImplDecl(
+        "gdn",
+        "fla_recurrent",
+        f"{__name__}:gdn_fla_recurrent",
+        **_FLA_IMPL,
+        backward=False,
+        notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
+    ),
+    ImplDecl("gdn2", "fla_chunk", f"{__name__}:gdn2_fla_chunk", **_FLA_IMPL, notes=_NOTE),
+    ImplDecl("kda", "fla_chunk", f"{__name__}:kda_fla_chunk", **_FLA_IMPL, notes=_NOTE),
+)

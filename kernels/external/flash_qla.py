@@ -10,11 +10,14 @@ first call (3 to 50 s per kernel): a runner's warm-up absorbs that and reports i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from ..declare import ImplDecl
 from .fla_convention import call_fla_convention
 
-__all__ = ["SUPPORTED_ARCHS", "gdn_flash_qla", "unsupported_reason"]
+__all__ = ["IMPLS", "SUPPORTED_ARCHS", "flash_qla_case", "gdn_flash_qla", "unsupported_reason"]
 
 # Compute capabilities flash_qla 0.1.3 ships kernels for (its chunk/__init__.py raises on any other).
 SUPPORTED_ARCHS = ((9, 0), (10, 0), (10, 3), (12, 0), (12, 1))
@@ -60,3 +63,26 @@ def gdn_flash_qla(
     return call_fla_convention(
         flash_qla.chunk_gated_delta_rule, q, k, v, g, beta, scale=scale, initial_state=initial_state
     )
+
+
+def flash_qla_case(case: Any) -> str | None:
+    """:func:`unsupported_reason` for a case, with the GPU's compute capability when it runs on one."""
+    capability = None
+    if case.device == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability()
+    return unsupported_reason(K=case.K, V=case.V, device=case.device, capability=capability)
+
+
+IMPLS = (
+    ImplDecl(
+        "gdn",
+        "flash_qla",
+        f"{__name__}:gdn_flash_qla",
+        backend="cuda",
+        devices=("cuda",),
+        dtypes=("bf16", "fp16"),
+        constraint=flash_qla_case,
+        requires=("flash_qla", "tilelang"),
+        notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds",
+    ),
+)

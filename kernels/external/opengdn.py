@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["from_opengdn_state", "gdn_opengdn_chunkwise", "gdn_opengdn_triton", "to_opengdn"]
+from ..common.constraints import kv_at_most
+from ..declare import ALL_DTYPES, ImplDecl
+
+__all__ = ["IMPLS", "from_opengdn_state", "gdn_opengdn_chunkwise", "gdn_opengdn_triton", "to_opengdn"]
 
 
 def to_opengdn(
@@ -99,3 +102,28 @@ def gdn_opengdn_chunkwise(
     q_s, alpha, beta_c, state = to_opengdn(q, g, beta, scale, initial_state)
     o, final_state = opengdn.gated_delta_chunkwise(q_s, k.contiguous(), v.contiguous(), alpha, beta_c, state)
     return o, from_opengdn_state(final_state)
+
+
+IMPLS = (
+    ImplDecl(
+        "gdn",
+        "opengdn_triton",
+        f"{__name__}:gdn_opengdn_triton",
+        backend="triton",
+        devices=("cuda",),
+        dtypes=("bf16",),
+        constraint=kv_at_most(512, " in opengdn's Triton path"),
+        requires=("opengdn", "triton"),
+        notes="opengdn 0.1.0 gated_delta_triton; raises instead of falling back to its chunkwise path",
+    ),
+    ImplDecl(
+        "gdn",
+        "opengdn_chunkwise",
+        f"{__name__}:gdn_opengdn_chunkwise",
+        backend="torch",
+        devices=("cpu", "cuda"),
+        dtypes=ALL_DTYPES,
+        requires=("opengdn",),
+        notes="opengdn 0.1.0 gated_delta_chunkwise (PyTorch extended WY, chunk 64)",
+    ),
+)

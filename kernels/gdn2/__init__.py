@@ -7,7 +7,63 @@ log-decay (<= 0). Per token: ``S <- Diag(exp g) S; r = S^T (b * k); S <- S + k (
 - :func:`gdn2_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
 """
 
+from typing import Any
+
+from ..common.constraints import jax_scan_memory
+from ..declare import JAX_DEVICES, JAX_DTYPES, TORCH_DEVICES, ImplDecl
 from .torch_chunk import gdn2_torch_chunk
 from .torch_recurrent import gdn2_torch_recurrent
 
-__all__ = ["gdn2_torch_chunk", "gdn2_torch_recurrent"]
+__all__ = ["IMPLS", "gdn2_torch_chunk", "gdn2_torch_recurrent"]
+
+_HERE = "deltabench.kernels.gdn2"
+# The interpreter runs each (batch, head, chunk) program as XLA operations, one after another: for checking only.
+_PALLAS_CPU_PROGRAMS = 256
+
+
+def pallas_case(case: Any) -> str | None:
+    """Why the fused Pallas GDN-2 kernel cannot run `case` (None when it can)."""
+    if case.device == "tpu" and (case.K % 128 or case.V % 128):
+        return f"Mosaic blocks of [64, K] and [64, V] need K and V multiples of 128 (got K={case.K}, V={case.V})"
+    programs = case.B * case.H * -(-case.T // 64)
+    if case.device == "cpu" and programs > _PALLAS_CPU_PROGRAMS:
+        return (
+            f"on the CPU the kernel runs in Pallas' interpreter, for checking: up to {_PALLAS_CPU_PROGRAMS} "
+            f"(batch, head, chunk) programs, this case has {programs}"
+        )
+    return None
+
+
+IMPLS = (
+    ImplDecl("gdn2", "torch_recurrent", f"{_HERE}.torch_recurrent:gdn2_torch_recurrent", "torch", TORCH_DEVICES),
+    ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "gdn2", "jax_chunk", f"{_HERE}.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)
+    ),
+    ImplDecl(
+        "gdn2",
+        "jax_scan",
+        f"{_HERE}.jax_scan:gdn2_jax_scan",
+        "jax",
+        JAX_DEVICES,
+        JAX_DTYPES,
+        requires=("jax",),
+        constraint=jax_scan_memory,
+        notes="associative-scan baseline: O(T K^2) memory",
+    ),
+    # Pallas kernels (pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU; kda is gdn2 with b = w = beta.
+    *(
+        ImplDecl(
+            op,
+            "pallas_chunk",
+            f"{_HERE}.pallas.chunk:{op}_pallas_chunk",
+            "jax",
+            ("cpu", "tpu"),
+            JAX_DTYPES,
+            requires=("jax",),
+            constraint=pallas_case,
+            notes="fused Pallas forward and backward kernels (Mosaic on a TPU; the interpreter on the CPU)",
+        )
+        for op in ("gdn2", "kda")
+    ),
+)

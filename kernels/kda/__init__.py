@@ -8,7 +8,15 @@ o = S^T (scale q)``, i.e. GDN-2 with b = w = beta.
 - :func:`kda_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
 """
 
+from ..declare import TORCH_DEVICES, ImplDecl
 from .torch_chunk import kda_torch_chunk
 from .torch_recurrent import kda_torch_recurrent
 
-__all__ = ["kda_torch_chunk", "kda_torch_recurrent"]
+__all__ = ["IMPLS", "kda_torch_chunk", "kda_torch_recurrent"]
+
+IMPLS = (
+    ImplDecl(
+        "kda", "torch_recurrent", "deltabench.kernels.kda.torch_recurrent:kda_torch_recurrent", "torch", TORCH_DEVICES
+    ),
+    ImplDecl("kda", "torch_chunk", "deltabench.kernels.kda.torch_chunk:kda_torch_chunk", "torch", TORCH_DEVICES),
+)

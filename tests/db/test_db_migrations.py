@@ -31,7 +31,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0005"
+    assert current_revision(fresh_engine) == head_revision() == "0006"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -39,7 +39,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0005"
+    assert current_revision(fresh_engine) == "0006"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]

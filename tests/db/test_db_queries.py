@@ -179,7 +179,7 @@ def test_compare_runs_and_impls(engine, factory) -> None:  # type: ignore[no-unt
     with session_scope(engine) as s:
         pairs = queries.compare_runs(s, base_run_id=docs[0].run_id, head_run_id=docs[4].run_id)
         assert len(pairs) == 4 and all(p.base and p.head for p in pairs)
-        assert pairs[0].key == ("gdn", "torch_chunk", 2, 1024, 4, 64, 64, "bf16", "fwd")
+        assert pairs[0].key == ("gdn", "torch_chunk", 2, 1024, 4, 64, 64, "", "bf16", "fwd")  # "": no extra dims
         assert pairs[0].head.median_ms / pairs[0].base.median_ms == pytest.approx(1.4)
         partial = queries.compare_runs(s, base_run_id=docs[4].run_id, head_run_id=docs[5].run_id)
         assert [(p.base is not None, p.head is not None) for p in partial] == [(True, True)] + [(True, False)] * 3

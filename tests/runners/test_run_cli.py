@@ -130,7 +130,7 @@ def test_unknown_suite_is_bad_input(capsys):
 
 def test_results_document_is_valid_json(faulty_run):
     text = faulty_run[1].to_json()
-    assert json.loads(text)["schema_version"] == 1
+    assert json.loads(text)["schema_version"] == 2
 
 
 FRAGILE_SUITE = """

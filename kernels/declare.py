@@ -1,0 +1,47 @@
+"""Impl declarations: what a kernel is, as plain data, written beside the kernel itself.
+
+Each op package (``kernels/<op>/__init__.py``) and each adapter (``kernels/external/<pkg>.py``) exports ``IMPLS``, a
+tuple of :class:`ImplDecl`; the harness's registry collects them (nothing here imports the harness). A constraint is
+a function of the case (it reads ``case.K``, ``case.device`` ...) returning None when the impl can run it, else the
+reason it cannot; it lives in the same module as the declaration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ALL_DTYPES", "JAX_DEVICES", "JAX_DTYPES", "TORCH_DEVICES", "ImplDecl"]
+
+ALL_DTYPES = ("fp32", "bf16", "fp16")
+TORCH_DEVICES = ("cpu", "cuda")
+JAX_DEVICES = ("cpu", "cuda", "tpu")
+JAX_DTYPES = ("fp32", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImplDecl:
+    """One impl of an op.
+
+    Attributes:
+        op, name: the op it implements and its name there (``gdn``, ``triton_chunk``).
+        target: ``"package.module:function"``, imported on the first call (listing impls imports no kernel).
+        backend: ``torch``, ``triton``, ``jax`` or ``cuda``.
+        devices, dtypes: the platforms and dtypes it runs.
+        backward: it has a backward (the gate checks gradients, ``fwd+bwd`` is timed).
+        requires: importable modules it needs (checked without importing them).
+        constraint: ``constraint(case) -> str | None``, the reason it cannot run a case.
+        notes: shown by ``deltabench list`` and stored with results.
+    """
+
+    op: str
+    name: str
+    target: str
+    backend: str
+    devices: tuple[str, ...]
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    backward: bool = True
+    requires: tuple[str, ...] = ()
+    constraint: Callable[[Any], str | None] | None = None
+    notes: str = ""

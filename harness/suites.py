@@ -194,7 +194,7 @@ def _list(value: Any, what: str, where: str) -> list[Any]:
     return value
 
 
-def _shape(value: Any, where: str) -> dict[str, int]:
+def _shape(value: Any, where: str, op: str | None = None) -> dict[str, int]:
     if isinstance(value, dict):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
             raise BadInput(f"{where}: shape {value!r} must map dimensions to integers")
@@ -202,7 +202,7 @@ def _shape(value: Any, where: str) -> dict[str, int]:
     if not isinstance(value, str):
         raise BadInput(f"{where}: a shape is a string like 'B=2,T=200,H=4,K=64,V=64' or a table, not {value!r}")
     try:
-        return parse_shape(value)
+        return parse_shape(value, op)
     except BadInput as exc:
         raise BadInput(f"{where}: {exc}") from None
 
@@ -295,7 +295,7 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         shapes_value = table.get("shapes", data.get("shapes"))
         if shapes_value is None:
             raise BadInput(f"{here}: no shapes (give 'shapes' at the top or in the op's table)")
-        shapes = tuple(_shape(s, here) for s in _list(shapes_value, "shapes", here))
+        shapes = tuple(_shape(s, here, op) for s in _list(shapes_value, "shapes", here))
         dtypes = _dtypes(table.get("dtypes", data.get("dtypes", ["bf16"])), here)
         modes = _modes(table.get("modes", data.get("modes", ["fwd"])), here)
         plans.append(OpPlan(op, impls, baseline, shapes, dtypes, modes))

@@ -28,6 +28,7 @@ __all__ = [
     "order_dims",
     "parse_dims",
     "shape_id",
+    "streaming_work",
 ]
 
 # The gate regimes every generator here draws (references/_inputs.py documents them).

@@ -127,11 +127,28 @@ def _resolves_jax_fn(impl: Any) -> bool:
 def execute(job: JobSpec) -> JobResult:
     """Run `job` in this process and return its result; every failure is a status, not an exception."""
     started = _dt.datetime.now(_dt.timezone.utc)
-    case = job.to_case()
+    from deltabench.harness.registry import load_module
+
+    # The user's modules first: one may register the job's op, whose contract the case and its document read.
+    import_error: Exception | None = None
+    try:
+        for module in job.imports:
+            if module not in _imported:
+                load_module(module)
+                _imported.add(module)
+    except Exception as exc:
+        import_error = exc
+    try:
+        case = job.to_case()
+        spec = case_spec(case)
+    except Exception:
+        if import_error is not None:
+            raise import_error from None  # the job's op came from the module that failed: that is the error
+        raise
     result = JobResult(
         job_id=job.job_id,
         attempt=job.attempt,
-        case=case_spec(case),
+        case=spec,
         impl=job.impl,
         device=case.device,
         status="failed",
@@ -142,13 +159,11 @@ def execute(job: JobSpec) -> JobResult:
     try:
         from deltabench.harness.devices import placement
         from deltabench.harness.ops import get_op, make_case_inputs
-        from deltabench.harness.registry import get_impl, load_module
+        from deltabench.harness.registry import get_impl
 
         _phase(phase)
-        for module in job.imports:
-            if module not in _imported:
-                load_module(module)
-                _imported.add(module)
+        if import_error is not None:
+            raise import_error
         impl = get_impl(case.op, job.impl)
         result.backend = impl.backend
         result.notes = impl.notes

@@ -220,6 +220,14 @@ def register(app: typer.Typer) -> None:
         "default: the measured figure of the machine class (README, Regression gate)."
     )
 
+    import_help = "A module or .py file that registers ops or impls (an op of its own: the runs carry it)."
+
+    def _load(imports: list[str]) -> None:
+        from deltabench.harness.registry import load_module
+
+        for spec in imports:
+            load_module(spec)
+
     @app.command("gate")
     def gate_command(
         base: str = typer.Option(..., "--base", help="Base run: result/pytest-benchmark JSON, run id or git ref."),
@@ -232,6 +240,7 @@ def register(app: typer.Typer) -> None:
         history: bool = typer.Option(True, "--history/--no-history", help=history_help),
         allow_missing: bool = typer.Option(False, "--allow-missing", help=missing_help),
         default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
+        import_: list[str] = typer.Option([], "--import", help=import_help),
     ) -> int:
         """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
         jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
@@ -241,6 +250,7 @@ def register(app: typer.Typer) -> None:
         of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
         past runs when the database has them, else the machine class's measured default (README, "Regression gate").
         """
+        _load(import_)
         cmp = _compare(
             base,
             head,
@@ -266,8 +276,10 @@ def register(app: typer.Typer) -> None:
         db: str = typer.Option(None, "--db", help=db_help),
         history: bool = typer.Option(True, "--history/--no-history", help=history_help),
         default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
+        import_: list[str] = typer.Option([], "--import", help=import_help),
     ) -> int:
         """Compare two runs job by job (head vs base), without gating: exit 0 unless the input is bad."""
+        _load(import_)
         _compare(
             base,
             head,

@@ -106,13 +106,25 @@ def register(app: typer.Typer) -> None:
         file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
         """
         from deltabench.harness.cases import parse_dtype, parse_shape
-        from deltabench.harness.errors import BadInput
+        from deltabench.harness.errors import BadInput, UnknownOp
         from deltabench.harness.ops import get_op
+        from deltabench.references.contract import parse_dims
 
         if timeout is not None and timeout <= 0:
             raise BadInput("--timeout must be a positive number of seconds")
-        spec_op = get_op(op)
-        dims = parse_shape(shape)
+        contract = None
+        try:
+            contract = get_op(op)
+            dims = parse_shape(shape, op)
+        except UnknownOp:
+            if not import_:
+                raise
+            # An op the --import file registers: the child, which imports it, checks the shape and the regimes
+            # against its contract.
+            try:
+                dims = parse_dims(shape)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
         dtype = parse_dtype(dtype)
         from deltabench.harness.devices import default_device, parse_platform
 
@@ -121,10 +133,11 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
         from deltabench.harness.cases import REGIMES
 
-        unknown = [r for r in regime if r not in REGIMES]
-        if unknown:
-            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(REGIMES)}")
-        regimes = list(dict.fromkeys(regime)) or list(REGIMES)
+        known_regimes = contract.regimes if contract is not None else REGIMES
+        unknown = [r for r in regime if r not in known_regimes]
+        if unknown and contract is not None:
+            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(known_regimes)}")
+        regimes = list(dict.fromkeys(regime)) or list(known_regimes)
         if reference not in ("auto", "oracle", "torch_chunk"):
             raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
         request = {
@@ -138,7 +151,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         console = Console(stderr=json_)
-        shape_id = "-".join(f"{k}{v}" for k, v in dims.items())
+        shape_id = "-".join(f"{k}{v}" for k, v in dims.items())  # as typed: the child completes it
         what = " ".join(x for x in (shape_id, dtype, mode) if x)
         with console.status(f"verifying {op}/{impl} on {what} ({device}, in a child process)"):
             outcome = verify_in_child(request, timeout_s)
@@ -156,7 +169,7 @@ def register(app: typer.Typer) -> None:
         if json_:
             print(json.dumps(report.to_dict(), indent=1))
             return 0 if report.passed else 1
-        _print_report(console, report, spec_op.title, all_records)
+        _print_report(console, report, contract.title if contract else op, all_records)
         return 0 if report.passed else 1
 
 

@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltabench.harness.errors import BadInput
+from deltabench.references.contract import shape_id
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from . import queries
+from .dims import dims_of
 from .engine import get_engine, session_scope
 from .ingest import utc
 from .models import Environment, Result, Run
@@ -234,7 +236,9 @@ def _frame(
     frame = pd.DataFrame([row[2:] for row in rows], columns=names)
     ids = [row[0] for row in rows]
     ceilings = [row[1] or {} for row in rows]
-    frame["shape"] = [f"B{b}-T{t}-H{h}-K{k}-V{v}" for b, t, h, k, v in zip(*(frame[d] for d in "BTHKV"), strict=True)]
+    frame["shape"] = [
+        shape_id(dims_of(*dims)) for dims in zip(*(frame[d] for d in (*"BTHKV", "extra_dims")), strict=True)
+    ]
     frame["iqr_ms"] = frame["q3_ms"] - frame["q1_ms"]
     frame["peak_mib"] = frame["peak_bytes"] / 2**20
     frame["ceiling_matmul_tflops"] = [c.get("matmul_tflops") for c in ceilings]

@@ -97,10 +97,11 @@ def stable_job_id(run_id: str, case: dict[str, Any], impl: str) -> str:
     return f"{run_id}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
 
 
-def _dims_key(shape: str) -> tuple[int, ...]:
+def _dims_key(shape: str, op: str) -> tuple[tuple[str, int], ...]:
+    """`shape` read with `op`'s contract (its dims, defaults filled in), comparable with a suite plan's shapes."""
     from deltabench.harness.cases import parse_shape
 
-    return tuple(parse_shape(shape).values())
+    return tuple(parse_shape(shape, op).items())
 
 
 def _filtered(values: tuple, wanted: list[str], canon: Callable[[str], Any]) -> tuple:
@@ -130,7 +131,7 @@ def suite_for_spec(spec: dict[str, Any]):  # type: ignore[no-untyped-def]  # -> 
         plans = []
         for plan in suite.ops:
             shapes_kept = tuple(
-                s for s in plan.shapes if not shapes or tuple(s.values()) in set(map(_dims_key, shapes))
+                s for s in plan.shapes if not shapes or tuple(s.items()) in {_dims_key(x, plan.op) for x in shapes}
             )
             plan = dataclasses.replace(
                 plan,

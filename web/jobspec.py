@@ -51,7 +51,9 @@ def validate_job(body: JobSubmit) -> dict[str, Any]:
         scope = ops
     shapes = []
     for shape in body.shapes:
-        dims = parse_shape(shape)
+        # a shape holds for every op of the job: each reads it with its own contract's dims
+        parsed = [parse_shape(shape, op) for op in scope]
+        dims = parsed[0]
         shapes.append(",".join(f"{d}={v}" for d, v in dims.items()))
     dtypes = [parse_dtype(d) for d in body.dtypes]
     for mode in body.modes:

@@ -2,13 +2,13 @@
 
 Public API::
 
-    from deltabench.harness import register_impl, get_impl, get_op, Case
+    from deltabench.harness import register_op, register_impl, register_impls, get_impl, get_op, Case
 """
 
 from .cases import Case, parse_dtype, parse_shape
 from .errors import BadInput, DeltabenchError, ImplUnavailable, UnknownImpl, UnknownOp
-from .ops import OPS, get_op
-from .registry import Impl, all_impls, get_impl, impls_for, load_module, register_impl
+from .ops import OPS, get_op, register_op
+from .registry import Impl, all_impls, get_impl, impls_for, load_module, register_impl, register_impls
 
 __all__ = [
     "OPS",
@@ -27,4 +27,6 @@ __all__ = [
     "parse_dtype",
     "parse_shape",
     "register_impl",
+    "register_impls",
+    "register_op",
 ]

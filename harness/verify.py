@@ -185,6 +185,12 @@ def _differentiable(spec: OpSpec, name: str, t: torch.Tensor) -> bool:
     return t.is_floating_point() and spec.arg(name).differentiable
 
 
+def _options(inputs: dict[str, Any]) -> dict[str, Any]:
+    """What ``make_inputs`` returned beside the tensors (the contract's options, e.g. sdm's ``num_slots``): passed to
+    every call as keyword arguments, as they are."""
+    return {n: x for n, x in inputs.items() if not isinstance(x, torch.Tensor)}
+
+
 def _kwargs(spec: OpSpec, scale: float | None, state: torch.Tensor | None) -> dict[str, Any]:
     """The keyword arguments of one call: ``scale`` where the op takes one, and the initial state."""
     return {**({"scale": scale} if spec.scale is not None else {}), spec.state_arg: state}
@@ -203,10 +209,13 @@ def _call(
     ``mutated``."""
     want_grad = cotangents is not None
     leaves = {
-        n: t.detach().clone().requires_grad_(want_grad and _differentiable(spec, n, t)) for n, t in inputs.items()
+        n: t.detach().clone().requires_grad_(want_grad and _differentiable(spec, n, t))
+        for n, t in inputs.items()
+        if isinstance(t, torch.Tensor)
     }
+    options = _options(inputs)
     with torch.enable_grad() if want_grad else torch.no_grad():
-        o, state = fn(*(leaves[n] for n in spec.args), **_kwargs(spec, scale, leaves.get(spec.state_arg)))
+        o, state = fn(*(leaves[n] for n in spec.args), **_kwargs(spec, scale, leaves.get(spec.state_arg)), **options)
     grads: dict[str, torch.Tensor | None] = {}
     if want_grad:
         do, dht = cotangents
@@ -242,7 +251,10 @@ def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
 
 
 def _fp32_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: t.detach().float() if t.is_floating_point() else t.detach() for n, t in inputs.items()}
+    return {
+        n: (t.detach().float() if t.is_floating_point() else t.detach()) if isinstance(t, torch.Tensor) else t
+        for n, t in inputs.items()
+    }
 
 
 def _contract(run: _Run, spec: OpSpec, case: Case, **where: Any) -> list[CheckRecord]:
@@ -338,9 +350,11 @@ def _streaming(
     on_boundary = t1 % LARGEST_CHUNK == 0
     prefix = "boundary" if on_boundary else "streaming"
     state_arg = spec.state_arg
-    seq = {n: t for n, t in inputs.items() if n != state_arg}
+    seq = {n: t for n, t in inputs.items() if n != state_arg and isinstance(t, torch.Tensor)}
     first = {n: t[:, :t1] if spec.arg(n).sequence else t for n, t in seq.items()}
     second = {n: t[:, t1:] if spec.arg(n).sequence else t for n, t in seq.items()}
+    first.update(_options(inputs))
+    second.update(_options(inputs))
     if state_arg in inputs:
         first[state_arg] = inputs[state_arg]
     head = _call(fn, spec, first, None, scale=scale)
@@ -494,7 +508,8 @@ def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]
 
 def _stack_key(item: _Item) -> tuple[Any, ...]:
     """Items stack along B when every dim but B and T agrees (and both are, or are not, back-propagated)."""
-    return (*(v for d, v in item.case.dims.items() if d not in ("B", "T")), item.cot is not None)
+    options = tuple(sorted(_options(item.inputs).items()))
+    return (*(v for d, v in item.case.dims.items() if d not in ("B", "T")), options, item.cot is not None)
 
 
 def _padded(x: torch.Tensor, T: int) -> torch.Tensor:
@@ -520,6 +535,7 @@ def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
         h0 = it.inputs.get(spec.state_arg)
         states.append(on_host(h0) if h0 is not None else torch.zeros(*spec.state.shape(it.case.dims)).double())
     stacked[spec.state_arg] = torch.cat(states)
+    stacked.update(_options(items[0].inputs))  # the same for every stacked item (_stack_key)
     ratio = torch.tensor(
         [1.0 if it.variant.scale_factor is None else it.variant.scale_factor for it in items for _ in range(it.case.B)],
         dtype=torch.float64,
@@ -530,7 +546,8 @@ def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
         # o is linear in scale * q: each stacked row's own scale is applied to its q, the oracle given the default.
         if scaled is not None:
             args = tuple(x * ratio.reshape(-1, *[1] * (x.dim() - 1)) if i == scaled else x for i, x in enumerate(args))
-        return spec.oracle(*args, **_kwargs(spec, None, kwargs[spec.state_arg]))
+        options = {n: x for n, x in kwargs.items() if n not in (spec.state_arg, "scale")}
+        return spec.oracle(*args, **_kwargs(spec, None, kwargs[spec.state_arg]), **options)
 
     cot = None
     if items[0].cot is not None:

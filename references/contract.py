@@ -24,6 +24,7 @@ __all__ = [
     "OpContract",
     "chunked_delta_work",
     "delta_contract",
+    "fwd_bwd_work",
     "io_bytes",
     "order_dims",
     "parse_dims",
@@ -106,10 +107,12 @@ def chunked_delta_work(contract: OpContract, dims: Mapping[str, int], elem: int,
     B, T, H, K, V = (dims[d] for d in INDEXED_DIMS)
     C = CHUNK
     fwd_flops = B * T * H * (5 * C * (K + V) + 6 * K * V + C * C / 3)
-    return _fwd_bwd(fwd_flops, *io_bytes(contract, dims, elem), mode)
+    return fwd_bwd_work(fwd_flops, *io_bytes(contract, dims, elem), mode)
 
 
-def _fwd_bwd(fwd_flops: float, inputs: int, out: int, state: int, mode: str) -> dict[str, float]:
+def fwd_bwd_work(fwd_flops: float, inputs: int, out: int, state: int, mode: str) -> dict[str, float]:
+    """``{"flops", "bytes"}`` of `mode` from the forward's FLOP and the I/O floor: the backward about 2.6 times the
+    forward's FLOP, reading the inputs and ``do`` and writing a gradient of each input."""
     fwd_bytes = inputs + out + state
     bwd_flops = 2.6 * fwd_flops
     bwd_bytes = 2 * inputs + out + 2 * state
@@ -125,7 +128,7 @@ def streaming_work(flops_per_element: float) -> WorkModel:
     bytes, the backward about 2.6 times the forward (as :func:`chunked_delta_work` assumes)."""
 
     def work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: str) -> dict[str, float]:
-        return _fwd_bwd(flops_per_element * contract.output.numel(dims), *io_bytes(contract, dims, elem), mode)
+        return fwd_bwd_work(flops_per_element * contract.output.numel(dims), *io_bytes(contract, dims, elem), mode)
 
     return work
 
@@ -148,10 +151,13 @@ class OpContract:
         unit_norm_variant: ``make_inputs`` takes ``unit_qk`` (the gate also draws inputs off the unit sphere).
         work: the FLOP and byte model.
         oracle_shrink: the dims cut to fit the oracle's budget, in order, after T is cut (:meth:`shrink`).
+        cost_dims: the dims whose product is the oracle's cost (default: every dim).
         streaming: the streaming split applies (T1 tokens, then the rest from the returned state).
         deterministic: results must be bitwise deterministic (the gate's determinism record always gates).
         zero_token_is_identity: a token whose inputs are all zero leaves the state unchanged and outputs zero (the
             oracle may then pad shorter sequences to stack them).
+        options: the keyword arguments ``make_inputs`` returns beside the tensors (sdm's ``num_slots``,
+            ``key_weighted_decay``), passed to the impl and the oracle as they are.
     """
 
     name: str
@@ -169,6 +175,7 @@ class OpContract:
     unit_norm_variant: bool = False
     work: WorkModel = chunked_delta_work
     oracle_shrink: tuple[str, ...] = ("B",)
+    cost_dims: tuple[str, ...] | None = None
     streaming: bool = True
     deterministic: bool = False
     zero_token_is_identity: bool = True
@@ -234,8 +241,9 @@ class OpContract:
         return None if self.scale is None else dims[self.scale[1]] ** -0.5
 
     def cost(self, dims: Mapping[str, int]) -> float:
-        """The oracle's cost at `dims` in element-steps: the product of every dim (B*T*H*K*V for the delta family)."""
-        return float(math.prod(dims.values()))
+        """The oracle's cost at `dims` in element-steps: the product of :attr:`cost_dims` (default every dim:
+        B*T*H*K*V for the delta family)."""
+        return float(math.prod(dims[d] for d in (self.cost_dims or self.dims)))
 
     def shrink(self, dims: Mapping[str, int], limit: float, short_t: int) -> dict[str, int]:
         """`dims` cut until the oracle can afford them: T to `short_t`, then each of :attr:`oracle_shrink` to 1 in

@@ -26,18 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from . import _inputs as _in
+from .contract import ArgSpec, OpContract, fwd_bwd_work, io_bytes
 
 __all__ = [
     "CONTRACT",
     "PK_TOPK_CONTRACT",
     "SDM_REGIMES",
-    "ArgSpec",
-    "OpContract",
+    "RowOpContract",
     "check_factors",
     "check_sdm_inputs",
     "check_slots",
@@ -51,22 +51,9 @@ SDM_REGIMES = ("typical", "collisions", "long", "key_weighted")
 
 
 @dataclasses.dataclass(frozen=True)
-class ArgSpec:
-    """One input or output of an op: its name, layout over the op's dims, dtype class and whether it has a gradient.
-
-    ``dtype`` is ``"index"`` (int64 slot indices), ``"float"`` (the case's dtype) or ``"float32"`` (always float32).
-    """
-
-    name: str
-    layout: str
-    dtype: str
-    differentiable: bool
-    optional: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class OpContract:
-    """An op's contract as plain data: named dims, inputs in argument order, outputs, options and the rule."""
+class RowOpContract:
+    """The contract of a row-wise function (pk_topk: no sequence, no state), for docs: named dims, inputs in
+    argument order, outputs, options and the rule. The harness runs sequence ops (:class:`OpContract`) only."""
 
     name: str
     title: str
@@ -76,40 +63,13 @@ class OpContract:
     options: tuple[str, ...]
     rule: str
 
-    @property
-    def grad_inputs(self) -> tuple[str, ...]:
-        """Every input that has a gradient."""
-        return tuple(a.name for a in self.inputs if a.differentiable)
 
-
-CONTRACT = OpContract(
-    name="sdm",
-    title="Sparse Delta Memory",
-    dims=("B", "T", "H", "S", "D", "W", "R"),
-    inputs=(
-        ArgSpec("k_idx", "BTHW", "index", False),
-        ArgSpec("k_val", "BTHW", "float", True),
-        ArgSpec("q_idx", "BTHR", "index", False),
-        ArgSpec("q_val", "BTHR", "float", True),
-        ArgSpec("v", "BTHD", "float", True),
-        ArgSpec("g", "BTH", "float32", True),
-        ArgSpec("beta", "BTH", "float", True),
-        ArgSpec("initial_bank", "BHSD", "float32", True, optional=True),
-    ),
-    outputs=(ArgSpec("y", "BTHD", "float", True), ArgSpec("final_bank", "BHSD", "float32", True)),
-    options=("key_weighted_decay",),
-    rule=(
-        "M[s] <- exp(g) M[s] for s in k_idx (once per slot); r = sum_n k_val[n] M[k_idx[n]]; "
-        "M[k_idx[n]] += k_val[n] beta (v - r); y = sum_m q_val[m] M[q_idx[m]]"
-    ),
-)
-
-PK_TOPK_CONTRACT = OpContract(
+PK_TOPK_CONTRACT = RowOpContract(
     name="pk_topk",
     title="Product-key top-k",
     dims=("N", "F", "S", "K"),
-    inputs=(ArgSpec("raw", "N(sum n_f)", "float", True),),
-    outputs=(ArgSpec("val", "NK", "float", True), ArgSpec("idx", "NK", "index", False)),
+    inputs=(ArgSpec("raw", ("N", "sum n_f")),),  # the F factors' n_f scores side by side
+    outputs=(ArgSpec("val", "NK"), ArgSpec("idx", "NK", "index", differentiable=False)),
     options=("factors", "k"),
     rule="exact top-k of the S = prod(n_f) factor sums, SDM 2.0.0's staged tie rule, indices ascending",
 )
@@ -461,3 +421,43 @@ def make_inputs(
     out.update(floats)
     out.update(key_weighted_decay=regime == "key_weighted", num_slots=S)
     return out
+
+
+# The op's contract, for the harness: the dims, inputs and state, the oracle and the generator above.
+def _sdm_work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: str) -> dict[str, float]:
+    """FLOP and minimum-byte counts of one sdm call: per token and head, the W written slots' decay, read and write
+    (about 6 D FLOP each) and the R read slots (2 D each); bytes the I/O floor (references/contract.io_bytes)."""
+    B, T, H, D, W, R = (dims[d] for d in ("B", "T", "H", "D", "W", "R"))
+    return fwd_bwd_work(B * T * H * D * (6 * W + 2 * R), *io_bytes(contract, dims, elem), mode)
+
+
+CONTRACT = OpContract(
+    name="sdm",
+    title="Sparse Delta Memory",
+    dims=("B", "T", "H", "S", "D", "W", "R"),
+    inputs=(
+        ArgSpec("k_idx", "BTHW", "index", differentiable=False),
+        ArgSpec("k_val", "BTHW"),
+        ArgSpec("q_idx", "BTHR", "index", differentiable=False),
+        ArgSpec("q_val", "BTHR"),
+        ArgSpec("v", "BTHD"),
+        ArgSpec("g", "BTH", "float32"),
+        ArgSpec("beta", "BTH"),
+    ),
+    output=ArgSpec("y", "BTHD"),
+    state=ArgSpec("initial_bank", "BHSD", "float32", optional=True),
+    oracle=sdm_recurrent,
+    make_inputs=make_inputs,
+    rule=(
+        "M[s] <- exp(g) M[s] for s in k_idx (once per slot); r = sum_n k_val[n] M[k_idx[n]]; "
+        "M[k_idx[n]] += k_val[n] beta (v - r); y = sum_m q_val[m] M[q_idx[m]]"
+    ),
+    regimes=SDM_REGIMES,
+    work=_sdm_work,
+    # the oracle's steps touch W written and R read slots of D values, not the whole bank
+    cost_dims=("B", "T", "H", "D", "W"),
+    oracle_shrink=("B", "H"),
+    # a padded token (slot 0 written W times) is a repeated write, which the oracle refuses
+    zero_token_is_identity=False,
+    options=("key_weighted_decay", "num_slots"),
+)

@@ -42,22 +42,24 @@ def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Su
     """The zero-argument closure for `case.mode` over `inputs` (as ``OpSpec.make_inputs`` returns them)."""
     spec = get_op(case.op)
     state_arg = spec.state_arg
+    # what make_inputs returned beside the tensors (the contract's options) goes to every call as keywords
+    options = {n: x for n, x in inputs.items() if not isinstance(x, torch.Tensor)}
     if case.mode == "fwd":
         args = [inputs[n] for n in spec.args]
-        h0 = {state_arg: inputs.get(state_arg)}
+        h0 = {state_arg: inputs.get(state_arg), **options}
 
         def fwd() -> Any:
             with torch.no_grad():
                 return impl(*args, **h0)
 
-        return Subject(fwd, dict(inputs))
+        return Subject(fwd, {n: x for n, x in inputs.items() if isinstance(x, torch.Tensor)})
 
     # The leaves are the contract's differentiable inputs (never an index tensor) and the state when given.
     names = [n for n in (*spec.args, state_arg) if n in inputs and inputs[n].is_floating_point()]
     names = [n for n in names if spec.arg(n).differentiable]
     leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
     largs = [leaves.get(n, inputs[n]) for n in spec.args]
-    lh0 = {state_arg: leaves.get(state_arg)}
+    lh0 = {state_arg: leaves.get(state_arg), **options}
     # the output's cotangent, in the contract's output shape and the case's dtype
     do = cotangent(case, torch.empty(spec.output.shape(case.dims), dtype=case.torch_dtype, device=case.torch_device))
 

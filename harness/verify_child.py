@@ -99,7 +99,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         if mode not in ("fwd", "fwd+bwd"):
             raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
         settings = {k: request[k] for k in ("dtype", "seed", "initial_state")}
-        regimes = tuple(request["regimes"])
+        regimes = tuple(request["regimes"]) or get_op(request["op"]).regimes
         case = Case(request["op"], **request["dims"], **settings, regime=regimes[0], mode=mode, device=device)
         why = chosen.check_case(case)
         if why:

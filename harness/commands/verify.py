@@ -137,7 +137,8 @@ def register(app: typer.Typer) -> None:
         unknown = [r for r in regime if r not in known_regimes]
         if unknown and contract is not None:
             raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(known_regimes)}")
-        regimes = list(dict.fromkeys(regime)) or list(known_regimes)
+        # none given: every regime of the op's contract (an imported op's: the child reads them)
+        regimes = list(dict.fromkeys(regime)) or (list(known_regimes) if contract is not None else [])
         if reference not in ("auto", "oracle", "torch_chunk"):
             raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
         request = {

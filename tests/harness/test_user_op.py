@@ -54,6 +54,18 @@ def no_reset(x, g, reset, initial_state=None):
 """
 
 # the shared database fixtures (tests/pg_fixtures.py): a SQLite file and PostgreSQL
+# The example's op under another name with two regimes of its own: verify runs those, and only those.
+TWO_REGIMES = f"""
+import dataclasses, runpy
+ns = runpy.run_path({EXAMPLE!r})
+from deltabench.harness.ops import register_op
+from deltabench.harness.registry import register_impl
+register_op(dataclasses.replace(ns["CONTRACT"], name="cumdecay_two", regimes=("long", "typical")))
+register_impl("cumdecay_two", "torch_loop", backend="torch", devices=("cpu",), dtypes=("fp32",))(
+    ns["cumdecay_torch_loop"]
+)
+"""
+
 db_url, pg_server, pg_url = pg_fixtures.db_url, pg_fixtures.pg_server, pg_fixtures.pg_url
 sqlite_url = pg_fixtures.sqlite_url
 
@@ -70,10 +82,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def _forget_the_op() -> Iterator[None]:
     """The op and its impls leave the process's registries afterwards (other tests list the ops)."""
     yield
-    OPS.pop("cumdecay", None)
-    for key in [k for k in registry._REGISTRY if k[0] == "cumdecay"]:
-        del registry._REGISTRY[key]
-    document._registered_ops.discard("cumdecay")
+    for op in ("cumdecay", "cumdecay_two"):
+        OPS.pop(op, None)
+        for key in [k for k in registry._REGISTRY if k[0] == op]:
+            del registry._REGISTRY[key]
+        document._registered_ops.discard(op)
 
 
 def test_verify_passes_the_op_and_catches_an_impl_that_ignores_an_index_input(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -98,6 +111,19 @@ def test_verify_passes_the_op_and_catches_an_impl_that_ignores_an_index_input(ca
     assert code == 1, err
     failed = {r["check"] for r in json.loads(out)["records"] if r["gating"] and not r["passed"]}
     assert "output" in failed and "contract" in failed  # wrong values, and no final state returned
+
+
+def test_verify_runs_an_imported_ops_own_regimes(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    module = tmp_path / "two_regimes.py"
+    module.write_text(TWO_REGIMES)
+    code, out, err = run_cli(
+        capsys, "verify", "--import", str(module), "--op", "cumdecay_two", "--impl", "torch_loop",
+        "--shape", "B=1,T=40,D=4", "--dtype", "fp32", "--seeds", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert {r["regime"] for r in report["records"] if r["check"] == "output"} == {"long", "typical"}
+    assert report["case"]["regime"] == "long"  # the contract's first
 
 
 def test_a_shape_without_the_ops_dims_is_refused_in_one_line(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -29,7 +29,7 @@ def main() -> None:
     impl = get_impl(args.op, args.impl)
     mode = "fwd+bwd" if impl.supports_backward else "fwd"
     for dtype in args.dtypes:
-        case = Case(op=args.op, **parse_shape(args.shape), dtype=dtype, mode=mode, device=args.device)
+        case = Case(op=args.op, **parse_shape(args.shape, args.op), dtype=dtype, mode=mode, device=args.device)
         t0 = time.perf_counter()
         rep = verify_case(impl, case, seeds=args.seeds, extra_seed=True)
         bounded = [r for r in rep.records if r.threshold and r.value is not None]

@@ -54,7 +54,7 @@ def main() -> int:
         for dtype in args.dtype or ("fp32", "bf16"):
             case = why = None
             for shape in (args.shape, args.wide_shape):
-                case = Case(op=impl.op, **parse_shape(shape), dtype=dtype, mode=mode, device=args.device)
+                case = Case(op=impl.op, **parse_shape(shape, impl.op), dtype=dtype, mode=mode, device=args.device)
                 why = impl.check_case(case)
                 if why is None:
                     break

@@ -95,3 +95,36 @@ def test_builtins_are_lazy_and_every_op_has_torch_references() -> None:
         impl = get_impl(op, "torch_chunk")
         assert impl.source == "builtin"
         assert impl.fn.__deltabench_target__.endswith(f":{op}_torch_chunk")
+
+
+def test_an_entry_point_of_the_deltabench_ops_group_registers_its_contract(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A package's ``deltabench.ops`` entry point naming a contract makes the op known (a broken one is reported)."""
+    import dataclasses
+
+    from deltabench.harness import ops
+    from deltabench.references import gdn
+
+    contract = dataclasses.replace(gdn.CONTRACT, name="plugged", title="A plug-in's op")
+
+    class EntryPoint:
+        def __init__(self, name: str, obj: object) -> None:
+            self.name, self.obj = name, obj
+
+        def load(self) -> object:
+            if isinstance(self.obj, Exception):
+                raise self.obj
+            return self.obj
+
+    points = [EntryPoint("plugged", contract), EntryPoint("broken", ImportError("no module named plugin"))]
+    monkeypatch.setattr(ops, "entry_points", lambda group: points if group == "deltabench.ops" else [])
+    monkeypatch.setattr(ops, "_ENTRY_POINTS_LOADED", False)
+    try:
+        assert ops.get_op("plugged") is contract
+        assert Case("plugged", 1, 8, 1, 4).shape_id == "B1-T8-H1-K4-V4"
+        with pytest.raises(UnknownOp, match="unknown op 'missing'"):
+            ops.get_op("missing")
+    finally:
+        ops.OPS.pop("plugged", None)
+        from deltabench.harness import document
+
+        document._registered_ops.discard("plugged")

@@ -19,6 +19,7 @@ level apply to every op unless the op overrides them. Shipped suites live in ``h
     budget_s = 2.0
     [gate]                                # optional: runners.base.GateSettings
     seeds = 3
+    regimes = ["typical", "long"]         # the gate's regimes (default: every regime of each op)
     [ops.gdn]
     impls = ["torch_chunk", "my_chunk"]
     baseline = "torch_chunk"
@@ -104,6 +105,9 @@ class GateSettings(_Settings):
     extra_seed: bool = True
     gate_determinism: bool = False
     reference: str = "auto"
+    regimes: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="the gate's input regimes (default: every regime of the op)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +303,15 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         dtypes = _dtypes(table.get("dtypes", data.get("dtypes", ["bf16"])), here)
         modes = _modes(table.get("modes", data.get("modes", ["fwd"])), here)
         plans.append(OpPlan(op, impls, baseline, shapes, dtypes, modes))
+    gate = _settings(GateSettings, data.get("gate"), "gate", where)
+    for regime_name in gate.get("regimes") or ():
+        for plan in plans:
+            known = get_op(plan.op).regimes
+            if regime_name not in known:
+                raise BadInput(
+                    f"{where}, gate.regimes: op {plan.op!r} has no regime {regime_name!r} (its regimes: "
+                    f"{', '.join(known)})"
+                )
     return Suite(
         name=name,
         description=str(data.get("description", "")),
@@ -310,7 +323,7 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         initial_state=bool(data.get("initial_state", False)),
         seed=int(data.get("seed", 0)),
         timing=_settings(TimingSettings, data.get("timing"), "timing", where),
-        gate=_settings(GateSettings, data.get("gate"), "gate", where),
+        gate=gate,
         source=source,
     )
 

@@ -222,6 +222,7 @@ def execute(job: JobSpec) -> JobResult:
             extra_seed=g.extra_seed,
             gate_determinism=g.gate_determinism,
             reference=g.reference,
+            regimes=g.regimes,
         )
         result.verification = list(report.records)
         result.gate_reference = report.reference

@@ -85,6 +85,8 @@ def test_user_suite_by_path(tmp_path):
         ({"ops": {"gdn": {"impls": ["torch_chunk"], "baseline": "torch_recurrent"}}}, "baseline 'torch_recurrent'"),
         ({"timing": {"budget_s": -1}}, "[timing] budget_s"),
         ({"gate": {"seedz": 2}}, "[gate] seedz"),
+        ({"gate": {"regimes": ["stong"]}}, "op 'gdn' has no regime 'stong'"),
+        ({"gate": {"regimes": []}}, "[gate] regimes"),
         ({"ops": {}}, "needs at least one [ops.<op>] table"),
         ({"device": "npu"}, "unknown device 'npu': use one of cpu, cuda, tpu"),
         ({"device": "cuda:1"}, "give a platform (cpu, cuda, tpu)"),

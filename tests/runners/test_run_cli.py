@@ -217,3 +217,25 @@ def test_quiet_and_job_isolation(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--suite", str(suite), "--import", PLANTED, "--no-db"])
     assert exit_info.value.code == 2
+
+
+def test_a_suite_narrows_the_gate_regimes(tmp_path):
+    """``[gate] regimes`` reaches the runner's gate: the job's records and its reference sentence name only
+    the regimes asked for, where the default gate runs all three."""
+    suite = tmp_path / "narrow.toml"
+    body = (
+        'name = "narrow"\nshapes = ["B=1,T=20,H=1,K=8,V=8"]\ndtypes = ["fp32"]\nmodes = ["fwd"]\n'
+        '[gate]\nseeds = 1\n{regimes}\n[ops.gdn]\nimpls = ["torch_chunk"]\n'
+    )
+    seen = {}
+    for label, line in (("narrow", 'regimes = ["long"]'), ("default", "")):
+        suite.write_text(body.format(regimes=line))
+        out = tmp_path / f"{label}.json"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", "--suite", str(suite), "--no-db", "-q", "--out", str(out)])
+        assert exit_info.value.code == 0
+        job = ResultDocument.from_json(out.read_text()).jobs[0]
+        assert job.status == "ok", job.reason
+        seen[label] = ({r.regime for r in job.verification if r.regime}, job.gate_reference)
+    assert seen["narrow"][0] == {"long"} and "regimes long;" in seen["narrow"][1]
+    assert seen["default"][0] == {"typical", "long", "strong"}

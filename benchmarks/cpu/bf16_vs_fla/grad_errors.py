@@ -82,7 +82,7 @@ def main() -> None:
             sys.modules["gdn_sites.common.mma"].INTERPRETED = tl.constexpr(False)
     rounding = args.rounding + ("+tf32" if args.tf32 else "")
     for seed in _seeds(args.seeds):
-        for variant in verify._variants(("typical", "long", "strong")):
+        for variant in verify._variants(spec, spec.regimes):
             if args.only and args.only != f"{variant.regime},{int(variant.h0)}":
                 continue
             items = {}

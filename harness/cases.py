@@ -98,6 +98,9 @@ def parse_shape(text: str, op: str | None = None) -> dict[str, int]:
     bad = [d for d in names if given[d] < 1]
     if bad:
         raise BadInput(f"shape {text!r}: {', '.join(bad)} must be at least 1")
+    problem = contract.dims_problem(given)
+    if problem:
+        raise BadInput(f"shape {text!r}: {problem}")
     return {d: given[d] for d in names}
 
 
@@ -153,6 +156,9 @@ class Case:
         for d, size in given.items():
             if int(size) < 1:
                 raise BadInput(f"{d} must be at least 1, got {size}")
+        problem = contract.dims_problem(given) if contract is not None else None
+        if problem:
+            raise BadInput(f"op {op!r}: {problem}")
         if regime not in regimes:
             raise BadInput(f"unknown gate regime {regime!r}: use one of {', '.join(regimes)}")
         if mode not in MODES:

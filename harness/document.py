@@ -65,7 +65,7 @@ RESERVED_RUN_IDS = frozenset({"latest"})
 CLOCK_SKEW = _dt.timedelta(minutes=10)
 # The ops of harness/ops.py (tests/harness/test_document.py checks the two agree) and the op of documents
 # converted from pytest-benchmark files (harness/pytest_benchmark.py's EXTERNAL_OP).
-BUILTIN_OPS: tuple[str, ...] = ("gdn", "gdn2", "kda")
+BUILTIN_OPS: tuple[str, ...] = ("gdn", "gdn2", "kda", "sdm")
 IMPORTED_OP = "pytest-benchmark"
 _registered_ops: set[str] = set()
 _entry_point_ops: frozenset[str] | None = None

@@ -15,6 +15,7 @@ from typing import Any
 from deltabench.references import gdn as _gdn
 from deltabench.references import gdn2 as _gdn2
 from deltabench.references import kda as _kda
+from deltabench.references import sdm as _sdm
 from deltabench.references.contract import CHUNK, ArgSpec, OpContract
 
 from .document import register_op_name
@@ -24,7 +25,7 @@ __all__ = ["CHUNK", "OPS", "ArgSpec", "OpContract", "OpSpec", "get_op", "make_ca
 
 OpSpec = OpContract  # the name the harness used for a contract before contracts lived beside their oracles
 
-OPS: dict[str, OpContract] = {c.name: c for c in (_gdn.CONTRACT, _gdn2.CONTRACT, _kda.CONTRACT)}
+OPS: dict[str, OpContract] = {c.name: c for c in (_gdn.CONTRACT, _gdn2.CONTRACT, _kda.CONTRACT, _sdm.CONTRACT)}
 _BUILTIN = frozenset(OPS)
 _ENTRY_POINTS_LOADED = False
 

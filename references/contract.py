@@ -158,6 +158,8 @@ class OpContract:
             oracle may then pad shorter sequences to stack them).
         options: the keyword arguments ``make_inputs`` returns beside the tensors (sdm's ``num_slots``,
             ``key_weighted_decay``), passed to the impl and the oracle as they are.
+        check_dims: ``check_dims(dims) -> str | None``, why a shape is not a valid instance of the op beyond every
+            dim being at least 1 (sdm: W and R at most S), or None (:meth:`dims_problem`).
     """
 
     name: str
@@ -180,6 +182,7 @@ class OpContract:
     deterministic: bool = False
     zero_token_is_identity: bool = True
     options: tuple[str, ...] = ()
+    check_dims: Callable[[Mapping[str, int]], str | None] | None = None
 
     def __post_init__(self) -> None:
         bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]
@@ -235,6 +238,10 @@ class OpContract:
         if missing:
             raise ValueError(f"op {self.name} needs {', '.join(missing)} (dims {', '.join(self.dims)})")
         return {d: int(dims[d]) for d in self.dims}
+
+    def dims_problem(self, dims: Mapping[str, int]) -> str | None:
+        """Why complete `dims` are not a valid shape of the op (the contract's own rule), or None."""
+        return self.check_dims(dims) if self.check_dims is not None else None
 
     def default_scale(self, dims: Mapping[str, int]) -> float | None:
         """The default ``scale`` (``dim ** -0.5``), or None when the op takes no scale."""

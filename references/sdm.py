@@ -431,6 +431,13 @@ def _sdm_work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: st
     return fwd_bwd_work(B * T * H * D * (6 * W + 2 * R), *io_bytes(contract, dims, elem), mode)
 
 
+def _check_sdm_dims(dims: Mapping[str, int]) -> str | None:
+    """A token writes W and reads R distinct slots of S: neither may exceed S."""
+    if dims["W"] > dims["S"] or dims["R"] > dims["S"]:
+        return f"W={dims['W']} and R={dims['R']} distinct slots per token must not exceed the bank's S={dims['S']}"
+    return None
+
+
 CONTRACT = OpContract(
     name="sdm",
     title="Sparse Delta Memory",
@@ -460,4 +467,7 @@ CONTRACT = OpContract(
     # a padded token (slot 0 written W times) is a repeated write, which the oracle refuses
     zero_token_is_identity=False,
     options=("key_weighted_decay", "num_slots"),
+    # every kernel of the op is built to give the same bits on every call (kernels/sdm): the gate holds it to that
+    deterministic=True,
+    check_dims=_check_sdm_dims,
 )

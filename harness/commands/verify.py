@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("verify")
     def verify_command(
-        op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2 or kda."),
+        op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2, kda or sdm (see `deltabench list`)."),
         impl: str = typer.Option(..., "--impl", help="Impl name (see `deltabench list`)."),
         shape: str = typer.Option(..., "--shape", help="Dims, e.g. B=2,T=200,H=4,K=64,V=64 (V defaults to K)."),
         dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),

@@ -43,8 +43,9 @@ _CHUNK = 64  # the chunk length torch_chunk and triton_chunk use when called by 
 # per-chunk pair matrices): 8 GiB is seconds at a CPU's memory bandwidth, and the gate makes dozens of calls; a GPU
 # shape (S = 65536, D = 1024: 512 MiB per bank of 2 heads) is refused with its figure instead of running for hours.
 CPU_TRAFFIC_CAP = 8 * 2**30
-# Under the Triton interpreter (the CPU) a call may touch at most this many (entry x column) pairs,
-# B*T*H*(W+R)*D: about 10 s a call at the interpreter's speed on this project's 2-core CI machines.
+# Under the Triton interpreter (the CPU) a case may touch at most this many (entry x column) pairs per call,
+# B*T*H*(W+R)*D. The interpreter runs every program in Python: the whole gate of B1 x 40 tokens, H1, D4, W = R = 3
+# took 6.7 min on a busy 2-core machine; the cap keeps GPU shapes (2^30 pairs and more) off it, with their figure.
 INTERPRETER_ENTRY_CAP = 2**22
 # torch_chunk's float32 pair matrices per chunk, each [B, H, C*W, C*W] or [B, H, C*R, C*W] (the slot-match masks,
 # the decays of write pairs and their products, the path of each write to the chunk's end).

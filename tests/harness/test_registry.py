@@ -35,8 +35,8 @@ def test_register_and_get(cleanup: list[tuple[str, str]]) -> None:
 
 
 def test_unknown_names_are_bad_input() -> None:
-    with pytest.raises(UnknownOp, match="known ops are gdn, gdn2, kda"):
-        get_impl("sdm", "x")
+    with pytest.raises(UnknownOp, match="known ops are gdn, gdn2, kda, sdm"):
+        get_impl("sdx", "x")
     with pytest.raises(UnknownImpl, match=r"registered impls are .*torch_chunk"):
         get_impl("gdn", "missing")
     with pytest.raises(BadInput, match="unknown backend"):

@@ -190,3 +190,12 @@ def test_backward_mutants_are_rejected(bad: str, monkeypatch: pytest.MonkeyPatch
     ref = run_with_grads(sdm_recurrent, x, torch.float64)
     errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), ref)
     assert errs["y"] < BOUND and max(errs.values()) > 1e-2, errs
+
+
+def test_chunk_size_invariance() -> None:
+    """C = 16 and C = 64 agree to float32 rounding (y, the final bank and every gradient) on collision-heavy inputs,
+    T = 70 ragged for both (the harness calls the kernel at its default C = 64)."""
+    x = make_inputs(1, 70, 1, 16, 4, 2, 2, seed=3, regime="collisions", initial_bank=True)
+    runs = {C: run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=C) for C in (16, 64)}
+    errs = errors(runs[64], runs[16])
+    assert all(e < BOUND for e in errs.values()), errs

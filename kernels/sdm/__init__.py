@@ -53,17 +53,21 @@ _PAIR_MATRICES = 6
 
 
 def _bank_bytes(case: Any) -> int:
+    """Bytes of the float32 bank [B, H, S, D]."""
     return case.B * case.H * case.S * case.D * 4
 
 
 def _recurrent_traffic(case: Any) -> tuple[int, str]:
+    """torch_recurrent's bytes per call, and why: a whole-bank pass per token."""
     return case.T * _bank_bytes(case), "each token rescales the whole bank"
 
 
 def _chunk_traffic(case: Any) -> tuple[int, str]:
+    """torch_chunk's bytes per call, and why: per chunk, three whole-bank passes and the pair matrices."""
     chunks, entries_w, entries_r = math.ceil(case.T / _CHUNK), _CHUNK * case.W, _CHUNK * case.R
     pairs = case.B * case.H * (entries_w + entries_r) * entries_w * 4 * _PAIR_MATRICES
-    return chunks * (3 * _bank_bytes(case) + pairs), "each chunk rewrites the whole bank 3 times and builds its pair matrices"
+    why = "each chunk rewrites the whole bank 3 times and builds its pair matrices"
+    return chunks * (3 * _bank_bytes(case) + pairs), why
 
 
 def _cpu_traffic(estimate: Callable[[Any], tuple[int, str]]) -> Callable[[Any], str | None]:

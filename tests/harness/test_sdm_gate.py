@@ -72,7 +72,11 @@ def test_sdm_is_built_in_with_its_three_impls(capsys: pytest.CaptureFixture[str]
     "impl, device, message",
     [
         ("torch_recurrent", "cpu", "each token rescales the whole bank: 4,096 GiB of memory traffic per call"),
-        ("torch_chunk", "cpu", "rewrites the whole bank 3 times and builds its pair matrices: 384 GiB of memory traffic"),
+        (
+            "torch_chunk",
+            "cpu",
+            "rewrites the whole bank 3 times and builds its pair matrices: 384 GiB of memory traffic",
+        ),
         ("triton_chunk", "cpu", "the Triton interpreter takes at most 4,194,304 entry-columns"),
     ],
 )
@@ -210,7 +214,10 @@ BAD_CALLS = {  # what each sdm impl (and the oracle) refuses with a one-line Val
         "k_idx repeats write slot",
     ),
     "S not matching": (lambda x: x.update(num_slots=12), "num_slots=12 does not match initial_bank's S=16"),
-    "W > S": (lambda x: x.update(num_slots=2, initial_bank=None), "selects 3 slots per token, more than the bank's S=2"),
+    "W > S": (
+        lambda x: x.update(num_slots=2, initial_bank=None),
+        "selects 3 slots per token, more than the bank's S=2",
+    ),
 }
 
 
@@ -221,7 +228,7 @@ def test_bad_calls_are_one_line_value_errors(impl: str, bad: str) -> None:
     x = sdm.make_inputs(1, 40, 1, 16, 4, 3, 3, seed=1, initial_bank=True)
     edit(x)
     fn = sdm.sdm_recurrent if impl == "oracle" else registry.get_impl("sdm", impl).fn
-    with pytest.raises(ValueError, match=".") as info:
+    with pytest.raises(ValueError) as info:
         fn(**x)
     assert message in str(info.value) and "\n" not in str(info.value)
 

@@ -5,10 +5,15 @@ torch inputs), so each JAX op is wrapped in a :class:`TorchFacingJaxOp`:
 
 - tensors cross over without a detour through the host when they can: through numpy on the CPU (a bf16
   tensor travels as its raw 16-bit pattern, viewed as ``ml_dtypes.bfloat16``), through DLPack on CUDA;
-- the call goes through a ``torch.autograd.Function`` whose backward runs the jitted JAX vjp, so the
-  float64-oracle gate checks the forward and every gradient of the JAX code itself;
-- the pure-JAX jitted functions stay reachable (``wrapper.jax_fn``, ``wrapper.jax_vjp``,
-  ``wrapper.jax_fwd_bwd``) so that the JAX runner times native JAX, with no conversion in the timed region.
+- the call goes through a ``torch.autograd.Function`` whose backward runs the jitted JAX forward and pullback,
+  so the float64-oracle gate checks the forward and every gradient of the JAX code itself;
+- the pure-JAX jitted functions stay reachable (``wrapper.jax_fn``, ``wrapper.jax_fwd_bwd``) so that the JAX
+  runner times native JAX, with no conversion in the timed region; the torch-facing forward and backward run these
+  very functions, so at the job's own case the gate checks the programs the runner times;
+- inside :func:`cheap_compiles` (the runner's correctness gate on the CPU), a torch-facing call whose program
+  the op has not compiled as usual yet is compiled with XLA's cheap CPU settings
+  (:func:`.jax_compile.cheap_cpu_compile_options`), about ten times faster; a program compiled as usual before
+  (the job's first call, the one its timing runs) is reused as it is.
 
 Importing this module imports JAX. It sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` first (unless the user
 chose otherwise) because JAX would otherwise reserve most of a GPU's memory and starve PyTorch in the same
@@ -33,9 +38,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .jax_compile import configure_compilation
+from .jax_compile import cheap_cpu_compile_options, configure_compilation
 
-__all__ = ["TorchFacingJaxOp", "jax_device", "jax_to_torch", "placed_on", "torch_to_jax"]
+__all__ = ["TorchFacingJaxOp", "cheap_compiles", "jax_device", "jax_to_torch", "placed_on", "torch_to_jax"]
 
 configure_compilation()  # persistent cache; cheap CPU compiles when DELTABENCH_JAX_FAST_COMPILE=1
 
@@ -43,6 +48,8 @@ configure_compilation()  # persistent cache; cheap CPU compiles when DELTABENCH_
 _JAX_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
 # (platform, index) host tensors are committed to; the host unless a caller placed the op elsewhere
 _HOST_TARGET: contextvars.ContextVar[tuple[str, int]] = contextvars.ContextVar("jax_host_target", default=("cpu", 0))
+# whether torch-facing calls compile their new CPU programs cheaply (see cheap_compiles)
+_CHEAP: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_cheap_compiles", default=False)
 
 
 def jax_device(platform: str, index: int = 0) -> jax.Device:
@@ -71,6 +78,33 @@ def placed_on(platform: str, index: int = 0) -> Iterator[jax.Device]:
         yield device
     finally:
         _HOST_TARGET.reset(token)
+
+
+@contextlib.contextmanager
+def cheap_compiles() -> Iterator[None]:
+    """Inside: a torch-facing call of a :class:`TorchFacingJaxOp` on the CPU whose program (its argument shapes,
+    dtypes, initial state and ``scale``) the op has not compiled as usual yet in this process is compiled with
+    XLA's cheap CPU settings: the same HLO, about ten times faster to compile and slower to run. Programs
+    compiled as usual before, such as the job's first call, which is the program its timing runs, are reused.
+
+    The runner's correctness gate runs inside it on the CPU: besides the timed program it needs a dozen others
+    per job (other lengths, an initial state, a non-default ``scale``, the backward), which it runs once each.
+    Where this XLA lacks the options, everything compiles as usual."""
+    token = _CHEAP.set(True)
+    try:
+        yield
+    finally:
+        _CHEAP.reset(token)
+
+
+def _signature(arrays: Sequence[jax.Array | None], scale: float | None) -> tuple:
+    """What makes jit compile a new program for these arguments: shapes, dtypes, devices, which are absent, scale."""
+    described = [None if a is None else (a.shape, str(a.dtype), sorted(map(str, a.devices()))) for a in arrays]
+    return repr(described), scale
+
+
+def _on_cpu(a: jax.Array) -> bool:
+    return all(d.platform == "cpu" for d in a.devices())
 
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:
@@ -103,32 +137,17 @@ def jax_to_torch(a: jax.Array, device: torch.device | str) -> torch.Tensor:
     return torch.from_numpy(arr).to(dev)
 
 
-def _vjp_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[Any, ...]]:
-    """``(args, initial_state, (do, dfinal), scale) -> (grads of args..., grad of initial_state or None)``."""
-
-    def vjp(
-        args: tuple[jax.Array, ...],
-        initial_state: jax.Array | None,
-        cotangents: tuple[jax.Array, jax.Array],
-        scale: float | None = None,
-    ) -> tuple[Any, ...]:
-        if initial_state is None:
-            _, pull = jax.vjp(lambda *a: core(*a, scale=scale, initial_state=None), *args)
-            return (*pull(cotangents), None)
-        _, pull = jax.vjp(lambda *a: core(*a[:-1], scale=scale, initial_state=a[-1]), *args, initial_state)
-        return tuple(pull(cotangents))
-
-    return vjp
-
-
 def _fwd_bwd_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[Any, ...]]:
-    """``(args, do, initial_state, scale) -> (o, final_state, grads)``: the gradient of ``sum(o * do)``, the
-    training step's forward and backward in one jitted call (the runner's fwd+bwd closure)."""
+    """``(args, do, initial_state, dfinal, scale) -> (o, final_state, grads)``: the forward and the pullback of the
+    cotangents ``do`` (on o) and ``dfinal`` (on the final state; zeros when None) in one jitted call; ``grads`` holds
+    one gradient per argument, then the initial state's when one was given. With zeros for ``dfinal`` it is the
+    training step, the gradient of ``sum(o * do)`` (the runner's fwd+bwd closure)."""
 
     def fwd_bwd(
         args: tuple[jax.Array, ...],
         do: jax.Array,
         initial_state: jax.Array | None = None,
+        dfinal: jax.Array | None = None,
         scale: float | None = None,
     ) -> tuple[Any, ...]:
         primals = (*args, initial_state) if initial_state is not None else tuple(args)
@@ -138,22 +157,23 @@ def _fwd_bwd_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..
             return core(*p[:n], scale=scale, initial_state=p[n] if len(p) > n else None)
 
         (o, final_state), pull = jax.vjp(run, *primals)
-        grads = pull((do, jnp.zeros_like(final_state)))
+        grads = pull((do, jnp.zeros_like(final_state) if dfinal is None else dfinal))
         return o, final_state, grads
 
     return fwd_bwd
 
 
 class _JaxAutograd(torch.autograd.Function):
-    """Forward through the jitted JAX op; backward through its jitted vjp."""
+    """Forward through the jitted JAX op; backward through its jitted forward and pullback (``jax_fwd_bwd``)."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchFacingJaxOp, scale: float | None, has_h0: bool, *tensors: torch.Tensor) -> Any:
         args, h0 = (tensors[:-1], tensors[-1]) if has_h0 else (tensors, None)
         device = args[0].device
-        o, final_state = op.jax_fn(
-            *(torch_to_jax(t) for t in args), scale=scale, initial_state=None if h0 is None else torch_to_jax(h0)
-        )
+        jargs = tuple(torch_to_jax(t) for t in args)
+        jh0 = None if h0 is None else torch_to_jax(h0)
+        fn = op.program("fn", _signature((*jargs, jh0), scale), on_cpu=_on_cpu(jargs[0]))
+        o, final_state = fn(*jargs, scale=scale, initial_state=jh0)
         ctx.op, ctx.scale, ctx.has_h0 = op, scale, has_h0
         ctx.save_for_backward(*tensors)
         return jax_to_torch(o, device), jax_to_torch(final_state, device)
@@ -167,11 +187,13 @@ class _JaxAutograd(torch.autograd.Function):
             do = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
         if dfinal is None:
             dfinal = torch.zeros(q.shape[0], q.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float32, device=v.device)
-        grads = ctx.op.jax_vjp(
-            tuple(torch_to_jax(t) for t in args),
-            None if h0 is None else torch_to_jax(h0),
-            (torch_to_jax(do.to(v.dtype)), torch_to_jax(dfinal.to(torch.float32))),
-            scale=ctx.scale,
+        jargs = tuple(torch_to_jax(t) for t in args)
+        jh0 = None if h0 is None else torch_to_jax(h0)
+        # The same jitted function, and for the runner's fwd+bwd closure the same arguments (zeros on the final
+        # state), as the JAX timer's: the program the gate checks at the job's own case is the one it times.
+        fwd_bwd = ctx.op.program("fwd_bwd", _signature((*jargs, jh0), ctx.scale), on_cpu=_on_cpu(jargs[0]))
+        _, _, grads = fwd_bwd(
+            jargs, torch_to_jax(do.to(v.dtype)), jh0, torch_to_jax(dfinal.to(torch.float32)), scale=ctx.scale
         )
         device = v.device
         torch_grads = [jax_to_torch(g, device) for g in grads[: len(args)]]
@@ -190,9 +212,9 @@ class TorchFacingJaxOp:
 
     Attributes:
         jax_fn: ``jax.jit(core)`` (``scale`` static): native JAX in, native JAX out.
-        jax_vjp: jitted ``(args, initial_state, (do, dfinal), scale=None) -> grads`` (last: initial_state's or None).
-        jax_fwd_bwd: jitted ``(args, do, initial_state=None, scale=None) -> (o, final_state, grads)``, the
-            gradient of ``sum(o * do)``.
+        jax_fwd_bwd: jitted ``(args, do, initial_state=None, dfinal=None, scale=None) -> (o, final_state, grads)``:
+            the forward and the pullback of ``do`` on o and ``dfinal`` on the final state (zeros when None; then
+            the gradient of ``sum(o * do)``). The torch-facing backward runs it too.
     """
 
     def __init__(self, core: Callable[..., tuple[jax.Array, jax.Array]], *, name: str, gates: Sequence[str]) -> None:
@@ -200,9 +222,24 @@ class TorchFacingJaxOp:
         self.name = name
         self.gates = tuple(gates)
         self.jax_fn = jax.jit(core, static_argnames=("scale",))
-        self.jax_vjp = jax.jit(_vjp_of(core), static_argnames=("scale",))
         self.jax_fwd_bwd = jax.jit(_fwd_bwd_of(core), static_argnames=("scale",))
         self.__doc__ = core.__doc__
+        self._usual: set[tuple[str, tuple]] = set()  # (kind, signature) that torch-facing calls compiled as usual
+        self._cheap: dict[str, Callable[..., Any]] = {}  # kind -> the same function jitted with the cheap options
+
+    def program(self, kind: str, signature: tuple, *, on_cpu: bool) -> Callable[..., Any]:
+        """The jitted function a torch-facing call runs: `kind` ``"fn"`` (``jax_fn``) or ``"fwd_bwd"``
+        (``jax_fwd_bwd``), or inside :func:`cheap_compiles` on the CPU, for a `signature` not compiled as usual
+        before, its twin jitted with the cheap options."""
+        usual = self.jax_fn if kind == "fn" else self.jax_fwd_bwd
+        options = cheap_cpu_compile_options() if _CHEAP.get() and on_cpu else None
+        if options is None or (kind, signature) in self._usual:
+            self._usual.add((kind, signature))
+            return usual
+        if kind not in self._cheap:
+            body = self.core if kind == "fn" else _fwd_bwd_of(self.core)
+            self._cheap[kind] = jax.jit(body, static_argnames=("scale",), compiler_options=options)
+        return self._cheap[kind]
 
     def __call__(
         self,

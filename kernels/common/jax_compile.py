@@ -11,10 +11,15 @@
   correctness work on a CPU (tests, smoke runs), never for timings that matter: the LLVM setting also applies to
   GPU code generation. The flags are probed in a subprocess first (XLA aborts on a flag it does not know), and
   apply only if JAX has not started a backend yet in this process.
+* **Cheap programs on request** (:func:`cheap_cpu_compile_options`). The same settings as per-program compiler
+  options, so that one process can compile some programs cheaply and others as usual: the runner's correctness
+  gate compiles the programs it needs beyond those the job times this way on the CPU (see
+  ``jax_bridge.cheap_compiles``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -22,7 +27,13 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["FAST_CPU_COMPILE_FLAGS", "configure_compilation", "enable_persistent_cache", "use_fast_cpu_compilation"]
+__all__ = [
+    "FAST_CPU_COMPILE_FLAGS",
+    "cheap_cpu_compile_options",
+    "configure_compilation",
+    "enable_persistent_cache",
+    "use_fast_cpu_compilation",
+]
 
 FAST_CPU_COMPILE_FLAGS = (
     "--xla_cpu_use_fusion_emitters=false",
@@ -83,6 +94,28 @@ def use_fast_cpu_compilation() -> bool:
         return False
     os.environ["XLA_FLAGS"] = " ".join([*current, *missing])
     return True
+
+
+def _option_value(text: str) -> bool | int | str:
+    if text in ("true", "false"):
+        return text == "true"
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+@functools.cache
+def cheap_cpu_compile_options() -> dict[str, bool | int | str] | None:
+    """:data:`FAST_CPU_COMPILE_FLAGS` as compiler options for one program (``jax.jit(f, compiler_options=...)``),
+    or None when this XLA refuses them (checked once per process, on a one-line program)."""
+    options = {}
+    for flag in FAST_CPU_COMPILE_FLAGS:
+        name, _, value = flag.removeprefix("--").partition("=")
+        options[name] = _option_value(value)
+    try:
+        one = jax.device_put(jax.numpy.float32(1.0), jax.devices("cpu")[0])
+        jax.jit(lambda x: x + 1, compiler_options=options)(one).block_until_ready()
+    except Exception:  # an XLA without these options (or without per-program options): compile as usual
+        return None
+    return options
 
 
 def configure_compilation() -> None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,3 +215,38 @@ def test_a_killed_worker_s_job_is_redelivered_and_stored_once(fleet: Fleet) -> N
         assert len(job_ids) == 2 and len(set(job_ids)) == 2, "each case stored exactly once"
         assert all(j.startswith(job["run_id"]) for j in job_ids)
         assert session.get(QueuedJob, job_id).status == "done"  # type: ignore[union-attr]
+
+
+def test_a_cancelled_job_s_case_ends_within_a_heartbeat(fleet: Fleet) -> None:
+    """The README's "a fleet worker notices a cancel within about 6 s": the worker learns of it from the reply to
+    its next heartbeat (every DELTABENCH_JOB_HEARTBEAT_S, 5 s by default) and kills the case's process."""
+    (fleet.control / "slow").write_text("600")
+    fleet.env.pop("DELTABENCH_JOB_HEARTBEAT_S", None)  # the default interval, which the README's figure is for
+    fleet.start_server()
+    worker = fleet.start_worker("wc")
+    fleet.wait_server()
+    fleet.wait_ready("wc", worker)
+    spec = {
+        "ops": ["gdn"],
+        "impls": ["fleet_slow_once"],
+        "shapes": ["B=1,T=24,H=1,K=8,V=8"],
+        "dtypes": ["fp32"],
+        "modes": ["fwd"],
+        "device_kind": "cpu",
+    }
+    auth = {"Authorization": f"Bearer {fleet.token}"}
+    submitted = httpx.post(f"{fleet.base}/api/v1/jobs", json=spec, headers=auth, timeout=10)
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+    started = wait_for("the slow case to start", lambda: sorted(fleet.control.glob("started-*")), timeout=90)
+    case_pid = int(started[0].read_text())
+
+    cancelled_at = time.monotonic()
+    cancel = httpx.post(f"{fleet.base}/api/v1/jobs/{job_id}/cancel", headers=auth, timeout=10)
+    assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled", cancel.text
+    wait_for("the cancelled case's process to end", lambda: not pid_alive(case_pid), timeout=30, every=0.1)
+    noticed_s = time.monotonic() - cancelled_at
+    # one heartbeat interval, the worker's poll (at most 1 s), and the kill
+    assert noticed_s < 7.0, f"the case ran on {noticed_s:.1f} s after the cancel"
+    assert worker.poll() is None, fleet.log("wc")
+    assert fleet.job(job_id)["status"] == "cancelled"

@@ -7,7 +7,8 @@ same impl one after another. The order matters:
 2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, over a
    high-water mark reset just before it);
 3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode;
-   a failed gate ends the job as ``incorrect`` with its records and no timing;
+   a failed gate ends the job as ``incorrect`` with its records and no timing (a job's later repetitions,
+   ``JobSpec.repetition`` > 0, skip it: the first repetition gated the same code in the same run);
 4. peak device memory (CUDA) and the timing, by the device's timer (JAX impls by the JAX timer).
 
 Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
@@ -210,25 +211,26 @@ def execute(job: JobSpec) -> JobResult:
                 method=memory.HOST_RSS_METHOD,
             )
 
-        phase = "gate"
-        _phase(phase)
-        from deltabench.harness.verify import verify_case
+        if job.repetition == 0:  # a later repetition times what the first one gated (runners/session.py)
+            phase = "gate"
+            _phase(phase)
+            from deltabench.harness.verify import verify_case
 
-        g = job.gate
-        report = verify_case(
-            impl,
-            case,
-            seeds=g.seeds,
-            extra_seed=g.extra_seed,
-            gate_determinism=g.gate_determinism,
-            reference=g.reference,
-            regimes=g.regimes,
-        )
-        result.verification = list(report.records)
-        result.gate_reference = report.reference
-        if not report.passed:
-            result.status, result.reason = "incorrect", failing_summary(result.verification)
-            return _finish(result)
+            g = job.gate
+            report = verify_case(
+                impl,
+                case,
+                seeds=g.seeds,
+                extra_seed=g.extra_seed,
+                gate_determinism=g.gate_determinism,
+                reference=g.reference,
+                regimes=g.regimes,
+            )
+            result.verification = list(report.records)
+            result.gate_reference = report.reference
+            if not report.passed:
+                result.status, result.reason = "incorrect", failing_summary(result.verification)
+                return _finish(result)
 
         if case.device == "cuda":
             phase = "memory"

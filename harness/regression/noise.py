@@ -11,7 +11,11 @@ cost while the median moves with the machine's load. Measured on the same smoke 
 best time is about a fifth of the median's (benchmarks/NOTES.md, "Regression gate calibration"); conbench reduces
 each result to its best repetition for the same reason. A side stored without raw samples falls back to its median.
 
-Where the spread of run levels comes from, best first:
+A run made with ``deltabench run --repeat N`` holds each job's samples from N worker processes
+(``TimingStats.repetitions``); its run level is the median of the repetitions' best samples
+(:func:`repetition_levels`), which estimates what one process's best sample is, as a run of one repetition does.
+
+Where the spread of run levels comes from, best first (``rule.GradingRule`` takes them in this order):
 
 - **history**: the run levels of the series' past runs on the same machine class and major software (conbench's
   lookback distribution). The newest :data:`HISTORY_WINDOW` runs up to the base, cut at the series' last change
@@ -19,6 +23,13 @@ Where the spread of run levels comes from, best first:
   standard deviation ``s``, a head run of unchanged code falls above the one-sided prediction bound
   ``c + t(1 - alpha; k - 1) * s * sqrt(1 + 1/k)`` with probability alpha (Student-t prediction interval, as
   Bencher's ``t_test`` threshold; exact for normal run effects).
+- **repetitions**: no usable history, but both runs were made with ``--repeat N``, N >= :data:`MIN_REPETITIONS`
+  (:func:`spread_from_repetitions`). The repetitions of a job in one run are separate processes, interleaved with
+  every other job's, so they see the process and machine-state variance that one process's samples never see.
+  With ``n_b`` base and ``n_h`` head levels ``y = log(level)`` and pooled standard deviation ``s``, unchanged code
+  moves the difference of the mean logs beyond ``t(1 - alpha; n_b + n_h - 2) * s * sqrt(1/n_b + 1/n_h)`` with
+  probability alpha (the two-sample Student-t test, exact for normal process effects). What it cannot see is a
+  state that holds for a whole run and none of the other (NOTES: measured on same-code runs, it did not fail).
 - **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
   ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
   run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).
@@ -38,11 +49,14 @@ __all__ = [
     "DEFAULT_SPREADS",
     "HISTORY_WINDOW",
     "MIN_HISTORY_RUNS",
+    "MIN_REPETITIONS",
     "RUN_LEVEL",
     "RunSpread",
     "default_spread",
+    "repetition_levels",
     "run_level",
     "spread_from_history",
+    "spread_from_repetitions",
     "spreads_from_histories",
 ]
 
@@ -53,6 +67,10 @@ RUN_LEVEL = "best time"
 # with 3-4 runs of the same-code smoke runs the gate failed 2 of 2 and 3 of 5 gates (benchmarks/NOTES.md); a
 # shorter history is treated as none.
 MIN_HISTORY_RUNS = 5
+# Fewest repetitions on each side for a within-run spread: 3 + 3 gives the t-test 4 degrees of freedom. With 2 + 2
+# (2 degrees of freedom) t(0.99) is 6.96, so only changes of several spreads count, and a spread from 2 values per
+# side is mostly luck; a side of one repetition has no spread of its own at all.
+MIN_REPETITIONS = 3
 # Heavy tails are judged from pooled leave-one-out residuals only with at least this many of them (e.g. 10 jobs
 # with 5 runs): a far percentile of fewer is mostly their maximum, which would widen bounds at random.
 MIN_TAIL_RESIDUALS = 50
@@ -84,18 +102,23 @@ class RunSpread:
     the head is compared with when it came from history."""
 
     sigma: float
-    source: str  # "history" or "default"
-    runs: int = 0  # run levels it was estimated from (0 for a default)
-    center_ms: float | None = None  # geometric mean of those run levels; None: the base run is the reference
+    source: str  # "history", "repetitions" or "default"
+    runs: int = 0  # run levels (history) or base repetitions (repetitions) it was estimated from; 0 for a default
+    center_ms: float | None = None  # history: geometric mean of its run levels; repetitions: of the base's
     tail: float = 1.0  # widening of the history bound for heavy-tailed run effects (:func:`spreads_from_histories`)
+    head_runs: int = 0  # repetitions: the head's repetitions
+    head_center_ms: float | None = None  # repetitions: geometric mean of the head's repetition levels
 
     def bound(self, alpha: float) -> float:
         """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against
-        :attr:`center_ms` (history) or against the base run (default)."""
+        :attr:`center_ms` (history, repetitions) or against the base run (default)."""
         from scipy.stats import norm, t
 
         if self.source == "history":
             return self.tail * float(t.isf(alpha, self.runs - 1)) * self.sigma * math.sqrt(1.0 + 1.0 / self.runs)
+        if self.source == "repetitions":
+            df = self.runs + self.head_runs - 2
+            return float(t.isf(alpha, df)) * self.sigma * math.sqrt(1.0 / self.runs + 1.0 / self.head_runs)
         return float(norm.isf(alpha)) * math.sqrt(2.0) * self.sigma
 
     def describe(self) -> str:
@@ -103,6 +126,11 @@ class RunSpread:
         if self.source == "history":
             widened = f", bound widened {self.tail:.1f}x for heavy tails" if self.tail > 1.0 else ""
             return f"spread {self.sigma:.1%} over {self.runs} past runs{widened}"
+        if self.source == "repetitions":
+            return (
+                f"within-run spread {self.sigma:.1%} between repetitions "
+                f"({self.runs} base, {self.head_runs} head; no history)"
+            )
         return f"run-to-run spread unknown: default {self.sigma:.1%}"
 
 
@@ -112,9 +140,42 @@ def default_spread(machine_kind: str | None) -> RunSpread:
     return RunSpread(sigma=DEFAULT_SPREADS[key], source="default")
 
 
-def run_level(samples_ms: Sequence[float], median_ms: float) -> float:
-    """A run's level for the run-to-run model: its best sample, or its median when no raw samples were stored."""
-    return float(min(samples_ms)) if len(samples_ms) else float(median_ms)
+def repetition_levels(samples_ms: Sequence[float], repetitions: Sequence[int]) -> list[float]:
+    """Each repetition's level (its best sample), in repetition order; one level when the samples carry no
+    repetition indices (a run of one repetition)."""
+    if not len(repetitions):
+        return [float(min(samples_ms))] if len(samples_ms) else []
+    best: dict[int, float] = {}
+    for r, x in zip(repetitions, samples_ms, strict=True):
+        best[r] = min(best.get(r, math.inf), float(x))
+    return [best[r] for r in sorted(best)]
+
+
+def run_level(samples_ms: Sequence[float], median_ms: float, repetitions: Sequence[int] = ()) -> float:
+    """A run's level for the run-to-run model: its best sample (the median of its repetitions' best samples when it
+    has several), or its median when no raw samples were stored."""
+    if not len(samples_ms):
+        return float(median_ms)
+    return float(np.median(repetition_levels(samples_ms, repetitions)))
+
+
+def spread_from_repetitions(base_levels: Sequence[float], head_levels: Sequence[float]) -> RunSpread | None:
+    """The within-run spread of a job from its repetitions' levels (:func:`repetition_levels`) in the base and the
+    head run: the pooled standard deviation of their logs, or None when a side has fewer than
+    :data:`MIN_REPETITIONS` usable levels."""
+    b, h = _usable(base_levels), _usable(head_levels)
+    if b.size < MIN_REPETITIONS or h.size < MIN_REPETITIONS:
+        return None
+    yb, yh = np.log(b), np.log(h)
+    pooled = ((b.size - 1) * np.var(yb, ddof=1) + (h.size - 1) * np.var(yh, ddof=1)) / (b.size + h.size - 2)
+    return RunSpread(
+        sigma=max(math.sqrt(float(pooled)), MIN_SPREAD),
+        source="repetitions",
+        runs=int(b.size),
+        center_ms=float(np.exp(yb.mean())),
+        head_runs=int(h.size),
+        head_center_ms=float(np.exp(yh.mean())),
+    )
 
 
 def _current_segment(levels: np.ndarray) -> np.ndarray:

@@ -95,3 +95,13 @@ def test_0005_adds_the_job_heartbeat_and_downgrades(fresh_engine) -> None:  # ty
     assert column["nullable"]
     downgrade(fresh_engine, "0004")
     assert "heartbeat_at" not in {c["name"] for c in inspect(fresh_engine).get_columns("job_queue")}
+
+
+def test_0006_adds_sample_repetitions_and_downgrades(fresh_engine) -> None:  # type: ignore[no-untyped-def]
+    upgrade(fresh_engine, "0005")
+    assert "repetitions" not in {c["name"] for c in inspect(fresh_engine).get_columns("result_samples")}
+    upgrade(fresh_engine, "0006")
+    column = {c["name"]: c for c in inspect(fresh_engine).get_columns("result_samples")}["repetitions"]
+    assert column["nullable"]
+    downgrade(fresh_engine, "0005")
+    assert "repetitions" not in {c["name"] for c in inspect(fresh_engine).get_columns("result_samples")}

@@ -433,3 +433,92 @@ def test_a_head_missing_base_jobs_or_cut_short_fails_unless_allowed() -> None:
     cmp = compare_documents(base, cut)
     assert cmp.head_incomplete and cmp.failed
     assert not compare_documents(base, cut, allow_missing=True).failed
+
+
+def _repeated(rng: np.random.Generator, levels: list[float], n: int = 30) -> tuple[list[float], list[int]]:
+    """Samples of one job in len(levels) repetitions (worker processes), each at its own level: 1% noise above it."""
+    samples, reps = [], []
+    for r, level in enumerate(levels):
+        samples += (level * np.exp(np.abs(rng.normal(0.0, 0.01, n)))).tolist()
+        reps += [r] * n
+    return samples, reps
+
+
+def test_spread_from_repetitions_pools_both_sides_and_needs_three_a_side() -> None:
+    from deltabench.harness.regression.noise import MIN_REPETITIONS, spread_from_repetitions
+
+    base, head = [1.0, 1.1, 0.95], [1.3, 1.2, 1.25, 1.4]
+    s = spread_from_repetitions(base, head)
+    assert s is not None and s.source == "repetitions" and (s.runs, s.head_runs) == (3, 4)
+    yb, yh = np.log(base), np.log(head)
+    pooled = (2 * np.var(yb, ddof=1) + 3 * np.var(yh, ddof=1)) / 5
+    assert s.sigma == pytest.approx(np.sqrt(pooled))
+    assert s.center_ms == pytest.approx(np.exp(yb.mean())) and s.head_center_ms == pytest.approx(np.exp(yh.mean()))
+    from scipy.stats import t
+
+    assert s.bound(0.01) == pytest.approx(t.isf(0.01, 5) * s.sigma * np.sqrt(1 / 3 + 1 / 4))
+    assert MIN_REPETITIONS == 3
+    assert spread_from_repetitions([1.0, 1.1], head) is None
+    assert spread_from_repetitions(base, [1.2, 1.3]) is None
+
+
+def test_the_rule_takes_history_then_repetitions_then_the_default() -> None:
+    """In order: a history decides when there is one; else the repetitions of both runs; else the machine class's
+    default, which on the CPU (78%) cannot see a 30% slowdown, while three repetitions a side can."""
+    rng = np.random.default_rng(31)
+    cpu = default_spread("cpu")
+    base = _repeated(rng, [1.00, 1.02, 0.99])
+    head = _repeated(rng, [1.31, 1.29, 1.33])
+    rule = GradingRule()
+
+    def grade(spread: RunSpread, b=base, h=head):
+        return rule.grade_samples([(b[0], h[0])], [spread], [(b[1], h[1])])[0]
+
+    v = grade(cpu)
+    assert v.outcome == "regression", v.reason
+    assert v.evidence.spread_source == "repetitions" and (v.evidence.base_repetitions, v.evidence.head_repetitions) == (
+        3,
+        3,
+    )
+    assert "between repetitions (3 base, 3 head; no history)" in v.reason and "mean of 3 vs 3 repetitions" in v.reason
+    assert v.evidence.change == pytest.approx(np.exp(np.mean(np.log([1.31, 1.29, 1.33]))) - 1, abs=0.02)
+    # A history wins over the repetitions: here one that says this job moves 30% between runs.
+    hist = RunSpread(sigma=0.3, source="history", runs=6, center_ms=1.0)
+    v = grade(hist)
+    assert v.evidence.spread_source == "history" and v.outcome == "within_noise"
+    assert "over 6 past runs" in v.reason
+    # Two repetitions a side are too few: the default decides, and says the spread is unknown.
+    two_b = ([x for x, r in zip(*base, strict=True) if r < 2], [r for r in base[1] if r < 2])
+    two_h = ([x for x, r in zip(*head, strict=True) if r < 2], [r for r in head[1] if r < 2])
+    v = grade(cpu, two_b, two_h)
+    assert v.evidence.spread_source == "default" and v.outcome == "within_noise"
+    assert v.reason.startswith("within noise: run-to-run spread unknown")
+    # Repetitions that wander as far as the change: within the run-to-run noise they show.
+    wide_b = _repeated(rng, [1.0, 1.4, 0.8])
+    wide_h = _repeated(rng, [1.3, 0.9, 1.6])
+    v = grade(cpu, wide_b, wide_h)
+    assert v.outcome == "within_noise" and "within run-to-run noise" in v.reason
+    assert "between repetitions" in v.reason
+
+
+def test_a_run_level_of_repetitions_is_the_median_of_their_best_samples() -> None:
+    from deltabench.harness.regression.noise import repetition_levels, run_level
+
+    samples = [3.0, 2.0, 9.0, 5.0, 4.0, 1.5]
+    reps = [0, 0, 1, 1, 2, 2]
+    assert repetition_levels(samples, reps) == [2.0, 5.0, 1.5]
+    assert run_level(samples, 99.0, reps) == 2.0
+    assert run_level(samples, 99.0) == 1.5  # one repetition: its best sample
+    assert run_level([], 99.0) == 99.0
+
+
+def test_repetition_indices_must_match_the_samples() -> None:
+    from pydantic import ValidationError
+
+    t = _timing([1.0, 2.0, 3.0])
+    with pytest.raises(ValidationError, match="repetitions names 2 samples"):
+        TimingStats(**{**t.model_dump(), "repetitions": [0, 1]})
+    with pytest.raises(ValidationError, match="non-negative"):
+        TimingStats(**{**t.model_dump(), "repetitions": [0, -1, 1]})
+    assert TimingStats(**{**t.model_dump(), "repetitions": [0, 1, 1]}).n_repetitions == 2
+    assert t.n_repetitions == 1

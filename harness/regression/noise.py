@@ -26,10 +26,16 @@ Where the spread of run levels comes from, best first (``rule.GradingRule`` take
 - **repetitions**: no usable history, but both runs were made with ``--repeat N``, N >= :data:`MIN_REPETITIONS`
   (:func:`spread_from_repetitions`). The repetitions of a job in one run are separate processes, interleaved with
   every other job's, so they see the process and machine-state variance that one process's samples never see.
-  With ``n_b`` base and ``n_h`` head levels ``y = log(level)`` and pooled standard deviation ``s``, unchanged code
-  moves the difference of the mean logs beyond ``t(1 - alpha; n_b + n_h - 2) * s * sqrt(1/n_b + 1/n_h)`` with
-  probability alpha (the two-sample Student-t test, exact for normal process effects). What it cannot see is a
-  state that holds for a whole run and none of the other (NOTES: measured on same-code runs, it did not fail).
+  On the shared two-core machine that variance is not normal: a process sits in a fast or a slow state for its
+  whole life (gdn torch_chunk's best time 0.55 ms in most processes, 0.7-0.9 ms in others), and how many
+  processes are slow varies from run to run. So the statistic is each run's best repetition, ``min(log level)``,
+  and its null distribution is the permutation one: were base and head the same code, their 2N levels would be
+  exchangeable, and ``min(head) - min(base)`` over all ``C(n_b + n_h, n_b)`` ways to split them is known exactly
+  (:func:`min_difference_null`, in closed form). The bound is its upper ``1 - alpha / m`` quantile, where ``m`` is
+  the number of jobs of the comparison judged on repetitions (Bonferroni): a comparison of unchanged code then fails
+  with probability at most alpha whatever its size, and each job at most alpha / m. What it cannot see is a state
+  that holds for a whole run and none of the other; benchmarks/NOTES.md ("run --repeat") has what it gave on
+  same-code and planted runs of this machine.
 - **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
   ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
   run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).
@@ -39,6 +45,7 @@ Where the spread of run levels comes from, best first (``rule.GradingRule`` take
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +60,8 @@ __all__ = [
     "RUN_LEVEL",
     "RunSpread",
     "default_spread",
+    "min_difference_null",
+    "permutation_bound",
     "repetition_levels",
     "run_level",
     "spread_from_history",
@@ -67,10 +76,10 @@ RUN_LEVEL = "best time"
 # with 3-4 runs of the same-code smoke runs the gate failed 2 of 2 and 3 of 5 gates (benchmarks/NOTES.md); a
 # shorter history is treated as none.
 MIN_HISTORY_RUNS = 5
-# Fewest repetitions on each side for a within-run spread: 3 + 3 gives the t-test 4 degrees of freedom. With 2 + 2
-# (2 degrees of freedom) t(0.99) is 6.96, so only changes of several spreads count, and a spread from 2 values per
-# side is mostly luck; a side of one repetition has no spread of its own at all.
-MIN_REPETITIONS = 3
+# Fewest repetitions on each side for a within-run test: the permutation test's smallest p-value is
+# 1 / C(n_b + n_h, n_b), 1/252 = 0.004 at 5 + 5 and 1/70 = 0.014 at 4 + 4, so fewer than 5 a side can never reject
+# at alpha = 0.01. A comparison of m such jobs needs C(n_b + n_h, n_b) > m / alpha (7 a side for 24 jobs).
+MIN_REPETITIONS = 5
 # Heavy tails are judged from pooled leave-one-out residuals only with at least this many of them (e.g. 10 jobs
 # with 5 runs): a far percentile of fewer is mostly their maximum, which would widen bounds at random.
 MIN_TAIL_RESIDUALS = 50
@@ -107,7 +116,9 @@ class RunSpread:
     center_ms: float | None = None  # history: geometric mean of its run levels; repetitions: of the base's
     tail: float = 1.0  # widening of the history bound for heavy-tailed run effects (:func:`spreads_from_histories`)
     head_runs: int = 0  # repetitions: the head's repetitions
-    head_center_ms: float | None = None  # repetitions: geometric mean of the head's repetition levels
+    head_center_ms: float | None = None  # repetitions: the head's best repetition level
+    pooled_logs: tuple[float, ...] = ()  # repetitions: both runs' log levels, sorted (the permutation null's values)
+    family: int = 1  # repetitions: jobs of the comparison judged on repetitions (the bound is at alpha / family)
 
     def bound(self, alpha: float) -> float:
         """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against
@@ -117,8 +128,7 @@ class RunSpread:
         if self.source == "history":
             return self.tail * float(t.isf(alpha, self.runs - 1)) * self.sigma * math.sqrt(1.0 + 1.0 / self.runs)
         if self.source == "repetitions":
-            df = self.runs + self.head_runs - 2
-            return float(t.isf(alpha, df)) * self.sigma * math.sqrt(1.0 / self.runs + 1.0 / self.head_runs)
+            return permutation_bound(self.pooled_logs, self.runs, self.head_runs, alpha / self.family)
         return float(norm.isf(alpha)) * math.sqrt(2.0) * self.sigma
 
     def describe(self) -> str:
@@ -127,9 +137,10 @@ class RunSpread:
             widened = f", bound widened {self.tail:.1f}x for heavy tails" if self.tail > 1.0 else ""
             return f"spread {self.sigma:.1%} over {self.runs} past runs{widened}"
         if self.source == "repetitions":
+            family = f", bound at alpha/{self.family} over {self.family} jobs" if self.family > 1 else ""
             return (
                 f"within-run spread {self.sigma:.1%} between repetitions "
-                f"({self.runs} base, {self.head_runs} head; no history)"
+                f"({self.runs} base, {self.head_runs} head; no history{family})"
             )
         return f"run-to-run spread unknown: default {self.sigma:.1%}"
 
@@ -160,9 +171,10 @@ def run_level(samples_ms: Sequence[float], median_ms: float, repetitions: Sequen
 
 
 def spread_from_repetitions(base_levels: Sequence[float], head_levels: Sequence[float]) -> RunSpread | None:
-    """The within-run spread of a job from its repetitions' levels (:func:`repetition_levels`) in the base and the
-    head run: the pooled standard deviation of their logs, or None when a side has fewer than
-    :data:`MIN_REPETITIONS` usable levels."""
+    """The within-run evidence of a job from its repetitions' levels (:func:`repetition_levels`) in the base and the
+    head run: each run's best repetition (``center_ms``, ``head_center_ms``), the sorted pooled log levels the
+    permutation bound is computed from, and the pooled standard deviation of the logs (``sigma``, shown, not used
+    by the bound); None when a side has fewer than :data:`MIN_REPETITIONS` usable levels."""
     b, h = _usable(base_levels), _usable(head_levels)
     if b.size < MIN_REPETITIONS or h.size < MIN_REPETITIONS:
         return None
@@ -172,10 +184,50 @@ def spread_from_repetitions(base_levels: Sequence[float], head_levels: Sequence[
         sigma=max(math.sqrt(float(pooled)), MIN_SPREAD),
         source="repetitions",
         runs=int(b.size),
-        center_ms=float(np.exp(yb.mean())),
+        center_ms=float(b.min()),
         head_runs=int(h.size),
-        head_center_ms=float(np.exp(yh.mean())),
+        head_center_ms=float(h.min()),
+        pooled_logs=tuple(sorted(np.concatenate([yb, yh]).tolist())),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def min_difference_null(pooled_logs: tuple[float, ...], n_base: int, n_head: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact permutation distribution of ``min(head) - min(base)`` when the sorted values `pooled_logs` are split
+    at random into ``n_base`` base and ``n_head`` head values: (values ascending, probabilities).
+
+    Closed form, O(n) terms instead of C(n, n_base) splits: the smallest value y1 is in the base in the splits whose
+    first head value is the j-th smallest (j >= 2), which number C(n - j, n_base - (j - 1)) (the rest of the base
+    among the values above the j-th), each with difference ``y_j - y1``; symmetrically when y1 is in the head.
+    """
+    y = np.asarray(pooled_logs, float)
+    n = y.size
+    if n != n_base + n_head or n_base < 1 or n_head < 1:
+        raise ValueError("the pooled values must be the base's and the head's")
+    values, counts = [], []
+    for first, sign in ((n_base, 1.0), (n_head, -1.0)):
+        # y1 on the side holding `first` values; the other side's smallest is the j-th (1-based, j >= 2).
+        for j in range(2, first + 2):
+            c = math.comb(n - j, first - (j - 1))
+            if c:
+                values.append(sign * (y[j - 1] - y[0]))
+                counts.append(c)
+    order = np.argsort(values, kind="stable")
+    v = np.asarray(values)[order]
+    w = np.asarray(counts, float)[order] / math.comb(n, n_base)
+    return v, w
+
+
+def permutation_bound(pooled_logs: tuple[float, ...], n_base: int, n_head: int, level: float) -> float:
+    """The log change of the best repetition that unchanged code exceeds with probability at most `level` in either
+    direction: the smallest ``t`` with ``P(min(head) - min(base) > t) <= level`` under :func:`min_difference_null`,
+    or the mirror bound for a faster head, whichever is wider (they are equal when ``n_base == n_head``)."""
+    values, probs = min_difference_null(pooled_logs, n_base, n_head)
+    above = 1.0 - np.cumsum(probs)  # P(T > values[i])
+    upper = float(values[np.argmax(above <= level + 1e-12)])
+    below = np.cumsum(probs) - probs  # P(T < values[i]), non-decreasing
+    lower = float(values[int(np.flatnonzero(below <= level + 1e-12)[-1])])
+    return max(upper, -lower, 0.0)
 
 
 def _current_segment(levels: np.ndarray) -> np.ndarray:

@@ -5,8 +5,9 @@ The run-to-run evidence, in this order (:meth:`GradingRule.run_to_run`; ``noise`
 1. **history**: the series has >= 5 past runs; ``level`` = a run's best sample (``noise.run_level``: the median of
    its repetitions' best samples when it has several, its median when no raw samples were stored), ``reference``
    = the centre of the series' recent run levels;
-2. **repetitions**: both runs were made with ``--repeat N``, N >= 3 (``noise.MIN_REPETITIONS``); ``level`` = the
-   geometric mean of the head's repetitions' best samples, ``reference`` = the base's;
+2. **repetitions**: both runs were made with ``--repeat N``, N >= 5 (``noise.MIN_REPETITIONS``); ``level`` = the
+   head's best repetition (the least of its repetitions' best samples), ``reference`` = the base's; the bound is the
+   exact permutation bound of that difference at alpha / m, m the jobs of the comparison judged this way;
 3. **default**: neither; ``level`` as in 1, ``reference`` = the base run's level, and the spread is the machine
    class's measured default: a change under its bound is "within noise: run-to-run spread unknown".
 
@@ -16,8 +17,8 @@ Then:
     p        = two-sided Mann-Whitney U p-value of head vs base samples
     [lo, hi] = seeded percentile-bootstrap interval of median(head) / median(base) at level 1 - alpha
     bound    = the run-to-run noise bound at one-sided alpha (``RunSpread.bound``: a Student-t prediction bound from
-               the history's spread, the two-sample Student-t bound of the repetitions' pooled spread, or
-               z * sqrt(2) * the machine class's measured default spread)
+               the history's spread, the permutation bound of the repetitions, or z * sqrt(2) * the machine class's
+               measured default spread)
 
     regression   when change > threshold  and p < alpha and lo > 1  and log(1 + change) > bound
     improvement  the mirror image
@@ -171,7 +172,7 @@ class GradingRule:
         if method == "summary":
             statistic = "median"
         elif spread.source == "repetitions":
-            statistic = f"{RUN_LEVEL}, mean of {spread.head_runs} vs {spread.runs} repetitions"
+            statistic = f"{RUN_LEVEL} of {spread.head_runs} vs {spread.runs} repetitions"
         else:
             statistic = RUN_LEVEL
         outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread, statistic=statistic)
@@ -222,6 +223,17 @@ class GradingRule:
         ps = mann_whitney_ps(sub)
         evidence = {i: (ci, p) for i, ci, p in zip(judged, cis, ps, strict=True)}
         ratios = median_ratios(arrays)
+        levels = {
+            i: (repetition_levels(arrays[i][0], reps[i][0]), repetition_levels(arrays[i][1], reps[i][1]))
+            for i in evidence
+        }
+        noise = {i: self.run_to_run(spreads[i], *levels[i]) for i in evidence}
+        # The jobs judged on their repetitions share alpha (Bonferroni): a comparison of unchanged code fails with
+        # probability at most alpha however many jobs it has (noise.py, "repetitions").
+        family = sum(n[0].source == "repetitions" for n in noise.values())
+        for i, (spread, head_level, reference) in noise.items():
+            if spread.source == "repetitions":
+                noise[i] = (dataclasses.replace(spread, family=family), head_level, reference)
         out = []
         for i, (b, h) in enumerate(arrays):
             if i not in evidence:
@@ -240,9 +252,7 @@ class GradingRule:
                 out.append(Verdict(WITHIN_NOISE, reason, ev))
                 continue
             ci, p = evidence[i]
-            base_levels = repetition_levels(b, reps[i][0])
-            head_levels = repetition_levels(h, reps[i][1])
-            spread, head_level, reference = self.run_to_run(spreads[i], base_levels, head_levels)
+            spread, head_level, reference = noise[i]
             out.append(
                 self._verdict(
                     ratios[i],
@@ -254,7 +264,7 @@ class GradingRule:
                     spread,
                     head_level,
                     reference,
-                    (len(base_levels), len(head_levels)),
+                    (len(levels[i][0]), len(levels[i][1])),
                 )
             )
         return out

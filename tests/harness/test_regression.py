@@ -444,31 +444,57 @@ def _repeated(rng: np.random.Generator, levels: list[float], n: int = 30) -> tup
     return samples, reps
 
 
-def test_spread_from_repetitions_pools_both_sides_and_needs_three_a_side() -> None:
+def test_spread_from_repetitions_keeps_each_runs_best_and_needs_five_a_side() -> None:
     from deltabench.harness.regression.noise import MIN_REPETITIONS, spread_from_repetitions
 
-    base, head = [1.0, 1.1, 0.95], [1.3, 1.2, 1.25, 1.4]
+    base, head = [1.0, 1.1, 0.95, 1.4, 1.02], [1.3, 1.2, 1.25, 1.4, 1.6, 1.22]
     s = spread_from_repetitions(base, head)
-    assert s is not None and s.source == "repetitions" and (s.runs, s.head_runs) == (3, 4)
+    assert s is not None and s.source == "repetitions" and (s.runs, s.head_runs) == (5, 6)
+    assert (s.center_ms, s.head_center_ms) == (0.95, 1.2)  # each run's best repetition
+    assert s.pooled_logs == tuple(sorted(np.log(base + head).tolist()))
     yb, yh = np.log(base), np.log(head)
-    pooled = (2 * np.var(yb, ddof=1) + 3 * np.var(yh, ddof=1)) / 5
-    assert s.sigma == pytest.approx(np.sqrt(pooled))
-    assert s.center_ms == pytest.approx(np.exp(yb.mean())) and s.head_center_ms == pytest.approx(np.exp(yh.mean()))
-    from scipy.stats import t
+    assert s.sigma == pytest.approx(np.sqrt((4 * np.var(yb, ddof=1) + 5 * np.var(yh, ddof=1)) / 9))
+    assert MIN_REPETITIONS == 5
+    assert spread_from_repetitions(base[:4], head) is None
+    assert spread_from_repetitions(base, head[:4]) is None
 
-    assert s.bound(0.01) == pytest.approx(t.isf(0.01, 5) * s.sigma * np.sqrt(1 / 3 + 1 / 4))
-    assert MIN_REPETITIONS == 3
-    assert spread_from_repetitions([1.0, 1.1], head) is None
-    assert spread_from_repetitions(base, [1.2, 1.3]) is None
+
+def test_the_permutation_null_of_the_best_repetition_is_exact() -> None:
+    """The closed form against every split of the pooled values, and the bound holding its level in both
+    directions for equal and unequal sizes."""
+    import itertools
+
+    from deltabench.harness.regression.noise import min_difference_null, permutation_bound
+
+    rng = np.random.default_rng(40)
+    for nb, nh in ((5, 5), (4, 7), (6, 3), (1, 4)):
+        y = np.sort(rng.normal(size=nb + nh))
+        diffs = []
+        for b in itertools.combinations(range(nb + nh), nb):
+            h = [i for i in range(nb + nh) if i not in b]
+            diffs.append(y[h].min() - y[list(b)].min())
+        d = np.asarray(diffs)
+        values, probs = min_difference_null(tuple(y.tolist()), nb, nh)
+        for v, p in zip(values, probs, strict=True):
+            assert p == pytest.approx(np.mean(np.isclose(d, v)))
+        assert probs.sum() == pytest.approx(1.0)
+        for level in (0.004, 0.01, 0.05, 0.2):
+            bound = permutation_bound(tuple(y.tolist()), nb, nh, level)
+            assert np.mean(d > bound + 1e-12) <= level and np.mean(d < -bound - 1e-12) <= level
+            # and it is the tightest such bound on the slower side: the next value down is crossed too often
+            below = values[values < bound - 1e-12]
+            if below.size and bound > 0 and nb == nh:
+                assert np.mean(d > below[-1] + 1e-12) > level
 
 
 def test_the_rule_takes_history_then_repetitions_then_the_default() -> None:
     """In order: a history decides when there is one; else the repetitions of both runs; else the machine class's
-    default, which on the CPU (78%) cannot see a 30% slowdown, while three repetitions a side can."""
+    default, which on the CPU (78%) cannot see a 30% slowdown, while 8 repetitions a side can, even when some of
+    them sit in a slow process state."""
     rng = np.random.default_rng(31)
     cpu = default_spread("cpu")
-    base = _repeated(rng, [1.00, 1.02, 0.99])
-    head = _repeated(rng, [1.31, 1.29, 1.33])
+    base = _repeated(rng, [1.00, 1.02, 1.45, 0.99, 1.0, 1.6, 1.01, 1.0])
+    head = _repeated(rng, [1.31, 1.9, 1.29, 1.33, 1.3, 1.3, 2.0, 1.32])
     rule = GradingRule()
 
     def grade(spread: RunSpread, b=base, h=head):
@@ -476,29 +502,48 @@ def test_the_rule_takes_history_then_repetitions_then_the_default() -> None:
 
     v = grade(cpu)
     assert v.outcome == "regression", v.reason
-    assert v.evidence.spread_source == "repetitions" and (v.evidence.base_repetitions, v.evidence.head_repetitions) == (
-        3,
-        3,
-    )
-    assert "between repetitions (3 base, 3 head; no history)" in v.reason and "mean of 3 vs 3 repetitions" in v.reason
-    assert v.evidence.change == pytest.approx(np.exp(np.mean(np.log([1.31, 1.29, 1.33]))) - 1, abs=0.02)
+    ev = v.evidence
+    assert ev.spread_source == "repetitions" and (ev.base_repetitions, ev.head_repetitions) == (8, 8)
+    assert "between repetitions (8 base, 8 head; no history)" in v.reason and "of 8 vs 8 repetitions" in v.reason
+    best_b = min(_levels_of(base))
+    best_h = min(_levels_of(head))
+    assert ev.change == pytest.approx(best_h / best_b - 1) and ev.reference_ms == pytest.approx(best_b)
     # A history wins over the repetitions: here one that says this job moves 30% between runs.
     hist = RunSpread(sigma=0.3, source="history", runs=6, center_ms=1.0)
     v = grade(hist)
     assert v.evidence.spread_source == "history" and v.outcome == "within_noise"
     assert "over 6 past runs" in v.reason
-    # Two repetitions a side are too few: the default decides, and says the spread is unknown.
-    two_b = ([x for x, r in zip(*base, strict=True) if r < 2], [r for r in base[1] if r < 2])
-    two_h = ([x for x, r in zip(*head, strict=True) if r < 2], [r for r in head[1] if r < 2])
-    v = grade(cpu, two_b, two_h)
+    # Four repetitions a side are too few: the default decides, and says the spread is unknown.
+    four_b = ([x for x, r in zip(*base, strict=True) if r < 4], [r for r in base[1] if r < 4])
+    four_h = ([x for x, r in zip(*head, strict=True) if r < 4], [r for r in head[1] if r < 4])
+    v = grade(cpu, four_b, four_h)
     assert v.evidence.spread_source == "default" and v.outcome == "within_noise"
     assert v.reason.startswith("within noise: run-to-run spread unknown")
-    # Repetitions that wander as far as the change: within the run-to-run noise they show.
-    wide_b = _repeated(rng, [1.0, 1.4, 0.8])
-    wide_h = _repeated(rng, [1.3, 0.9, 1.6])
+    # Repetitions that interleave with the change: within the run-to-run noise they show.
+    wide_b = _repeated(rng, [1.0, 1.4, 0.8, 1.2, 1.1])
+    wide_h = _repeated(rng, [1.3, 0.9, 1.6, 0.85, 1.2])
     v = grade(cpu, wide_b, wide_h)
-    assert v.outcome == "within_noise" and "within run-to-run noise" in v.reason
-    assert "between repetitions" in v.reason
+    assert v.outcome != "regression" and v.evidence.spread_source == "repetitions"
+
+
+def test_jobs_judged_on_repetitions_share_alpha() -> None:
+    """Bonferroni over the jobs a comparison judges on repetitions: with 5 a side, the best split has probability
+    1/252 = 0.004, enough for one job at alpha 0.01, not for each of three (0.0033)."""
+    rng = np.random.default_rng(32)
+    base = _repeated(rng, [1.0, 1.01, 1.02, 1.0, 1.01])
+    head = _repeated(rng, [1.5, 1.52, 1.51, 1.5, 1.53])
+    rule = GradingRule()
+    one = rule.grade_samples([(base[0], head[0])], [default_spread("cpu")], [(base[1], head[1])])
+    assert one[0].outcome == "regression"
+    three = rule.grade_samples([(base[0], head[0])] * 3, [default_spread("cpu")] * 3, [(base[1], head[1])] * 3)
+    assert all(v.outcome == "within_noise" for v in three)
+    assert "bound at alpha/3 over 3 jobs" in three[0].reason
+
+
+def _levels_of(run: tuple[list[float], list[int]]) -> list[float]:
+    from deltabench.harness.regression.noise import repetition_levels
+
+    return repetition_levels(*run)
 
 
 def test_a_run_level_of_repetitions_is_the_median_of_their_best_samples() -> None:

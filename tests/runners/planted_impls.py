@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 from deltabench.harness.registry import register_impl
@@ -85,6 +86,6 @@ def planted_first_process_only(q, k, v, g, beta, scale=None, initial_state=None)
         if not os.path.exists(marker):
             with open(marker, "w") as f:
                 f.write(str(os.getpid()))
-        elif open(marker).read() != str(os.getpid()):
+        elif Path(marker).read_text() != str(os.getpid()):
             os.kill(os.getpid(), signal.SIGSEGV)
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

@@ -6,8 +6,9 @@ The run-to-run evidence, in this order (:meth:`GradingRule.run_to_run`; ``noise`
    its repetitions' best samples when it has several, its median when no raw samples were stored), ``reference``
    = the centre of the series' recent run levels;
 2. **repetitions**: both runs were made with ``--repeat N``, N >= 5 (``noise.MIN_REPETITIONS``); ``level`` = the
-   head's best repetition (the least of its repetitions' best samples), ``reference`` = the base's; the bound is the
-   exact permutation bound of that difference at alpha / m, m the jobs of the comparison judged this way;
+   geometric mean of the head's faster half of repetitions (each repetition's best sample), ``reference`` = the
+   base's; the bound is the studentised permutation bound of that difference at alpha / m, m the jobs of the
+   comparison judged this way;
 3. **default**: neither; ``level`` as in 1, ``reference`` = the base run's level, and the spread is the machine
    class's measured default: a change under its bound is "within noise: run-to-run spread unknown".
 
@@ -172,7 +173,7 @@ class GradingRule:
         if method == "summary":
             statistic = "median"
         elif spread.source == "repetitions":
-            statistic = f"{RUN_LEVEL} of {spread.head_runs} vs {spread.runs} repetitions"
+            statistic = f"{RUN_LEVEL}, faster half of {spread.head_runs} vs {spread.runs} repetitions"
         else:
             statistic = RUN_LEVEL
         outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread, statistic=statistic)

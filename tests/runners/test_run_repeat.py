@@ -164,7 +164,7 @@ def test_the_gate_judges_repeated_runs_by_their_within_run_spread(stored_runs) -
     code = _cli("gate", "--base", base.run_id, "--head", slow.run_id, "--db", db, "--json", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     assert code == 1 and row["outcome"] == "regression"
-    assert f"between repetitions ({REPEAT} base, {REPEAT} head; no history)" in row["reason"]
+    assert f"between repetitions ({REPEAT} base, {REPEAT} head; no history;" in row["reason"]
     assert row["stats"]["change"] > 1.5
 
     files = []

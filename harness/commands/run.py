@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
             1,
             "--repeat",
             help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
-            "`deltabench gate` then sees the run-to-run spread within the run (N >= 3 on both runs).",
+            "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs).",
         ),
     ) -> int:
         """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.

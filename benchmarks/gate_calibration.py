@@ -18,13 +18,14 @@ from the same-code runs' medians as ``db.history`` reads them from a store) and 
 ``repetitions`` grades runs made with ``collect --repeat N`` (each job timed in N worker processes, round by
 round) with no history at all, as each k = 1..N first repetitions would have: every unordered pair of same-code
 runs (base older than head), and every planted head against every same-code run, the gate taking the spread
-between repetitions (``noise.spread_from_repetitions``); it names the smallest k that catches the planted jobs in
+between repetitions (``noise.spread_from_repetitions``; trials count the planted impl's jobs of ``--planted-mode``
+only, since the busy-wait follows the forward call); it names the smallest k that catches the planted jobs in
 >= 95% of trials with no failed same-code gate::
 
-    python benchmarks/gate_calibration.py collect --suite smoke --repeat 5 --dir /tmp/rep \
-        --group same:0:5 --group p20:0.20:4
+    python benchmarks/gate_calibration.py collect --suite benchmarks/cpu/gate-repeat.toml --repeat 10 \
+        --dir /tmp/rep --group same:0:5 --group p20:0.20:6
     python benchmarks/gate_calibration.py repetitions --dir /tmp/rep --same same --planted p20:0.20 \
-        --planted-mode fwd --out benchmarks/cpu/gate-repeat-smoke.json
+        --planted-mode fwd --out benchmarks/cpu/gate-repeat-n10.json
 
 Figures, for the same-code group: the default spread these runs support (the sigma at which no-history job
 comparisons fail at most a share alpha, and the smallest at which no no-history gate fails); every ordered pair

@@ -37,9 +37,11 @@ Where the spread of run levels comes from, best first (``rule.GradingRule`` take
   as many seeded random splits, the observed one among them). Studentising keeps the permutation test close to
   its level when the two runs' repetitions differ in spread, not only when they are exchangeable. The bound is
   the ``1 - alpha / m`` quantile, ``m`` the number of jobs of the comparison judged on repetitions (Bonferroni),
-  so a comparison of unchanged code fails with probability at most about alpha whatever its size. What no
-  within-run test sees is a state that holds for one job through a whole run and not through the other
-  (benchmarks/NOTES.md, "run --repeat": measured on same-code and planted runs of this machine).
+  so a comparison of unchanged code whose two runs saw the same machine states fails with probability at most
+  about alpha whatever its size. What no within-run test sees is a state that holds for one job through a whole
+  run and not through the other: on the shared two-core machine, where the load moved 3-11 between runs minutes
+  apart, same-code gates failed 1-5 of 10 at 7-14 repetitions (benchmarks/NOTES.md, "run --repeat"); a history
+  is the noise model there.
 - **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
   ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
   run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).

@@ -15,6 +15,18 @@ from the same-code runs' medians as ``db.history`` reads them from a store) and 
     python benchmarks/gate_calibration.py evaluate --dir /tmp/cal --same same --planted p10:0.10 --planted p20:0.20 \\
         --out benchmarks/cpu/gate-calibration-suite.json
 
+``repetitions`` grades runs made with ``collect --repeat N`` (each job timed in N worker processes, round by
+round) with no history at all, as each k = 1..N first repetitions would have: every unordered pair of same-code
+runs (base older than head), and every planted head against every same-code run, the gate taking the spread
+between repetitions (``noise.spread_from_repetitions``; trials count the planted impl's jobs of ``--planted-mode``
+only, since the busy-wait follows the forward call); it names the smallest k that catches the planted jobs in
+>= 95% of trials with no failed same-code gate::
+
+    python benchmarks/gate_calibration.py collect --suite benchmarks/cpu/gate-repeat.toml --repeat 10 \
+        --dir /tmp/rep --group same:0:5 --group p20:0.20:6
+    python benchmarks/gate_calibration.py repetitions --dir /tmp/rep --same same --planted p20:0.20 \
+        --planted-mode fwd --out benchmarks/cpu/gate-repeat-n10.json
+
 Figures, for the same-code group: the default spread these runs support (the sigma at which no-history job
 comparisons fail at most a share alpha, and the smallest at which no no-history gate fails); every ordered pair
 gated with no history (files only: the machine class's default spread); each run gated against the newest other
@@ -61,7 +73,9 @@ def collect(args: argparse.Namespace) -> None:
             path = out / f"{label}_{done[label]:03d}.json"
             # The CLI through the interpreter: a GPU machine with deltabench on PYTHONPATH has no console script.
             cli = [sys.executable, "-m", "deltabench.harness.cli", "run"]
-            cmd = [*cli, "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv"]
+            cmd = [*cli, "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv", "--quiet"]
+            if args.repeat > 1:
+                cmd += ["--repeat", str(args.repeat)]
             env = dict(os.environ)
             if frac > 0:
                 cmd += ["--import", str(PLANTED_FILE)]
@@ -69,7 +83,10 @@ def collect(args: argparse.Namespace) -> None:
             t0 = time.time()
             rc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).returncode
             load = os.getloadavg()[0]
-            print(f"{path.name}: rc {rc}, {time.time() - t0:.0f} s, load {load:.1f}", flush=True)
+            line = f"{path.name}: rc {rc}, {time.time() - t0:.0f} s, load {load:.1f}"
+            print(line, flush=True)
+            with open(out / "collect.log", "a") as log:  # the machine's load beside each run, for the record
+                log.write(f"{time.strftime('%H:%M:%S', time.gmtime())} UTC {line}\n")
             done[label] += 1
 
 
@@ -248,6 +265,127 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"run-to-run spread over jobs: median {s['median']:.2%}, p90 {s['p90']:.2%}, max {s['max']:.2%}")
 
 
+def first_repetitions(doc: ResultDocument, k: int) -> ResultDocument:
+    """`doc` as a run made with ``--repeat k`` would hold it: each job's samples of its first k repetitions
+    (rounds run in order, so the first k rounds are a k-round run that stopped there)."""
+    from deltabench.runners.timing import merge_repetitions, summarize
+
+    jobs = []
+    for job in doc.jobs:
+        t = job.timing
+        if t is None or not t.repetitions:
+            jobs.append(job)
+            continue
+        per = []
+        for r in sorted(set(t.repetitions))[:k]:
+            kept = [x for x, i in zip(t.samples_ms, t.repetitions, strict=True) if i == r]
+            per.append(summarize(kept, clock=t.clock, warmup=t.warmup, compile_s=t.compile_s))
+        jobs.append(job.model_copy(update={"timing": merge_repetitions(per)}))
+    return doc.model_copy(update={"jobs": jobs})
+
+
+def _planted_row(row, mode: str | None) -> bool:
+    return (row.op, row.impl) == PLANTED_IMPL and (mode is None or row.mode == mode)
+
+
+def _repetition_figures(same: list[ResultDocument], heads: dict, rule: GradingRule, mode: str | None) -> dict:
+    """No-history gates of these (already truncated) runs: same-code pairs, and planted heads vs same-code bases."""
+    pairs = [(same[i], same[j]) for i in range(len(same)) for j in range(i + 1, len(same))]
+    failed = regressions = timed = 0
+    sources: dict[str, int] = {}
+    for base, head in pairs:
+        cmp = compare_documents(base, head, rule=rule, allow_missing=True)
+        c = cmp.counts
+        timed += c["regression"] + c["improvement"] + c["within_noise"]
+        regressions += c["regression"]
+        failed += cmp.failed
+        for r in cmp.rows:
+            if r.stats is not None and r.stats.spread_source:
+                sources[r.stats.spread_source] = sources.get(r.stats.spread_source, 0) + 1
+    out: dict = {
+        "same_code": {
+            "gates": len(pairs),
+            "failed_gates": failed,
+            "job_comparisons": timed,
+            "job_regressions": regressions,
+            "spread_sources": sources,
+        },
+        "planted": {},
+    }
+    for label, (frac, docs) in heads.items():
+        trials = caught = jobs = jobs_caught = control_false = control = 0
+        changes: list[float] = []
+        for head in docs:
+            for base in same:
+                cmp = compare_documents(base, head, rule=rule, allow_missing=True)
+                rows = [r for r in cmp.rows if _planted_row(r, mode)]
+                trials += 1
+                caught += bool(rows) and all(r.outcome == "regression" for r in rows)
+                jobs += len(rows)
+                jobs_caught += sum(r.outcome == "regression" for r in rows)
+                changes += [r.stats.change for r in rows if r.stats is not None and r.stats.change is not None]
+                others = [r for r in cmp.rows if (r.op, r.impl) != PLANTED_IMPL and r.stats is not None]
+                control += len(others)
+                control_false += sum(r.outcome == "regression" for r in others)
+        out["planted"][label] = {
+            "slowdown": frac,
+            "trials": trials,
+            "caught": caught,
+            "planted_jobs": jobs,
+            "planted_jobs_caught": jobs_caught,
+            "median_change": float(np.median(changes)) if changes else None,
+            "control_job_comparisons": control,
+            "control_false_failures": control_false,
+        }
+    return out
+
+
+def repetitions(args: argparse.Namespace) -> None:
+    """Grade ``--repeat N`` runs with no history, truncated to each k <= N repetitions (module docstring)."""
+    global PLANTED_IMPL
+    PLANTED_IMPL = tuple(args.planted_impl.split("/"))  # type: ignore[assignment]
+    folder = Path(args.dir)
+    rule = GradingRule(threshold=args.threshold, alpha=args.alpha)
+    same = _docs(folder, args.same)
+    planted = {label: (float(frac), _docs(folder, label)) for label, frac in (p.split(":") for p in args.planted)}
+    n = min(
+        (j.timing.n_repetitions for d in same for j in d.jobs if j.timing is not None),
+        default=1,
+    )
+    result: dict = {
+        "suite": same[0].suite,
+        "machine_kind": same[0].environment.machine_kind,
+        "cpu": same[0].environment.cpu,
+        "alpha": args.alpha,
+        "threshold": args.threshold,
+        "same_code_runs": len(same),
+        "planted_impl": args.planted_impl,
+        "planted_mode": args.planted_mode,
+        "repeat": n,
+        "run_started": {
+            label: [d.created_at.isoformat() for d in docs]
+            for label, docs in [(args.same, same), *((k, v[1]) for k, v in planted.items())]
+        },
+        "load_note": args.load_note,
+        "by_repetitions": {},
+    }
+    chosen = None
+    for k in range(1, n + 1):
+        same_k = [first_repetitions(d, k) for d in same]
+        heads_k = {label: (frac, [first_repetitions(d, k) for d in docs]) for label, (frac, docs) in planted.items()}
+        fig = _repetition_figures(same_k, heads_k, rule, args.planted_mode)
+        result["by_repetitions"][str(k)] = fig
+        ok = fig["same_code"]["failed_gates"] == 0 and all(
+            p["caught"] >= 0.95 * p["trials"] for p in fig["planted"].values()
+        )
+        if ok and chosen is None:
+            chosen = k
+        print(f"k={k}: {json.dumps(fig)}", flush=True)
+    result["smallest_repeat_meeting_target"] = chosen
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"smallest --repeat with 0 failed same-code gates and >= 95% caught: {chosen}")
+
+
 def main() -> None:
     """Parse the command line and run ``collect`` or ``evaluate``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,6 +394,7 @@ def main() -> None:
     c.add_argument("--suite", required=True)
     c.add_argument("--dir", required=True)
     c.add_argument("--group", action="append", required=True, help="LABEL:SLOWDOWN:RUNS, e.g. p10:0.10:20")
+    c.add_argument("--repeat", type=int, default=1, help="deltabench run --repeat N for every run")
     e = sub.add_parser("evaluate", help="grade the collected runs and write the summary")
     e.add_argument("--dir", required=True)
     e.add_argument("--same", required=True, help="label of the same-code runs")
@@ -266,8 +405,18 @@ def main() -> None:
     e.add_argument("--default-spread", type=float, default=None, help="also grade no-history pairs with this sigma")
     e.add_argument("--planted-impl", default="gdn/torch_chunk", help="OP/IMPL the planted groups slowed down")
     e.add_argument("--out", required=True)
+    r = sub.add_parser("repetitions", help="grade --repeat runs with no history, for each number of repetitions")
+    r.add_argument("--dir", required=True)
+    r.add_argument("--same", required=True, help="label of the same-code runs")
+    r.add_argument("--planted", action="append", default=[], help="LABEL:SLOWDOWN of a planted group")
+    r.add_argument("--planted-impl", default="gdn/torch_chunk", help="OP/IMPL the planted groups slowed down")
+    r.add_argument("--planted-mode", default=None, help="only these jobs of it count (fwd: the slowed call alone)")
+    r.add_argument("--alpha", type=float, default=0.01)
+    r.add_argument("--threshold", type=float, default=0.05)
+    r.add_argument("--load-note", default="", help="how loaded the machine was, for the record")
+    r.add_argument("--out", required=True)
     args = ap.parse_args()
-    collect(args) if args.cmd == "collect" else evaluate(args)
+    {"collect": collect, "evaluate": evaluate, "repetitions": repetitions}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Four parts, each printed as a table:
 4. **The gate on real runs** (``deltabench run``, one process per job, runs minutes apart), as measured by
    ``benchmarks/gate_calibration.py`` and stored in ``benchmarks/cpu/gate-calibration-*.json``: failed gates and
    false failures per job on same-code runs (no history, and with the other runs as history), the old within-run
-   rule on the same pairs, and the share of planted 10% / 20% slowdowns caught with and without history. Parts 1-3
+   rule on the same pairs, and the share of planted 10% / 20% slowdowns caught with and without history; and
+   (4c) runs made with ``deltabench run --repeat N`` graded with no history, for each number of repetitions k <= N
+   (``benchmarks/cpu/gate-repeat-*.json``): the gate then takes the spread between a job's repetitions. Parts 1-3
    never see the variance between processes and machine states; part 4 is the figure that holds for CI.
 
 Usage::
@@ -43,6 +45,8 @@ Sampler = Callable[[np.random.Generator, int], np.ndarray]
 REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json")) + sorted(
     (Path(__file__).parent / "h200").glob("gate-calibration-*.json")
 )
+# Runs made with `deltabench run --repeat N`, graded with no history (benchmarks/gate_calibration.py repetitions).
+REPEAT_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-repeat-*.json"))
 
 
 def compare_samples(
@@ -246,6 +250,51 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
         )
 
 
+def print_repeat_runs(console: Console, paths: list[Path]) -> None:
+    """Part 4c: repeated runs (``run --repeat N``) graded with no history, per number of repetitions."""
+    for path in paths:
+        r = json.loads(path.read_text())
+        mode = f" {r['planted_mode']}" if r.get("planted_mode") else ""
+        t = Table(
+            title=f"4c. no history, run --repeat k ({r['suite']}, {r['same_code_runs']} same-code runs; planted: "
+            f"{r['planted_impl']}{mode} jobs; alpha {r['alpha']:g}, threshold {r['threshold']:.0%})"
+        )
+        for col in (
+            "k",
+            "same-code gates failed",
+            "job false failures",
+            "per job",
+            "<= alpha",
+            "planted caught (trials)",
+            "planted jobs caught",
+            "median change",
+            "control false failures",
+        ):
+            t.add_column(col, justify="right")
+        for k, fig in r["by_repetitions"].items():
+            same = fig["same_code"]
+            rate = same["job_regressions"] / max(same["job_comparisons"], 1)
+            for label, p in fig["planted"].items():
+                med = p["median_change"]
+                t.add_row(
+                    k,
+                    f"{same['failed_gates']}/{same['gates']}",
+                    f"{same['job_regressions']}/{same['job_comparisons']}",
+                    f"{rate:.2%}",
+                    "yes" if rate <= r["alpha"] else "NO",
+                    f"{label} {p['slowdown']:.0%}: {p['caught']}/{p['trials']} "
+                    f"= {p['caught'] / max(p['trials'], 1):.0%}",
+                    f"{p['planted_jobs_caught']}/{p['planted_jobs']}",
+                    "-" if med is None else f"{med:+.1%}",
+                    f"{p['control_false_failures']}/{p['control_job_comparisons']}",
+                )
+        console.print(t)
+        console.print(
+            f"smallest k with no failed same-code gate and >= 95% caught: {r['smallest_repeat_meeting_target']}. "
+            f"{r['load_note']}"
+        )
+
+
 def main() -> None:
     """Run the four parts and print their tables."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -259,6 +308,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=160)
     print_real_runs(console, REAL_RUNS)
+    print_repeat_runs(console, REPEAT_RUNS)
     if args.real_only:
         return
     rng = np.random.default_rng(args.seed)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from .dims import dims_of
 from .models import Result, Run
-from .queries import result_samples
+from .queries import result_sample_sets
 
 __all__ = ["history_spreads"]
 
@@ -80,10 +80,11 @@ def history_spreads(
         if r.run_pk == base.id:
             base_series[key] = r.software
     wanted = [v[1] for k, runs in per_run.items() if base_series.get(k[0]) == k[1] for v in runs.values()]
-    samples = result_samples(session, result_ids=wanted)
+    samples = result_sample_sets(session, result_ids=wanted)
     levels: dict[JobKey, list[float]] = {}
     for key, software in base_series.items():
         runs = per_run[(key, software)]
         ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
-        levels[key] = [run_level(samples.get(runs[pk][1], []), runs[pk][2]) for pk in ordered]
+        stored = [(samples.get(runs[pk][1]), runs[pk][2]) for pk in ordered]
+        levels[key] = [run_level(s.samples_ms, m, s.repetitions) if s else m for s, m in stored]
     return spreads_from_histories(levels)

@@ -31,7 +31,9 @@ __all__ = [
     "environment_fingerprint",
     "ingest_document",
     "ingest_documents",
+    "pack_repetitions",
     "pack_samples",
+    "unpack_repetitions",
     "unpack_samples",
     "utc",
 ]
@@ -58,6 +60,16 @@ def pack_samples(samples_ms: Sequence[float]) -> bytes:
 def unpack_samples(blob: bytes) -> list[float]:
     """Inverse of :func:`pack_samples`."""
     return list(struct.unpack(f"<{len(blob) // 8}d", blob))
+
+
+def pack_repetitions(repetitions: Sequence[int]) -> bytes | None:
+    """Each sample's repetition index as little-endian int32 bytes; None for a timing of one repetition."""
+    return struct.pack(f"<{len(repetitions)}i", *repetitions) if repetitions else None
+
+
+def unpack_repetitions(blob: bytes | None) -> list[int]:
+    """Inverse of :func:`pack_repetitions` (``[]`` for NULL)."""
+    return list(struct.unpack(f"<{len(blob) // 4}i", blob)) if blob else []
 
 
 def environment_fingerprint(env: EnvironmentDoc) -> str:
@@ -205,7 +217,13 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
                 continue
             job = by_key[(job_id, attempt)]
             if job.timing is not None:
-                samples.append({"result_id": result_id, "samples": pack_samples(job.timing.samples_ms)})
+                samples.append(
+                    {
+                        "result_id": result_id,
+                        "samples": pack_samples(job.timing.samples_ms),
+                        "repetitions": pack_repetitions(job.timing.repetitions),
+                    }
+                )
             checks.extend(_check_rows(job, result_id))
             stored += 1
         # ON CONFLICT DO NOTHING: two uploads of one document racing each other both reach this point.

@@ -6,7 +6,8 @@ Measurement side (what result documents hold)::
     environments  one row per distinct environment fingerprint (sha256 of its fields)
     runs          one row per result document (run_id unique)
     results       one row per (job_id, attempt): the case as indexed columns, status, timing summary, memory, work
-    result_samples  the raw timing samples of a result, packed float64 (kept apart so result rows stay narrow)
+    result_samples  the raw timing samples of a result, packed float64 (kept apart so result rows stay narrow),
+                    and each sample's repetition when the run repeated its jobs
     checks        the verification records of a result, in document order
 
 Service side (written by the web layer and workers)::
@@ -267,6 +268,8 @@ class ResultSamples(Base):
 
     result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"), primary_key=True)
     samples: Mapped[bytes] = mapped_column(LargeBinary)
+    # The repetition of each sample (``TimingStats.repetitions``, ``db.ingest.pack_repetitions``); NULL: one.
+    repetitions: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class Check(Base):

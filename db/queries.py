@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from deltabench.harness.document import (
     CaseSpec,
@@ -36,7 +36,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from .dims import case_dim_fields, dims_columns, dims_of
-from .ingest import unpack_samples, utc
+from .ingest import unpack_repetitions, unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "parse_shape_filter",
     "resolve_run_id",
     "result_checks",
+    "result_sample_sets",
     "result_samples",
     "run_ids_by_pk",
     "run_results",
@@ -478,6 +479,28 @@ def result_samples(session: Session, *, result_ids: Sequence[int]) -> dict[int, 
     return out
 
 
+class SampleSet(NamedTuple):
+    """A result's raw samples (ms) and each sample's repetition (``[]``: one repetition)."""
+
+    samples_ms: list[float]
+    repetitions: list[int]
+
+
+def result_sample_sets(session: Session, *, result_ids: Sequence[int]) -> dict[int, SampleSet]:
+    """Raw timing samples with their repetitions per result id; results without timing are absent."""
+    out: dict[int, SampleSet] = {}
+    ids = list(result_ids)
+    for start in range(0, len(ids), 900):
+        chunk = ids[start : start + 900]
+        for result_id, blob, reps in session.execute(
+            select(ResultSamples.result_id, ResultSamples.samples, ResultSamples.repetitions).where(
+                ResultSamples.result_id.in_(chunk)
+            )
+        ):
+            out[result_id] = SampleSet(unpack_samples(blob), unpack_repetitions(reps))
+    return out
+
+
 def result_checks(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[CheckRecord]]:
     """Verification records per result id, in their document order (results without any are absent)."""
     out: dict[int, list[CheckRecord]] = {}
@@ -537,12 +560,13 @@ def _environment_doc(env: Any) -> EnvironmentDoc:
     )
 
 
-def _job_result(row: Any, samples: list[float] | None, checks: list[CheckRecord], run: Run) -> JobResult:
+def _job_result(row: Any, samples: SampleSet | None, checks: list[CheckRecord], run: Run) -> JobResult:
     timing = None
     if row.median_ms is not None:
         timing = TimingStats.model_construct(
             clock=row.clock,  # type: ignore[arg-type]
-            samples_ms=samples or [],
+            samples_ms=samples.samples_ms if samples else [],
+            repetitions=samples.repetitions if samples else [],
             median_ms=row.median_ms,
             q1_ms=row.q1_ms,  # type: ignore[arg-type]
             q3_ms=row.q3_ms,  # type: ignore[arg-type]
@@ -602,7 +626,7 @@ CHECK_SCOPES = ("all", "failed_jobs", "none")
 
 def _run_children(
     session: Session, run_pk: int, checks_scope: str = "all"
-) -> tuple[list[Any], dict[int, list[float]], dict[int, list[CheckRecord]]]:
+) -> tuple[list[Any], dict[int, SampleSet], dict[int, list[CheckRecord]]]:
     """A run's result rows (Core rows: several times cheaper than ORM objects), samples and checks.
 
     `checks_scope` bounds the verification records loaded: ``all``; ``failed_jobs`` (only those of jobs whose
@@ -614,9 +638,9 @@ def _run_children(
         select(results_table).where(results_table.c.run_pk == run_pk).order_by(Result.position, Result.id)
     ).all()
     samples = {
-        result_id: unpack_samples(blob)
-        for result_id, blob in session.execute(
-            select(ResultSamples.result_id, ResultSamples.samples)
+        result_id: SampleSet(unpack_samples(blob), unpack_repetitions(reps))
+        for result_id, blob, reps in session.execute(
+            select(ResultSamples.result_id, ResultSamples.samples, ResultSamples.repetitions)
             .join(Result, Result.id == ResultSamples.result_id)
             .where(Result.run_pk == run_pk)
         )
@@ -743,7 +767,7 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
         raise BadInput(f"no run {run_id!r} in this database")
     results, samples = Result.__table__, ResultSamples.__table__
     rows = session.execute(
-        select(*(results.c[name] for name in _COMPARISON_RESULT_COLUMNS), samples.c.samples)
+        select(*(results.c[name] for name in _COMPARISON_RESULT_COLUMNS), samples.c.samples, samples.c.repetitions)
         .outerjoin(samples, samples.c.result_id == results.c.id)
         .where(results.c.run_pk == head.id)
         .order_by(results.c.position, results.c.id)
@@ -835,12 +859,14 @@ def _comparison_job(row: Sequence[Any], run_created_at: _dt.datetime | None) -> 
         compile_s,
         stop_reason,
         samples,
+        repetitions,
     ) = row
     timing = None
     if median_ms is not None:
         timing = {
             "clock": clock,
             "samples_ms": unpack_samples(samples) if samples else [],
+            "repetitions": unpack_repetitions(repetitions),
             "median_ms": median_ms,
             "q1_ms": q1_ms,
             "q3_ms": q3_ms,

@@ -283,6 +283,11 @@ class TimingStats(_Model):
         default=None, ge=0, allow_inf_nan=False, description="compilation and autotuning before the first sample"
     )
     stop_reason: str = ""
+    repetitions: list[int] = Field(
+        default_factory=list,
+        description="the repetition (0, 1, ...) each sample was measured in, parallel to samples_ms "
+        "(`deltabench run --repeat N`: one worker process per repetition); empty: one repetition",
+    )
 
     @model_validator(mode="after")
     def _finite_positive(self) -> TimingStats:
@@ -297,7 +302,18 @@ class TimingStats(_Model):
         )
         if problem:
             raise ValueError(f"a timing must be finite and positive: {problem}")
+        if self.repetitions and len(self.repetitions) != len(self.samples_ms):
+            raise ValueError(
+                f"repetitions names {len(self.repetitions)} samples' repetitions for {len(self.samples_ms)} samples"
+            )
+        if any(r < 0 or r > _INT32 for r in self.repetitions):
+            raise ValueError("a repetition index is a non-negative integer")
         return self
+
+    @property
+    def n_repetitions(self) -> int:
+        """How many repetitions (worker processes) the samples come from: 1 without repetition indices."""
+        return len(set(self.repetitions)) if self.repetitions else 1
 
     @property
     def iqr_ms(self) -> float:

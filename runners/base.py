@@ -34,6 +34,12 @@ class JobSpec(_Model):
     timing: TimingSettings = Field(default_factory=TimingSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     timeout_s: float = Field(default=900.0, gt=0)
+    repetition: int = Field(
+        default=0,
+        ge=0,
+        description="which repetition of the job this is (`deltabench run --repeat N`); repetitions after the "
+        "first skip the correctness gate, which the first passed with the same code in the same run",
+    )
 
     @classmethod
     def for_case(cls, case: Case, impl: str, **settings: Any) -> JobSpec:

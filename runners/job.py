@@ -7,10 +7,11 @@ same impl one after another. The order matters:
 2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, over a
    high-water mark reset just before it);
 3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode;
-   a failed gate ends the job as ``incorrect`` with its records and no timing. A JAX impl on the CPU runs it
-   under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as compiled, and the
-   dozen other programs the gate runs once each (other lengths and arguments, the backward) are compiled with
-   XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
+   a failed gate ends the job as ``incorrect`` with its records and no timing (a job's later repetitions,
+   ``JobSpec.repetition`` > 0, skip it: the first repetition gated the same code in the same run). A JAX impl
+   on the CPU runs it under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as
+   compiled, and the dozen other programs the gate runs once each (other lengths and arguments, the backward)
+   are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
 4. peak device memory (CUDA) and the timing, by the device's timer (JAX impls by the JAX timer).
 
 Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
@@ -223,26 +224,27 @@ def execute(job: JobSpec) -> JobResult:
                 method=memory.HOST_RSS_METHOD,
             )
 
-        phase = "gate"
-        _phase(phase)
-        from deltabench.harness.verify import verify_case
+        if job.repetition == 0:  # a later repetition times what the first one gated (runners/session.py)
+            phase = "gate"
+            _phase(phase)
+            from deltabench.harness.verify import verify_case
 
-        g = job.gate
-        with _gate_compiles(impl.backend, case.device):
-            report = verify_case(
-                impl,
-                case,
-                seeds=g.seeds,
-                extra_seed=g.extra_seed,
-                gate_determinism=g.gate_determinism,
-                reference=g.reference,
-                regimes=g.regimes,
-            )
-        result.verification = list(report.records)
-        result.gate_reference = report.reference
-        if not report.passed:
-            result.status, result.reason = "incorrect", failing_summary(result.verification)
-            return _finish(result)
+            g = job.gate
+            with _gate_compiles(impl.backend, case.device):
+                report = verify_case(
+                    impl,
+                    case,
+                    seeds=g.seeds,
+                    extra_seed=g.extra_seed,
+                    gate_determinism=g.gate_determinism,
+                    reference=g.reference,
+                    regimes=g.regimes,
+                )
+            result.verification = list(report.records)
+            result.gate_reference = report.reference
+            if not report.passed:
+                result.status, result.reason = "incorrect", failing_summary(result.verification)
+                return _finish(result)
 
         if case.device == "cuda":
             phase = "memory"

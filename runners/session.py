@@ -6,6 +6,13 @@ one impl in one long-lived worker process (``"impl"``, the default; they run imp
 order within each impl) or each job in its own subprocess (``"job"``), always with the job's timeout. The
 document lists the jobs in the suite's order whatever order they ran in. After every job the document so
 far is written atomically to the output file, so a crash of the parent loses nothing that finished.
+
+With ``repeat`` N > 1 (``deltabench run --repeat N``) the run makes N rounds: round r runs every job that is
+still ok once more, in fresh worker processes (the runner's processes are closed between rounds), so that a
+machine's drift over the run reaches every job's repetitions alike and each repetition sees a process of its
+own. Only the first round runs the correctness gate; later rounds time the code it passed. A job's samples
+are kept with their repetition's index (``TimingStats.repetitions``): the regression gate estimates from them
+how far whole processes move when the job has no history. A later repetition that fails makes the job fail.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deltabench.harness.cases import Case
-from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.document import JobResult, ResultDocument, TimingStats
 from deltabench.harness.registry import get_impl
 from deltabench.harness.suites import GateSettings, Suite, TimingSettings
 
@@ -44,6 +51,7 @@ class RunPlan:
     suite: Suite
     device: str
     jobs: list[JobSpec]
+    repeat: int = 1  # repetitions of every job, round by round (module docstring)
 
 
 def plan_run(
@@ -54,8 +62,12 @@ def plan_run(
     ops: list[str] | None = None,
     timeout_s: float | None = None,
     imports: list[str] | None = None,
+    repeat: int = 1,
 ) -> RunPlan:
-    """Expand `suite` into jobs on `device` (optionally filtered), each with the suite's settings."""
+    """Expand `suite` into jobs on `device` (optionally filtered), each with the suite's settings, each to be run
+    `repeat` times (module docstring)."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     timing = TimingSettings(**suite.timing)
     gate = GateSettings(**suite.gate)
     timeout = timeout_s or suite.timeout_s or DEFAULT_TIMEOUT_S
@@ -63,7 +75,7 @@ def plan_run(
         JobSpec.for_case(case, impl, imports=list(imports or ()), timing=timing, gate=gate, timeout_s=timeout)
         for case, impl in suite.jobs(device=device, impls=impls, ops=ops)
     ]
-    return RunPlan(suite=suite, device=device, jobs=jobs)
+    return RunPlan(suite=suite, device=device, jobs=jobs, repeat=repeat)
 
 
 def partial_path(run_id: str) -> Path:
@@ -161,24 +173,64 @@ def _run_jobs(
     write_document(doc, target)
     if on_begin:
         on_begin(target)
+    if plan.repeat > 1:
+        doc.meta["repeat"] = plan.repeat
     finished: dict[int, JobResult] = {}
-    for index in execution_order(plan):
-        job = plan.jobs[index]
-        if on_start:
-            on_start(job)
-        case = job.to_case()
-        impl = get_impl(case.op, job.impl)
-        why = impl.check_case(case)
-        result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
-        if result.status != "ok":
-            result.timing = None  # only a job that passed the gate has a valid timing
-        median = result.timing.median_ms if result.timing else None
-        result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, doc.ceilings)
-        finished[index] = result
-        doc.jobs = [finished[i] for i in sorted(finished)]
-        write_document(doc, target)
-        if on_done:
-            on_done(job, result)
+    timings: dict[int, list[TimingStats]] = {}
+    order = execution_order(plan)
+    for rep in range(plan.repeat):
+        if rep > 0:
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()  # each repetition in processes of its own: their differences are what it measures
+        for index in order:
+            job = plan.jobs[index]
+            if rep > 0:
+                if finished[index].status != "ok":
+                    continue  # unsupported, failed or incorrect: nothing to time again
+                job = job.model_copy(update={"repetition": rep})
+            if on_start:
+                on_start(job)
+            case = job.to_case()
+            if rep == 0:
+                impl = get_impl(case.op, job.impl)
+                why = impl.check_case(case)
+                result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
+                if result.status != "ok":
+                    result.timing = None  # only a job that passed the gate has a valid timing
+                elif result.timing is not None:
+                    timings[index] = [result.timing]
+            else:
+                result = _with_repetition(finished[index], runner.run(job), timings[index], rep, plan.repeat)
+            median = result.timing.median_ms if result.timing else None
+            result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, doc.ceilings)
+            finished[index] = result
+            doc.jobs = [finished[i] for i in sorted(finished)]
+            write_document(doc, target)
+            if on_done:
+                on_done(job, result)
     doc.meta["complete"] = True
     write_document(doc, target)
     return doc
+
+
+def _with_repetition(
+    first: JobResult, latest: JobResult, timings: list[TimingStats], rep: int, repeat: int
+) -> JobResult:
+    """The job's result after its repetition `rep` (0-based) of `repeat`: the first repetition's result with every
+    repetition's samples so far (``timing.merge_repetitions``), or, when this repetition did not end ok, its status
+    and reason (naming the repetition) with the first one's gate records and no timing."""
+    from .timing import merge_repetitions
+
+    if latest.status == "ok" and latest.timing is not None:
+        timings.append(latest.timing)
+        return first.model_copy(update={"timing": merge_repetitions(timings), "finished_at": latest.finished_at})
+    return latest.model_copy(
+        update={
+            "reason": f"repetition {rep + 1} of {repeat}: {latest.reason}",
+            "verification": first.verification,
+            "gate_reference": first.gate_reference,
+            "started_at": first.started_at,
+            "timing": None,
+        }
+    )

@@ -26,6 +26,7 @@ __all__ = [
     "WARMUP_AGREEMENT",
     "Collected",
     "adaptive_samples",
+    "merge_repetitions",
     "quantile",
     "sem_rel",
     "summarize",
@@ -92,6 +93,32 @@ def summarize(
         compile_s=compile_s,
         stop_reason=stop_reason,
     )
+
+
+def merge_repetitions(timings: Sequence[TimingStats]) -> TimingStats:
+    """One job's timings from its repetitions (``deltabench run --repeat N``, one worker process each, in order) as
+    one :class:`TimingStats`: every sample, tagged with its repetition's index, summarised together; the first
+    repetition's compile time, warm-up count and stop reason (the first call compiled there).
+
+    The summary (median, quartiles, SEM) pools the samples as one run's; the regression gate reads the repetition
+    indices to see how far whole processes move (``harness.regression.noise``).
+    """
+    if not timings:
+        raise ValueError("merge_repetitions needs at least one repetition")
+    if len(timings) == 1:
+        return timings[0]
+    first = timings[0]
+    samples = [x for t in timings for x in t.samples_ms]
+    merged = summarize(
+        samples,
+        clock=first.clock,
+        warmup=first.warmup,
+        l2_flush=first.l2_flush,
+        compile_s=first.compile_s,
+        stop_reason=first.stop_reason,
+    )
+    merged.repetitions = [r for r, t in enumerate(timings) for _ in t.samples_ms]
+    return merged
 
 
 @dataclasses.dataclass

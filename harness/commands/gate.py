@@ -4,7 +4,8 @@
 A run is named by a result JSON file, a pytest-benchmark JSON file, a stored run id (or a unique prefix), or a git
 ref/commit (the newest stored run for that commit other than the head's own, preferring the head's machine class and
 suite). Files need no database, which is what a CI job without one wants; with a database, each job's run-to-run
-spread comes from its series' history there (``harness.regression.noise``).
+spread comes from its series' history there, and runs made with ``run --repeat N`` carry their own spread between
+repetitions (``harness.regression.noise``).
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def register(app: typer.Typer) -> None:
         A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
         bootstrap interval
         of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
-        past runs when the database has them, else the machine class's measured default (README, "Regression gate").
+        past runs when the database has them, else the spread between its repetitions when both runs were made with
+        `run --repeat N` (N >= 5), else the machine class's measured default (README, "Regression gate").
         """
         _load(import_)
         cmp = _compare(

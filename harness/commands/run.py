@@ -10,7 +10,10 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["register"]
+__all__ = ["MAX_REPEAT", "register"]
+
+# Repetitions of a job in one run: enough for any spread estimate; more is a long benchmark, not a CI run.
+MAX_REPEAT = 50
 
 # How a job's phases (runners/job.py) read in the progress display: the first call is where an impl compiles.
 _PHASE_LABELS = {"first call": "compile (first call)", "gate": "correctness gate"}
@@ -70,6 +73,12 @@ def register(app: typer.Typer) -> None:
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
         fmt: str = typer.Option("table", "--format", help="How to print the results: table, csv, json, markdown."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+        repeat: int = typer.Option(
+            1,
+            "--repeat",
+            help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
+            "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs).",
+        ),
     ) -> int:
         """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
 
@@ -93,6 +102,8 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
         if timeout is not None and timeout <= 0:
             raise BadInput("--timeout must be a positive number of seconds")
+        if not 1 <= repeat <= MAX_REPEAT:
+            raise BadInput(f"--repeat {repeat}: use 1 to {MAX_REPEAT} repetitions of each job")
         imports = _resolve_imports(import_)
         for spec in imports:
             load_module(spec)
@@ -110,7 +121,9 @@ def register(app: typer.Typer) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
-        plan = plan_run(loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports)
+        plan = plan_run(
+            loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports, repeat=repeat
+        )
         if not plan.jobs:
             raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
         _check_memory(plan.jobs)
@@ -128,19 +141,23 @@ def register(app: typer.Typer) -> None:
             transient=False,
             disable=not live,
         ) as progress:
-            task = progress.add_task(f"suite {loaded.name} on {dev}", total=len(plan.jobs))
+            # Each repetition of a job is a step; jobs that end badly in the first round are not repeated.
+            task = progress.add_task(f"suite {loaded.name} on {dev}", total=len(plan.jobs) * plan.repeat)
             current: dict[str, str] = {}
 
             def on_start(job) -> None:
                 c = job.to_case()
-                current["job"] = f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}"
+                rep = f" (repetition {job.repetition + 1} of {plan.repeat})" if plan.repeat > 1 else ""
+                current["job"] = f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}{rep}"
                 progress.update(task, description=f"{current['job']}: starting")
 
             def on_phase(job, phase: str) -> None:
                 progress.update(task, description=f"{current.get('job', job.impl)}: {_PHASE_LABELS.get(phase, phase)}")
 
             def on_done(job, result) -> None:
-                progress.advance(task)
+                # A job that ended badly skips its later rounds: advance past them too.
+                skipped = plan.repeat - 1 - job.repetition if result.status != "ok" else 0
+                progress.advance(task, 1 + skipped)
 
             def on_begin(path) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.

@@ -74,9 +74,10 @@ def compare_job_pairs(
     """Grade every (base, head) pair: status and context first, then the timings of the jobs with raw samples on
     both sides in one vectorised :meth:`GradingRule.grade_samples` call.
 
-    `spreads` holds the run-to-run spread of jobs with history; the others get `default_sigma` when given (a spread
+    `spreads` holds the run-to-run spread of jobs with history; the others are judged on the spread between their
+    repetitions when both runs repeated them (``run --repeat N``), else get `default_sigma` when given (a spread
     measured on the user's own machine), else the measured default of `machine_kind` (else the base environment's
-    machine class).
+    machine class): :meth:`GradingRule.run_to_run` makes that choice.
     """
     rule = rule or GradingRule()
     spreads = spreads or {}
@@ -115,9 +116,11 @@ def compare_job_pairs(
                 v = rule.grade_summaries(bt, ht, spreads.get((op, impl, shape, dtype, mode), fallback))
                 verdict = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **common)
         out.append(verdict)
+    timings = [(pairs[i][0].timing, pairs[i][1].timing) for i in sampled]  # type: ignore[union-attr]
     graded = rule.grade_samples(
-        [(pairs[i][0].timing.samples_ms, pairs[i][1].timing.samples_ms) for i in sampled],  # type: ignore[union-attr]
+        [(b.samples_ms, h.samples_ms) for b, h in timings],  # type: ignore[union-attr]
         [spreads.get(_key(commons[i]), fallback) for i in sampled],
+        [(b.repetitions, h.repetitions) for b, h in timings],  # type: ignore[union-attr]
     )
     for i, v in zip(sampled, graded, strict=True):
         out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **commons[i])

@@ -57,7 +57,12 @@ def _fmt_noise(r: JobComparison) -> str:
     s = r.stats
     if s is None or s.noise_bound is None:
         return "-"
-    where = f"{s.history_runs} runs" if s.spread_source == "history" else "no history"
+    if s.spread_source == "history":
+        where = f"{s.history_runs} runs"
+    elif s.spread_source == "repetitions":
+        where = f"{s.base_repetitions}+{s.head_repetitions} repetitions"
+    else:
+        where = "no history"
     return f"\u00b1{s.noise_bound:.1%} ({where})"
 
 

@@ -1,14 +1,25 @@
 """The grading rule: one object that decides whether a job got slower and keeps the evidence and the reason.
 
-For a job timed in both runs, with ``level`` = a run's best sample (``noise.run_level``: the median when no raw
-samples were stored) and ``reference`` = the centre of the series' recent run levels when it has history
-(``noise.RunSpread.center_ms``), else the base run's level:
+The run-to-run evidence, in this order (:meth:`GradingRule.run_to_run`; ``noise`` defines each):
+
+1. **history**: the series has >= 5 past runs; ``level`` = a run's best sample (``noise.run_level``: the median of
+   its repetitions' best samples when it has several, its median when no raw samples were stored), ``reference``
+   = the centre of the series' recent run levels;
+2. **repetitions**: both runs were made with ``--repeat N``, N >= 5 (``noise.MIN_REPETITIONS``); ``level`` = the
+   geometric mean of the head's faster half of repetitions (each repetition's best sample), ``reference`` = the
+   base's; the bound is the studentised permutation bound of that difference at alpha / m, m the jobs of the
+   comparison judged this way;
+3. **default**: neither; ``level`` as in 1, ``reference`` = the base run's level, and the spread is the machine
+   class's measured default: a change under its bound is "within noise: run-to-run spread unknown".
+
+Then:
 
     change   = level(head) / reference - 1
     p        = two-sided Mann-Whitney U p-value of head vs base samples
     [lo, hi] = seeded percentile-bootstrap interval of median(head) / median(base) at level 1 - alpha
     bound    = the run-to-run noise bound at one-sided alpha (``RunSpread.bound``: a Student-t prediction bound from
-               the history's spread, or z * sqrt(2) * the machine class's measured default spread)
+               the history's spread, the permutation bound of the repetitions, or z * sqrt(2) * the machine class's
+               measured default spread)
 
     regression   when change > threshold  and p < alpha and lo > 1  and log(1 + change) > bound
     improvement  the mirror image
@@ -33,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..document import TimingStats
-from .noise import RUN_LEVEL, RunSpread, run_level
+from .noise import RUN_LEVEL, RunSpread, repetition_levels, run_level, spread_from_repetitions
 from .result import IMPROVEMENT, REGRESSION, WITHIN_NOISE, TimingEvidence
 from .samples import (
     DEFAULT_RESAMPLES,
@@ -113,19 +124,37 @@ class GradingRule:
         bound = spread.bound(self.alpha)
         if abs(math.log1p(change)) <= bound:
             limit = math.expm1(bound if slower else -bound)
-            if spread.source == "history":
+            if spread.source in ("history", "repetitions"):
                 return WITHIN_NOISE, f"{size} is within run-to-run noise ({limit:+.1%} at alpha, {spread.describe()})"
             return (
                 WITHIN_NOISE,
-                f"within noise: run-to-run spread unknown (no history); {size} does not pass the {limit:+.1%} "
-                f"a single run must show (default spread {spread.sigma:.1%})",
+                f"within noise: run-to-run spread unknown (no history, no repetitions); {size} does not pass the "
+                f"{limit:+.1%} a single run must show (default spread {spread.sigma:.1%})",
             )
         outcome = REGRESSION if slower else IMPROVEMENT
-        where = "past runs" if spread.source == "history" else "base run"
+        where = {"history": "past runs", "repetitions": "base run's repetitions"}.get(spread.source, "base run")
         return outcome, (
             f"{size} vs the {where}: beyond the {self.threshold:.0%} threshold, significant (p={pvalue:.2g}) and "
             f"beyond run-to-run noise ({math.expm1(bound if slower else -bound):+.1%}, {spread.describe()})"
         )
+
+    def run_to_run(
+        self,
+        given: RunSpread,
+        base_levels: Sequence[float],
+        head_levels: Sequence[float],
+    ) -> tuple[RunSpread, float, float]:
+        """(spread, head level, reference) a job's change is judged with, from the evidence in the module
+        docstring's order: `given` when it is a history; else the repetitions' spread when both sides have enough
+        repetition levels (``noise.repetition_levels``); else `given` (the machine class's default)."""
+        if given.source != "history":
+            within = spread_from_repetitions(base_levels, head_levels)
+            if within is not None:
+                assert within.center_ms is not None and within.head_center_ms is not None
+                return within, within.head_center_ms, within.center_ms
+        head_level = float(np.median(head_levels))
+        reference = given.center_ms if given.center_ms is not None else float(np.median(base_levels))
+        return given, head_level, reference
 
     def _verdict(
         self,
@@ -137,11 +166,16 @@ class GradingRule:
         method: str,
         spread: RunSpread,
         head_level: float,
-        base_level: float,
+        reference: float,
+        repetitions: tuple[int, int] = (1, 1),
     ) -> Verdict:
-        reference = spread.center_ms if spread.center_ms is not None else base_level
         change = head_level / reference - 1.0
-        statistic = "median" if method == "summary" else RUN_LEVEL
+        if method == "summary":
+            statistic = "median"
+        elif spread.source == "repetitions":
+            statistic = f"{RUN_LEVEL}, faster half of {spread.head_runs} vs {spread.runs} repetitions"
+        else:
+            statistic = RUN_LEVEL
         outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread, statistic=statistic)
         evidence = TimingEvidence(
             ratio=ratio,
@@ -157,17 +191,28 @@ class GradingRule:
             change=change,
             spread=spread.sigma,
             spread_source=spread.source,
-            history_runs=spread.runs,
+            history_runs=spread.runs if spread.source == "history" else 0,
             noise_bound=math.expm1(spread.bound(self.alpha)),
+            base_repetitions=repetitions[0],
+            head_repetitions=repetitions[1],
         )
         return Verdict(outcome, reason, evidence)
 
     def grade_samples(
-        self, pairs: Sequence[tuple[Sequence[float], Sequence[float]]], spreads: Sequence[RunSpread]
+        self,
+        pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+        spreads: Sequence[RunSpread],
+        repetitions: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
     ) -> list[Verdict]:
-        """Grade each (base samples, head samples) pair against its run-to-run spread; the bootstrap and the rank
-        test are vectorised over the pairs (a comparison of two runs grades all its jobs in one call)."""
+        """Grade each (base samples, head samples) pair against its run-to-run noise: `spreads` holds each pair's
+        history spread or the machine class's default, `repetitions` each sample's repetition index per side
+        (``TimingStats.repetitions``; empty: one repetition), from which :meth:`run_to_run` takes the within-run
+        spread when there is no history. The bootstrap and the rank test are vectorised over the pairs (a
+        comparison of two runs grades all its jobs in one call)."""
         arrays = [(np.asarray(b, float), np.asarray(h, float)) for b, h in pairs]
+        reps = list(repetitions) if repetitions is not None else [((), ())] * len(arrays)
+        if len(reps) != len(arrays):
+            raise ValueError("repetitions must name one (base, head) pair of indices per pair of samples")
         for b, h in arrays:
             if b.size == 0 or h.size == 0:
                 raise ValueError("grading needs at least one sample on each side")
@@ -179,6 +224,17 @@ class GradingRule:
         ps = mann_whitney_ps(sub)
         evidence = {i: (ci, p) for i, ci, p in zip(judged, cis, ps, strict=True)}
         ratios = median_ratios(arrays)
+        levels = {
+            i: (repetition_levels(arrays[i][0], reps[i][0]), repetition_levels(arrays[i][1], reps[i][1]))
+            for i in evidence
+        }
+        noise = {i: self.run_to_run(spreads[i], *levels[i]) for i in evidence}
+        # The jobs judged on their repetitions share alpha (Bonferroni): a comparison of unchanged code fails with
+        # probability at most alpha however many jobs it has (noise.py, "repetitions").
+        family = sum(n[0].source == "repetitions" for n in noise.values())
+        for i, (spread, head_level, reference) in noise.items():
+            if spread.source == "repetitions":
+                noise[i] = (dataclasses.replace(spread, family=family), head_level, reference)
         out = []
         for i, (b, h) in enumerate(arrays):
             if i not in evidence:
@@ -197,6 +253,7 @@ class GradingRule:
                 out.append(Verdict(WITHIN_NOISE, reason, ev))
                 continue
             ci, p = evidence[i]
+            spread, head_level, reference = noise[i]
             out.append(
                 self._verdict(
                     ratios[i],
@@ -205,9 +262,10 @@ class GradingRule:
                     b.size,
                     h.size,
                     "bootstrap+mann-whitney",
-                    spreads[i],
-                    float(h.min()),
-                    float(b.min()),
+                    spread,
+                    head_level,
+                    reference,
+                    (len(levels[i][0]), len(levels[i][1])),
                 )
             )
         return out
@@ -237,8 +295,7 @@ class GradingRule:
         p = float(2.0 * norm.sf(abs(math.log(ratio)) / se))
         half = float(norm.isf(self.alpha / 2.0)) * se
         ci = (ratio * math.exp(-half), ratio * math.exp(half))
-        v = self._verdict(
-            ratio, ci, p, nb, nh, "summary", spread, run_level([], head.median_ms), run_level([], base.median_ms)
-        )
+        reference = spread.center_ms if spread.center_ms is not None else run_level([], base.median_ms)
+        v = self._verdict(ratio, ci, p, nb, nh, "summary", spread, run_level([], head.median_ms), reference)
         reason = f"{v.reason} (from summaries: no raw samples)"
         return Verdict(v.outcome, reason, v.evidence.model_copy(update={"detail": reason}))

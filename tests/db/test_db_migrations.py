@@ -31,7 +31,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0006"
+    assert current_revision(fresh_engine) == head_revision() == "0007"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -39,7 +39,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0006"
+    assert current_revision(fresh_engine) == "0007"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -95,3 +95,13 @@ def test_0005_adds_the_job_heartbeat_and_downgrades(fresh_engine) -> None:  # ty
     assert column["nullable"]
     downgrade(fresh_engine, "0004")
     assert "heartbeat_at" not in {c["name"] for c in inspect(fresh_engine).get_columns("job_queue")}
+
+
+def test_0007_adds_sample_repetitions_and_downgrades(fresh_engine) -> None:  # type: ignore[no-untyped-def]
+    upgrade(fresh_engine, "0006")
+    assert "repetitions" not in {c["name"] for c in inspect(fresh_engine).get_columns("result_samples")}
+    upgrade(fresh_engine, "0007")
+    column = {c["name"]: c for c in inspect(fresh_engine).get_columns("result_samples")}["repetitions"]
+    assert column["nullable"]
+    downgrade(fresh_engine, "0006")
+    assert "repetitions" not in {c["name"] for c in inspect(fresh_engine).get_columns("result_samples")}

@@ -433,3 +433,144 @@ def test_a_head_missing_base_jobs_or_cut_short_fails_unless_allowed() -> None:
     cmp = compare_documents(base, cut)
     assert cmp.head_incomplete and cmp.failed
     assert not compare_documents(base, cut, allow_missing=True).failed
+
+
+def _repeated(rng: np.random.Generator, levels: list[float], n: int = 30) -> tuple[list[float], list[int]]:
+    """Samples of one job in len(levels) repetitions (worker processes), each at its own level: 1% noise above it."""
+    samples, reps = [], []
+    for r, level in enumerate(levels):
+        samples += (level * np.exp(np.abs(rng.normal(0.0, 0.01, n)))).tolist()
+        reps += [r] * n
+    return samples, reps
+
+
+def test_spread_from_repetitions_keeps_each_runs_faster_half_and_needs_five_a_side() -> None:
+    from deltabench.harness.regression.noise import MIN_REPETITIONS, spread_from_repetitions
+
+    base, head = [1.0, 1.1, 0.95, 1.4, 1.02], [1.3, 1.2, 1.25, 1.4, 1.6, 1.22]
+    s = spread_from_repetitions(base, head)
+    assert s is not None and s.source == "repetitions" and (s.runs, s.head_runs) == (5, 6)
+    fast_b, fast_h = np.log([0.95, 1.0, 1.02]), np.log([1.2, 1.22, 1.25])  # the ceil(n/2) fastest of each
+    assert s.center_ms == pytest.approx(np.exp(fast_b.mean())) and s.head_center_ms == pytest.approx(
+        np.exp(fast_h.mean())
+    )
+    assert s.sigma == pytest.approx(np.sqrt(fast_b.var(ddof=1) / 3 + fast_h.var(ddof=1) / 3))
+    assert s.base_logs == tuple(np.log(base).tolist()) and s.head_logs == tuple(np.log(head).tolist())
+    assert MIN_REPETITIONS == 5
+    assert spread_from_repetitions(base[:4], head) is None
+    assert spread_from_repetitions(base, head[:4]) is None
+
+
+def test_the_permutation_null_covers_every_split_and_its_bound_holds_the_level() -> None:
+    """The null against the statistic recomputed over every split, and the bound crossed by at most `level` of the
+    splits in each direction, for equal and unequal sizes; beyond EXACT_SPLITS, random splits with the observed
+    one among them."""
+    import itertools
+
+    from deltabench.harness.regression.noise import (
+        EXACT_SPLITS,
+        permutation_bound,
+        permutation_null,
+        studentised_difference,
+    )
+
+    rng = np.random.default_rng(40)
+    for nb, nh in ((5, 5), (5, 7), (6, 5)):
+        yb, yh = rng.normal(0, 0.1, nb), rng.normal(0.05, 0.2, nh)
+        y = np.concatenate([yb, yh])
+        stats = []
+        for b in itertools.combinations(range(nb + nh), nb):
+            h = [i for i in range(nb + nh) if i not in b]
+            d, se = studentised_difference(y[list(b)][None], y[h][None])
+            stats.append(float(d[0] / se[0]))
+        null = permutation_null(tuple(yb.tolist()), tuple(yh.tolist()))
+        assert np.allclose(null, sorted(stats))
+        _, se_obs = studentised_difference(yb, yh)
+        for level in (0.004, 0.01, 0.05, 0.2):
+            q = permutation_bound(tuple(yb.tolist()), tuple(yh.tolist()), level) / float(se_obs)
+            assert np.mean(null > q + 1e-9) <= level and np.mean(null < -q - 1e-9) <= level
+    big = permutation_null(tuple(rng.normal(size=10).tolist()), tuple(rng.normal(size=10).tolist()))
+    assert big.size == EXACT_SPLITS < 184_756  # C(20, 10) splits: a seeded sample of them
+
+
+def test_the_rule_takes_history_then_repetitions_then_the_default() -> None:
+    """In order: a history decides when there is one; else the repetitions of both runs; else the machine class's
+    default, which on the CPU (78%) cannot see a 30% slowdown, while 8 repetitions a side can, even when some of
+    them sit in a slow process state (the faster half decides)."""
+    rng = np.random.default_rng(31)
+    cpu = default_spread("cpu")
+    base = _repeated(rng, [1.00, 1.02, 1.45, 0.99, 1.0, 1.6, 1.01, 1.0])
+    head = _repeated(rng, [1.31, 1.9, 1.29, 1.33, 1.3, 1.3, 2.0, 1.32])
+    rule = GradingRule()
+
+    def grade(spread: RunSpread, b=base, h=head):
+        return rule.grade_samples([(b[0], h[0])], [spread], [(b[1], h[1])])[0]
+
+    v = grade(cpu)
+    assert v.outcome == "regression", v.reason
+    ev = v.evidence
+    assert ev.spread_source == "repetitions" and (ev.base_repetitions, ev.head_repetitions) == (8, 8)
+    assert "between repetitions (8 base, 8 head; no history;" in v.reason
+    assert "faster half of 8 vs 8 repetitions" in v.reason
+    fast_b = np.exp(np.mean(np.log(sorted(_levels_of(base))[:4])))
+    fast_h = np.exp(np.mean(np.log(sorted(_levels_of(head))[:4])))
+    assert ev.change == pytest.approx(fast_h / fast_b - 1) and ev.reference_ms == pytest.approx(fast_b)
+    # A history wins over the repetitions: here one that says this job moves 30% between runs.
+    hist = RunSpread(sigma=0.3, source="history", runs=6, center_ms=1.0)
+    v = grade(hist)
+    assert v.evidence.spread_source == "history" and v.outcome == "within_noise"
+    assert "over 6 past runs" in v.reason
+    # Four repetitions a side are too few: the default decides, and says the spread is unknown.
+    four_b = ([x for x, r in zip(*base, strict=True) if r < 4], [r for r in base[1] if r < 4])
+    four_h = ([x for x, r in zip(*head, strict=True) if r < 4], [r for r in head[1] if r < 4])
+    v = grade(cpu, four_b, four_h)
+    assert v.evidence.spread_source == "default" and v.outcome == "within_noise"
+    assert v.reason.startswith("within noise: run-to-run spread unknown")
+    # Repetitions that interleave with the change: within the run-to-run noise they show.
+    wide_b = _repeated(rng, [1.0, 1.4, 0.8, 1.2, 1.1])
+    wide_h = _repeated(rng, [1.3, 0.9, 1.6, 0.85, 1.2])
+    v = grade(cpu, wide_b, wide_h)
+    assert v.outcome != "regression" and v.evidence.spread_source == "repetitions"
+
+
+def test_jobs_judged_on_repetitions_share_alpha() -> None:
+    """Bonferroni over the jobs a comparison judges on repetitions: with 5 a side, the most extreme split has
+    probability 1/252 = 0.004, enough for one job at alpha 0.01, not for each of three (0.0033)."""
+    rng = np.random.default_rng(32)
+    base = _repeated(rng, [1.0, 1.01, 1.02, 1.0, 1.01])
+    head = _repeated(rng, [1.5, 1.52, 1.51, 1.5, 1.53])
+    rule = GradingRule()
+    one = rule.grade_samples([(base[0], head[0])], [default_spread("cpu")], [(base[1], head[1])])
+    assert one[0].outcome == "regression"
+    three = rule.grade_samples([(base[0], head[0])] * 3, [default_spread("cpu")] * 3, [(base[1], head[1])] * 3)
+    assert all(v.outcome == "within_noise" for v in three)
+    assert "bound at alpha/3 over 3 jobs" in three[0].reason
+
+
+def _levels_of(run: tuple[list[float], list[int]]) -> list[float]:
+    from deltabench.harness.regression.noise import repetition_levels
+
+    return repetition_levels(*run)
+
+
+def test_a_run_level_of_repetitions_is_the_median_of_their_best_samples() -> None:
+    from deltabench.harness.regression.noise import repetition_levels, run_level
+
+    samples = [3.0, 2.0, 9.0, 5.0, 4.0, 1.5]
+    reps = [0, 0, 1, 1, 2, 2]
+    assert repetition_levels(samples, reps) == [2.0, 5.0, 1.5]
+    assert run_level(samples, 99.0, reps) == 2.0
+    assert run_level(samples, 99.0) == 1.5  # one repetition: its best sample
+    assert run_level([], 99.0) == 99.0
+
+
+def test_repetition_indices_must_match_the_samples() -> None:
+    from pydantic import ValidationError
+
+    t = _timing([1.0, 2.0, 3.0])
+    with pytest.raises(ValidationError, match="repetitions names 2 samples"):
+        TimingStats(**{**t.model_dump(), "repetitions": [0, 1]})
+    with pytest.raises(ValidationError, match="non-negative"):
+        TimingStats(**{**t.model_dump(), "repetitions": [0, -1, 1]})
+    assert TimingStats(**{**t.model_dump(), "repetitions": [0, 1, 1]}).n_repetitions == 2
+    assert t.n_repetitions == 1

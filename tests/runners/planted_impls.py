@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 from deltabench.harness.registry import register_impl
@@ -72,4 +73,19 @@ def planted_fragile(q, k, v, g, beta, scale=None, initial_state=None):
             time.sleep(1)
     if T == FRAGILE_OOM_T:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted)")
+    return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+@register_impl("gdn", "planted_first_process_only", **_ANY)
+def planted_first_process_only(q, k, v, g, beta, scale=None, initial_state=None):
+    """Right in the first process that calls it; segfaults in any later one (a kernel that breaks in a fresh
+    process, as a repeated run's later repetitions are). The first process's id is kept in the file that
+    ``PLANTED_FIRST_PID_FILE`` names; without it the impl is always right."""
+    marker = os.environ.get("PLANTED_FIRST_PID_FILE")
+    if marker:
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+        elif Path(marker).read_text() != str(os.getpid()):
+            os.kill(os.getpid(), signal.SIGSEGV)
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

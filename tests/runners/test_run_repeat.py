@@ -1,0 +1,177 @@
+"""`deltabench run --repeat N` end to end on the CPU: each job timed in N rounds of fresh worker processes, the
+correctness gate once, every sample stored with its repetition, and `deltabench gate` judging two such runs by
+the spread between their repetitions when there is no history.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from deltabench.harness.cli import main
+from deltabench.harness.document import ResultDocument
+from deltabench.harness.suites import load_suite
+from deltabench.runners.isolated import SharedProcessRunner
+from deltabench.runners.session import plan_run, run_plan
+
+PLANTED = str(Path(__file__).with_name("planted_impls.py"))
+REPEAT = 5
+
+SUITE = """
+name = "repeat"
+device = "cpu"
+shapes = ["B=1,T=32,H=1,K=8,V=8"]
+dtypes = ["fp32"]
+modes = ["fwd"]
+timeout_s = 120
+[timing]
+budget_s = 0.05
+min_reps = 10
+warmup_s = 0.02
+cpu_threads = 1
+[gate]
+seeds = 1
+extra_seed = false
+[ops.gdn]
+impls = ["torch_chunk"]
+baseline = "torch_chunk"
+"""
+
+
+def _cli(*args: str) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    return int(exc.value.code)
+
+
+@pytest.fixture(scope="module")
+def stored_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, ResultDocument, ResultDocument]:
+    """Two real runs of the same code, each with --repeat 3, stored in one SQLite file and written as documents."""
+    tmp = tmp_path_factory.mktemp("repeat")
+    suite = tmp / "repeat.toml"
+    suite.write_text(SUITE)
+    db = str(tmp / "store.db")
+    docs = []
+    for name in ("base", "head"):
+        out = tmp / f"{name}.json"
+        assert _cli("run", "--suite", str(suite), "--repeat", str(REPEAT), "--out", str(out), "--db", db, "-q") == 0
+        docs.append(ResultDocument.from_json(out.read_text()))
+    return tmp, db, docs[0], docs[1]
+
+
+def test_a_repeated_run_stores_every_repetition_and_gates_once(stored_runs) -> None:
+    _, db, base, _ = stored_runs
+    (job,) = base.jobs
+    t = job.timing
+    assert job.status == "ok" and base.meta["repeat"] == REPEAT
+    assert len(t.repetitions) == len(t.samples_ms) and sorted(set(t.repetitions)) == list(range(REPEAT))
+    assert all(t.repetitions.count(r) >= 10 for r in range(REPEAT))  # each repetition took its own min_reps
+    assert job.verification and all(r.passed for r in job.verification if r.gating)
+    from deltabench.db.engine import dispose_engines, get_engine, session_scope
+    from deltabench.db.queries import load_comparison_input, load_run_document
+
+    try:
+        with session_scope(get_engine(db)) as session:
+            stored = load_run_document(session, base.run_id).jobs[0].timing
+            lean = load_comparison_input(session, run_id=base.run_id).jobs[0].timing
+    finally:
+        dispose_engines()
+    assert stored.repetitions == t.repetitions and stored.samples_ms == t.samples_ms
+    assert lean.repetitions == t.repetitions
+
+
+def test_later_repetitions_run_in_fresh_processes_without_the_gate(tmp_path: Path) -> None:
+    suite = tmp_path / "repeat.toml"
+    suite.write_text(SUITE)
+    plan = plan_run(load_suite(str(suite)), device="cpu", repeat=REPEAT)
+    phases: list[tuple[int, str]] = []
+    with SharedProcessRunner(on_phase=lambda job, phase: phases.append((job.repetition, phase))) as runner:
+        doc = run_plan(plan, runner=runner, out=tmp_path / "out.json")
+        assert runner.processes_started == REPEAT  # one impl: a worker per round, none shared between rounds
+    assert doc.jobs[0].timing.n_repetitions == REPEAT
+    assert [p for r, p in phases if r == 0] == ["setup", "first call", "gate", "timing"]
+    for rep in range(1, REPEAT):
+        assert [p for r, p in phases if r == rep] == ["setup", "first call", "timing"]
+
+
+def test_a_later_repetition_that_crashes_fails_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = tmp_path / "repeat.toml"
+    suite.write_text(SUITE.replace('"torch_chunk"', '"planted_first_process_only"'))
+    monkeypatch.setenv("PLANTED_FIRST_PID_FILE", str(tmp_path / "first.pid"))
+    out = tmp_path / "out.json"
+    assert _cli("run", "--suite", str(suite), "--import", PLANTED, "--repeat", "2", "--out", str(out), "--no-db") == 1
+    (job,) = ResultDocument.from_json(out.read_text()).jobs
+    assert job.status == "failed" and job.timing is None
+    assert job.reason.startswith("repetition 2 of 2: crashed") and "SIGSEGV" in job.reason
+    assert job.verification  # the first repetition's gate records are kept
+
+
+def test_repeat_out_of_range_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli("run", "--suite", "smoke", "--repeat", "0", "--no-db") == 2
+    assert "--repeat 0: use 1 to 50" in capsys.readouterr().err
+
+
+def _slowed(doc: ResultDocument, factor: float) -> ResultDocument:
+    """`doc`'s real samples, every one `factor` times longer, as another run."""
+    from deltabench.runners.timing import merge_repetitions, summarize
+
+    jobs = []
+    for job in doc.jobs:
+        t = job.timing
+        per = [
+            summarize([x * factor for x, i in zip(t.samples_ms, t.repetitions, strict=True) if i == r], clock=t.clock)
+            for r in range(t.n_repetitions)
+        ]
+        # A job id of its own: the store keeps a job once, in the run that stored it first.
+        jobs.append(job.model_copy(update={"timing": merge_repetitions(per), "job_id": uuid.uuid4().hex}))
+    return ResultDocument(environment=doc.environment, suite=doc.suite, jobs=jobs, meta=dict(doc.meta))
+
+
+def _first_repetition(doc: ResultDocument) -> ResultDocument:
+    """`doc` as a run without --repeat would have held it: its first repetition's samples."""
+    from deltabench.runners.timing import summarize
+
+    jobs = []
+    for job in doc.jobs:
+        t = job.timing
+        first = [x for x, i in zip(t.samples_ms, t.repetitions, strict=True) if i == 0]
+        jobs.append(job.model_copy(update={"timing": summarize(first, clock=t.clock)}))
+    return ResultDocument(environment=doc.environment, suite=doc.suite, jobs=jobs)
+
+
+def test_the_gate_judges_repeated_runs_by_their_within_run_spread(stored_runs) -> None:
+    """No history: the same code passes, judged on the repetitions; a 3x slowdown built from the head's real
+    samples fails, its reason naming the within-run spread; the same runs cut to one repetition cannot tell."""
+    tmp, db, base, head = stored_runs
+    out = tmp / "cmp.json"
+    code = _cli("gate", "--base", base.run_id, "--head", head.run_id, "--db", db, "--json", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert code == 0, row["reason"]
+    assert row["stats"]["spread_source"] == "repetitions" and row["stats"]["history_runs"] == 0
+    assert (row["stats"]["base_repetitions"], row["stats"]["head_repetitions"]) == (REPEAT, REPEAT)
+
+    slow = _slowed(head, 3.0)
+    from deltabench.db.engine import dispose_engines, get_engine, session_scope
+    from deltabench.db.ingest import ingest_document
+
+    try:
+        with session_scope(get_engine(db)) as session:
+            ingest_document(session, slow)
+    finally:
+        dispose_engines()
+    code = _cli("gate", "--base", base.run_id, "--head", slow.run_id, "--db", db, "--json", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert code == 1 and row["outcome"] == "regression"
+    assert f"between repetitions ({REPEAT} base, {REPEAT} head; no history;" in row["reason"]
+    assert row["stats"]["change"] > 1.5
+
+    files = []
+    for name, doc in (("b1", _first_repetition(base)), ("h1", _first_repetition(slow))):
+        (tmp / f"{name}.json").write_text(doc.to_json())
+        files.append(str(tmp / f"{name}.json"))
+    assert _cli("gate", "--base", files[0], "--head", files[1], "--json", str(out)) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["stats"]["spread_source"] == "default"
+    assert row["reason"].startswith("within noise: run-to-run spread unknown")

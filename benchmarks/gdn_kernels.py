@@ -32,11 +32,11 @@ os.environ.setdefault("FLA_TILELANG", "0")
 
 import torch
 import triton
-from deltabench.kernels.gdn import local_bwd, output, state, walk, wy
-from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
-from deltabench.kernels.gdn.chunk_split import chunk_gated_delta_rule_split
-from deltabench.kernels.gdn.fused_recurrent import fused_recurrent_gated_delta_rule
-from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.triton import local_bwd, output, state, walk, wy
+from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
+from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
+from deltabench.kernels.gdn.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 from triton.testing import do_bench
 

@@ -121,7 +121,7 @@ def placement(device: Device | str, backend: str) -> Iterator[None]:
     if backend != "jax":
         yield
         return
-    from deltabench.kernels.common.jax_bridge import placed_on
+    from deltabench.kernels.common.jax.jax_bridge import placed_on
 
     with placed_on(device.platform, device.index or 0):
         yield

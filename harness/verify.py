@@ -71,8 +71,8 @@ _COTANGENT_SEED_OFFSET = 1_000_003  # cotangents are drawn from their own stream
 # The non-default scale, as a multiple of the default K**-0.5: far from 1 (a kernel ignoring `scale` is off by
 # 1/0.6 - 1 = 67%), and not a power of two, so that a kernel using it in one place but K**-0.5 in another is wrong.
 ALT_SCALE = 0.6
-# The largest chunk any shipped kernel uses: 64 in kernels/gdn (wy.CHUNK), kernels/gdn2/jax_chunk (CHUNK) and the
-# torch_chunk impls (chunk_size); FLA's chunked kernels use 64 too.
+# The largest chunk any shipped kernel uses: 64 in kernels/gdn/triton (wy.CHUNK), kernels/gdn2/jax/jax_chunk (CHUNK) and
+# the torch_chunk impls (chunk_size); FLA's chunked kernels use 64 too.
 LARGEST_CHUNK = 64
 SWEEP_B, SWEEP_H = 1, 2  # the length sweep's batch and heads (at most): its cost stays that of a tiny case
 

@@ -176,7 +176,7 @@ def compile_caches(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
     Triton: ``$TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache`` (home by default), and whether its
     autotuning results are cached too; TileLang: ``$TILELANG_CACHE_DIR``, else ``~/.tilelang/cache``; JAX: the
-    persistent cache kernels/common/jax_compile.py enables (``off`` when disabled); references:
+    persistent cache kernels/common/jax/jax_compile.py enables (``off`` when disabled); references:
     harness/reference_cache.py.
     """
     from deltabench.harness.reference_cache import cache_dir as reference_cache_dir

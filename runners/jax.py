@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 from deltabench.harness.document import MemoryStats, TimingStats
-from deltabench.kernels.common import jax_bridge
+from deltabench.kernels.common.jax import jax_bridge
 
 from .timing import time_on_host_clock
 
@@ -145,7 +145,7 @@ def run_timing(
 
     Args:
         impl: a registered impl (or the wrapper itself) exposing ``jax_fn`` and ``jax_fwd_bwd``
-            (see ``kernels/common/jax_bridge.TorchFacingJaxOp``).
+            (see ``kernels/common/jax/jax_bridge.TorchFacingJaxOp``).
         case: the job's ``Case`` (its op, mode and device are read).
         inputs: the op's inputs by argument name (torch tensors, as ``OpSpec.make_inputs`` returns them, or JAX
             arrays); ``initial_state`` is used when present.

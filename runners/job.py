@@ -119,7 +119,7 @@ def _gate_compiles(backend: str, device: str) -> contextlib.AbstractContextManag
     the module docstring), as usual otherwise."""
     if backend != "jax" or device != "cpu":
         return contextlib.nullcontext()
-    from deltabench.kernels.common.jax_bridge import cheap_compiles
+    from deltabench.kernels.common.jax.jax_bridge import cheap_compiles
 
     return cheap_compiles()
 

@@ -59,11 +59,11 @@ ARGS = ("q", "k", "v", "g", "b", "w")
 def paths(interpret: bool):
     """name -> ``core(q, k, v, g, b, w, initial_state=None) -> (o, final_state)`` (pure JAX), or an import error."""
     out = {}
-    from deltabench.kernels.gdn2.jax_chunk import chunk_gdn2_jax
+    from deltabench.kernels.gdn2.jax.jax_chunk import chunk_gdn2_jax
 
     out["jax_chunk"] = lambda *a, initial_state=None: chunk_gdn2_jax(*a, initial_state=initial_state)
     try:
-        from deltabench.kernels.gdn2.pallas.chunk import chunk_gdn2_pallas
+        from deltabench.kernels.gdn2.jax.pallas.chunk import chunk_gdn2_pallas
 
         out["pallas_chunk"] = lambda *a, initial_state=None: chunk_gdn2_pallas(
             *a, initial_state=initial_state, interpret=False

@@ -20,14 +20,14 @@ import json
 import sys
 
 import torch
-from deltabench.kernels.gdn import output, walk
-from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
-from deltabench.kernels.gdn.chunk_split import chunk_gated_delta_rule_split
-from deltabench.kernels.gdn.local_bwd import local_bwd
-from deltabench.kernels.gdn.output import chunk_output
-from deltabench.kernels.gdn.state import state_bwd, state_fwd
-from deltabench.kernels.gdn.walk import state_walk
-from deltabench.kernels.gdn.wy import wy_fwd
+from deltabench.kernels.gdn.triton import output, walk
+from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
+from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
+from deltabench.kernels.gdn.triton.local_bwd import local_bwd
+from deltabench.kernels.gdn.triton.output import chunk_output
+from deltabench.kernels.gdn.triton.state import state_bwd, state_fwd
+from deltabench.kernels.gdn.triton.walk import state_walk
+from deltabench.kernels.gdn.triton.wy import wy_fwd
 from deltabench.references.gdn import make_inputs
 from triton.testing import do_bench
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 
 import torch
-from deltabench.kernels.gdn.state import state_bwd
-from deltabench.kernels.gdn.wy import CHUNK
+from deltabench.kernels.gdn.triton.state import state_bwd
+from deltabench.kernels.gdn.triton.wy import CHUNK
 
 CONFIGS = ((64, 8, 1), (64, 4, 2), (16, 4, 3), (16, 4, 2), (64, 4, 3))
 TS = tuple(int(t) for t in os.environ.get("TS", "1,64,65,128,192,640").split(","))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..common.jax_bridge import TorchFacingJaxOp
+from ..common.jax.jax_bridge import TorchFacingJaxOp
 
 __all__ = [
     "BT",

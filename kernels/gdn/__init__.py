@@ -3,14 +3,18 @@
 Layout (FLA's): q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; state ``[B, H, K, V]`` float32;
 g is a log-decay (<= 0). Per token: ``S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T (scale q)``.
 
-- :func:`gdn_torch_recurrent` (``torch_recurrent.py``): token-serial, fp32 state, the readable version;
-- :func:`gdn_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
+A folder per backend, each module named in the declarations below as its impl's target:
+
+- ``torch/``: :func:`gdn_torch_recurrent` (token-serial, fp32 state, the readable version) and
+  :func:`gdn_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
+- ``triton/``: ``triton_chunk``, ``triton_chunk_split``, ``triton_recurrent``;
+- ``jax/``: ``jax_chunk``, ``jax_scan``.
 """
 
 from ..common.constraints import jax_scan_memory, kv_at_most
 from ..declare import JAX_DEVICES, JAX_DTYPES, TORCH_DEVICES, ImplDecl
-from .torch_chunk import gdn_torch_chunk
-from .torch_recurrent import gdn_torch_recurrent
+from .torch.torch_chunk import gdn_torch_chunk
+from .torch.torch_recurrent import gdn_torch_recurrent
 
 __all__ = ["IMPLS", "gdn_torch_chunk", "gdn_torch_recurrent"]
 
@@ -19,23 +23,27 @@ _HERE = "deltabench.kernels.gdn"
 _TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256))
 
 IMPLS = (
-    ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),
-    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES),
-    ImplDecl("gdn", "triton_chunk", f"{_HERE}.chunk:gdn_triton_chunk", **_TRITON),
+    ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),
+    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl("gdn", "triton_chunk", f"{_HERE}.triton.chunk:gdn_triton_chunk", **_TRITON),
     ImplDecl(
         "gdn",
         "triton_chunk_split",
-        f"{_HERE}.chunk_split:gdn_triton_chunk_split",
+        f"{_HERE}.triton.chunk_split:gdn_triton_chunk_split",
         **_TRITON,
         notes="split forward (state walk + parallel output); H200 times in benchmarks/NOTES.md",
     ),
-    ImplDecl("gdn", "triton_recurrent", f"{_HERE}.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False),
+    ImplDecl(
+        "gdn", "triton_recurrent", f"{_HERE}.triton.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False
+    ),
     # Torch-facing wrappers of JAX (the gate checks the JAX forward and vjp); runners.jax times `.jax_fn` natively.
-    ImplDecl("gdn", "jax_chunk", f"{_HERE}.jax_chunk:gdn_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)),
+    ImplDecl(
+        "gdn", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)
+    ),
     ImplDecl(
         "gdn",
         "jax_scan",
-        f"{_HERE}.jax_scan:gdn_jax_scan",
+        f"{_HERE}.jax.jax_scan:gdn_jax_scan",
         "jax",
         JAX_DEVICES,
         JAX_DTYPES,

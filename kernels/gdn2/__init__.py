@@ -3,16 +3,20 @@
 Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]`` float32; g is a per-channel
 log-decay (<= 0). Per token: ``S <- Diag(exp g) S; r = S^T (b * k); S <- S + k (w * v - r)^T; o = S^T (scale q)``.
 
-- :func:`gdn2_torch_recurrent` (``torch_recurrent.py``): token-serial, fp32 state, the readable version;
-- :func:`gdn2_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
+A folder per backend, each module named in the declarations below as its impl's target:
+
+- ``torch/``: :func:`gdn2_torch_recurrent` (token-serial, fp32 state, the readable version) and
+  :func:`gdn2_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
+- ``jax/``: ``jax_chunk``, ``jax_scan`` and, in ``jax/pallas/``, the fused Pallas kernels (gdn2's and kda's
+  ``pallas_chunk``): Pallas is JAX's kernel language, so the folder follows the declared backend.
 """
 
 from typing import Any
 
 from ..common.constraints import jax_scan_memory
 from ..declare import JAX_DEVICES, JAX_DTYPES, TORCH_DEVICES, ImplDecl
-from .torch_chunk import gdn2_torch_chunk
-from .torch_recurrent import gdn2_torch_recurrent
+from .torch.torch_chunk import gdn2_torch_chunk
+from .torch.torch_recurrent import gdn2_torch_recurrent
 
 __all__ = ["IMPLS", "gdn2_torch_chunk", "gdn2_torch_recurrent"]
 
@@ -35,15 +39,15 @@ def pallas_case(case: Any) -> str | None:
 
 
 IMPLS = (
-    ImplDecl("gdn2", "torch_recurrent", f"{_HERE}.torch_recurrent:gdn2_torch_recurrent", "torch", TORCH_DEVICES),
-    ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl("gdn2", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn2_torch_recurrent", "torch", TORCH_DEVICES),
+    ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES),
     ImplDecl(
-        "gdn2", "jax_chunk", f"{_HERE}.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)
+        "gdn2", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)
     ),
     ImplDecl(
         "gdn2",
         "jax_scan",
-        f"{_HERE}.jax_scan:gdn2_jax_scan",
+        f"{_HERE}.jax.jax_scan:gdn2_jax_scan",
         "jax",
         JAX_DEVICES,
         JAX_DTYPES,
@@ -51,12 +55,12 @@ IMPLS = (
         constraint=jax_scan_memory,
         notes="associative-scan baseline: O(T K^2) memory",
     ),
-    # Pallas kernels (pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU; kda is gdn2 with b = w = beta.
+    # Pallas kernels (jax/pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU; kda is gdn2 with b = w = beta.
     *(
         ImplDecl(
             op,
             "pallas_chunk",
-            f"{_HERE}.pallas.chunk:{op}_pallas_chunk",
+            f"{_HERE}.jax.pallas.chunk:{op}_pallas_chunk",
             "jax",
             ("cpu", "tpu"),
             JAX_DTYPES,

@@ -32,7 +32,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from ...references.sdm import check_sdm_inputs, first_write_mask
-from ..common.mma import mma
+from ..common.triton.mma import mma
 from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]

@@ -67,7 +67,7 @@ def planted_kernel(op: str, bug: str) -> Callable[..., tuple[torch.Tensor, torch
                 q.mul_(q.shape[-1] ** -0.5 if scale is None else scale)
             return correct(q, k, v, *gates, scale=1.0, initial_state=initial_state)
         if bug == "factored_decay":
-            target = "gdn.torch_chunk" if op == "gdn" else "common.per_channel_chunk"
+            target = "gdn.torch.torch_chunk" if op == "gdn" else "common.per_channel_chunk"
             with mock.patch(f"deltabench.kernels.{target}.pairwise_decay", _factored_pairwise_decay):
                 return correct(q, k, v, *gates, scale=scale, initial_state=initial_state)
         if bug == "wrong_at_chunk_multiple":  # T % C == 0: the grid misses the last chunk

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA's cheap CPU compiler (kernels/common/jax_compile.py): about 10x faster compiles; these shapes run in
+# XLA's cheap CPU compiler (kernels/common/jax/jax_compile.py): about 10x faster compiles; these shapes run in
 # microseconds anyway.
 os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")
 
@@ -121,7 +121,7 @@ def test_pure_jax_functions_agree_with_the_torch_wrapper(op_name: str) -> None:
     import numpy as np
 
     op = OPS[op_name]
-    jax_chunk = getattr(importlib.import_module(f"deltabench.kernels.{op_name}.jax_chunk"), f"{op_name}_jax_chunk")
+    jax_chunk = getattr(importlib.import_module(f"deltabench.kernels.{op_name}.jax.jax_chunk"), f"{op_name}_jax_chunk")
     inputs = op.make_inputs(B, 65, H, K, V, seed=3, initial_state=True)
     args = tuple(jnp.asarray(inputs[n].numpy()) for n in op.args)
     h0 = jnp.asarray(inputs["initial_state"].numpy())

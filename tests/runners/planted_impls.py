@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from deltabench.harness.registry import register_impl
-from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 
 _ANY = dict(backend="torch", devices=("cpu", "cuda"), dtypes=("fp32", "bf16", "fp16"))
 

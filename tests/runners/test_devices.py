@@ -114,7 +114,7 @@ def test_run_device_tpu_says_per_job_that_there_is_no_tpu(tmp_path, capsys) -> N
 
 @needs_no_tpu
 def test_placing_on_an_absent_tpu_raises_rather_than_falling_back() -> None:
-    from deltabench.kernels.common.jax_bridge import placed_on
+    from deltabench.kernels.common.jax.jax_bridge import placed_on
 
     with pytest.raises(RuntimeError), placed_on("tpu"):
         pass
@@ -126,7 +126,7 @@ def _jax_output_platforms(device: str) -> set[str]:
     inputs = get_op("gdn").make_inputs(
         1, 12, 1, 8, 8, dtype=torch.float32, device=parse_device(device).torch_device, seed=0, regime="typical"
     )
-    from deltabench.kernels.common.jax_bridge import torch_to_jax
+    from deltabench.kernels.common.jax.jax_bridge import torch_to_jax
     from deltabench.runners.jax import jax_ops_of
 
     ops = jax_ops_of(impl)
@@ -151,7 +151,7 @@ def test_a_job_places_its_jax_impl_on_the_cases_device_for_the_gate() -> None:
     """Through runners.job.execute: the torch-facing call of the gate crosses over to the case's JAX device."""
     from deltabench.harness.cases import Case
     from deltabench.harness.registry import register_impl
-    from deltabench.kernels.common.jax_bridge import torch_to_jax
+    from deltabench.kernels.common.jax.jax_bridge import torch_to_jax
     from deltabench.runners.base import JobSpec
     from deltabench.runners.job import execute
 
@@ -180,7 +180,7 @@ def test_host_tensors_cross_over_to_the_placed_device_not_the_default() -> None:
 
     code = (
         "import jax, torch\n"
-        "from deltabench.kernels.common.jax_bridge import placed_on, torch_to_jax\n"
+        "from deltabench.kernels.common.jax.jax_bridge import placed_on, torch_to_jax\n"
         "t = torch.arange(6, dtype=torch.float32)\n"
         "assert torch_to_jax(t).devices() == {jax.devices('cpu')[0]}\n"
         "with placed_on('cpu', 1) as dev:\n"

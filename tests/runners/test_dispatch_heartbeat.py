@@ -32,7 +32,7 @@ SLOW_IMPLS = '''
 """A gdn impl whose first call sleeps (control/slow: seconds), once per process group's job: later calls are fast."""
 import os, pathlib, time
 from deltabench.harness.registry import register_impl
-from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 
 CONTROL = pathlib.Path({control!r})
 

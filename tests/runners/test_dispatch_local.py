@@ -28,7 +28,7 @@ SLOW_IMPLS = '''
 """A gdn impl that sleeps in its first call while the file `slow` (its content: seconds) exists."""
 import os, pathlib, time
 from deltabench.harness.registry import register_impl
-from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 
 CONTROL = pathlib.Path({control!r})
 

@@ -17,9 +17,9 @@ jax = pytest.importorskip("jax")
 from deltabench.harness.cases import Case  # noqa: E402
 from deltabench.harness.ops import get_op  # noqa: E402
 from deltabench.harness.registry import register_impl  # noqa: E402
-from deltabench.kernels.common.jax_bridge import TorchFacingJaxOp, cheap_compiles  # noqa: E402
-from deltabench.kernels.common.jax_compile import FAST_CPU_COMPILE_FLAGS, cheap_cpu_compile_options  # noqa: E402
-from deltabench.kernels.gdn.jax_chunk import chunk_gated_delta_rule_jax  # noqa: E402
+from deltabench.kernels.common.jax.jax_bridge import TorchFacingJaxOp, cheap_compiles  # noqa: E402
+from deltabench.kernels.common.jax.jax_compile import FAST_CPU_COMPILE_FLAGS, cheap_cpu_compile_options  # noqa: E402
+from deltabench.kernels.gdn.jax.jax_chunk import chunk_gated_delta_rule_jax  # noqa: E402
 from deltabench.runners.base import JobSpec  # noqa: E402
 from deltabench.runners.job import execute  # noqa: E402
 

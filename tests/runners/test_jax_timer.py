@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA's cheap CPU compiler (kernels/common/jax_compile.py): about 10x faster compiles; these shapes run in
+# XLA's cheap CPU compiler (kernels/common/jax/jax_compile.py): about 10x faster compiles; these shapes run in
 # microseconds anyway.
 os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")
 

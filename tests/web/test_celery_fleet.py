@@ -31,7 +31,7 @@ IMPLS = '''
 """gdn impls for the fleet test: one sleeps in its first call while `slow` exists, one is 10% off."""
 import os, pathlib, time
 from deltabench.harness.registry import register_impl
-from deltabench.kernels.gdn.torch_chunk import gdn_torch_chunk
+from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 
 CONTROL = pathlib.Path({control!r})
 ANY = dict(backend="torch", devices=("cpu", "cuda"), dtypes=("fp32", "bf16", "fp16"))

@@ -12,7 +12,7 @@ pytest.importorskip("jax")
 
 SNIPPET = """
 import os, jax
-from deltabench.kernels.common import jax_compile
+from deltabench.kernels.common.jax import jax_compile
 print(jax_compile.enable_persistent_cache())
 print(jax_compile.use_fast_cpu_compilation() if os.environ.get("WANT_FAST") else None)
 print(os.environ.get("XLA_FLAGS", ""))

@@ -1,4 +1,4 @@
-"""deltabench's Triton chunked GDN (kernels/gdn/chunk.py) against the float64 oracle, under TRITON_INTERPRET=1.
+"""deltabench's Triton chunked GDN (kernels/gdn/triton/chunk.py) against the float64 oracle, under TRITON_INTERPRET=1.
 
 Outputs, final state and every gradient (q, k, v, g, beta, initial_state) with random cotangents on o and
 the final state; T not a multiple of the chunk, H = 3, K != V, both gate regimes, with and without an
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
+from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 2.5e-2}
@@ -87,9 +87,9 @@ def test_through_the_verification_engine() -> None:
 def test_local_bwd_in_two_launches_matches_one(dtype: torch.dtype) -> None:
     """local_bwd's split (query side, then the rest, dk and dg's terms passed in fp32) gives one launch's
     gradients up to the order of fp32 sums: same inputs, T = 130 (a partial last chunk), K != V."""
-    from deltabench.kernels.gdn.local_bwd import local_bwd
-    from deltabench.kernels.gdn.state import state_bwd, state_fwd
-    from deltabench.kernels.gdn.wy import wy_fwd
+    from deltabench.kernels.gdn.triton.local_bwd import local_bwd
+    from deltabench.kernels.gdn.triton.state import state_bwd, state_fwd
+    from deltabench.kernels.gdn.triton.wy import wy_fwd
 
     B, T, H, K, V = 1, 130, 2, 32, 64
     x = make_inputs(B, T, H, K, V, dtype=dtype, seed=5, regime="long", initial_state=True)
@@ -111,7 +111,7 @@ def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPat
     """The whole fwd+bwd with local_bwd in two launches, against the float64 oracle (fp32, h0, T = 65).
 
     The library splits at K = 128 (wy.TUNED_K) only; this test's K = 32 is made the tuned size here."""
-    from deltabench.kernels.gdn import local_bwd
+    from deltabench.kernels.gdn.triton import local_bwd
 
     monkeypatch.setitem(local_bwd.LAUNCH, "split", True)
     monkeypatch.setattr(local_bwd, "TUNED_K", 32)
@@ -138,7 +138,7 @@ class _Recorder:
 def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:
     """state_bwd's tuned classes only at K = 128 (where they were measured on the H200); at K = 64 a v2
     config faulted there, so other sizes keep the config the GPU gate passed before."""
-    from deltabench.kernels.gdn.state import bwd_launch_config
+    from deltabench.kernels.gdn.triton.state import bwd_launch_config
 
     assert bwd_launch_config(128, 6, 64, NT=64) == (64, 8, 1)
     assert bwd_launch_config(128, 6, 256, NT=64) == (64, 8, 1)
@@ -149,7 +149,7 @@ def test_head_sizes_outside_the_sweep_keep_the_gated_launches() -> None:
 def test_walks_shorter_than_the_pipeline_keep_the_single_stage_launch() -> None:
     """A tuned config pipelines its chunk loop over 2 or 3 stages; with fewer chunks than stages the H200 gave
     a wrong dh0 (the narrow config at T = 64), so such walks take the gated single-stage config."""
-    from deltabench.kernels.gdn.state import bwd_launch_config
+    from deltabench.kernels.gdn.triton.state import bwd_launch_config
 
     assert bwd_launch_config(128, 2, 128, NT=1) == (64, 8, 1)
     assert bwd_launch_config(128, 2, 128, NT=2) == (64, 8, 1)

@@ -1,4 +1,4 @@
-"""triton_chunk_split (kernels/gdn/chunk_split.py: WY, state walk, parallel output) under TRITON_INTERPRET=1.
+"""triton_chunk_split (kernels/gdn/triton/chunk_split.py: WY, state walk, parallel output) under TRITON_INTERPRET=1.
 
 Against the float64 oracle: outputs, final state and every gradient (q, k, v, g, beta, initial_state) with
 random cotangents on o and the final state; T = 1, 63, 65, 130 (partial last chunks), H = 3, K != V, fp32
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deltabench.kernels.gdn import walk
-from deltabench.kernels.gdn.chunk import chunk_gated_delta_rule
-from deltabench.kernels.gdn.chunk_split import chunk_gated_delta_rule_split
+from deltabench.kernels.gdn.triton import walk
+from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
+from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 2.5e-2}
@@ -114,7 +114,7 @@ def test_same_bits_as_triton_chunk(walk_block: int) -> None:
 def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """At one chunk the walk is never launched (its pipelined launch faulted there on the H200, where the
     interpreter does not pipeline): chunk.py's forward runs instead, so every result has chunk.py's bits."""
-    from deltabench.kernels.gdn import chunk_split
+    from deltabench.kernels.gdn.triton import chunk_split
 
     def no_walk(*args: object, **kwargs: object) -> None:
         raise AssertionError("state_walk launched for a one-chunk sequence")

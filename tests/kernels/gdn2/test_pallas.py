@@ -31,8 +31,8 @@ from deltabench.references import gdn2, kda
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from deltabench.kernels.gdn2.pallas import chunk as pallas_chunk  # noqa: E402
-from deltabench.kernels.gdn2.pallas import forward as pallas_forward  # noqa: E402
+from deltabench.kernels.gdn2.jax.pallas import chunk as pallas_chunk  # noqa: E402
+from deltabench.kernels.gdn2.jax.pallas import forward as pallas_forward  # noqa: E402
 
 B, H, K, V = 1, 2, 16, 24
 # Relative Frobenius error bounds, as tests/kernels/test_jax_impls.py: fp32 float32 math against float64 (seen
@@ -113,8 +113,8 @@ def test_strong_decay_stays_finite() -> None:
 def test_fused_backward_matches_its_jax_reference() -> None:
     """The backward kernel against the same algebra in plain JAX (backward.py), from the same forward residual,
     with an initial state and random cotangents on o and on the final state (T = 100: a partial last chunk)."""
-    from deltabench.kernels.gdn2.pallas.backward import gdn2_chunk_backward
-    from deltabench.kernels.gdn2.pallas.fused_backward import gdn2_fused_backward
+    from deltabench.kernels.gdn2.jax.pallas.backward import gdn2_chunk_backward
+    from deltabench.kernels.gdn2.jax.pallas.fused_backward import gdn2_fused_backward
 
     inputs = gdn2.make_inputs(B, 100, H, K, V, seed=11, initial_state=True)
     a = {n: jnp.asarray(t.numpy()) for n, t in inputs.items()}

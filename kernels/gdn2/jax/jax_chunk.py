@@ -22,8 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..common.jax_bridge import TorchFacingJaxOp
-from ..common.jax_wy import causal_mask, from_chunks, masked_exp, pad_time, scan_chunks, to_chunks, ut_transform
+from ...common.jax.jax_bridge import TorchFacingJaxOp
+from ...common.jax.jax_wy import causal_mask, from_chunks, masked_exp, pad_time, scan_chunks, to_chunks, ut_transform
 
 __all__ = ["CHUNK", "chunk_gdn2_jax", "gdn2_jax_chunk"]
 

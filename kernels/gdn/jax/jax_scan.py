@@ -3,7 +3,7 @@
 Layout (FLA's): q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; state ``[B, H, K, V]``.
 Each token is the affine map ``S -> exp(g_t) (I - beta_t k_t k_t^T) S + beta_t k_t v_t^T`` (the update
 ``S <- exp(g) S; S <- S + k (beta (v - S^T k))^T`` rewritten), and ``jax.lax.associative_scan`` composes them
-(see kernels/common/jax_affine.py). It holds a ``[K, K]`` matrix per token: memory-heavy by design.
+(see kernels/common/jax/jax_affine.py). It holds a ``[K, K]`` matrix per token: memory-heavy by design.
 Math is float32; o has v's dtype. The backward is JAX's autodiff.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..common.jax_affine import affine_scan_outputs
-from ..common.jax_bridge import TorchFacingJaxOp
+from ...common.jax.jax_affine import affine_scan_outputs
+from ...common.jax.jax_bridge import TorchFacingJaxOp
 
 __all__ = ["gdn_jax_scan", "scan_gated_delta_rule_jax"]
 

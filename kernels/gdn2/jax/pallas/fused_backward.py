@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ...common.jax_wy import pad_time
+from ....common.jax.jax_wy import pad_time
 from . import forward as fw
 
 __all__ = ["gdn2_fused_backward"]

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.mma import mma
+from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]

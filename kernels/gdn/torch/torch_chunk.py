@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_op_inputs, chunk_scan, default_scale, merge_chunks, pairwise_decay, split_chunks, ut_solve
+from ...common import check_op_inputs, chunk_scan, default_scale, merge_chunks, pairwise_decay, split_chunks, ut_solve
 
 __all__ = ["gdn_torch_chunk"]
 
@@ -37,7 +37,7 @@ def gdn_torch_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet by chunks of `chunk_size` tokens, any T (a partial last chunk is zero-padded, exactly).
 
-    Computes the same as :func:`deltabench.kernels.gdn.torch_recurrent.gdn_torch_recurrent`; inputs are upcast
+    Computes the same as :func:`deltabench.kernels.gdn.torch.torch_recurrent.gdn_torch_recurrent`; inputs are upcast
     to float32, the output is cast to ``v.dtype``. Backward is autograd.
 
     Args:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
+from ...common import check_op_inputs, default_scale, per_channel_delta_chunk
 
 __all__ = ["gdn2_torch_chunk"]
 
@@ -27,7 +27,7 @@ def gdn2_torch_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet-2 by chunks of `chunk_size` tokens, any T (a partial last chunk is zero-padded, exactly).
 
-    Computes the same as :func:`deltabench.kernels.gdn2.torch_recurrent.gdn2_torch_recurrent`; inputs are upcast
+    Computes the same as :func:`deltabench.kernels.gdn2.torch.torch_recurrent.gdn2_torch_recurrent`; inputs are upcast
     to float32, the output is cast to ``v.dtype``. Memory grows as ``B H T C K`` (the pairwise per-channel
     decays), fine for a reference. Backward is autograd.
 

@@ -2,7 +2,7 @@
 
 With the state ``H_n`` entering every chunk known (the fused forward stores it), the chunks are independent:
 chunk n maps ``(its inputs, H_n)`` to ``(O_n, H_{n+1})`` by the same chunked WY algebra as the forward
-(``kernels/gdn2/jax_chunk.py``'s stages, under one ``jax.vjp`` for all chunks at once). What couples them is the
+(``kernels/gdn2/jax/jax_chunk.py``'s stages, under one ``jax.vjp`` for all chunks at once). What couples them is the
 state's cotangent, which runs backwards through the chunks::
 
     dU_n     = scale P_n^T dO_n + Kd_n dH_{n+1}
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ...common.jax_wy import PRECISION, from_chunks, pad_time, to_chunks, ut_transform
+from ....common.jax.jax_wy import PRECISION, from_chunks, pad_time, to_chunks, ut_transform
 from ..jax_chunk import _pairwise_scores
 
 __all__ = ["gdn2_chunk_backward"]

@@ -3,7 +3,7 @@
 Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]``. Each token is the affine
 map ``S -> (I - k_t (b_t * k_t)^T) Diag(exp g_t) S + k_t (w_t * v_t)^T`` (the update ``S <- Diag(exp g) S;
 S <- S + k (w*v - S^T (b*k))^T`` rewritten), and ``jax.lax.associative_scan`` composes them (see
-kernels/common/jax_affine.py). It holds a ``[K, K]`` matrix per token: memory-heavy by design.
+kernels/common/jax/jax_affine.py). It holds a ``[K, K]`` matrix per token: memory-heavy by design.
 Math is float32; o has v's dtype. The backward is JAX's autodiff.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..common.jax_affine import affine_scan_outputs
-from ..common.jax_bridge import TorchFacingJaxOp
+from ...common.jax.jax_affine import affine_scan_outputs
+from ...common.jax.jax_bridge import TorchFacingJaxOp
 
 __all__ = ["gdn2_jax_scan", "scan_gdn2_jax"]
 

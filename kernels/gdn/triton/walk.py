@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.mma import mma
+from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_op_inputs, default_scale
+from ...common import check_op_inputs, default_scale
 
 __all__ = ["gdn2_torch_recurrent"]
 

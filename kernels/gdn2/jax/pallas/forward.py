@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ...common.jax_wy import pad_time
+from ....common.jax.jax_wy import pad_time
 
 __all__ = ["CHUNK", "SOLVE_BLOCK", "gdn2_fused_forward"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_op_inputs, default_scale
+from ...common import check_op_inputs, default_scale
 
 __all__ = ["gdn_torch_recurrent"]
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ...common.jax_bridge import TorchFacingJaxOp
+from ....common.jax.jax_bridge import TorchFacingJaxOp
 from .backward import gdn2_chunk_backward
 from .forward import CHUNK, gdn2_fused_forward
 from .fused_backward import gdn2_fused_backward

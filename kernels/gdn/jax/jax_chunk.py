@@ -19,8 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..common.jax_bridge import TorchFacingJaxOp
-from ..common.jax_wy import (
+from ...common.jax.jax_bridge import TorchFacingJaxOp
+from ...common.jax.jax_wy import (
     PRECISION,
     causal_mask,
     from_chunks,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.mma import mma
+from ...common.triton.mma import mma
 
 __all__ = ["CHUNK", "LAUNCH", "TUNED_K", "wy_fwd"]
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.mma import mma
+from ...common.triton.mma import mma
 from .wy import CHUNK, dot_precision, padded
 
 __all__ = ["LAUNCH", "chunk_output"]

@@ -1,0 +1,4 @@
+"""Helpers shared by the ops' Triton kernels (imported by the kernels only: importing this package needs no Triton).
+
+- :mod:`.mma`: the one tile product every kernel uses (16-bit operands widened under the CPU interpreter).
+"""

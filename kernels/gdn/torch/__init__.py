@@ -1,0 +1,1 @@
+"""GDN in PyTorch: :mod:`.torch_recurrent` (token-serial, the readable version) and :mod:`.torch_chunk` (chunked)."""

@@ -118,9 +118,9 @@ def measure_cpu(runs: int, budget_s: float) -> dict[str, object]:
 
     base_runs, slow_runs = [], []
     for _ in range(runs):
-        t = time_callable(kernel, budget_s=budget_s, min_reps=10, max_reps=400)
+        t = time_callable(kernel, budget_s=budget_s, min_reps=10, max_reps=400, warmup_s=0.5)
         base_runs.append(np.asarray(t.samples_ms))
-        s = time_callable(padded(0.10 * t.median_ms / 1e3), budget_s=budget_s, min_reps=10, max_reps=400)
+        s = time_callable(padded(0.10 * t.median_ms / 1e3), budget_s=budget_s, min_reps=10, max_reps=400, warmup_s=0.5)
         slow_runs.append(np.asarray(s.samples_ms))
     rel = np.concatenate([r / np.median(r) for r in base_runs])
     logs = np.log(rel)

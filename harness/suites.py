@@ -15,7 +15,7 @@ level apply to every op unless the op overrides them. Shipped suites live in ``h
                                           #   (a timeout, crash, OOM or failure ends it; the next job gets a
                                           #   fresh one); "job": a fresh process per job, for leaky kernels
     regime = "typical"                    # the gate's input regime; optional
-    [timing]                              # optional: runners.base.TimingSettings
+    [timing]                              # optional: TimingSettings (defaults: runners.timing.TimingDefaults)
     budget_s = 2.0
     [gate]                                # optional: runners.base.GateSettings
     seeds = 3
@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from deltabench.runners.timing import TIMING_DEFAULTS as _DEFAULTS
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cases import MODES, REGIMES, Case, parse_dtype, parse_shape
@@ -84,15 +85,18 @@ class _Settings(BaseModel):
 
 
 class TimingSettings(_Settings):
-    """How long and how precisely to time a job (a suite's ``[timing]`` table)."""
+    """How long and how precisely to time a job (a suite's ``[timing]`` table); each unset field is the shared
+    default (``runners.timing.TIMING_DEFAULTS``)."""
 
-    budget_s: float = Field(default=2.0, gt=0, description="time budget for the repetitions")
-    target_sem: float = Field(default=0.005, gt=0, description="stop once SE(median)/median is below this")
-    min_reps: int = Field(default=5, ge=1)
-    max_reps: int = Field(default=5_000, ge=1)
-    warmup_s: float = Field(default=1.0, ge=0, description="cap on warm-up time after the first call")
-    l2_flush: bool = Field(default=True, description="CUDA: flush L2 before each sample")
-    cuda_graph: bool = Field(default=False, description="CUDA: time graph replays of several calls")
+    budget_s: float = Field(default=_DEFAULTS.budget_s, gt=0, description="time budget for the repetitions")
+    target_sem: float = Field(
+        default=_DEFAULTS.target_sem, gt=0, description="stop once SE(median)/median is below this"
+    )
+    min_reps: int = Field(default=_DEFAULTS.min_reps, ge=1)
+    max_reps: int = Field(default=_DEFAULTS.max_reps, ge=1)
+    warmup_s: float = Field(default=_DEFAULTS.warmup_s, ge=0, description="cap on warm-up time after the first call")
+    l2_flush: bool = Field(default=_DEFAULTS.l2_flush, description="CUDA: flush L2 before each sample")
+    cuda_graph: bool = Field(default=_DEFAULTS.cuda_graph, description="CUDA: time graph replays of several calls")
     cpu_threads: int | None = Field(
         default=None, ge=1, description="CPU: torch intra-op threads for the job (default: torch's own choice)"
     )

@@ -1,7 +1,8 @@
 """CPU timer: a monotonic nanosecond clock around each call, with deltabench's shared statistics.
 
 Timings from this clock are labelled ``cpu_monotonic`` (shown as "CPU") wherever they appear: they
-measure the host, never a device.
+measure the host, never a device. The job runner reaches it through :data:`deltabench.runners.timing.TIMERS`
+(:func:`time_job`), for a torch-facing impl on the CPU.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any
 
 from deltabench.harness.document import TimingStats
 
-from .timing import time_on_host_clock
+from .timing import TIMING_DEFAULTS, Timed, TimerRequest, time_on_host_clock
 
-__all__ = ["CLOCK", "time_callable"]
+__all__ = ["CLOCK", "time_callable", "time_job"]
 
 CLOCK = "cpu_monotonic"
 
@@ -21,11 +22,11 @@ CLOCK = "cpu_monotonic"
 def time_callable(
     fn: Callable[[], Any],
     *,
-    budget_s: float = 1.0,
-    target_sem: float = 0.005,
-    min_reps: int = 5,
-    max_reps: int = 10_000,
-    warmup_s: float = 0.5,
+    budget_s: float = TIMING_DEFAULTS.budget_s,
+    target_sem: float = TIMING_DEFAULTS.target_sem,
+    min_reps: int = TIMING_DEFAULTS.min_reps,
+    max_reps: int = TIMING_DEFAULTS.max_reps,
+    warmup_s: float = TIMING_DEFAULTS.warmup_s,
     first_call_s: float | None = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the host clock.
@@ -50,3 +51,8 @@ def time_callable(
         warmup_s=warmup_s,
         first_call_s=first_call_s,
     )
+
+
+def time_job(request: TimerRequest) -> Timed:
+    """The table's host-clock timer: `request`'s subject on the host clock, with the job's settings."""
+    return Timed(time_callable(request.subject, **request.rules, first_call_s=request.first_call_s))

@@ -3,7 +3,8 @@
 Only torch is imported here. Statistics and stopping rules are the shared ones of
 :mod:`deltabench.runners.timing`: the first call (compilation, autotuning) is timed apart on the host
 clock, warm-up until two consecutive timings agree within 10%, then samples until the standard error of
-the median is under the target or the budget ends.
+the median is under the target or the budget ends. The job runner reaches it through
+:data:`deltabench.runners.timing.TIMERS` (:func:`time_job`), for a torch-facing impl on a GPU.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 import torch
 from deltabench.harness.document import TimingStats
 
-from .timing import adaptive_samples, summarize
+from .timing import TIMING_DEFAULTS, Timed, TimerRequest, adaptive_samples, summarize
 
-__all__ = ["L2_FLUSH_BYTES", "time_callable"]
+__all__ = ["L2_FLUSH_BYTES", "time_callable", "time_job"]
 
 # Larger than any current GPU's L2 (H200: 60 MiB), so writing it evicts the subject's inputs.
 L2_FLUSH_BYTES = 256 * 2**20
@@ -103,14 +104,14 @@ def _graph_measure(fn: Callable[[], Any], flush: torch.Tensor | None, calls: int
 def time_callable(
     fn: Callable[[], Any],
     *,
-    budget_s: float = 2.0,
-    target_sem: float = 0.005,
-    min_reps: int = 10,
-    max_reps: int = 5_000,
-    warmup_s: float = 1.0,
-    l2_flush: bool = True,
-    cuda_graph: bool = False,
-    graph_calls: int = 10,
+    budget_s: float = TIMING_DEFAULTS.budget_s,
+    target_sem: float = TIMING_DEFAULTS.target_sem,
+    min_reps: int = TIMING_DEFAULTS.min_reps,
+    max_reps: int = TIMING_DEFAULTS.max_reps,
+    warmup_s: float = TIMING_DEFAULTS.warmup_s,
+    l2_flush: bool = TIMING_DEFAULTS.l2_flush,
+    cuda_graph: bool = TIMING_DEFAULTS.cuda_graph,
+    graph_calls: int = TIMING_DEFAULTS.graph_calls,
     first_call_s: float | None = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the current CUDA device.
@@ -141,3 +142,17 @@ def time_callable(
         compile_s=first_call_s,
         stop_reason=got.stop_reason,
     )
+
+
+def time_job(request: TimerRequest) -> Timed:
+    """The table's CUDA timer: `request`'s subject between CUDA events (graph replays with ``cuda_graph``), with the
+    job's settings."""
+    settings = request.settings
+    timing = time_callable(
+        request.subject,
+        **request.rules,
+        l2_flush=settings.l2_flush,
+        cuda_graph=settings.cuda_graph,
+        first_call_s=request.first_call_s,
+    )
+    return Timed(timing)

@@ -13,6 +13,9 @@ Memory: XLA's buffer assignment of the compiled program gives the call's extra m
 outputs, the inputs apart) on every backend; the device's own counters (``memory_stats()['peak_bytes_in_use']``,
 GPU and TPU only) are read by :func:`device_peak_bytes`.
 
+The job runner reaches this timer through :data:`deltabench.runners.timing.TIMERS` (:func:`time_job`), for a JAX
+impl on any platform.
+
 Importing this module imports JAX (the torch runners never import it).
 """
 
@@ -27,16 +30,18 @@ import jax
 from deltabench.harness.document import MemoryStats, TimingStats
 from deltabench.kernels.common.jax import jax_bridge
 
-from .timing import time_on_host_clock
+from .timing import HOST_CLOCK, TIMING_DEFAULTS, Timed, TimerRequest, time_on_host_clock, timer_for
 
 __all__ = [
     "CLOCK",
     "XLA_MEMORY_METHOD",
     "compiled_memory",
     "device_peak_bytes",
+    "has_jax_fn",
     "jax_ops_of",
     "run_timing",
     "time_callable",
+    "time_job",
 ]
 
 CLOCK = "jax"
@@ -46,11 +51,11 @@ XLA_MEMORY_METHOD = "XLA buffer assignment of the compiled program: temporaries 
 def time_callable(
     fn: Callable[[], Any],
     *,
-    budget_s: float = 1.0,
-    target_sem: float = 0.005,
-    min_reps: int = 5,
-    max_reps: int = 10_000,
-    warmup_s: float = 0.5,
+    budget_s: float = TIMING_DEFAULTS.budget_s,
+    target_sem: float = TIMING_DEFAULTS.target_sem,
+    min_reps: int = TIMING_DEFAULTS.min_reps,
+    max_reps: int = TIMING_DEFAULTS.max_reps,
+    warmup_s: float = TIMING_DEFAULTS.warmup_s,
     first_call_s: float | None = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn`, which calls jitted JAX code, blocking on its outputs each sample.
@@ -117,6 +122,29 @@ def jax_ops_of(impl: Any) -> Any:
     return fn
 
 
+def has_jax_fn(impl: Any) -> bool:
+    """Whether the impl (possibly a lazy import) exposes the pure-JAX ``jax_fn`` this timer needs."""
+    try:
+        jax_ops_of(impl)
+    except Exception:  # no jax_fn, or its module does not import: the impl is timed through its torch face
+        return False
+    return True
+
+
+def time_job(request: TimerRequest) -> Timed:
+    """The table's JAX timer: `request`'s impl timed natively (:func:`run_timing`) on the JAX device its case names.
+
+    A JAX impl without a pure-JAX ``jax_fn`` (a user's torch-facing wrapper) is timed through its torch-facing
+    subject instead, by the clock of the platform its torch tensors are on: CUDA events on a GPU, the host clock
+    otherwise (torch has no TPU: there the call returns only once JAX is done, so the host clock measures it).
+    """
+    if not has_jax_fn(request.impl):
+        platform = request.case.device.partition(":")[0]
+        return (timer_for("torch", platform) if platform != "tpu" else HOST_CLOCK)(request)
+    timing, memory = run_timing(request.impl, request.case, request.inputs, **request.rules)
+    return Timed(timing, memory, "timed natively in JAX (runners.jax)")
+
+
 def _jax_device(name: str) -> jax.Device:
     """The JAX device a case's device names (``cpu``, ``cuda``, ``cuda:1``, ``tpu``)."""
     platform, _, index = name.partition(":")
@@ -135,11 +163,11 @@ def run_timing(
     case: Any,
     inputs: dict[str, Any],
     *,
-    budget_s: float = 1.0,
-    target_sem: float = 0.005,
-    min_reps: int = 5,
-    max_reps: int = 10_000,
-    warmup_s: float = 0.5,
+    budget_s: float = TIMING_DEFAULTS.budget_s,
+    target_sem: float = TIMING_DEFAULTS.target_sem,
+    min_reps: int = TIMING_DEFAULTS.min_reps,
+    max_reps: int = TIMING_DEFAULTS.max_reps,
+    warmup_s: float = TIMING_DEFAULTS.warmup_s,
 ) -> tuple[TimingStats, MemoryStats | None]:
     """Time `impl` natively in JAX on `case` and measure its memory; returns ``(TimingStats, MemoryStats|None)``.
 

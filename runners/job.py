@@ -12,7 +12,8 @@ same impl one after another. The order matters:
    on the CPU runs it under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as
    compiled, and the dozen other programs the gate runs once each (other lengths and arguments, the backward)
    are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
-4. peak device memory (CUDA) and the timing, by the device's timer (JAX impls by the JAX timer).
+4. peak device memory (CUDA) and the timing, by the timer :data:`.timing.TIMERS` gives the impl's backend on the
+   case's platform (host clock, CUDA events, JAX on its device).
 
 Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
 it happened in.
@@ -22,17 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import inspect
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from deltabench.harness.cases import Case
 from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
 
 from .base import JobSpec
+from .timing import Timed, TimerRequest, timer_for
 
 __all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary"]
 
@@ -74,44 +74,11 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
-def _call_with_supported(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call `fn` with the keyword arguments it accepts (the JAX timer's settings are optional)."""
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(*args, **kwargs)
-
-
-def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> tuple:
-    """(TimingStats, MemoryStats | None, note) by the timer of the impl's backend and the device."""
-    t = job.timing
-    common = {
-        "budget_s": t.budget_s,
-        "target_sem": t.target_sem,
-        "min_reps": t.min_reps,
-        "max_reps": t.max_reps,
-        "warmup_s": t.warmup_s,
-    }
-    if impl.backend == "jax":
-        try:
-            from deltabench.runners import jax as jax_runner
-
-            run_timing = jax_runner.run_timing
-        except (ImportError, AttributeError):
-            run_timing = None
-        if run_timing is not None and _resolves_jax_fn(impl):
-            timing, memory = _call_with_supported(run_timing, impl, case, inputs, **common)
-            return timing, memory, "timed natively in JAX (runners.jax)"
-    if case.device == "cuda":
-        from . import cuda
-
-        timing = cuda.time_callable(
-            subject, **common, l2_flush=t.l2_flush, cuda_graph=t.cuda_graph, first_call_s=first_call_s
-        )
-        return timing, None, ""
-    from . import cpu
-
-    return cpu.time_callable(subject, **common, first_call_s=first_call_s), None, ""
+def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> Timed:
+    """The job's timing by the timer the table gives the impl's backend on the case's platform
+    (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device)."""
+    request = TimerRequest(subject, impl, case, inputs, job.timing, first_call_s)
+    return timer_for(impl.backend, case.device)(request)
 
 
 def _gate_compiles(backend: str, device: str) -> contextlib.AbstractContextManager:
@@ -122,20 +89,6 @@ def _gate_compiles(backend: str, device: str) -> contextlib.AbstractContextManag
     from deltabench.kernels.common.jax.jax_bridge import cheap_compiles
 
     return cheap_compiles()
-
-
-def _resolves_jax_fn(impl: Any) -> bool:
-    """Whether the impl (possibly a lazy import) exposes the pure-JAX ``jax_fn`` the JAX timer needs."""
-    target = getattr(impl.fn, "__deltabench_target__", None)
-    if target is None:
-        return getattr(impl.fn, "jax_fn", None) is not None
-    import importlib
-
-    module, _, attr = target.partition(":")
-    try:
-        return getattr(getattr(importlib.import_module(module), attr), "jax_fn", None) is not None
-    except Exception:
-        return False
 
 
 def execute(job: JobSpec) -> JobResult:
@@ -253,12 +206,13 @@ def execute(job: JobSpec) -> JobResult:
 
         phase = "timing"
         _phase(phase)
-        timing, jax_mem, note = _time(impl, case, subject, inputs, job, first_call_s)
+        timed = _time(impl, case, subject, inputs, job, first_call_s)
+        timing = timed.timing
         if isinstance(timing, TimingStats) and timing.compile_s is None:
             timing.compile_s = first_call_s
         result.timing = timing
-        result.memory = jax_mem if jax_mem is not None else mem
-        result.notes = "; ".join(x for x in (result.notes, note) if x)
+        result.memory = timed.memory if timed.memory is not None else mem
+        result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
         result.status = "ok"
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):

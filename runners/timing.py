@@ -1,4 +1,11 @@
-"""Timing statistics shared by every timer (CPU clock, CUDA events, CUDA graphs, JAX).
+"""Timing shared by every timer (CPU clock, CUDA events, CUDA graphs, JAX): the defaults, the table that picks a
+timer for a backend and a platform, and the statistics.
+
+- :data:`TIMING_DEFAULTS` (:class:`TimingDefaults`): the budget, target, repetition and warm-up settings every
+  timer, suite (``harness.suites.TimingSettings``) and job starts from;
+- :data:`TIMERS`: ``(backend, platform) -> Timer``, read by :func:`timer_for` (the job runner's one way to time a
+  job): the host clock on the CPU, CUDA events on a GPU, JAX's own timing (``block_until_ready``) on the JAX
+  device for a JAX impl, whichever the platform.
 
 Every timer follows the same rules, implemented once here by :func:`adaptive_samples`:
 
@@ -15,27 +22,77 @@ for normally distributed samples), which is cheap enough to recompute while samp
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from deltabench.harness.document import TimingStats
+from deltabench.harness.document import MemoryStats, TimingStats
 
 __all__ = [
+    "TIMERS",
+    "TIMING_DEFAULTS",
     "WARMUP_AGREEMENT",
     "Collected",
+    "Timed",
+    "Timer",
+    "TimerRequest",
+    "TimingDefaults",
     "adaptive_samples",
     "merge_repetitions",
     "quantile",
     "sem_rel",
+    "stopping_rules",
     "summarize",
     "time_on_host_clock",
+    "timer_for",
 ]
 
 WARMUP_AGREEMENT = 0.10  # two consecutive warm-up timings within 10% of each other: warm
 _MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi/2): asymptotic SE of the median over SE of the mean (normal samples)
 _UNKNOWN_SEM = 1.0  # stands for "unknown" with fewer than two samples (JSON has no infinity)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingDefaults:
+    """The timing settings every timer, suite and job starts from (a suite's ``[timing]`` table overrides them).
+
+    Attributes:
+        budget_s: time budget for the repetitions.
+        target_sem: stop once SE(median)/median is below this.
+        min_reps, max_reps: the fewest and most repetitions.
+        warmup_s: cap on warm-up time after the first call.
+        l2_flush: CUDA: flush L2 before each sample.
+        cuda_graph: CUDA: time graph replays of several calls.
+        graph_calls: CUDA graphs: calls captured per replay.
+    """
+
+    budget_s: float = 2.0
+    target_sem: float = 0.005
+    min_reps: int = 5
+    max_reps: int = 5_000
+    warmup_s: float = 1.0
+    l2_flush: bool = True
+    cuda_graph: bool = False
+    graph_calls: int = 10
+
+    def rules(self) -> dict[str, Any]:
+        """The settings :func:`adaptive_samples` reads, as keyword arguments of every timer."""
+        return stopping_rules(self)
+
+
+_RULES = ("budget_s", "target_sem", "min_reps", "max_reps", "warmup_s")
+
+
+def stopping_rules(settings: Any) -> dict[str, Any]:
+    """The stopping rules of `settings` (:class:`TimingDefaults` or a suite's ``TimingSettings``) as the timers'
+    keyword arguments: ``budget_s``, ``target_sem``, ``min_reps``, ``max_reps``, ``warmup_s``."""
+    return {k: getattr(settings, k) for k in _RULES}
+
+
+TIMING_DEFAULTS = TimingDefaults()
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -134,10 +191,10 @@ def adaptive_samples(
     measure: Callable[[int], list[float]],
     *,
     budget_s: float,
-    target_sem: float = 0.005,
-    min_reps: int = 5,
-    max_reps: int = 10_000,
-    warmup_s: float = 1.0,
+    target_sem: float = TIMING_DEFAULTS.target_sem,
+    min_reps: int = TIMING_DEFAULTS.min_reps,
+    max_reps: int = TIMING_DEFAULTS.max_reps,
+    warmup_s: float = TIMING_DEFAULTS.warmup_s,
     max_warmup: int = 100,
     batch_s: float = 0.02,
 ) -> Collected:
@@ -218,3 +275,90 @@ def time_on_host_clock(
     return summarize(
         got.samples_ms, clock=clock, warmup=got.warmup, compile_s=first_call_s, stop_reason=got.stop_reason
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TimerRequest:
+    """What a timer is given: one job's subject and everything it was built from.
+
+    Attributes:
+        subject: the zero-argument closure of the job's mode (``runners.closures.build_subject``), already called
+            once (the first call, `first_call_s` seconds, compilation included).
+        impl, case, inputs: the registered impl, the job's case and its inputs (a JAX timer rebuilds the call
+            natively from them).
+        settings: the job's timing settings (``TimingSettings``; any object with :class:`TimingDefaults`'s
+            attributes).
+    """
+
+    subject: Callable[[], object]
+    impl: Any
+    case: Any
+    inputs: dict[str, Any]
+    settings: Any
+    first_call_s: float | None = None
+
+    @property
+    def rules(self) -> dict[str, Any]:
+        """The settings' stopping rules as the timers' keyword arguments."""
+        return stopping_rules(self.settings)
+
+
+@dataclasses.dataclass
+class Timed:
+    """A timer's answer: the timing, the memory it measured itself (the JAX timer's XLA figures) and a note."""
+
+    timing: TimingStats
+    memory: MemoryStats | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Timer:
+    """One way of timing a job: its name, the clock its samples are labelled with and its entry point.
+
+    The entry point, ``"module:function"`` taking a :class:`TimerRequest` and returning :class:`Timed`, is
+    imported on first use: the CUDA timer imports torch and the JAX timer JAX, which this module must not.
+    """
+
+    name: str
+    clock: str
+    target: str
+
+    def load(self) -> Callable[[TimerRequest], Timed]:
+        """The timer's function."""
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def __call__(self, request: TimerRequest) -> Timed:
+        """Time `request`'s job."""
+        return self.load()(request)
+
+
+HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job")
+CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
+JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
+
+# Every (backend, platform) a job can have. Torch-facing impls (torch, Triton, CUDA extensions) are timed by the
+# clock of the platform their tensors are on; a JAX impl by JAX itself on the JAX device the case names. Torch has
+# no TPU, so only JAX impls have a TPU row: a torch-facing job on a TPU has no timer, not the host's.
+TIMERS: dict[tuple[str, str], Timer] = {
+    **{(backend, "cpu"): HOST_CLOCK for backend in ("torch", "triton", "cuda")},
+    **{(backend, "cuda"): CUDA_EVENTS for backend in ("torch", "triton", "cuda")},
+    **{("jax", platform): JAX_NATIVE for platform in ("cpu", "cuda", "tpu")},
+}
+
+
+def timer_for(backend: str, platform: str) -> Timer:
+    """The timer of an impl of `backend` on `platform` (``cpu``, ``cuda``, ``tpu``; a device's index is ignored).
+
+    Example::
+
+        >>> timer_for("jax", "tpu").name
+        'JAX on its device'
+    """
+    platform = platform.partition(":")[0]
+    try:
+        return TIMERS[(backend, platform)]
+    except KeyError:
+        known = ", ".join(f"{b} on {p}" for b, p in TIMERS)
+        raise ValueError(f"no timer for a {backend} impl on {platform} (timers: {known})") from None

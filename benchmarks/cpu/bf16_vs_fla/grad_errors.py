@@ -74,12 +74,12 @@ def main() -> None:
             fns[name] = get_impl("gdn", name)
     if args.tf32:
         # Every tl.dot then sees the precision it asks the GPU for (the patched interpreter widens 16-bit
-        # operands itself, which is all kernels/common/mma.py's interpreter branch does).
-        import deltabench.kernels.common.mma as mma
+        # operands itself, which is all kernels/common/triton/mma.py's interpreter branch does).
+        import deltabench.kernels.common.triton.mma as mma
 
         mma.INTERPRETED = tl.constexpr(False)
-        if "gdn_sites.common.mma" in sys.modules:
-            sys.modules["gdn_sites.common.mma"].INTERPRETED = tl.constexpr(False)
+        if "gdn_sites.common.triton.mma" in sys.modules:
+            sys.modules["gdn_sites.common.triton.mma"].INTERPRETED = tl.constexpr(False)
     rounding = args.rounding + ("+tf32" if args.tf32 else "")
     for seed in _seeds(args.seeds):
         for variant in verify._variants(spec, spec.regimes):

@@ -1,7 +1,7 @@
 """triton_chunk's arithmetic with each bf16 rounding site behind its own switch (the rounding study).
 
-:func:`build` copies kernels/gdn's chunk kernels (chunk.py, wy.py, state.py, local_bwd.py) and
-kernels/common/mma.py into a temporary package, replacing the target dtype of every cast to the inputs' 16-bit
+:func:`build` copies kernels/gdn/triton's chunk kernels (chunk.py, wy.py, state.py, local_bwd.py) and
+kernels/common/triton/mma.py into a temporary package, replacing the target dtype of every cast to the inputs' 16-bit
 dtype with a per-site constant: bf16 while the site is on, fp32 once it is named in `off`. The copy runs on fp32
 tensors holding bf16 values (:func:`gdn_sites`), so a site left on rounds exactly as triton_chunk does at bf16
 and a site switched off keeps fp32. Every cast is claimed by exactly one site (the build fails otherwise), and
@@ -94,16 +94,17 @@ def build(off: set[str] | frozenset[str] = frozenset()) -> ModuleType:
     if unknown:
         raise ValueError(f"unknown sites {sorted(unknown)}; known: {', '.join(SITES)}")
     pkg = Path(tempfile.mkdtemp(prefix="gdn_sites_")) / "gdn_sites"
-    (pkg / "gdn").mkdir(parents=True)
-    (pkg / "common").mkdir()
-    for d in (pkg, pkg / "gdn", pkg / "common"):
+    # The kernels' own layout (gdn/triton/, common/triton/), so that their relative imports resolve in the copy.
+    (pkg / "gdn" / "triton").mkdir(parents=True)
+    (pkg / "common" / "triton").mkdir(parents=True)
+    for d in (pkg, pkg / "gdn", pkg / "gdn" / "triton", pkg / "common", pkg / "common" / "triton"):
         (d / "__init__.py").write_text("")
-    (pkg / "common" / "mma.py").write_text((ROOT / "kernels/common/mma.py").read_text())
+    (pkg / "common" / "triton" / "mma.py").write_text((ROOT / "kernels/common/triton/mma.py").read_text())
     for name in ("chunk.py", "wy.py", "state.py", "local_bwd.py"):
-        src = (ROOT / "kernels/gdn" / name).read_text()
-        (pkg / "gdn" / name).write_text(src if name == "chunk.py" else _rewrite(name, src, set(off)))
+        src = (ROOT / "kernels/gdn/triton" / name).read_text()
+        (pkg / "gdn" / "triton" / name).write_text(src if name == "chunk.py" else _rewrite(name, src, set(off)))
     sys.path.insert(0, str(pkg.parent))
-    return importlib.import_module("gdn_sites.gdn.chunk")
+    return importlib.import_module("gdn_sites.gdn.triton.chunk")
 
 
 def gdn_sites(chunk: ModuleType):  # type: ignore[no-untyped-def]

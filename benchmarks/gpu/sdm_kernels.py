@@ -1,4 +1,4 @@
-"""GPU bench of deltabench's Triton SDM (kernels/sdm/triton_chunk.py) beside the chunked PyTorch reference.
+"""GPU bench of deltabench's Triton SDM (kernels/sdm/triton/triton_chunk.py) beside the chunked PyTorch reference.
 
 One process, three stages, each in its own try/except so that one failing stage (an OOM, a compile error) is named
 and the others still run:
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import triton
 from deltabench.kernels.sdm import sdm_torch_chunk
-from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
+from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs
 from triton.testing import do_bench
 

@@ -4,13 +4,13 @@ Layout: ``k_idx, k_val [B, T, H, W]`` write slots and weights; ``q_idx, q_val [B
 ``v [B, T, H, D]``; ``g, beta [B, T, H]``; bank ``[B, H, S, D]`` float32. Per token: decay the written slots once,
 ``u = beta (v - sum_n k_val[n] M[k_idx[n]])``, ``M[k_idx[n]] += k_val[n] u``, ``y = sum_m q_val[m] M[q_idx[m]]``.
 
-- :func:`sdm_torch_recurrent` (``torch_recurrent.py``): token-serial, fp32 bank, the readable version;
-- :func:`sdm_torch_chunk` (``torch_chunk.py``): chunked WY form (sorted entries, per-slot segmented decay scans,
+- :func:`sdm_torch_recurrent` (``torch/torch_recurrent.py``): token-serial, fp32 bank, the readable version;
+- :func:`sdm_torch_chunk` (``torch/torch_chunk.py``): chunked WY form (sorted entries, per-slot segmented decay scans,
   Gram matrices, a triangular solve), any T;
-- :func:`sdm_decode_step` (``decode.py``): one token;
-- :func:`pk_topk_torch` (``pk_topk.py``): product-key top-k with SDM 2.0.0's selection rule;
-- ``sdm_triton_chunk`` (``triton_chunk.py``, imported on its own: it needs triton): the deterministic Triton forward
-  and backward.
+- :func:`sdm_decode_step` (``torch/decode.py``): one token;
+- :func:`pk_topk_torch` (``torch/pk_topk.py``): product-key top-k with SDM 2.0.0's selection rule;
+- ``sdm_triton_chunk`` (``triton/triton_chunk.py``, imported on its own: it needs triton): the deterministic
+  Triton forward and backward.
 
 ``IMPLS`` declares the three sdm impls to the harness (op ``sdm``); decode and pk_topk are not sequence ops.
 """
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..declare import TORCH_DEVICES, ImplDecl
-from .decode import sdm_decode_step
-from .pk_topk import pk_topk_torch
-from .torch_chunk import sdm_torch_chunk
-from .torch_recurrent import sdm_torch_recurrent
+from .torch.decode import sdm_decode_step
+from .torch.pk_topk import pk_topk_torch
+from .torch.torch_chunk import sdm_torch_chunk
+from .torch.torch_recurrent import sdm_torch_recurrent
 
 __all__ = [
     "CPU_TRAFFIC_CAP",
@@ -105,7 +105,7 @@ IMPLS = (
     ImplDecl(
         "sdm",
         "torch_recurrent",
-        f"{_HERE}.torch_recurrent:sdm_torch_recurrent",
+        f"{_HERE}.torch.torch_recurrent:sdm_torch_recurrent",
         "torch",
         TORCH_DEVICES,
         constraint=_cpu_traffic(_recurrent_traffic),
@@ -114,7 +114,7 @@ IMPLS = (
     ImplDecl(
         "sdm",
         "torch_chunk",
-        f"{_HERE}.torch_chunk:sdm_torch_chunk",
+        f"{_HERE}.torch.torch_chunk:sdm_torch_chunk",
         "torch",
         TORCH_DEVICES,
         constraint=_cpu_traffic(_chunk_traffic),
@@ -123,7 +123,7 @@ IMPLS = (
     ImplDecl(
         "sdm",
         "triton_chunk",
-        f"{_HERE}.triton_chunk:sdm_triton_chunk",
+        f"{_HERE}.triton.triton_chunk:sdm_triton_chunk",
         "triton",
         # on the CPU through the Triton interpreter (TRITON_INTERPRET=1)
         ("cuda", "cpu"),

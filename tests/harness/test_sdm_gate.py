@@ -19,8 +19,8 @@ from deltabench.harness.ops import OPS
 from deltabench.harness.suites import load_suite
 from deltabench.harness.verify import verify_case
 from deltabench.kernels.sdm import sdm_torch_chunk
-from deltabench.kernels.sdm import torch_chunk as chunk_module
-from deltabench.kernels.sdm import torch_recurrent as recurrent_module
+from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
+from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module
 from deltabench.references import sdm
 
 # T = 128: two whole chunks of 64, so only the streaming split (63 + 65 tokens) makes a chunk ragged.

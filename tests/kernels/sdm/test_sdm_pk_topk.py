@@ -1,14 +1,14 @@
-"""Product-key top-k in PyTorch (kernels/sdm/pk_topk.py) and Triton (pk_topk_triton.py) against the oracle:
-bitwise the same selection and values, planted ties of every kind (equal factor values, equal pair sums at
-different ranks, -0 against +0, NaN), 1 to 4 factors, float32 and bf16, and the backward; a wrong tie order is
-rejected."""
+"""Product-key top-k in PyTorch (kernels/sdm/torch/pk_topk.py) and Triton (kernels/sdm/triton/pk_topk_triton.py)
+against the oracle: bitwise the same selection and values, planted ties of every kind (equal factor values, equal
+pair sums at different ranks, -0 against +0, NaN), 1 to 4 factors, float32 and bf16, and the backward; a wrong tie
+order is rejected."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from deltabench.kernels.sdm import pk_topk as pk_module
-from deltabench.kernels.sdm.pk_topk import float_order_key, pk_topk_torch
+from deltabench.kernels.sdm.torch import pk_topk as pk_module
+from deltabench.kernels.sdm.torch.pk_topk import float_order_key, pk_topk_torch
 from deltabench.references.sdm import pk_topk
 
 SHAPES = [((8, 8), 5), ((16, 16), 16), ((4, 5, 6), 7), ((30,), 9), ((3, 3), 20), ((2, 3, 2, 2), 11), ((5, 7), 1)]
@@ -97,7 +97,7 @@ TRITON_SHAPES = [((8, 8), 5), ((4, 5, 6), 7), ((30,), 9)]
 def test_triton_matches_oracle_bitwise(factors: tuple[int, ...], k: int) -> None:
     """The Triton selection (under the interpreter) is the oracle's on planted ties, float32 and bf16 (three factors:
     bf16 partial sums rounded to nearest even), and repeats its bits."""
-    from deltabench.kernels.sdm.pk_topk_triton import pk_topk_triton
+    from deltabench.kernels.sdm.triton.pk_topk_triton import pk_topk_triton
 
     raw = planted(factors, 6, 0)
     for dtype in (torch.float32, torch.bfloat16):

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from deltabench.kernels.sdm import sdm_decode_step, sdm_torch_chunk, sdm_torch_recurrent
-from deltabench.kernels.sdm import torch_chunk as chunk_module
-from deltabench.kernels.sdm import torch_recurrent as recurrent_module
+from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
+from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module
 from deltabench.references import gdn
 from deltabench.references.sdm import SDM_REGIMES, make_inputs, sdm_recurrent
 

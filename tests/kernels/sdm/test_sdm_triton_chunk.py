@@ -1,6 +1,6 @@
-"""deltabench's Triton SDM (kernels/sdm/triton_chunk.py and triton_chunk_bwd.py) under TRITON_INTERPRET=1, at tiny
-shapes (the interpreter runs every program in Python): y and the final bank against the float64 oracle with a ragged
-last chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
+"""deltabench's Triton SDM (kernels/sdm/triton/triton_chunk.py and triton_chunk_bwd.py) under TRITON_INTERPRET=1, at
+tiny shapes (the interpreter runs every program in Python): y and the final bank against the float64 oracle with a
+ragged last chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
 every gradient against the float64 oracle's autograd in every regime; bitwise the same across two calls (forward
 and backward) and in a fresh process; planted bugs in the backward rejected; bad input refused before any launch."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from deltabench.kernels.sdm import triton_chunk_bwd as bwd_module
-from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
+from deltabench.kernels.sdm.triton import triton_chunk_bwd as bwd_module
+from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references import gdn
 from deltabench.references.sdm import make_inputs, sdm_recurrent
 from test_sdm_torch import errors, run_with_grads
@@ -71,7 +71,7 @@ def test_dense_limit_is_gdn() -> None:
 _FRESH_PROCESS = """
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-from deltabench.kernels.sdm.triton_chunk import sdm_triton_chunk
+from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs
 from test_sdm_torch import run_with_grads
 x = make_inputs(1, 13, 2, 12, 4, 3, 2, seed=6, regime="key_weighted", initial_bank=True)

@@ -17,7 +17,7 @@ _COMPILE_ALL = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from deltabench.kernels.sdm import triton_chunk as F, triton_chunk_bwd as B
+from deltabench.kernels.sdm.triton import triton_chunk as F, triton_chunk_bwd as B
 
 C, W, R = 8, 3, 2
 E, P, BC = C * W, C * R, 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...references.sdm import check_sdm_inputs, first_write_mask
+from ....references.sdm import check_sdm_inputs, first_write_mask
 from .decode import sdm_step
 
 __all__ = ["sdm_torch_recurrent"]

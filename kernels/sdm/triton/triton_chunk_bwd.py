@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton.mma import mma
+from ...common.triton.mma import mma
 
 __all__ = ["BLOCK_D", "BLOCK_ENTRIES", "Saved", "sdm_chunk_backward", "sum_in_order"]
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pk_topk import PkTopK, check_pk_arguments
+from ..torch.pk_topk import PkTopK, check_pk_arguments
 
 __all__ = ["LAUNCH", "pk_topk_triton"]
 

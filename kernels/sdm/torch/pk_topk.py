@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ...references.sdm import check_factors
+from ....references.sdm import check_factors
 
 __all__ = ["MAX_K", "PkTopK", "check_pk_arguments", "float_order_key", "pk_topk_torch"]
 

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ...references.sdm import check_sdm_inputs, first_write_mask
-from ..common.triton.mma import mma
+from ....references.sdm import check_sdm_inputs, first_write_mask
+from ...common.triton.mma import mma
 from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
@@ -370,9 +370,9 @@ def sdm_triton_chunk(
     """SDM by chunks of `chunk_size` tokens in Triton, forward and backward, bitwise reproducible (see the module
     docstrings of this module and of :mod:`.triton_chunk_bwd`).
 
-    Computes the same as :func:`deltabench.kernels.sdm.torch_chunk.sdm_torch_chunk`. Indices are checked here as in
-    the references; float inputs are used in float32. Differentiable in ``k_val, q_val, v, g, beta, initial_bank``;
-    when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers and U (see
+    Computes the same as :func:`deltabench.kernels.sdm.torch.torch_chunk.sdm_torch_chunk`. Indices are checked
+    here as in the references; float inputs are used in float32. Differentiable in ``k_val, q_val, v, g, beta,
+    initial_bank``; when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers and U (see
     :class:`.triton_chunk_bwd.Saved` for the memory).
 
     Args:

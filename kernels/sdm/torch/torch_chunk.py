@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ...references.sdm import check_sdm_inputs, first_write_mask
+from ....references.sdm import check_sdm_inputs, first_write_mask
 
 __all__ = ["sdm_torch_chunk", "segmented_cumsum"]
 
@@ -113,7 +113,7 @@ def sdm_torch_chunk(
     """SDM by chunks of `chunk_size` tokens, any T (a partial last chunk is padded with tokens that neither decay,
     write nor read).
 
-    Computes the same as :func:`deltabench.kernels.sdm.torch_recurrent.sdm_torch_recurrent`; float inputs are used
+    Computes the same as :func:`deltabench.kernels.sdm.torch.torch_recurrent.sdm_torch_recurrent`; float inputs are used
     in float32, y is cast to ``v.dtype``. Backward is autograd. Memory per chunk grows as ``(C W)^2``: a reference,
     not a fast kernel.
 

@@ -372,8 +372,8 @@ def sdm_triton_chunk(
 
     Computes the same as :func:`deltabench.kernels.sdm.torch.torch_chunk.sdm_torch_chunk`. Indices are checked
     here as in the references; float inputs are used in float32. Differentiable in ``k_val, q_val, v, g, beta,
-    initial_bank``; when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers and U (see
-    :class:`.triton_chunk_bwd.Saved` for the memory).
+    initial_bank``; when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers
+    and U (see :class:`.triton_chunk_bwd.Saved` for the memory).
 
     Args:
         k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.

@@ -1,8 +1,9 @@
 """deltabench's Triton SDM (kernels/sdm/triton/triton_chunk.py and triton_chunk_bwd.py) under TRITON_INTERPRET=1, at
 tiny shapes (the interpreter runs every program in Python): y and the final bank against the float64 oracle with a
-ragged last chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit (gdn);
-every gradient against the float64 oracle's autograd in every regime; bitwise the same across two calls (forward
-and backward) and in a fresh process; planted bugs in the backward rejected; bad input refused before any launch."""
+ragged last chunk, T inside one chunk, colliding slots, key-weighted decay, repeated write slots and the dense limit
+(gdn); every gradient against the float64 oracle's autograd in every regime; bitwise the same across two calls
+(forward and backward) and in a fresh process; planted bugs in the backward rejected; bad input refused before any
+launch."""
 
 from __future__ import annotations
 

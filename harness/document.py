@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+from deltabench.references import builtin_op_modules
 from deltabench.references.contract import INDEXED_DIMS, order_dims, shape_id
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -63,9 +64,9 @@ RESERVED_RUN_IDS = frozenset({"latest"})
 # How far in the future a document's created_at may be (clocks of fleet hosts drift); a later time would make
 # it the "latest" run everywhere until that time.
 CLOCK_SKEW = _dt.timedelta(minutes=10)
-# The ops of harness/ops.py (tests/harness/test_document.py checks the two agree) and the op of documents
+# The built-in ops (one per references/<op>.py, as harness/ops.py loads them) and the op of documents
 # converted from pytest-benchmark files (harness/pytest_benchmark.py's EXTERNAL_OP).
-BUILTIN_OPS: tuple[str, ...] = ("gdn", "gdn2", "kda", "sdm")
+BUILTIN_OPS: tuple[str, ...] = builtin_op_modules()
 IMPORTED_OP = "pytest-benchmark"
 _registered_ops: set[str] = set()
 _entry_point_ops: frozenset[str] | None = None

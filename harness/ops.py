@@ -8,14 +8,12 @@ inputs, output and state shapes, its work model, the checks that apply) it reads
 
 from __future__ import annotations
 
+import importlib
 import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from deltabench.references import gdn as _gdn
-from deltabench.references import gdn2 as _gdn2
-from deltabench.references import kda as _kda
-from deltabench.references import sdm as _sdm
+from deltabench.references import builtin_op_modules
 from deltabench.references.contract import CHUNK, ArgSpec, OpContract
 
 from .document import register_op_name
@@ -25,7 +23,19 @@ __all__ = ["CHUNK", "OPS", "ArgSpec", "OpContract", "OpSpec", "get_op", "make_ca
 
 OpSpec = OpContract  # the name the harness used for a contract before contracts lived beside their oracles
 
-OPS: dict[str, OpContract] = {c.name: c for c in (_gdn.CONTRACT, _gdn2.CONTRACT, _kda.CONTRACT, _sdm.CONTRACT)}
+
+def _builtin_contracts() -> dict[str, OpContract]:
+    """Each ``references/<op>.py``'s CONTRACT, by name; a module whose contract names another op is a bug."""
+    found = {}
+    for module in builtin_op_modules():
+        contract = importlib.import_module(f"deltabench.references.{module}").CONTRACT
+        if contract.name != module:
+            raise RuntimeError(f"references/{module}.py declares op {contract.name!r}: name the module after its op")
+        found[module] = contract
+    return found
+
+
+OPS: dict[str, OpContract] = _builtin_contracts()
 _BUILTIN = frozenset(OPS)
 _ENTRY_POINTS_LOADED = False
 

@@ -15,6 +15,19 @@ def test_known_ops_are_the_op_contracts_and_imported_summaries() -> None:
     assert set(OPS) | {EXTERNAL_OP} <= document.known_ops()
 
 
+def test_the_built_in_ops_are_the_reference_modules() -> None:
+    """A built-in op is a references/<op>.py declaring CONTRACT: the op list is read from the package, so adding
+    the module adds the op (no list to edit), and each module's contract is named after it."""
+    import importlib
+
+    from deltabench.references import builtin_op_modules
+
+    assert builtin_op_modules() == ("gdn", "gdn2", "kda", "sdm")
+    for name in builtin_op_modules():
+        assert importlib.import_module(f"deltabench.references.{name}").CONTRACT.name == name
+    assert list(OPS)[: len(builtin_op_modules())] == list(builtin_op_modules())
+
+
 def test_a_registered_op_name_is_accepted() -> None:
     with pytest.raises(ValidationError, match="unknown op 'plugin_op'"):
         document.CaseSpec(op="plugin_op", B=1, T=1, H=1, K=1, V=1, dtype="fp32")

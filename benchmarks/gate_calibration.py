@@ -175,8 +175,9 @@ def gate_safe_default(pairs, rule: GradingRule) -> float:
     return math.ceil(hi * 1000) / 1000  # rounded up: still no failed gate
 
 
-def _detection(heads, same, rule: GradingRule, sigma: float | None = None) -> dict:
-    """Share of heads whose planted job is a regression: against all same-code runs as history, and alone."""
+def _detection(heads, same, rule: GradingRule, sigma: float | None = None, mode: str | None = None) -> dict:
+    """Share of heads whose planted jobs (of `mode`, or all) are regressions: against all same-code runs as
+    history, and alone."""
     hist_hits = []
     base = same[-1]
     spreads = _spreads(same)
@@ -184,7 +185,7 @@ def _detection(heads, same, rule: GradingRule, sigma: float | None = None) -> di
     changes = []
     for head in heads:
         cmp = compare_documents(base, head, rule=rule, spreads=spreads, allow_missing=True)
-        rows = [r for r in cmp.rows if (r.op, r.impl) == PLANTED_IMPL]
+        rows = [r for r in cmp.rows if _planted_row(r, mode)]
         hist_hits.append(all(r.outcome == "regression" for r in rows) and bool(rows))
         control_false += sum(r.outcome == "regression" for r in cmp.rows if (r.op, r.impl) != PLANTED_IMPL)
         changes += [r.stats.change for r in rows if r.stats is not None and r.stats.change is not None]
@@ -192,7 +193,7 @@ def _detection(heads, same, rule: GradingRule, sigma: float | None = None) -> di
     for head in heads:
         for b in same:
             cmp = compare_documents(b, head, rule=rule, default_sigma=sigma, allow_missing=True)
-            rows = [r for r in cmp.rows if (r.op, r.impl) == PLANTED_IMPL]
+            rows = [r for r in cmp.rows if _planted_row(r, mode)]
             alone_hits.append(all(r.outcome == "regression" for r in rows) and bool(rows))
     return {
         "heads": len(heads),
@@ -244,9 +245,10 @@ def evaluate(args: argparse.Namespace) -> None:
         label, frac = spec.split(":")
         heads = _docs(folder, label)
         if heads:
-            result["planted"][label] = {"slowdown": float(frac), **_detection(heads, same, rule)}
+            found = _detection(heads, same, rule, mode=args.planted_mode)
+            result["planted"][label] = {"slowdown": float(frac), "mode": args.planted_mode, **found}
             if args.default_spread is not None:
-                own = _detection(heads, same, rule, sigma=args.default_spread)["no_history"]
+                own = _detection(heads, same, rule, sigma=args.default_spread, mode=args.planted_mode)["no_history"]
                 result["planted"][label]["no_history_given_default"] = own
     if args.default_spread is not None:
         result["pairwise_no_history_given_default"] = {
@@ -404,6 +406,7 @@ def main() -> None:
     e.add_argument("--load-note", default="", help="how loaded the machine was, for the record")
     e.add_argument("--default-spread", type=float, default=None, help="also grade no-history pairs with this sigma")
     e.add_argument("--planted-impl", default="gdn/torch_chunk", help="OP/IMPL the planted groups slowed down")
+    e.add_argument("--planted-mode", default=None, help="only these jobs of it count (fwd: the slowed call alone)")
     e.add_argument("--out", required=True)
     r = sub.add_parser("repetitions", help="grade --repeat runs with no history, for each number of repetitions")
     r.add_argument("--dir", required=True)

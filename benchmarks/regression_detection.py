@@ -222,8 +222,9 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
                 "yes" if rate <= r["alpha"] else "NO",
             )
     console.print(t)
-    t = Table(title="4b. planted slowdowns in gdn torch_chunk (same name, --import), caught")
-    for col in ("suite", "slowdown", "with history (runs)", "no history", "control false failures", "median change"):
+    t = Table(title="4b. planted slowdowns (one impl, same name, --import), caught")
+    cols = ("suite", "planted in", "slowdown", "with history (runs)", "no history", "control false failures")
+    for col in (*cols, "median change"):
         t.add_column(col, justify="right")
     for path in paths:
         r = json.loads(path.read_text())
@@ -232,6 +233,7 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
             med = p["observed_change_vs_history"]["median"]
             t.add_row(
                 r["suite"],
+                r.get("planted_impl", "gdn/torch_chunk") + (f" {p['mode']}" if p.get("mode") else ""),
                 f"{p['slowdown']:.0%}",
                 f"{h['caught']}/{h['trials']} = {h['caught'] / max(h['trials'], 1):.0%} ({h['history_runs']})",
                 f"{n['caught']}/{n['trials']} = {n['caught'] / max(n['trials'], 1):.0%}",

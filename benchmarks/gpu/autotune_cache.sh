@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/autotune_cache.sh save DIR      # at the end of a call: DIR under $OUT comes back here
 #   bash benchmarks/gpu/autotune_cache.sh restore DIR   # at the start of a call: DIR carried from here
 #
-# Here, keep what came back in the git-ignored .gpucache/autotune/ and name it in the next call's carry.
+# Here, merge what came back into benchmarks/h200/fla-autotune/ (tracked: a new checkout has no git-ignored folders,
+# and FLA then picks the same configs in every session instead of re-deciding per process) and commit it.
 set -euo pipefail
 action=${1:?save or restore}
 dir=$(mkdir -p "${2:?folder}" && cd "$2" && pwd)

@@ -25,10 +25,10 @@ bash benchmarks/gpu/install.sh >"$OUT/install-$phase.log" 2>&1 || { tail -40 "$O
 tail -12 "$OUT/install-$phase.log"
 export PYTHONPATH=/tmp/site
 db() { python3 -m deltabench.harness.cli "$@"; }
-# Autotuning results of earlier sessions (carried as .gpucache/autotune) skip FLA's cold autotune; this call's
-# come back under $OUT/autotune for the next (autotune_cache.sh).
+# Autotuning results of earlier sessions (benchmarks/h200/fla-autotune, tracked) skip FLA's cold autotune; this
+# call's come back under $OUT/autotune for the next (autotune_cache.sh).
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
-bash benchmarks/gpu/autotune_cache.sh restore .gpucache/autotune
+bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune
 trap 'bash benchmarks/gpu/autotune_cache.sh save "$OUT/autotune"' EXIT
 
 if [[ $phase == 1 ]]; then

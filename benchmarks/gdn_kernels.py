@@ -10,7 +10,8 @@ One call does a whole cycle (the device is lent in short leases):
    in fp32 (the harness's full-shape reference), then its time (triton.testing.do_bench median, L2
    flushed), fwd and fwd+bwd, and the peak memory of fwd+bwd; FLA 0.6.0's Triton path beside ours
    (``FLA_FLASH_QLA=0``; its Hopper guard for the gated backward, FLA #640, bypassed: it is checked here
-   like ours); a markdown table last.
+   like ours) and, with ``--impls ...,flash_qla``, FlashQLA (both its wheel sets installed); a markdown table
+   last.
 
 Free of the harness (no pydantic on the device image). Usage::
 
@@ -131,6 +132,23 @@ def fla_fns():
         return None
     fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass FLA #640's guard (read only there), as kernels/external/fla.py
     return fla_chunk, fla_rec
+
+
+def flash_qla_fn():
+    """FlashQLA's chunked GDN in the FLA calling convention (q, k already normalised), or None if it is missing
+    (its two wheel sets: benchmarks/gpu/README.md)."""
+    try:
+        import flash_qla
+    except Exception as e:
+        say(f"FlashQLA unavailable: {e!r}")
+        return None
+
+    def chunk(q, k, v, g, beta, output_final_state=True):
+        return flash_qla.chunk_gated_delta_rule(
+            q, k, v, g, beta, output_final_state=output_final_state, use_qk_l2norm_in_kernel=False
+        )
+
+    return chunk
 
 
 def bench_ms(fn, grad_to_none=None) -> float:
@@ -262,7 +280,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-gate", action="store_true")
-    ap.add_argument("--impls", default="triton_chunk,triton_chunk_split,fla_chunk", help="comma-separated, in order")
+    ap.add_argument(
+        "--impls",
+        default="triton_chunk,triton_chunk_split,fla_chunk",
+        help="comma-separated, in order: triton_chunk, triton_chunk_split, fla_chunk, flash_qla",
+    )
     ap.add_argument(
         "--gate-only", choices=["full", "quick", "t1", "k64", "k256"], help="(internal) run the gate in this process"
     )
@@ -312,8 +334,14 @@ def main() -> int:
             fla = fla_fns()
             if fla is not None:
                 impls[name] = fla[0]
-        else:
+        elif name == "flash_qla":
+            qla = flash_qla_fn()
+            if qla is not None:
+                impls[name] = qla
+        elif name in OURS:
             impls[name] = OURS[name]
+        else:
+            ap.error(f"unknown impl {name!r} (known: {', '.join([*OURS, 'fla_chunk', 'flash_qla'])})")
     t0 = time.time()
     rows = run_timing(impls, TARGETS[: args.shapes], tag=args.tag)
     say(f"timing done ({time.time() - t0:.0f}s)")

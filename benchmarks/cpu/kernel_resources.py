@@ -6,19 +6,20 @@ and local_bwd at 255 registers with spills). This script gives that figure in se
 1. it runs a Triton impl's Python entry (forward and backward) on CPU tensors of the requested shape with every
    ``@triton.jit`` kernel of kernels/gdn/triton/ replaced by a recorder, so each launch's arguments,
    constexprs, warps and stages are exactly the launcher's choice for that shape (nothing is computed);
-2. it compiles each distinct launch for the target (``sm_90a`` by default) with Triton's own compiler, and
-   runs ptxas ``-v`` on the PTX: registers per thread, stack frame, spill stores and loads, in bytes.
+2. it compiles each distinct launch for the target (``sm_90a`` by default) with Triton's own compiler (and so
+   its ptxas), and reads the cubin's registers per thread and stack frame bytes (where these kernels' spills go)
+   with cuobjdump.
 
-The figures depend on the Triton version and on ptxas: compare like with like. The H200 runs Triton 3.6.0, so for
+The figures depend on the Triton version and its ptxas: compare like with like. The H200 runs Triton 3.6.0, so for
 its figures install that version beside the project's (``pip download --no-deps triton==3.6.0`` for this machine's
-Python, ``pip install --no-deps --target DIR``) and put DIR first on PYTHONPATH. ptxas is the one Triton ships
-unless ``--ptxas`` names another. The GPU's own figures (``benchmarks/gdn_kernels.py``: the driver's registers
-and local memory per thread / 4) are the check on this one.
+Python, ``pip install --no-deps --target DIR``) and put DIR first on PYTHONPATH. The GPU's own figures
+(``benchmarks/gdn_kernels.py``: the driver's registers, and local memory per thread / 4 as "spills") are the
+check on this one.
 
 Usage::
 
     python benchmarks/cpu/kernel_resources.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16]
-        [--impl triton_chunk] [--arch 90] [--ptxas PATH]
+        [--impl triton_chunk] [--arch 90] [--cuobjdump PATH]
 """
 
 from __future__ import annotations
@@ -111,22 +112,18 @@ def signature_of(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], di
     return signature, constexprs, hints
 
 
-def ptxas_usage(ptx: str, arch: int, ptxas: str) -> dict[str, int]:
-    """Registers, stack frame and spill bytes that ptxas reports for `ptx`."""
+def cubin_usage(cubin: bytes, cuobjdump: str) -> dict[str, int]:
+    """Registers per thread and stack frame bytes (spills, for these kernels) of a compiled kernel, as
+    ``cuobjdump --dump-resource-usage`` reads them from the cubin that Triton's own ptxas produced."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        cmd = [ptxas, "-v", "--gpu-name", gpu, src, "-o", os.path.join(tmp, "kernel.o")]
-        text = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    figures = {
-        "registers": r"Used (\d+) registers",
-        "stack": r"(\d+) bytes stack frame",
-        "spill_stores": r"(\d+) bytes spill stores",
-        "spill_loads": r"(\d+) bytes spill loads",
-    }
-    return {key: int(m.group(1)) if (m := re.search(rx, text)) else 0 for key, rx in figures.items()}
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        run = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {(run.stderr or run.stdout).strip()[-500:]}")
+    figures = {"registers": r"REG:(\d+)", "stack": r"STACK:(\d+)"}
+    return {key: int(m.group(1)) if (m := re.search(rx, run.stdout)) else -1 for key, rx in figures.items()}
 
 
 def main() -> int:
@@ -136,9 +133,11 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--impl", default="triton_chunk", choices=sorted(ENTRIES))
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for Hopper")
-    default_ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ap.add_argument("--ptxas", default=default_ptxas)
+    default_tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    ap.add_argument("--cuobjdump", default=default_tool)
     args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        ap.exit(2, "kernel_resources.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)\n")
     try:
         shape = {k.strip(): int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
         missing = [d for d in "BTHKV" if d not in shape]
@@ -147,12 +146,12 @@ def main() -> int:
         dtype = TORCH_DTYPES[parse_dtype(args.dtype)]
     except (ValueError, KeyError) as e:
         ap.exit(2, f"kernel_resources.py: bad --shape or --dtype: {e}\n")
-    if not os.path.exists(args.ptxas):
-        ap.exit(2, f"kernel_resources.py: no ptxas at {args.ptxas} (pass --ptxas)\n")
+    if not os.path.exists(args.cuobjdump):
+        ap.exit(2, f"kernel_resources.py: no cuobjdump at {args.cuobjdump} (pass --cuobjdump)\n")
     calls = record_launches(ENTRIES[args.impl], shape, dtype)
-    print(f"{args.impl} at {args.shape} {args.dtype}, sm_{args.arch}, Triton {triton.__version__}, {args.ptxas}")
-    print("| kernel | constexprs | warps | stages | registers | stack B | spill stores B | spill loads B | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"{args.impl} at {args.shape} {args.dtype}, sm_{args.arch}, Triton {triton.__version__}")
+    print("| kernel | constexprs | warps | stages | registers | stack bytes | compile s |")
+    print("|---|---|---|---|---|---|---|")
     seen = set()
     target = GPUTarget("cuda", args.arch, 32)
     backend = make_backend(target)
@@ -167,12 +166,11 @@ def main() -> int:
         t0 = time.perf_counter()
         attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
         compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
-        use = ptxas_usage(compiled.asm["ptx"], args.arch, args.ptxas)
+        use = cubin_usage(compiled.asm["cubin"], args.cuobjdump)
         shown = ", ".join(f"{k}={v}" for k, v in constexprs.items() if k not in ("H", "K", "V", "C"))
         print(
             f"| {fn.__name__} | {shown} | {options.get('num_warps', '-')} | {options.get('num_stages', '-')} | "
-            f"{use['registers']} | {use['stack']} | {use['spill_stores']} | {use['spill_loads']} | "
-            f"{time.perf_counter() - t0:.1f} |"
+            f"{use['registers']} | {use['stack']} | {time.perf_counter() - t0:.1f} |"
         )
     return 0
 

@@ -58,6 +58,7 @@ class Impl:
     supports_backward: bool = True
     constraint: Callable[[Case], str | None] | None = None
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
+    state_grad: bool = True  # the final state carries a gradient (kernels/declare.ImplDecl.state_grad)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
 
@@ -113,6 +114,7 @@ def register_impl(
     constraint: Callable[[Case], str | None] | None = None,
     requires: tuple[str, ...] = (),
     notes: str = "",
+    state_grad: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -124,7 +126,8 @@ def register_impl(
             return o, final_state
 
     `constraint(case)` returns None when the impl can run the case, else the reason it cannot.
-    Registering a name twice replaces the earlier entry (a user's file may be re-imported).
+    `state_grad=False` declares a final state returned without a gradient (the gate's cotangent then goes on the
+    output alone). Registering a name twice replaces the earlier entry (a user's file may be re-imported).
     """
     get_op(op)
     if backend not in BACKENDS:
@@ -142,6 +145,7 @@ def register_impl(
             supports_backward=supports_backward,
             constraint=constraint,
             requires=tuple(requires),
+            state_grad=state_grad,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -163,6 +167,7 @@ def register_impls(decls: Any) -> None:
             constraint=d.constraint,
             requires=d.requires,
             notes=d.notes,
+            state_grad=d.state_grad,
         )(lazy(d.target))
 
 

@@ -21,7 +21,12 @@ split on a chunk boundary, a T inside one chunk streamed with its split inside i
 boundary makes a chunked kernel do the same arithmetic streamed and at once, but for the state carried across that
 boundary; its bound (``boundary`` in tolerances.py) is far below the oracle's at bf16, which is what catches a
 forward-only bf16 kernel carrying its state wrongly. Finally it calls the impl twice on identical inputs to report
-bitwise determinism (gating when asked, or when the op's contract demands it).
+bitwise determinism (gating when asked, or when the op's contract demands it), and where asked
+(``fresh_process``: the CLI and the runner do whenever determinism gates) replays the first of those calls in a
+fresh interpreter (harness/fresh_process.py) and holds it to the same bits (``determinism:process``).
+
+An impl declared ``state_grad=False`` (a third-party op returning its final state detached) is back-propagated with
+a zero cotangent on the final state, and so is its reference: its gradients are those of the output alone.
 
 When the oracle is too costly at the case's shape (``reference="auto"``), the full-shape comparisons run against
 the op's ``torch_chunk`` impl in fp32 on the case's device, and the oracle checks the impl at a shorter T.
@@ -382,21 +387,35 @@ def _streaming(
     return records, [head, tail]
 
 
-def _determinism(first: _Run, second: _Run, *, gating: bool, seed: int, regime: str) -> CheckRecord:
-    """Bitwise equality of two identical calls (drawn in `regime`): value = the largest difference over every
-    output and gradient."""
-    a, b = first.tensors(), second.tensors()
+def _determinism(
+    first: _Run,
+    second: dict[str, torch.Tensor | None],
+    *,
+    gating: bool,
+    seed: int,
+    regime: str,
+    check: str = "determinism",
+    reference: str = "same impl, second identical call",
+) -> CheckRecord:
+    """Bitwise equality of two identical calls (drawn in `regime`; `second` as ``_Run.tensors()``): value = the
+    largest difference over every output and gradient. An output or gradient present in one call only differs."""
+    a, b = first.tensors(), second
     worst, differing = 0.0, []
     for name, x in a.items():
         y = b.get(name)
-        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        if not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
             continue
-        if not torch.equal(x.detach(), y.detach()):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape:
             differing.append(name)
-            diff = (x.detach().double() - y.detach().double()).abs().nan_to_num(nan=float("inf"))
+            worst = float("inf")
+            continue
+        x, y = x.detach().cpu(), y.detach().cpu()
+        if not torch.equal(x, y):
+            differing.append(name)
+            diff = (x.double() - y.double()).abs().nan_to_num(nan=float("inf"))
             worst = max(worst, float(diff.max().item()))
     return CheckRecord(
-        check="determinism",
+        check=check,
         metric="bitwise",
         value=worst,
         threshold=0.0,
@@ -405,9 +424,37 @@ def _determinism(first: _Run, second: _Run, *, gating: bool, seed: int, regime: 
         seed=seed,
         regime=regime,
         initial_state=True,
-        reference="same impl, second identical call",
+        reference=reference,
         detail=("differs in " + ", ".join(differing)) if differing else "bitwise identical",
     )
+
+
+def _fresh_process_determinism(
+    impl: Callable[..., Any], case: Case, first: _Item, imports: list[str] | tuple[str, ...], **where: Any
+) -> CheckRecord:
+    """`first`'s call replayed in a fresh interpreter (harness/fresh_process.py), bitwise against `first`; a plain
+    callable (no registered name to find it by) gets a non-gating note instead."""
+    from .fresh_process import ReplayFailed, replay_in_fresh_process
+
+    check = "determinism:process"
+    op, name = getattr(impl, "op", None), getattr(impl, "name", None)
+    if not (isinstance(op, str) and isinstance(name, str)):
+        why = "not checked: the impl is not a registered impl, which a fresh process would find by name"
+        return note_record(check, why, passed=True, gating=False, seed=where["seed"], regime=where["regime"])
+    spec = get_op(case.op)
+    try:
+        tensors = replay_in_fresh_process(
+            op,
+            name,
+            first.inputs,
+            first.cot,
+            scale=first.variant.scale(spec, case.dims),
+            device=case.device,
+            imports=imports,
+        )
+    except ReplayFailed as exc:
+        return note_record(check, str(exc), gating=where["gating"], seed=where["seed"], regime=where["regime"])
+    return _determinism(first.run, tensors, check=check, reference="same impl, same call in a fresh process", **where)
 
 
 def _cost(case: Case) -> float:
@@ -445,6 +492,8 @@ def _run_impl(fn: Callable[..., Any], spec: OpSpec, case: Case, variant: _Varian
     sub = case.replace(seed=seed, initial_state=h0, regime=variant.regime)
     inputs = make_case_inputs(spec, sub, unit_qk=variant.unit_qk)
     cot = _cotangents(spec, sub, seed) if grads else None
+    if cot is not None and not getattr(fn, "state_grad", True):
+        cot = (cot[0], torch.zeros_like(cot[1]))
     run = _call(fn, spec, inputs, cot, scale=variant.scale(spec, sub.dims))
     where = {"seed": seed, "regime": sub.regime, "initial_state": h0}
     records = _contract(run, spec, sub, **where)
@@ -492,6 +541,8 @@ def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]
         for it in items
     )
     grads = items[0].cot is not None
+    if grads and not bool(items[0].cot[1].any()):  # an impl declared state_grad=False: the output's cotangent alone
+        draws += ";no state cotangent"
     flat = cached_reference(
         items[0].case,
         kind=kind,
@@ -671,6 +722,8 @@ def verify_case(
     reference: str = "auto",
     oracle_max_elements: float | None = None,
     regimes: str | tuple[str, ...] | list[str] | None = None,
+    fresh_process: bool = False,
+    imports: list[str] | tuple[str, ...] = (),
 ) -> VerifyReport:
     """Verify `impl` (an Impl or any callable with the op's signature) on `case`; see the module docstring.
 
@@ -686,6 +739,9 @@ def verify_case(
             torch reference in fp32 at the full shape plus the oracle at a shorter T).
         oracle_max_elements: B*T*H*K*V above which ``"auto"`` leaves the oracle (default 2e8, 4e7 with gradients).
         regimes: the gate regimes to run (default: every one, ``typical``, ``long`` and ``strong``).
+        fresh_process: where determinism gates, also replay the determinism call in a fresh interpreter
+            (``determinism:process``; `impl` must be a registered impl, which the new process finds by name).
+        imports: the ``--import`` modules that new process loads first (where `impl` comes from one).
 
     Returns:
         A :class:`VerifyReport`; ``.passed`` is True when every gating record passed.
@@ -706,6 +762,9 @@ def verify_case(
     records: list[CheckRecord] = []
     if case.mode != "fwd" and not grads:
         records.append(note_record("gradients", "not checked: the impl is forward only", passed=True, gating=False))
+    if grads and not getattr(impl, "state_grad", True):
+        why = "the cotangent is on the output alone: the impl declares its final state without a gradient"
+        records.append(note_record("gradients", why, passed=True, gating=False))
     # Triton on the CPU runs in its interpreter, whose bf16 casts truncate: its own bf16 bound (tolerances.py).
     interpreted = getattr(impl, "backend", "") == "triton" and case.device == "cpu"
     profile = "triton_interpreter" if interpreted else "native"
@@ -753,7 +812,8 @@ def verify_case(
     if first_run is not None:
         again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(spec, case.dims))
         gating = gate_determinism or spec.deterministic
-        records.append(
-            _determinism(first_run.run, again, gating=gating, seed=first_run.seed, regime=first_run.variant.regime)
-        )
+        where = {"gating": gating, "seed": first_run.seed, "regime": first_run.variant.regime}
+        records.append(_determinism(first_run.run, again.tensors(), **where))
+        if gating and fresh_process:
+            records.append(_fresh_process_determinism(impl, case, first_run, imports, **where))
     return VerifyReport(case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence)

@@ -127,7 +127,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         with placement(device, chosen.backend):  # a JAX impl computes on the case's device, never a default
             report = verify_case(
                 _Traced(chosen), case, seeds=request["seeds"], gate_determinism=request["deterministic"],
-                reference=request["reference"], regimes=regimes,
+                reference=request["reference"], regimes=regimes, fresh_process=True, imports=request["imports"],
             )  # fmt: skip
     except BadInput as exc:
         return {"bad_input": str(exc)}

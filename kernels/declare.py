@@ -31,6 +31,8 @@ class ImplDecl:
         devices, dtypes: the platforms and dtypes it runs.
         backward: it has a backward (the gate checks gradients, ``fwd+bwd`` is timed).
         requires: importable modules it needs (checked without importing them).
+        state_grad: its final state carries a gradient; False where a third-party op returns the state detached
+            (the gate then back-propagates a cotangent on the output alone, and says so).
         constraint: ``constraint(case) -> str | None``, the reason it cannot run a case.
         notes: shown by ``deltabench list`` and stored with results.
     """
@@ -44,4 +46,5 @@ class ImplDecl:
     backward: bool = True
     requires: tuple[str, ...] = ()
     constraint: Callable[[Any], str | None] | None = None
+    state_grad: bool = True
     notes: str = ""

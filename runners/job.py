@@ -192,6 +192,8 @@ def execute(job: JobSpec) -> JobResult:
                     gate_determinism=g.gate_determinism,
                     reference=g.reference,
                     regimes=g.regimes,
+                    fresh_process=True,
+                    imports=job.imports,
                 )
             result.verification = list(report.records)
             result.gate_reference = report.reference

@@ -92,7 +92,11 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default cuda when present)."),
         json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
         import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
-        deterministic: bool = typer.Option(False, "--deterministic", help="Make bitwise determinism gating."),
+        deterministic: bool = typer.Option(
+            False,
+            "--deterministic",
+            help="Make bitwise determinism gating (two calls, and the first again in a fresh process).",
+        ),
         reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
         all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
         timeout: float = typer.Option(

@@ -7,7 +7,8 @@ functions with an op's signature, ``fn(q, k, v, *gates, scale=None, initial_stat
   ``gdn2_fla_chunk``, ``kda_fla_chunk``), with FlashQLA/TileLang dispatch off and FLA's #640 backward guard bypassed
   on Hopper (recorded in ``fla.run_notes()``);
 * :mod:`.flash_qla`: FlashQLA's fused TileLang kernels (``gdn_flash_qla``; SM90+, bf16/fp16, K = V = 128);
-* :mod:`.opengdn`: opengdn 0.1.0 (``gdn_opengdn_triton``, ``gdn_opengdn_chunkwise``).
+* :mod:`.opengdn`: opengdn 0.1.0 (``gdn_opengdn_triton``, ``gdn_opengdn_chunkwise``);
+* :mod:`.sdm`: sparse-delta-memory 2.0.0 (``sdm_package_chunk``, its decode step and product-key top-k; CUDA).
 
 Each module declares its impls beside its code (``IMPLS``, kernels/declare.py) with ``requires=(package,)``, so
 `deltabench list` shows each one as unavailable, with the reason, where its package is missing; this package's
@@ -18,9 +19,9 @@ declarations are here, where listing them imports no JAX.
 from typing import Any
 
 from ..declare import JAX_DEVICES, JAX_DTYPES, ImplDecl
-from . import fla, flash_qla, opengdn
+from . import fla, flash_qla, opengdn, sdm
 
-__all__ = ["IMPLS", "fla", "flash_qla", "opengdn"]
+__all__ = ["IMPLS", "fla", "flash_qla", "opengdn", "sdm"]
 
 
 def _atomic_ops_case(path: str) -> Any:
@@ -57,4 +58,4 @@ _ATOMIC_OPS = tuple(
         ("atomic_ops_serial", "serial", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_token_serial_reference (pure JAX scan)"),
     )
 )
-IMPLS = (*fla.IMPLS, *flash_qla.IMPLS, *opengdn.IMPLS, *_ATOMIC_OPS)
+IMPLS = (*fla.IMPLS, *flash_qla.IMPLS, *opengdn.IMPLS, *sdm.IMPLS, *_ATOMIC_OPS)

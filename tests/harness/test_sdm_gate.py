@@ -56,11 +56,12 @@ def _failed(report) -> set[str]:  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------- the op and its impls
 
 
-def test_sdm_is_built_in_with_its_three_impls(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sdm_is_built_in_with_its_three_impls_and_the_package_adapter(capsys: pytest.CaptureFixture[str]) -> None:
     assert "sdm" in OPS and "sdm" in BUILTIN_OPS and OPS["sdm"] is sdm.CONTRACT
     assert sdm.CONTRACT.deterministic
     names = {i.name: i for i in registry.impls_for("sdm")}
-    assert set(names) == {"torch_recurrent", "torch_chunk", "triton_chunk"}
+    assert set(names) == {"torch_recurrent", "torch_chunk", "triton_chunk", "sdm_pkg_chunk"}
+    assert names["sdm_pkg_chunk"].devices == ("cuda",) and not names["sdm_pkg_chunk"].state_grad
     assert names["triton_chunk"].backend == "triton" and set(names["triton_chunk"].devices) == {"cuda", "cpu"}
     code, out, _ = run_cli(capsys, "list", "--device", "cpu", "--json")
     assert code == 0
@@ -247,7 +248,7 @@ def test_suites_load_and_name_their_jobs() -> None:
     gpu = load_suite("sdm-gpu")
     assert gpu.device == "cuda"
     sdm_plan = next(p for p in gpu.ops if p.op == "sdm")
-    assert set(sdm_plan.impls) == {"torch_chunk", "triton_chunk"} and sdm_plan.dtypes == ("bf16",)
+    assert set(sdm_plan.impls) == {"torch_chunk", "triton_chunk", "sdm_pkg_chunk"} and sdm_plan.dtypes == ("bf16",)
     flagship = {"H": 2, "S": 65536, "D": 1024, "W": 64, "R": 64}
     assert [s["T"] for s in sdm_plan.shapes if all(s[k] == v for k, v in flagship.items())] == [8192, 32768]
     assert {"S": 128, "D": 128, "W": 128, "R": 128}.items() <= sdm_plan.shapes[-1].items()  # the dense limit
@@ -262,7 +263,7 @@ def test_gpu_suite_on_the_cpu_ends_every_job_unsupported_with_a_reason(
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--suite", "sdm-gpu", "--device", "cpu", "--out", str(out), "--no-db", "--quiet"])
     doc = ResultDocument.from_json(out.read_text())
-    assert len(doc.jobs) == 3 * 2 * 2 + 2 * 2
+    assert len(doc.jobs) == 3 * 3 * 2 + 2 * 2
     assert all(j.status == "unsupported" and j.reason for j in doc.jobs), [(j.impl, j.status) for j in doc.jobs]
     reasons = {(j.case.op, j.impl, "memory traffic" in j.reason or "interpreter" in j.reason) for j in doc.jobs}
     assert ("sdm", "torch_chunk", True) in reasons and ("sdm", "triton_chunk", True) in reasons

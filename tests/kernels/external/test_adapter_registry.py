@@ -21,6 +21,7 @@ ADAPTERS = {
     ("gdn2", "atomic_ops_auto"): "atomic_ops",
     ("gdn2", "atomic_ops_wy"): "atomic_ops",
     ("gdn2", "atomic_ops_serial"): "atomic_ops",
+    ("sdm", "sdm_pkg_chunk"): "sparse_delta_memory",
 }
 
 

@@ -1,0 +1,111 @@
+"""One impl call replayed in a fresh interpreter: the cross-process half of the gate's determinism check.
+
+Two calls in one process share every cache a kernel may consult (compiled programs, autotuning picks, allocator
+state, lazily built tables); a kernel whose bits depend on one of them can agree with itself within a process and
+differ in the next. :func:`replay_in_fresh_process` saves the very inputs (and cotangents) of a gated call to a
+temporary file, starts ``python -m deltabench.harness.fresh_process REQUEST``, which imports deltabench anew (and
+the ``--import`` modules), looks the impl up by its registered name and makes the same call through the gate's own
+:func:`~deltabench.harness.verify._call`, and reads back every output and gradient. The child inherits the
+environment (``TRITON_INTERPRET`` included), so it runs the kernel as the gate did.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ReplayFailed", "main", "replay_in_fresh_process"]
+
+TIMEOUT_S = 600.0  # a fresh process compiles the impl's kernels again (Triton's on-disk cache usually holds them)
+
+
+class ReplayFailed(RuntimeError):
+    """The fresh process did not return the call's tensors (it raised, crashed or timed out); the message says
+    which, with the end of its log."""
+
+
+def replay_in_fresh_process(
+    op: str,
+    impl: str,
+    inputs: dict[str, Any],
+    cotangents: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    scale: float | None,
+    device: str = "cpu",
+    imports: list[str] | tuple[str, ...] = (),
+    timeout_s: float = TIMEOUT_S,
+) -> dict[str, torch.Tensor | None]:
+    """Call impl `impl` of `op` on `inputs` (and back-propagate `cotangents`) in a new Python process; returns what
+    ``_Run.tensors()`` holds there (``o``, ``final_state``, ``grad:<input>``), on the CPU. `device` is the case's
+    (a JAX impl computes there).
+
+    Raises:
+        ReplayFailed: the child raised, crashed or ran past `timeout_s`.
+    """
+    with tempfile.TemporaryDirectory(prefix="deltabench-replay-") as tmp:
+        call_path, result_path, log_path = (Path(tmp) / n for n in ("call.pt", "result.pt", "log.txt"))
+        torch.save({"inputs": inputs, "cotangents": cotangents, "scale": scale}, call_path)
+        request = {
+            "op": op,
+            "impl": impl,
+            "device": device,
+            "imports": list(imports),
+            "call": str(call_path),
+            "result": str(result_path),
+        }
+        with open(log_path, "wb") as log:
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "deltabench.harness.fresh_process", json.dumps(request)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise ReplayFailed(f"the fresh process ran past {timeout_s:g} s") from None
+        tail = " | ".join(ln.strip() for ln in log_path.read_text(errors="replace").splitlines()[-3:] if ln.strip())
+        if proc.returncode != 0 or not result_path.exists():
+            raise ReplayFailed(f"the fresh process exited with code {proc.returncode}" + (f" [{tail}]" if tail else ""))
+        result = torch.load(result_path, weights_only=True)
+    if "error" in result:
+        raise ReplayFailed(f"the impl raised in the fresh process: {result['error']}")
+    return result["tensors"]
+
+
+def _replay(request: dict[str, Any]) -> dict[str, Any]:
+    """The child's work: the imports, the impl by name, the saved call through the gate's ``_call``."""
+    from .devices import placement
+    from .ops import get_op
+    from .registry import get_impl, load_module
+    from .verify import _call
+
+    for module in request["imports"]:
+        load_module(module)
+    fn = get_impl(request["op"], request["impl"])
+    call = torch.load(request["call"], weights_only=True)
+    try:
+        with placement(request["device"], fn.backend):
+            run = _call(fn, get_op(request["op"]), call["inputs"], call["cotangents"], scale=call["scale"])
+    except Exception as exc:  # the impl raised: the parent reports it as a failed replay
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
+    tensors = {n: t.detach().cpu() if isinstance(t, torch.Tensor) else None for n, t in run.tensors().items()}
+    return {"tensors": tensors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: one JSON argument (op, impl, imports, call and result paths)."""
+    request = json.loads((argv or sys.argv[1:])[0])
+    torch.save(_replay(request), request["result"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,7 +24,8 @@ so mode ``bwd`` (a backward replayed over one graph) is refused.
 The package has no CPU path: its op, decode step and top-k check for CUDA tensors and its op and top-k build CUDA
 extensions on their first call (about 6 to 10 minutes with a cold ``TORCH_EXTENSIONS_DIR``). It declares
 Python >= 3.12, torch 2.13.0 and triton 3.7.1; where it does not import, the impl is unsupported with the import's
-error as the reason.
+error as the reason. Which (head dim, chunk, GPU) its kernels have a plan for is decided on the GPU, at the call: a
+call without one raises its ``UnsupportedConfigurationError`` (a ValueError naming the reason) before any work.
 """
 
 from __future__ import annotations

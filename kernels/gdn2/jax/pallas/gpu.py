@@ -177,7 +177,7 @@ def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | N
         "states": pl.BlockSpec((None, None, N, BV, Kp), lambda bi, hi, vj: (bi, hi, 0, vj, 0)),
         "key_share": pl.BlockSpec((None, None, T_pad, Kp), lambda bi, hi, vj: (vj, bi, 0, hi)),
     }
-    return Kp, Vp, BV, NV, N, T_pad, specs
+    return Kp, Vp, NV, N, T_pad, specs
 
 
 def _flatten(xs, T_pad: int, width: int) -> list[jax.Array]:
@@ -234,7 +234,7 @@ def gdn2_gpu_forward(
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    Kp, Vp, BV, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
+    Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w), T_pad, Vp)
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
@@ -288,7 +288,7 @@ def gdn2_gpu_backward(
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    Kp, Vp, BV, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
+    Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w, do), T_pad, Vp)
     key, value, share = spec["key"], spec["value"], spec["key_share"]
@@ -299,7 +299,15 @@ def gdn2_gpu_backward(
         grid=(B, H, NV),
         in_specs=[key, key, value, key, key, value, value, spec["states"], spec["state"]],
         out_specs=[share, share, share, share, value, value, spec["state"]],
-        out_shape=[key_out, key_out, key_out, key_out, value_out, value_out, jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)],
+        out_shape=[
+            key_out,
+            key_out,
+            key_out,
+            key_out,
+            value_out,
+            value_out,
+            jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32),
+        ],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="gdn2_gpu_backward",

@@ -100,15 +100,26 @@ def test_matches_float64_oracle(op: str, T: int, dtype: str, h0: bool) -> None:
         _check_against_oracle(get_impl(op, IMPL), op, T, dtype, h0, regime, where)
 
 
+def _configured(**options) -> gpu_chunk.TorchFacingJaxOp:
+    """The gdn2 kernels with non-default tiling or products, torch-facing."""
+    return gpu_chunk.TorchFacingJaxOp(
+        lambda *a, **kw: gpu_chunk.chunk_gdn2_pallas_gpu(*a, **options, **kw), name=str(options), gates=("g", "b", "w")
+    )
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_value_blocks_match_float64_oracle(dtype: str) -> None:
     """V = 24 padded to 32 and split into two programs of 16 columns: the forward's blocks and the sum of the
     backward's key-side gradient shares."""
-    fn = gpu_chunk.TorchFacingJaxOp(
-        lambda *a, **kw: gpu_chunk.chunk_gdn2_pallas_gpu(*a, block_v=16, **kw), name="split", gates=("g", "b", "w")
-    )
     for regime in ("typical", "long"):
-        _check_against_oracle(fn, "gdn2", 100, dtype, True, regime, f"block_v=16 {dtype} {regime}")
+        _check_against_oracle(_configured(block_v=16), "gdn2", 100, dtype, True, regime, f"block_v=16 {regime}")
+
+
+def test_bf16x3_products_pass_at_bf16() -> None:
+    """Three bf16 products a matmul (the split is written out, so the interpreter computes what the tensor cores
+    would): within the bf16 bounds, the final state within fp32's (seen: <= 1e-5 here)."""
+    for regime in ("typical", "long"):
+        _check_against_oracle(_configured(dots="bf16x3"), "gdn2", 100, "bf16", True, regime, f"bf16x3 {regime}")
 
 
 def test_strong_decay_stays_finite() -> None:
@@ -200,19 +211,22 @@ def _gdn2_shapes(T: int, dtype, K_: int = 128, V_: int = 128, Bh: int = 2, Hh: i
     return [(key, dtype), (key, dtype), (val, dtype), (key, jnp.float32), (key, dtype), (val, dtype)]
 
 
-@pytest.mark.parametrize(("dtype", "block_v"), [("bf16", None), ("fp32", None), ("bf16", 64)])
-def test_lowers_for_cuda(dtype: str, block_v: int | None) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "options"), [("bf16", {}), ("fp32", {}), ("bf16", {"block_v": 64}), ("bf16", {"dots": "bf16x3"})]
+)
+def test_lowers_for_cuda(dtype: str, options: dict) -> None:
     """Forward alone and forward+backward (the training step) lower to Triton kernel calls for CUDA, with
-    T = 200 (4 chunks, the last partial), an initial state, K = V = 128, whole or split value columns."""
+    T = 200 (4 chunks, the last partial), an initial state, K = V = 128, whole or split value columns, IEEE
+    float32 or bf16x3 products."""
     dt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
     shapes = [*_gdn2_shapes(200, dt), ((2, 2, 128, 128), jnp.float32)]
 
     def fwd(*a):
-        return gpu_chunk.chunk_gdn2_pallas_gpu(*a[:6], initial_state=a[6], block_v=block_v)
+        return gpu_chunk.chunk_gdn2_pallas_gpu(*a[:6], initial_state=a[6], **options)
 
     def train_step(*a):
         def loss(*p):
-            o, s = gpu_chunk.chunk_gdn2_pallas_gpu(*p[:6], initial_state=p[6], block_v=block_v)
+            o, s = gpu_chunk.chunk_gdn2_pallas_gpu(*p[:6], initial_state=p[6], **options)
             return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s)
 
         return jax.grad(loss, argnums=tuple(range(7)))(*a)
@@ -241,6 +255,8 @@ def test_cuda_lowering_rejects_tiles_triton_cannot_hold() -> None:
         _cuda_export(lambda *a: pallas_gpu.gdn2_gpu_forward(*a, scale=0.25, chunk=48), *shapes)
     with pytest.raises(ValueError, match="power of two"):
         gpu_chunk.chunk_gdn2_pallas_gpu(*(jnp.zeros(s, d) for s, d in shapes[:6]), chunk_size=48)
+    with pytest.raises(ValueError, match="dots must be one of"):
+        gpu_chunk.chunk_gdn2_pallas_gpu(*(jnp.zeros(s, d) for s, d in shapes[:6]), dots="tf32")
 
 
 def test_registered_with_reasons() -> None:

@@ -19,7 +19,8 @@ What differs, and why:
   scores and the WY solve are recomputed per block). In the backward the key-side gradients are sums over the value
   columns; each block writes its share to its own slice of a ``[V / BV, ...]`` buffer, summed by the caller.
 
-Float32 math (``Precision.HIGHEST``: Triton's IEEE fp32 dot); o in v's dtype, gradients float32.
+Float32 math: by default every product is Triton's IEEE float32 dot; ``dots="bf16x3"`` runs them as three bf16
+tensor-core products with float32 accumulation (:data:`DOTS`). o in v's dtype, gradients float32.
 """
 
 from __future__ import annotations
@@ -36,9 +37,42 @@ from ....common.jax.jax_wy import pad_time
 from . import forward as fw
 from . import fused_backward as fb
 
-__all__ = ["gdn2_gpu_backward", "gdn2_gpu_forward", "padded_width"]
+__all__ = ["DOTS", "gdn2_gpu_backward", "gdn2_gpu_forward", "padded_width"]
 
 _F32 = jnp.float32
+
+
+# How the kernels' matrix products run: "fp32" Triton's IEEE float32 dot (CUDA cores); "bf16x3" each float32
+# operand split into a bf16 head and a bf16 remainder, three tensor-core products of those (the remainders' product
+# dropped) accumulated in float32: about 16 significant bits a product instead of 24, for a fraction of the time.
+# The cumulative decay stays IEEE float32 in both (the decays amplify its error).
+DOTS = ("fp32", "bf16x3")
+
+
+def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    head = x.astype(jnp.bfloat16)
+    return head, (x - head.astype(_F32)).astype(jnp.bfloat16)
+
+
+def _matmul(x: jax.Array, y: jax.Array, dims, dots: str) -> jax.Array:
+    """``lax.dot_general(x, y, dims)`` in float32 by the `dots` scheme (see :data:`DOTS`)."""
+    if dots == "fp32":
+        return lax.dot_general(x, y, dims, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
+    (xh, xl), (yh, yl) = _split_bf16(x), _split_bf16(y)
+
+    def mul(a, b):
+        return lax.dot_general(a, b, dims, preferred_element_type=_F32)
+
+    return mul(xl, yh) + mul(xh, yl) + mul(xh, yh)  # the small terms first
+
+
+def _products(dots: str):
+    """``(x @ y, x @ y^T)`` by the `dots` scheme."""
+    if dots not in DOTS:
+        raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
+    mm = functools.partial(_matmul, dims=(((1,), (0,)), ((), ())), dots=dots)
+    mm_t = functools.partial(_matmul, dims=(((1,), (1,)), ((), ())), dots=dots)
+    return mm, mm_t
 
 
 def padded_width(d: int) -> int:
@@ -76,32 +110,33 @@ def _chunk(refs, n, C: int):
     return tuple(r[rows, :].astype(_F32) for r in refs)
 
 
-def _chunk_forward(q, k, v, g, b, w):
-    """The chunk's state-free forward quantities (the TPU kernel's, :mod:`.forward`)."""
+def _chunk_forward(q, k, v, g, b, w, mm):
+    """The chunk's state-free forward quantities (the TPU kernel's, :mod:`.forward`), products by `mm`."""
     G = fw._cumulative_decay(g)
     bk = b * k
     A, P = _pairwise_scores(G, q, k, bk)
-    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK)
+    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
     expG = jnp.exp(G)
     g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
     return G, bk, P, T, expG, g_last
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks):
+def _forward_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots):
     """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry."""
     hs_ref = hs[0] if hs else None
     C = chunk
+    mm, mm_t = _products(dots)
 
     def step(n, St):
         q, k, v, g, b, w = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref), n, C)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w)
+        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w, mm)
         if hs_ref is not None:
             hs_ref[n] = St
-        u = fw._dot(T, w * v) - fw._dot_t(fw._dot(T, bk * expG), St)
-        o = scale * (fw._dot_t(q * expG, St) + fw._dot(P, u))
+        u = mm(T, w * v) - mm_t(mm(T, bk * expG), St)
+        o = scale * (mm_t(q * expG, St) + mm(P, u))
         o_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = o.astype(o_ref.dtype)
         kd = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
-        return St * jnp.exp(g_last) + fw._dot(u.T, kd)
+        return St * jnp.exp(g_last) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
 
@@ -109,38 +144,39 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, h0_ref, o_ref, ht_
 def _backward_kernel(
     q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dht_ref,
     dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref, dh0_ref,
-    *, scale, chunk, n_chunks,
+    *, scale, chunk, n_chunks, dots,
 ):  # fmt: skip
     """One (batch, head, value block): chunks last to first, the state's cotangent ``dS^T`` the loop's carry; the
     algebra of :func:`.fused_backward._fused_backward_kernel`, key-side gradients as this block's share."""
     C = chunk
+    mm, mm_t = _products(dots)
 
     def step(i, dSt):
         n = n_chunks - 1 - i
         q, k, v, g, b, w, do = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref), n, C)
         ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w)
+        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w, mm)
         decay = jnp.exp(g_last)
         r_v, r_k = w * v, bk * expG
-        w_mat = fw._dot(T, r_k)
+        w_mat = mm(T, r_k)
         qd = q * expG
         e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
         kd = k * e_kd
         St = hs_ref[n]  # S^T at the chunk start
-        u = fw._dot(T, r_v) - fw._dot_t(w_mat, St)
+        u = mm(T, r_v) - mm_t(w_mat, St)
 
-        du = scale * fw._dot(P.T, do) + fw._dot_t(kd, dSt)
-        dP = jnp.where(ii >= jj, scale * fw._dot_t(do, u), 0.0)
-        dqd = scale * fw._dot(do, St)
-        dkd = fw._dot(u, dSt)
+        du = scale * mm(P.T, do) + mm_t(kd, dSt)
+        dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
+        dqd = scale * mm(do, St)
+        dkd = mm(u, dSt)
         dD = jnp.sum(St * dSt, axis=0, keepdims=True)
-        dW = -fw._dot(du, St)
-        dSt_prev = scale * fw._dot(do.T, qd) + dSt * decay - fw._dot(du.T, w_mat)
+        dW = -mm(du, St)
+        dSt_prev = scale * mm(do.T, qd) + dSt * decay - mm(du.T, w_mat)
         T_t = T.T
-        dr_v = fw._dot(T_t, du)
-        dr_k = fw._dot(T_t, dW)
-        dT = fw._dot_t(du, r_v) + fw._dot_t(dW, r_k)
-        dA = jnp.where(ii > jj, -fw._dot(fw._dot(T_t, dT), T_t), 0.0)
+        dr_v = mm(T_t, du)
+        dr_k = mm(T_t, dW)
+        dT = mm_t(du, r_v) + mm_t(dW, r_k)
+        dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
         dbk = dr_k * expG
         dG = dr_k * r_k + dqd * qd - dkd * kd
         dq = dqd * expG
@@ -149,7 +185,7 @@ def _backward_kernel(
         s_dq, s_dk, s_dbk, s_dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP)  # every pair i >= j
         dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
         dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
-        dg = fw._dot(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
+        dg = mm(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
 
         rows = pl.ds(pl.multiple_of(n * C, C), C)
         dq_ref[rows, :] = dq
@@ -196,7 +232,7 @@ def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
     return jnp.pad(s.astype(_F32), [(0, 0), (0, 0), (0, Vp - s.shape[2]), (0, Kp - s.shape[3])])
 
 
-_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "interpret")
+_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "dots", "interpret")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -214,6 +250,7 @@ def gdn2_gpu_forward(
     store_states: bool = False,
     block_v: int | None = None,
     num_warps: int = 4,
+    dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Run the fused forward kernel for a GPU.
@@ -226,6 +263,7 @@ def gdn2_gpu_forward(
         store_states: also return the state at each chunk start, ``[B, H, N, Vp, Kp]`` (transposed, padded).
         block_v: value columns per program (a power of two; None: all of V in one program).
         num_warps: Triton warps per program.
+        dots: how the matrix products run, ``"fp32"`` or ``"bf16x3"`` (see :data:`DOTS`).
         interpret: run in Pallas' interpreter (any backend) instead of compiling with Triton.
 
     Returns:
@@ -244,7 +282,7 @@ def gdn2_gpu_forward(
         out_specs.append(spec["states"])
     key, value = spec["key"], spec["value"]
     outs = pl.pallas_call(
-        functools.partial(_forward_kernel, scale=float(scale), chunk=chunk, n_chunks=N),
+        functools.partial(_forward_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
         in_specs=[key, key, value, key, key, value, spec["state"]],
         out_specs=out_specs,
@@ -257,7 +295,7 @@ def gdn2_gpu_forward(
     return (o, outs[1][:, :, :V, :K], *outs[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "dots", "interpret"))
 def gdn2_gpu_backward(
     q: jax.Array,
     k: jax.Array,
@@ -273,6 +311,7 @@ def gdn2_gpu_backward(
     chunk: int = fw.CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
+    dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Run the fused backward kernel for a GPU.
@@ -281,7 +320,7 @@ def gdn2_gpu_backward(
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
         states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
-        scale, chunk, block_v, num_warps, interpret: as the forward's (the same chunk and padding).
+        scale, chunk, block_v, num_warps, dots, interpret: as the forward's (the same chunk and padding).
 
     Returns:
         ``(dq, dk, dv, dg, db, dw, d_initial_state^T)``, float32; the first six ``[B, T, H, *]``.
@@ -295,7 +334,7 @@ def gdn2_gpu_backward(
     key_out = jax.ShapeDtypeStruct((NV, B, T_pad, H * Kp), _F32)
     value_out = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
     dq, dk, dg, db, dv, dw, dh0_t = pl.pallas_call(
-        functools.partial(_backward_kernel, scale=float(scale), chunk=chunk, n_chunks=N),
+        functools.partial(_backward_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
         in_specs=[key, key, value, key, key, value, value, spec["states"], spec["state"]],
         out_specs=[share, share, share, share, value, value, spec["state"]],

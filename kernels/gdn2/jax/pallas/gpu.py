@@ -110,7 +110,7 @@ def _chunk(refs, n, C: int):
     return tuple(r[rows, :].astype(_F32) for r in refs)
 
 
-def _chunk_forward(q, k, v, g, b, w, mm):
+def _chunk_forward(q, k, g, b, mm):
     """The chunk's state-free forward quantities (the TPU kernel's, :mod:`.forward`), products by `mm`."""
     G = fw._cumulative_decay(g)
     bk = b * k
@@ -129,7 +129,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, h0_ref, o_ref, ht_
 
     def step(n, St):
         q, k, v, g, b, w = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref), n, C)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w, mm)
+        G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
         if hs_ref is not None:
             hs_ref[n] = St
         u = mm(T, w * v) - mm_t(mm(T, bk * expG), St)
@@ -155,7 +155,7 @@ def _backward_kernel(
         n = n_chunks - 1 - i
         q, k, v, g, b, w, do = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref), n, C)
         ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, v, g, b, w, mm)
+        G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
         decay = jnp.exp(g_last)
         r_v, r_k = w * v, bk * expG
         w_mat = mm(T, r_k)

@@ -1,23 +1,29 @@
-"""GDN-2 in JAX on a GPU: deltabench's Pallas kernel (where its body lowers), jax_chunk and atomic-ops' chunked WY,
-checked then timed in one process. A diagnostic script: the gated, stored tables come from ``deltabench run``.
+"""GDN-2 in JAX on a GPU: deltabench's Pallas kernels for a GPU (``pallas_gpu_chunk``, Triton) in their tilings,
+the TPU Pallas kernel (where its body lowers), jax_chunk, atomic-ops' chunked WY and FLA's ``chunk_gdn2`` (PyTorch,
+when installed), checked then timed in one process. A diagnostic script: the gated, stored tables come from
+``deltabench run`` (suite ``gdn2-gpu``).
 
 Run on the GPU host (JAX with CUDA)::
 
     python benchmarks/gpu/gdn2_pallas.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16] [--reps 20]
+        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--no-fla]
 
 For each path: (1) can it lower and compile for the GPU (if not, the reason is printed and the path is skipped);
 (2) a check at a small shape (B1 T200 H2 K=V=128) against deltabench's float64 oracle (o, the final state and
 every gradient, relative Frobenius error); (3) at the timed shape, o and the gradients against jax_chunk in
-float32; (4) times: compile (lower + compile, apart), then the median of `--reps` calls of the forward and of the
-forward+backward (the gradient of ``sum(o * do)`` w.r.t. q, k, v, g, b, w), each call synchronised
-(``block_until_ready``), after warm-up. The Pallas kernel is written for the TPU (Mosaic: ``pltpu`` scratch and
-compiler parameters), so on a GPU its compiled path is expected to fail to lower; ``--interpret`` also checks its
-body through Pallas' interpreter on the GPU (XLA operations: correct, not fast, so it is not timed).
+float32; (4) times: compile (lower + compile, apart; for FLA the first calls, Triton's JIT and autotuning), then
+the median of `--reps` calls of the forward and of the forward+backward (the gradient of ``sum(o * do)`` w.r.t. q,
+k, v, g, b, w), each call synchronised, after warm-up. ``pallas_gpu_chunk`` runs once per tiling: value columns per
+program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32 or three bf16 tensor-core
+passes) and Triton warps (``--warps``). The TPU kernel (``pallas_chunk``) is Mosaic code: on a GPU its compiled
+path is expected to fail to lower; ``--interpret`` also checks both Pallas bodies in Pallas' interpreter (XLA
+operations: correct, not fast, so it is not timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -56,12 +62,27 @@ def make_inputs(dims: dict[str, int], dtype, seed: int = 0):
 ARGS = ("q", "k", "v", "g", "b", "w")
 
 
-def paths(interpret: bool):
-    """name -> ``core(q, k, v, g, b, w, initial_state=None) -> (o, final_state)`` (pure JAX), or an import error."""
+def paths(interpret: bool, tilings: list[dict] | None = None):
+    """name -> ``core(q, k, v, g, b, w, initial_state=None) -> (o, final_state)`` (pure JAX), or an import error.
+
+    `tilings`: the ``pallas_gpu_chunk`` options to run, one path each (default: its defaults only).
+    """
     out = {}
     from deltabench.kernels.gdn2.jax.jax_chunk import chunk_gdn2_jax
 
     out["jax_chunk"] = lambda *a, initial_state=None: chunk_gdn2_jax(*a, initial_state=initial_state)
+    try:
+        from deltabench.kernels.gdn2.jax.pallas.gpu_chunk import chunk_gdn2_pallas_gpu
+
+        for options in tilings or [{}]:
+            label = ", ".join(f"{k}={v}" for k, v in options.items())
+            out[f"pallas_gpu_chunk ({label})" if label else "pallas_gpu_chunk"] = functools.partial(
+                chunk_gdn2_pallas_gpu, interpret=False, **options
+            )
+        if interpret:
+            out["pallas_gpu_chunk (interpreter)"] = functools.partial(chunk_gdn2_pallas_gpu, interpret=True)
+    except Exception as exc:  # an older JAX without Pallas' Triton module
+        out["pallas_gpu_chunk"] = exc
     try:
         from deltabench.kernels.gdn2.jax.pallas.chunk import chunk_gdn2_pallas
 
@@ -80,6 +101,16 @@ def paths(interpret: bool):
         out["atomic_ops_wy"] = lambda *a, initial_state=None: gdn2_atomic_wy(*a, initial_state=initial_state)
     except Exception as exc:
         out["atomic_ops_wy"] = exc
+    return out
+
+
+def tilings(block_v: str, dots: str, warps: str, V: int) -> list[dict]:
+    """The cross product of the ``pallas_gpu_chunk`` options given as comma lists (block_v >= V: all of V)."""
+    out = []
+    for bv in (int(x) for x in block_v.split(",")):
+        for d in dots.split(","):
+            for nw in (int(x) for x in warps.split(",")):
+                out.append({"block_v": None if bv >= V else bv, "dots": d, "num_warps": nw})
     return out
 
 
@@ -129,14 +160,18 @@ def check_against_oracle(core, dtype, T: int) -> float:
     return max(errs)
 
 
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of `reps` synchronised calls after warm-up (until two calls agree within 10%)."""
+def timed(fn, reps: int, sync=None) -> float:
+    """Median milliseconds of `reps` synchronised calls after warm-up (until two calls agree within 10%).
+
+    `sync(result)` waits for the call's work (default ``jax.block_until_ready``; torch: ``cuda.synchronize``).
+    """
     import jax
 
+    sync = sync or jax.block_until_ready
     last = None
     for _ in range(20):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
+        sync(fn())
         dt = time.perf_counter() - t0
         if last is not None and abs(dt - last) <= 0.1 * last:
             break
@@ -144,9 +179,78 @@ def timed(fn, reps: int) -> float:
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
+        sync(fn())
         samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
+
+
+def fla_train(fn, tensors: dict, do):
+    """FLA's forward and the gradients of ``sum(o * do)`` w.r.t. q, k, v, g, b, w (torch, on the GPU)."""
+    import torch
+
+    leaves = {n: tensors[n].detach().requires_grad_(True) for n in ARGS}
+    o, _ = fn(*(leaves[n] for n in ARGS), initial_state=tensors["initial_state"])
+    grads = torch.autograd.grad((o.float() * do.float()).sum(), [leaves[n] for n in ARGS])
+    return o, grads
+
+
+def run_fla(dtype_name: str, dims: dict[str, int], do_np, reference, reps: int) -> dict[str, str]:
+    """FLA's Triton ``chunk_gdn2`` through deltabench's adapter, at the same inputs, a row of the same table."""
+    row = {"impl": "fla_chunk (torch)", "fwd": "", "train": "", "compile": "", "oracle": "", "vs_jax_chunk": ""}
+    row["note"] = ""
+    try:
+        import torch
+        from deltabench.kernels.external.fla import gdn2_fla_chunk
+        from deltabench.references import gdn2
+
+        if not torch.cuda.is_available():
+            row["note"] = "torch sees no CUDA device"
+            return row
+        tdt = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+
+        def on_gpu(t: dict) -> dict:
+            return {n: x.cuda().to(tdt if n not in ("g", "initial_state") else x.dtype) for n, x in t.items()}
+
+        def sync(_):
+            torch.cuda.synchronize()
+
+        x = on_gpu(gdn2.make_inputs(dims["B"], dims["T"], dims["H"], dims["K"], dims["V"], seed=0, initial_state=True))
+        do = torch.from_numpy(do_np).cuda().to(tdt)
+        t0 = time.perf_counter()
+        sync(gdn2_fla_chunk(*(x[n] for n in ARGS), initial_state=x["initial_state"]))
+        t1 = time.perf_counter()
+        sync(fla_train(gdn2_fla_chunk, x, do))
+        t2 = time.perf_counter()
+        row["compile"] = f"{t1 - t0:.1f} / {t2 - t1:.1f} (first calls)"
+
+        small = gdn2.make_inputs(1, 200, 2, 128, 128, seed=1, initial_state=True)
+        do_small = torch.randn(1, 200, 2, 128, generator=torch.Generator().manual_seed(2))
+        leaves = {n: small[n].double().requires_grad_(True) for n in (*ARGS, "initial_state")}
+        o_ref, s_ref = gdn2.gdn2_recurrent(*(leaves[n] for n in ARGS), initial_state=leaves["initial_state"])
+        grads_ref = torch.autograd.grad((o_ref * do_small.double()).sum(), [leaves[n] for n in ARGS])
+        xs = on_gpu(small)
+        o_s, s_s = gdn2_fla_chunk(*(xs[n] for n in ARGS), initial_state=xs["initial_state"])
+        _, grads = fla_train(gdn2_fla_chunk, xs, do_small.cuda().to(tdt))
+        errs = [
+            rel_err(o_s.detach().float().cpu(), o_ref.detach()),
+            rel_err(s_s.detach().float().cpu(), s_ref.detach()),
+        ]
+        errs += [rel_err(gr.float().cpu(), ref) for gr, ref in zip(grads, grads_ref, strict=True)]
+        row["oracle"] = f"{max(errs):.1e}"
+
+        o, grads = fla_train(gdn2_fla_chunk, x, do)
+        errs = [rel_err(o.detach().float().cpu(), reference[0])]
+        errs += [rel_err(gr.float().cpu(), ref) for gr, ref in zip(grads, reference[1], strict=True)]
+        row["vs_jax_chunk"] = f"{max(errs):.1e}"
+        row["fwd"] = (
+            f"{timed(lambda: gdn2_fla_chunk(*(x[n] for n in ARGS), initial_state=x['initial_state']), reps, sync):.3f}"
+        )
+        row["train"] = f"{timed(lambda: fla_train(gdn2_fla_chunk, x, do), reps, sync):.3f}"
+    except Exception as exc:
+        row["note"] = f"FLA path did not run: {first_line(exc)}"
+        if os.environ.get("DELTABENCH_TRACEBACK"):
+            traceback.print_exc()
+    return row
 
 
 def run_path(name: str, core, args, h0, do, dtype, reference, reps: int, backend: str) -> dict[str, str]:
@@ -193,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--interpret", action="store_true", help="also check the Pallas body in the interpreter")
     parser.add_argument("--allow-cpu", action="store_true", help="run on JAX's CPU backend (plumbing only)")
+    parser.add_argument("--block-v", default="128,64", help="pallas_gpu_chunk: value columns a program (comma list)")
+    parser.add_argument("--dots", default="fp32,bf16x3", help="pallas_gpu_chunk: products, fp32 and/or bf16x3")
+    parser.add_argument("--warps", default="4", help="pallas_gpu_chunk: Triton warps a program (comma list)")
+    parser.add_argument("--no-fla", action="store_true", help="leave out FLA's chunk_gdn2 (PyTorch)")
     opts = parser.parse_args(argv)
 
     import jax
@@ -215,12 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     ref_core = paths(False)["jax_chunk"]
     reference = fwd_and_train(ref_core)[1](tuple(x.astype(jnp.float32) for x in args), h0, do.astype(jnp.float32))
     rows = []
-    for name, core in paths(opts.interpret).items():
+    for name, core in paths(opts.interpret, tilings(opts.block_v, opts.dots, opts.warps, dims["V"])).items():
         rows.append(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
+    if not opts.no_fla:
+        import numpy as np
+
+        reference_np = (np.asarray(reference[0], np.float32), [np.asarray(r, np.float32) for r in reference[1]])
+        rows.append(run_fla(opts.dtype, dims, np.asarray(do.astype(jnp.float32)), reference_np, opts.reps))
 
     print(f"\nGDN-2, {opts.dtype}, {shape_id}, with an initial state; ms are medians of {opts.reps} synchronised calls")
     print("oracle: worst rel. error of o, state and every gradient vs float64 at B1 T200 H2 d128 (atomic-ops: T256)")
-    print("vs_jax_chunk: worst rel. error of o and every gradient vs jax_chunk in fp32 at the timed shape\n")
+    print("vs_jax_chunk: worst rel. error of o and every gradient vs jax_chunk in fp32 at the timed shape")
+    print("compile: lower + compile of the jitted forward / training step (FLA: its first calls, JIT + autotune)\n")
     header = ("impl", "fwd ms", "fwd+bwd ms", "compile s (fwd / fwd+bwd)", "oracle", "vs_jax_chunk", "note")
     keys = ("impl", "fwd", "train", "compile", "oracle", "vs_jax_chunk", "note")
     print("| " + " | ".join(header) + " |")

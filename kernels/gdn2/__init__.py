@@ -8,7 +8,8 @@ A folder per backend, each module named in the declarations below as its impl's 
 - ``torch/``: :func:`gdn2_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn2_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
 - ``jax/``: ``jax_chunk``, ``jax_scan`` and, in ``jax/pallas/``, the fused Pallas kernels (gdn2's and kda's
-  ``pallas_chunk``): Pallas is JAX's kernel language, so the folder follows the declared backend.
+  ``pallas_chunk``, for the TPU, and ``pallas_gpu_chunk``, for a GPU): Pallas is JAX's kernel language, so the
+  folder follows the declared backend.
 """
 
 from typing import Any
@@ -25,10 +26,8 @@ _HERE = "deltabench.kernels.gdn2"
 _PALLAS_CPU_PROGRAMS = 256
 
 
-def pallas_case(case: Any) -> str | None:
-    """Why the fused Pallas GDN-2 kernel cannot run `case` (None when it can)."""
-    if case.device == "tpu" and (case.K % 128 or case.V % 128):
-        return f"Mosaic blocks of [64, K] and [64, V] need K and V multiples of 128 (got K={case.K}, V={case.V})"
+def _interpreter_case(case: Any) -> str | None:
+    """Why Pallas' interpreter on the CPU would take too long for `case` (None when it would not)."""
     programs = case.B * case.H * -(-case.T // 64)
     if case.device == "cpu" and programs > _PALLAS_CPU_PROGRAMS:
         return (
@@ -36,6 +35,13 @@ def pallas_case(case: Any) -> str | None:
             f"(batch, head, chunk) programs, this case has {programs}"
         )
     return None
+
+
+def pallas_case(case: Any) -> str | None:
+    """Why the fused Pallas GDN-2 kernel for the TPU cannot run `case` (None when it can)."""
+    if case.device == "tpu" and (case.K % 128 or case.V % 128):
+        return f"Mosaic blocks of [64, K] and [64, V] need K and V multiples of 128 (got K={case.K}, V={case.V})"
+    return _interpreter_case(case)
 
 
 IMPLS = (
@@ -67,6 +73,21 @@ IMPLS = (
             requires=("jax",),
             constraint=pallas_case,
             notes="fused Pallas forward and backward kernels (Mosaic on a TPU; the interpreter on the CPU)",
+        )
+        for op in ("gdn2", "kda")
+    ),
+    # the same algebra for a GPU (Pallas' Triton lowering): the chunk loop inside each (batch, head) program
+    *(
+        ImplDecl(
+            op,
+            "pallas_gpu_chunk",
+            f"{_HERE}.jax.pallas.gpu_chunk:{op}_pallas_gpu_chunk",
+            "jax",
+            ("cpu", "cuda"),
+            JAX_DTYPES,
+            requires=("jax",),
+            constraint=_interpreter_case,
+            notes="fused Pallas forward and backward kernels for a GPU (Triton on CUDA; the interpreter on the CPU)",
         )
         for op in ("gdn2", "kda")
     ),

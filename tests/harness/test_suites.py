@@ -34,6 +34,8 @@ def test_shipped_suites_load_and_validate():
     assert train.baselines == {"gdn": "fla_chunk"}
     assert {"fla_chunk", "flash_qla", "triton_chunk"} <= set(train.ops[0].impls)
     assert {tuple(d.values()) for d in train.ops[0].shapes} >= {(8, 4096, 6, 128, 128), (1, 32768, 16, 128, 128)}
+    gdn2_gpu = load_suite("gdn2-gpu")  # deltabench's JAX kernels timed beside FLA's on the GPU
+    assert {"fla_chunk", "jax_chunk", "pallas_gpu_chunk"} <= set(gdn2_gpu.ops[0].impls)
 
 
 def test_gdn2_tpu_suites_cover_atomic_ops_table():

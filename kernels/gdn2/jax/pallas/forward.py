@@ -95,8 +95,8 @@ def _scores(G: jax.Array, q: jax.Array, k: jax.Array, bk: jax.Array, rows: int) 
     return A, P
 
 
-def _unit_lower_inverse(A: jax.Array, block: int) -> jax.Array:
-    """``(I + A)^-1`` for ``A`` ``[C, C]`` strictly lower, by blocked forward substitution.
+def _unit_lower_inverse(A: jax.Array, block: int, dot=_dot) -> jax.Array:
+    """``(I + A)^-1`` for ``A`` ``[C, C]`` strictly lower, by blocked forward substitution (products by `dot`).
 
     First the inverse ``D`` of the block-diagonal part, all diagonal blocks at once, one row of each block per step
     (row ``i`` of a block's inverse is ``e_i - A_i D``); then the block rows in order, ``T_m = D_mm (E_m - A_m T)``,
@@ -113,14 +113,14 @@ def _unit_lower_inverse(A: jax.Array, block: int) -> jax.Array:
 
     def diag_row(s: int, D: jax.Array) -> jax.Array:
         at_row = i_row == s
-        new = eye - _dot(jnp.where(at_row, A_diag, 0.0), D)
+        new = eye - dot(jnp.where(at_row, A_diag, 0.0), D)
         return jnp.where(at_row, new, D)
 
     D = lax.fori_loop(0, block, diag_row, jnp.zeros((C, C), _F32))
     T = jnp.zeros((C, C), _F32)
     for m in range(C // block):
         in_block = i_block == m
-        T = T + _dot(D, jnp.where(in_block, eye - _dot(A, T), 0.0))
+        T = T + dot(D, jnp.where(in_block, eye - dot(A, T), 0.0))
     return T
 
 

@@ -1,0 +1,144 @@
+"""deltabench's Pallas GDN-2 for a GPU (and KDA through it): the two kernels of :mod:`.gpu` under one
+``jax.custom_vjp``; the forward stores the state at every chunk start, which the backward reads back.
+
+Where it runs: compiled by Pallas' Triton lowering on a GPU; in Pallas' interpreter on the CPU (the same kernel
+body as XLA operations: for checking, not for speed); ``interpret=None`` picks per platform when the program is
+lowered. Any T, K, V (padded to whole chunks and to powers of two inside).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ....common.jax.jax_bridge import TorchFacingJaxOp
+from .chunk import _per_platform
+from .forward import CHUNK
+from .gpu import DOTS, gdn2_gpu_backward, gdn2_gpu_forward
+
+__all__ = ["chunk_gdn2_pallas_gpu", "chunk_kda_pallas_gpu", "gdn2_pallas_gpu_chunk", "kda_pallas_gpu_chunk"]
+
+
+def _run(kernel, *args, interpret, tiling, **params):
+    """A kernel of :mod:`.gpu`, compiled (Triton) or interpreted, with the static `tiling` items as parameters."""
+    return _per_platform(kernel, *args, interpret=interpret, **dict(tiling), **params)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling):
+    h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
+    o, ht_t = _run(gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=tiling, scale=scale)
+    return o, jnp.swapaxes(ht_t, -1, -2)
+
+
+def _gdn2_gpu_fwd(q, k, v, g, b, w, h0, scale, interpret, tiling):
+    h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
+    o, ht_t, states_t = _run(
+        gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=tiling, scale=scale, store_states=True
+    )
+    return (o, jnp.swapaxes(ht_t, -1, -2)), ((q, k, v, g, b, w), states_t, h0)
+
+
+def _gdn2_gpu_bwd(scale, interpret, tiling, residuals, cotangents):
+    inputs, states_t, h0 = residuals
+    do, d_final = cotangents
+    d_final_t = jnp.swapaxes(d_final.astype(jnp.float32), -1, -2)
+    *grads, dh0_t = _run(
+        gdn2_gpu_backward, *inputs, do, states_t, d_final_t, interpret=interpret, tiling=tiling, scale=scale
+    )
+    grads = tuple(gr.astype(x.dtype) for gr, x in zip(grads, inputs, strict=True))
+    return (*grads, jnp.swapaxes(dh0_t, -1, -2).astype(h0.dtype))
+
+
+_gdn2_gpu.defvjp(_gdn2_gpu_fwd, _gdn2_gpu_bwd)
+
+
+def chunk_gdn2_pallas_gpu(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    b: jax.Array,
+    w: jax.Array,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    *,
+    chunk_size: int = CHUNK,
+    block_v: int | None = None,
+    num_warps: int = 4,
+    dots: str = "fp32",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Gated DeltaNet-2 through deltabench's fused Pallas GPU kernels; differentiable (``jax.custom_vjp``).
+
+    Args:
+        q, k: ``[B, T, H, K]``.
+        v: ``[B, T, H, V]``.
+        g: ``[B, T, H, K]`` per-channel log-decay (<= 0).
+        b: ``[B, T, H, K]`` erase strength per key channel.
+        w: ``[B, T, H, V]`` write strength per value channel.
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]``.
+        chunk_size: tokens per chunk (default 64; a power of two, >= 16).
+        block_v: value columns per program (a power of two; default all of V: one program per (batch, head)).
+        num_warps: Triton warps per program.
+        dots: how the kernels' matrix products run: ``"fp32"`` (default; Triton's IEEE float32 dot) or
+            ``"bf16x3"`` (three bf16 tensor-core products, float32 accumulation; :data:`.gpu.DOTS`).
+        interpret: True runs Pallas' interpreter, False compiles with Triton (GPU), None (default) picks by
+            platform: the interpreter on the CPU, Triton elsewhere.
+
+    Returns:
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
+
+    Examples::
+
+        >>> o, ht = jax.jit(chunk_gdn2_pallas_gpu)(q, k, v, g, b, w)
+    """
+    B, _, H, K = q.shape
+    V = v.shape[-1]
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16 (Triton tiles), got {chunk_size}")
+    if dots not in DOTS:
+        raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
+    scale = K**-0.5 if scale is None else float(scale)
+    h0 = jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None else initial_state
+    tiling = (("chunk", chunk_size), ("block_v", block_v), ("num_warps", num_warps), ("dots", dots))
+    return _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling)
+
+
+def chunk_kda_pallas_gpu(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    *,
+    chunk_size: int = CHUNK,
+    block_v: int | None = None,
+    num_warps: int = 4,
+    dots: str = "fp32",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Kimi Delta Attention through the GDN-2 Pallas GPU kernels, with ``b = w = beta`` broadcast over the channels.
+
+    Args:
+        q, k, g: ``[B, T, H, K]`` (g a per-channel log-decay <= 0); v ``[B, T, H, V]``; beta ``[B, T, H]``.
+        scale, initial_state, chunk_size, block_v, num_warps, dots, interpret: as :func:`chunk_gdn2_pallas_gpu`.
+
+    Returns:
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
+    """
+    b = jnp.broadcast_to(beta[..., None], k.shape)
+    w = jnp.broadcast_to(beta[..., None], v.shape)
+    return chunk_gdn2_pallas_gpu(
+        q, k, v, g, b, w, scale, initial_state,
+        chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, dots=dots, interpret=interpret,
+    )  # fmt: skip
+
+
+gdn2_pallas_gpu_chunk = TorchFacingJaxOp(chunk_gdn2_pallas_gpu, name="gdn2/pallas_gpu_chunk", gates=("g", "b", "w"))
+kda_pallas_gpu_chunk = TorchFacingJaxOp(chunk_kda_pallas_gpu, name="kda/pallas_gpu_chunk", gates=("g", "beta"))

@@ -85,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = grade(args.folder)
     summary = tally(records)
+    log = args.folder / "log.tsv"
+    if log.is_file():  # kind, i, load average at start-end, gate exit code, wall seconds
+        rows = [ln.split("\t") for ln in log.read_text().splitlines() if ln.strip()]
+        loads = [float(x) for r in rows for x in r[2].split("-")]
+        summary["load_average"] = f"{min(loads):.1f}-{max(loads):.1f}"
+        summary["wall_s"] = f"{min(int(r[4]) for r in rows)}-{max(int(r[4]) for r in rows)}"
+    first = next(iter(sorted(args.folder.glob("same-*.base.json"))), None)
+    if first is not None:
+        meta = json.loads(first.read_text())["meta"]
+        summary["suite"] = meta.get("suite_source")
+        summary["repeat"] = meta.get("repeat")
+        summary["jobs_per_run"] = len(records[0]["rows"]) if records else 0
     print(json.dumps(summary, indent=1))
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "records": records}, indent=1))

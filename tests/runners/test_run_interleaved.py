@@ -182,9 +182,22 @@ def _interleaved(repo: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tupl
     out = repo.parent / f"{name}.json"
     monkeypatch.chdir(repo)
     args = ["run", "--suite", str(suite), "--import", "my_impl.py", "--repeat", str(REPEAT), "--base-ref", "HEAD"]
-    assert _cli(*args, "--out", str(out), "--no-db", "-q") == 0
+    db = str(repo.parent / f"{name}.db")
+    assert _cli(*args, "--out", str(out), "--db", db, "-q") == 0
     cmp = repo.parent / f"{name}.cmp.json"
     base = out.with_name(f"{name}.base.json")
+    # Both runs are stored; the lean comparison input the dashboard reads knows they were interleaved too.
+    from deltabench.db.engine import dispose_engines, get_engine, session_scope
+    from deltabench.db.queries import load_comparison_input
+    from deltabench.harness.regression import compare_documents
+
+    ids = [ResultDocument.from_json(p.read_text()).run_id for p in (base, out)]
+    try:
+        with session_scope(get_engine(db)) as session:
+            stored = [load_comparison_input(session, run_id=run_id) for run_id in ids]
+    finally:
+        dispose_engines()
+    assert stored[0].meta == {"interleaved_with": ids[1]} and compare_documents(*stored).interleaved
     code = _cli("gate", "--base", str(base), "--head", str(out), "--json", str(cmp))
     data = json.loads(cmp.read_text())
     assert data["interleaved"] is True

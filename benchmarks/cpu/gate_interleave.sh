@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/gate-interleave}
 SUITE=${SUITE:-benchmarks/cpu/gate-repeat.toml}
 DB=${DB:-.venv/bin/deltabench}
 mkdir -p "$OUT"
-PLANTED_DIR=.planted-head  # untracked: absent from the base tree
+PLANTED_DIR=${PLANTED_DIR:-.planted-head}  # untracked: absent from the base tree
 mkdir -p "$PLANTED_DIR"
 cp benchmarks/cpu/planted_slowdown.py "$PLANTED_DIR/planted_slowdown.py"
 trap 'rm -rf "$PLANTED_DIR"' EXIT

@@ -1,7 +1,9 @@
 """Grade and tally the invocations of ``benchmarks/cpu/gate_interleave.sh``: each ``{same,planted}-i`` pair of
 documents (head and its interleaved base) through the gate's own code (``compare_documents``, files only, no
 history), then failed same-code gates, planted slowdowns caught (gdn torch_chunk's forward jobs), and jobs falsely
-failed (every job of a same-code pair; the jobs of a planted pair other than the planted impl's).
+failed (every job of a same-code pair; the jobs of a planted pair other than the planted impl's). The control:
+the same documents paired across invocations (each same-code head against the base of every other same-code
+invocation), which is what two runs made minutes apart give.
 
     python benchmarks/cpu/gate_interleave_summary.py /tmp/gate-interleave [--json out.json]
 """
@@ -48,6 +50,32 @@ def grade(folder: Path) -> list[dict]:
     return sorted(out, key=lambda r: (r["kind"], r["i"]))
 
 
+def across(folder: Path) -> dict:
+    """Same-code heads graded against the bases of the other same-code invocations (runs minutes apart, not
+    interleaved: the gate judges them on each run's own repetitions)."""
+    from deltabench.harness.document import ResultDocument
+    from deltabench.harness.regression import compare_documents
+
+    def load(path: Path) -> ResultDocument | None:
+        doc = ResultDocument.from_json(path.read_text()) if path.is_file() else None
+        return doc if doc is not None and doc.complete else None
+
+    heads = {p.name: load(p) for p in sorted(folder.glob("same-*.json")) if p.name.count(".") == 1}
+    bases = {p.name: load(p) for p in sorted(folder.glob("same-*.base.json"))}
+    gates = jobs = failed = failed_jobs = 0
+    for hname, head in heads.items():
+        for bname, base in bases.items():
+            if head is None or base is None or bname.split(".")[0] == hname.split(".")[0]:
+                continue
+            cmp = compare_documents(base, head)
+            assert not cmp.interleaved
+            gates += 1
+            failed += cmp.failed
+            jobs += len(cmp.rows)
+            failed_jobs += sum(r.outcome == "regression" for r in cmp.rows)
+    return {"gates_failed": f"{failed}/{gates}", "jobs_failed": f"{failed_jobs}/{jobs}"}
+
+
 def tally(records: list[dict]) -> dict:
     """The figures NOTES.md records."""
     same = [r for r in records if r["kind"] == "same"]
@@ -85,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = grade(args.folder)
     summary = tally(records)
+    summary["same_code_across_invocations"] = across(args.folder)
     log = args.folder / "log.tsv"
     if log.is_file():  # kind, i, load average at start-end, gate exit code, wall seconds
         rows = [ln.split("\t") for ln in log.read_text().splitlines() if ln.strip()]

@@ -18,7 +18,8 @@ Four parts, each printed as a table:
    false failures per job on same-code runs (no history, and with the other runs as history), the old within-run
    rule on the same pairs, and the share of planted 10% / 20% slowdowns caught with and without history; and
    (4c) runs made with ``deltabench run --repeat N`` graded with no history, for each number of repetitions k <= N
-   (``benchmarks/cpu/gate-repeat-*.json``): the gate then takes the spread between a job's repetitions. Parts 1-3
+   (``benchmarks/cpu/gate-repeat-*.json``): the gate then takes the spread between a job's repetitions; and (4d) base
+   and head run interleaved in one ``run --base-ref`` invocation (``benchmarks/cpu/gate-interleave-*.json``). Parts 1-3
    never see the variance between processes and machine states; part 4 is the figure that holds for CI.
 
 Usage::
@@ -47,6 +48,9 @@ REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json
 )
 # Runs made with `deltabench run --repeat N`, graded with no history (benchmarks/gate_calibration.py repetitions).
 REPEAT_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-repeat-*.json"))
+# Base and head interleaved in one `deltabench run --base-ref` invocation (benchmarks/cpu/gate_interleave.sh, tallied
+# by gate_interleave_summary.py).
+INTERLEAVED_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-interleave-*.json"))
 
 
 def compare_samples(
@@ -297,6 +301,23 @@ def print_repeat_runs(console: Console, paths: list[Path]) -> None:
         )
 
 
+def print_interleaved_runs(console: Console, paths: list[Path]) -> None:
+    """Part 4d: base and head interleaved in one invocation (``run --base-ref HEAD --repeat N``), graded by the gate
+    with no history."""
+    for path in paths:
+        r = json.loads(path.read_text())["summary"]
+        t = Table(
+            title=f"4d. base and head interleaved in one invocation ({r.get('suite')}, {r.get('jobs_per_run')} jobs, "
+            f"--repeat {r.get('repeat')}; load average {r.get('load_average')}; {path.name})"
+        )
+        for col in ("same-code gates failed", "same-code jobs", "planted 20% caught (fwd jobs)", "control jobs"):
+            t.add_column(col, justify="right")
+        t.add_row(
+            r["same_code_gates_failed"], r["same_code_jobs_failed"], r["planted_fwd_caught"], r["control_jobs_failed"]
+        )
+        console.print(t)
+
+
 def main() -> None:
     """Run the four parts and print their tables."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -311,6 +332,7 @@ def main() -> None:
     console = Console(width=160)
     print_real_runs(console, REAL_RUNS)
     print_repeat_runs(console, REPEAT_RUNS)
+    print_interleaved_runs(console, INTERLEAVED_RUNS)
     if args.real_only:
         return
     rng = np.random.default_rng(args.seed)

@@ -729,6 +729,8 @@ class ComparisonInput:
     environment: EnvironmentDoc
     jobs: list[JobResult]
     skipped: int = 0  # stored jobs left out: they fail the document's validation (stored by an older version)
+    # The run's ``interleaved_with`` (``run --base-ref``: the run it was interleaved with), for the comparison's rule.
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _valid_jobs(fields: list[dict[str, Any]]) -> tuple[list[JobResult], int]:
@@ -746,6 +748,12 @@ def _valid_jobs(fields: list[dict[str, Any]]) -> tuple[list[JobResult], int]:
     return jobs, len(fields) - len(jobs)
 
 
+def _interleaving(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The part of a stored run's meta a comparison reads: which run it was interleaved with, if any."""
+    other = (meta or {}).get("interleaved_with")
+    return {"interleaved_with": other} if other else {}
+
+
 def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
     """The jobs of run `run_id` as a comparison needs them (see :class:`ComparisonInput`), in two lean selects.
 
@@ -759,7 +767,7 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
     runs, envs = Run.__table__, Environment.__table__
     env_columns = [envs.c[name] for name in EnvironmentDoc.model_fields]
     head = session.execute(
-        select(runs.c.id, runs.c.created_at.label("run_created_at"), *env_columns)
+        select(runs.c.id, runs.c.created_at.label("run_created_at"), runs.c.meta.label("run_meta"), *env_columns)
         .join(envs, envs.c.id == runs.c.environment_id)
         .where(runs.c.run_id == run_id)
     ).one_or_none()
@@ -774,7 +782,9 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
     ).all()
     run_created_at = utc(head.run_created_at)
     jobs, skipped = _valid_jobs([_comparison_job(row, run_created_at) for row in rows])
-    return ComparisonInput(run_id=run_id, environment=_environment_doc(head), jobs=jobs, skipped=skipped)
+    return ComparisonInput(
+        run_id=run_id, environment=_environment_doc(head), jobs=jobs, skipped=skipped, meta=_interleaving(head.run_meta)
+    )
 
 
 # Validates a run's jobs in one pydantic-core call: ~8 us a job, where model_construct, a Python loop over every

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from deltabench.harness.document import JobResult
@@ -59,12 +59,12 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     return _context
 
 
-def job_environment() -> dict[str, str]:
-    """The environment a job runs with: this process's, JAX not grabbing most of the GPU up front (a job may
-    hold torch and JAX buffers side by side), and Triton keeping autotuning results in its on-disk cache
-    beside the compiled kernels, so a later process or run does not tune the same kernel again (a user's
+def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a job runs with: this process's with `extra` over it, JAX not grabbing most of the GPU up
+    front (a job may hold torch and JAX buffers side by side), and Triton keeping autotuning results in its on-disk
+    cache beside the compiled kernels, so a later process or run does not tune the same kernel again (a user's
     ``TRITON_CACHE_AUTOTUNING=0`` still wins)."""
-    env = dict(os.environ)
+    env = {**os.environ, **(extra or {})}
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     return env
@@ -173,17 +173,17 @@ def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: in
     return result
 
 
-def run_isolated(job: JobSpec, *, python: str | None = None) -> JobResult:
+def run_isolated(job: JobSpec, *, python: str | None = None, env: Mapping[str, str] | None = None) -> JobResult:
     """Run `job` in a fresh process, killing its process group after ``job.timeout_s`` seconds.
 
     With `python` (an interpreter path) the job is started under it; otherwise it is forked from the
-    fork server.
+    fork server. `env`: variables set for the job over this process's (:func:`job_environment`).
     """
     started = _dt.datetime.now(_dt.timezone.utc)
     with tempfile.TemporaryDirectory(prefix="deltabench-job-") as tmp:
         result_path = Path(tmp) / "result.json"
         log_path = Path(tmp) / "log.txt"
-        payload = {"job": job.model_dump(), "result_path": str(result_path), "env": job_environment()}
+        payload = {"job": job.model_dump(), "result_path": str(result_path), "env": job_environment(env)}
         if python:
             timed_out, rc = _run_exec(payload, log_path, job.timeout_s, python)
         else:
@@ -200,13 +200,13 @@ PhaseCallback = Callable[[JobSpec, str], None]
 class _Worker:
     """One long-lived process that runs the jobs it is sent, one at a time (see :class:`SharedProcessRunner`)."""
 
-    def __init__(self, python: str | None) -> None:
+    def __init__(self, python: str | None, extra_env: Mapping[str, str] | None = None) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="deltabench-worker-")
         self.dir = Path(self._tmp.name)
         self.log_path = self.dir / "log.txt"
         self.log_path.touch()
         self.jobs_done = 0
-        env = job_environment()
+        env = job_environment(extra_env)
         if python:
             self._log = open(self.log_path, "w")  # noqa: SIM115 - open for the process's whole life
             self._popen: subprocess.Popen | None = subprocess.Popen(
@@ -318,12 +318,19 @@ class SharedProcessRunner:
     """Runs the jobs of one (op, impl, device) one after another in one long-lived process, with each job's
     timeout; a timeout, a crash or a status other than ok / incorrect / unsupported ends that process and
     the next job gets a fresh one. A job of another impl closes the current process first (one process at a
-    time holds the device). Call :meth:`close` at the end (or use it as a context manager).
+    time holds the device). `env`: variables set in its processes over this one's. Call :meth:`close` at the end
+    (or use it as a context manager).
     """
 
-    def __init__(self, python: str | None = None, on_phase: PhaseCallback | None = None) -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        on_phase: PhaseCallback | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.python = python
         self.on_phase = on_phase
+        self.env = dict(env or {})
         self.processes_started = 0
         self._worker: _Worker | None = None
         self._key: tuple | None = None
@@ -335,7 +342,7 @@ class SharedProcessRunner:
         if self._worker is not None and (key != self._key or self._worker.exit_code() is not None):
             self.close()
         if self._worker is None:
-            self._worker, self._key = _Worker(self.python), key
+            self._worker, self._key = _Worker(self.python, self.env), key
             self.processes_started += 1
         started = _dt.datetime.now(_dt.timezone.utc)
         result, timed_out, rc, log_text = self._worker.run(job, self.on_phase)
@@ -360,26 +367,31 @@ class SharedProcessRunner:
 
 
 def make_runner(
-    isolation: str = "impl", *, python: str | None = None, on_phase: PhaseCallback | None = None
+    isolation: str = "impl",
+    *,
+    python: str | None = None,
+    on_phase: PhaseCallback | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> SharedProcessRunner | IsolatedRunner:
     """The runner for a suite's `isolation`: ``"impl"`` (one worker process per impl, reporting each job's phases
-    to `on_phase`) or ``"job"`` (a fresh process per job; no phases)."""
+    to `on_phase`) or ``"job"`` (a fresh process per job; no phases); `env` is set in its processes."""
     if isolation == "job":
-        return IsolatedRunner(python=python)
+        return IsolatedRunner(python=python, env=env)
     if isolation == "impl":
-        return SharedProcessRunner(python=python, on_phase=on_phase)
+        return SharedProcessRunner(python=python, on_phase=on_phase, env=env)
     raise ValueError(f"unknown isolation {isolation!r}: use one of {', '.join(ISOLATIONS)}")
 
 
 class IsolatedRunner:
     """Runs each job in its own process with the job's timeout (forked, or under `python` if given)."""
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, env: Mapping[str, str] | None = None) -> None:
         self.python = python
+        self.env = dict(env or {})
 
     def run(self, job: JobSpec) -> JobResult:
         """Run `job` in a fresh process."""
-        return run_isolated(job, python=self.python)
+        return run_isolated(job, python=self.python, env=self.env)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deltabench.harness.cases import Case
-from deltabench.harness.document import JobResult, ResultDocument, TimingStats
+from deltabench.harness.document import Environment, JobResult, ResultDocument, TimingStats
 from deltabench.harness.registry import get_impl
 from deltabench.harness.suites import GateSettings, Suite, TimingSettings
 
@@ -34,6 +34,7 @@ from .job import case_spec
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "RunPlan",
+    "RunState",
     "execution_order",
     "partial_path",
     "plan_run",
@@ -158,25 +159,9 @@ def _run_jobs(
     on_done: Callable[[JobSpec, JobResult], None] | None,
     on_begin: Callable[[Path], None] | None,
 ) -> ResultDocument:
-    from .ceilings import ceilings_for, work_figures
     from .environment import collect_environment
 
-    env = collect_environment(plan.device)
-    doc = ResultDocument(
-        suite=plan.suite.name,
-        baselines=plan.suite.baselines,
-        environment=env,
-        ceilings=ceilings_for(plan.device, env.device_name),
-        meta={"suite_source": plan.suite.source, "device": plan.device, "complete": False},
-    )
-    target = out or partial_path(doc.run_id)
-    write_document(doc, target)
-    if on_begin:
-        on_begin(target)
-    if plan.repeat > 1:
-        doc.meta["repeat"] = plan.repeat
-    finished: dict[int, JobResult] = {}
-    timings: dict[int, list[TimingStats]] = {}
+    run = RunState(plan, collect_environment(plan.device), out, on_begin)
     order = execution_order(plan)
     for rep in range(plan.repeat):
         if rep > 0:
@@ -184,34 +169,87 @@ def _run_jobs(
             if close is not None:
                 close()  # each repetition in processes of its own: their differences are what it measures
         for index in order:
-            job = plan.jobs[index]
-            if rep > 0:
-                if finished[index].status != "ok":
-                    continue  # unsupported, failed or incorrect: nothing to time again
-                job = job.model_copy(update={"repetition": rep})
-            if on_start:
-                on_start(job)
-            case = job.to_case()
-            if rep == 0:
-                impl = get_impl(case.op, job.impl)
-                why = impl.check_case(case)
-                result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
-                if result.status != "ok":
-                    result.timing = None  # only a job that passed the gate has a valid timing
-                elif result.timing is not None:
-                    timings[index] = [result.timing]
-            else:
-                result = _with_repetition(finished[index], runner.run(job), timings[index], rep, plan.repeat)
-            median = result.timing.median_ms if result.timing else None
-            result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, doc.ceilings)
-            finished[index] = result
-            doc.jobs = [finished[i] for i in sorted(finished)]
-            write_document(doc, target)
-            if on_done:
-                on_done(job, result)
-    doc.meta["complete"] = True
-    write_document(doc, target)
-    return doc
+            run.step(index, plan.jobs[index], rep, runner, on_start, on_done)
+    return run.finish()
+
+
+class RunState:
+    """One run's document as its jobs end: each job's first result (gate and timing), later repetitions merged into
+    it, the document saved after every job (:func:`run_plan`; ``runners.interleave`` keeps one per side)."""
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        env: Environment,
+        out: Path | None,
+        on_begin: Callable[[Path], None] | None,
+        meta: dict | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        from .ceilings import ceilings_for
+
+        self.plan = plan
+        self.doc = ResultDocument(
+            **({"run_id": run_id} if run_id else {}),
+            suite=plan.suite.name,
+            baselines=plan.suite.baselines,
+            environment=env,
+            ceilings=ceilings_for(plan.device, env.device_name),
+            meta={"suite_source": plan.suite.source, "device": plan.device, "complete": False, **(meta or {})},
+        )
+        self.target = out or partial_path(self.doc.run_id)
+        write_document(self.doc, self.target)
+        if on_begin:
+            on_begin(self.target)
+        if plan.repeat > 1:
+            self.doc.meta["repeat"] = plan.repeat
+        self.finished: dict[int, JobResult] = {}
+        self.timings: dict[int, list[TimingStats]] = {}
+
+    def step(
+        self,
+        index: int,
+        job: JobSpec,
+        rep: int,
+        runner: Runner,
+        on_start: Callable[[JobSpec], None] | None = None,
+        on_done: Callable[[JobSpec, JobResult], None] | None = None,
+    ) -> None:
+        """Run repetition `rep` of the plan's job `index` (`job`: its spec for this side) on `runner`, unless an
+        earlier repetition ended badly; record it and save the document."""
+        from .ceilings import work_figures
+
+        if rep > 0:
+            if self.finished[index].status != "ok":
+                return  # unsupported, failed or incorrect: nothing to time again
+            job = job.model_copy(update={"repetition": rep})
+        if on_start:
+            on_start(job)
+        case = job.to_case()
+        if rep == 0:
+            impl = get_impl(case.op, job.impl)
+            why = impl.check_case(case)
+            result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
+            if result.status != "ok":
+                result.timing = None  # only a job that passed the gate has a valid timing
+            elif result.timing is not None:
+                self.timings[index] = [result.timing]
+        else:
+            latest = runner.run(job)
+            result = _with_repetition(self.finished[index], latest, self.timings[index], rep, self.plan.repeat)
+        median = result.timing.median_ms if result.timing else None
+        result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, self.doc.ceilings)
+        self.finished[index] = result
+        self.doc.jobs = [self.finished[i] for i in sorted(self.finished)]
+        write_document(self.doc, self.target)
+        if on_done:
+            on_done(job, result)
+
+    def finish(self) -> ResultDocument:
+        """Mark the run complete, save and return its document."""
+        self.doc.meta["complete"] = True
+        write_document(self.doc, self.target)
+        return self.doc
 
 
 def _with_repetition(

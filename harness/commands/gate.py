@@ -5,7 +5,8 @@ A run is named by a result JSON file, a pytest-benchmark JSON file, a stored run
 ref/commit (the newest stored run for that commit other than the head's own, preferring the head's machine class and
 suite). Files need no database, which is what a CI job without one wants; with a database, each job's run-to-run
 spread comes from its series' history there, and runs made with ``run --repeat N`` carry their own spread between
-repetitions (``harness.regression.noise``).
+repetitions (``harness.regression.noise``). A base and a head made in one ``run --base-ref REF`` invocation name each
+other (``meta.interleaved_with``): their repetitions saw the same machine states and decide before any history.
 """
 
 from __future__ import annotations

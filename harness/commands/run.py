@@ -55,6 +55,24 @@ def _check_memory(jobs: list) -> None:
         check_fits(case, reference=job.gate.reference, grads=grads, what=what)
 
 
+def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done):
+    """(head, base) documents of `plan` run on this code and on git ref `base_ref`'s, interleaved
+    (``runners.interleave``); the progress callbacks name the side."""
+    from deltabench.runners.interleave import base_tree, run_interleaved
+
+    with base_tree(base_ref) as tree:
+        console.print(f"base: {base_ref} = commit {tree.commit[:12]}, run interleaved with the head job by job")
+        return run_interleaved(
+            plan,
+            tree,
+            out=out,
+            base_out=base_out,
+            on_start=lambda job, side: on_start(job.model_copy(update={"impl": f"{job.impl} [{side}]"})),
+            on_done=lambda job, result, side: on_done(job, result),
+            on_begin=lambda path, side: console.print(f"partial document ({side}, each job saved as it ends): {path}"),
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``run`` command to `app`."""
 
@@ -78,6 +96,16 @@ def register(app: typer.Typer) -> None:
             "--repeat",
             help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
             "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs).",
+        ),
+        base_ref: str = typer.Option(
+            None,
+            "--base-ref",
+            help="Also run every job on the code of this git ref (e.g. main), interleaved with the head job by job "
+            "in one invocation, so both see the same machine states; gate the two documents with "
+            "`deltabench gate --base BASE_OUT --head OUT` (use --repeat N, N >= 5).",
+        ),
+        base_out: Path = typer.Option(
+            None, "--base-out", help="With --base-ref: the base run's document (default: OUT's name + .base.json)."
         ),
     ) -> int:
         """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
@@ -104,6 +132,12 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--timeout must be a positive number of seconds")
         if not 1 <= repeat <= MAX_REPEAT:
             raise BadInput(f"--repeat {repeat}: use 1 to {MAX_REPEAT} repetitions of each job")
+        if base_out is not None and base_ref is None:
+            raise BadInput("--base-out needs --base-ref (the base run it names)")
+        if base_ref is not None and base_out is None and out is not None:
+            base_out = out.with_name(f"{out.name.removesuffix('.json')}.base.json")
+        if base_ref is not None and out is not None and base_out.resolve() == out.resolve():
+            raise BadInput(f"--base-out {base_out} is --out: name two files")
         imports = _resolve_imports(import_)
         for spec in imports:
             load_module(spec)
@@ -163,7 +197,13 @@ def register(app: typer.Typer) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
                 console.print(f"partial document (each job saved as it ends): {path}")
 
-            doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin, on_phase=on_phase)
+            if base_ref is None:
+                doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin, on_phase=on_phase)
+                docs = [doc]
+            else:
+                progress.update(task, total=2 * len(plan.jobs) * plan.repeat)
+                doc, base_doc = _run_interleaved(plan, base_ref, out, base_out, console, on_start, on_done)
+                docs = [doc, base_doc]
             progress.update(task, description=f"suite {loaded.name} on {dev}: done")
 
         if fmt == "table":
@@ -171,19 +211,24 @@ def register(app: typer.Typer) -> None:
             print_results(doc, Console(width=None if sys.stdout.isatty() else 200))
         else:
             print(render_results(doc, fmt), end="")
-        if out:
-            console.print(f"result document: {out}")
-        if not no_db:
-            try:
-                run_id = _store(doc, db)
-            except ModuleNotFoundError as exc:
-                console.print(f"[yellow]not stored: the db layer is not installed ({exc.name})[/]")
-            else:
-                console.print(f"stored run {run_id}")
-                if not out:
-                    partial_path(doc.run_id).unlink(missing_ok=True)
-        elif not out:
-            console.print(f"result document: {partial_path(doc.run_id)}")
+        outs = [out, base_out]
+        for d, path in zip(docs, outs, strict=False):
+            side = "" if len(docs) == 1 else f" ({d.meta['side']})"
+            if path:
+                console.print(f"result document{side}: {path}")
+            if not no_db:
+                try:
+                    run_id = _store(d, db)
+                except ModuleNotFoundError as exc:
+                    console.print(f"[yellow]not stored: the db layer is not installed ({exc.name})[/]")
+                else:
+                    console.print(f"stored run {run_id}{side}")
+                    if not path:
+                        partial_path(d.run_id).unlink(missing_ok=True)
+            elif not path:
+                console.print(f"result document{side}: {partial_path(d.run_id)}")
+        if base_ref is not None:
+            console.print(f"gate it: deltabench gate --base {base_out or base_doc.run_id} --head {out or doc.run_id}")
         bad = [j for j in doc.jobs if j.status in ("incorrect", "failed", "timeout", "oom")]
         counts = {s: sum(j.status == s for j in doc.jobs) for s in dict.fromkeys(j.status for j in doc.jobs)}
         console.print("jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))

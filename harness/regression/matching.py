@@ -25,7 +25,7 @@ from .result import (
 )
 from .rule import GradingRule
 
-__all__ = ["RunJobs", "compare_documents", "compare_job_pairs", "compare_jobs", "latest_by_key"]
+__all__ = ["RunJobs", "compare_documents", "compare_job_pairs", "compare_jobs", "interleaved", "latest_by_key"]
 
 
 def _timing_ok(job: JobResult) -> bool:
@@ -70,6 +70,7 @@ def compare_job_pairs(
     spreads: Mapping[JobKey, RunSpread] | None = None,
     machine_kind: str | None = None,
     default_sigma: float | None = None,
+    interleaved: bool = False,
 ) -> list[JobComparison]:
     """Grade every (base, head) pair: status and context first, then the timings of the jobs with raw samples on
     both sides in one vectorised :meth:`GradingRule.grade_samples` call.
@@ -77,7 +78,8 @@ def compare_job_pairs(
     `spreads` holds the run-to-run spread of jobs with history; the others are judged on the spread between their
     repetitions when both runs repeated them (``run --repeat N``), else get `default_sigma` when given (a spread
     measured on the user's own machine), else the measured default of `machine_kind` (else the base environment's
-    machine class): :meth:`GradingRule.run_to_run` makes that choice.
+    machine class): :meth:`GradingRule.run_to_run` makes that choice; `interleaved` (the two runs came from one
+    ``run --base-ref`` invocation) puts the repetitions first.
     """
     rule = rule or GradingRule()
     spreads = spreads or {}
@@ -121,6 +123,7 @@ def compare_job_pairs(
         [(b.samples_ms, h.samples_ms) for b, h in timings],  # type: ignore[union-attr]
         [spreads.get(_key(commons[i]), fallback) for i in sampled],
         [(b.repetitions, h.repetitions) for b, h in timings],  # type: ignore[union-attr]
+        interleaved=interleaved,
     )
     for i, v in zip(sampled, graded, strict=True):
         out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **commons[i])
@@ -182,6 +185,13 @@ def _incomplete(doc: ResultDocument | RunJobs) -> bool:
     return meta.get("complete", True) is False
 
 
+def interleaved(base: ResultDocument | RunJobs, head: ResultDocument | RunJobs) -> bool:
+    """True when the two runs came from one ``deltabench run --base-ref`` invocation: each document's
+    ``meta.interleaved_with`` names the other run."""
+    bm, hm = getattr(base, "meta", None) or {}, getattr(head, "meta", None) or {}
+    return bm.get("interleaved_with") == head.run_id and hm.get("interleaved_with") == base.run_id
+
+
 def compare_documents(
     base: ResultDocument | RunJobs,
     head: ResultDocument | RunJobs,
@@ -197,6 +207,7 @@ def compare_documents(
     others are graded with `default_sigma`, else the base machine class's measured default spread.
     """
     rule = rule or GradingRule()
+    together = interleaved(base, head)
     bj, hj = latest_by_key(base), latest_by_key(head)
     keys = list(hj) + [k for k in bj if k not in hj]
     rows = compare_job_pairs(
@@ -206,6 +217,7 @@ def compare_documents(
         head_env=head.environment,
         spreads=spreads,
         default_sigma=default_sigma,
+        interleaved=together,
     )
     return Comparison(
         base_run_id=base.run_id,
@@ -220,4 +232,5 @@ def compare_documents(
         head_commit=head.environment.git_commit,
         head_incomplete=_incomplete(head),
         allow_missing=allow_missing,
+        interleaved=together,
     )

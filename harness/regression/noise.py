@@ -42,6 +42,19 @@ Where the spread of run levels comes from, best first (``rule.GradingRule`` take
   run and not through the other: on the shared two-core machine, where the load moved 3-11 between runs minutes
   apart, same-code gates failed 1-5 of 10 at 7-14 repetitions (benchmarks/NOTES.md, "run --repeat"); a history
   is the noise model there.
+- **interleaved repetitions**: both runs came from one ``deltabench run --base-ref REF --repeat N`` invocation
+  (``runners.interleave``): repetition r of a job ran on the base code and on the head code back to back, each in a
+  fresh process, base first in half the pairs. Then both sides' repetitions are drawn from the same machine states,
+  which is exactly the exchangeability the permutation null above assumes and separate runs lacked, so the same
+  statistic is used, and it comes before a history: the history's runs saw other machine states than the head did,
+  while the interleaved base saw the same ones. The paired alternative (a sign-flip test on the N within-pair
+  differences, pair r having run back to back) was considered and not taken: its null has 2^N splits, so its
+  smallest p-value is 2^-N (1/128 at N = 7) against 1 / C(2N, N) (1/3432) for the two-sample split, and at
+  alpha / m over a comparison's m jobs it could reject nothing below N = 12 (m = 24); and the pairing buys little
+  here, since what moves a repetition is the state of its own process (fast or slow for its whole life), which the
+  two processes of a pair draw independently, not the moment they share. Unrestricted splits over a design whose
+  pairs do share a moment are conservative (a moment's effect adds the same spread to both sides' levels and to the
+  null), not liberal.
 - **default**: no usable history (one base run). The spread is then unknown; a change counts only beyond
   ``z(1 - alpha) * sqrt(2) * sigma_default`` (head and base each carry one run effect), with ``sigma_default`` the
   run-to-run spread measured for the machine class (:data:`DEFAULT_SPREADS`, from ``benchmarks/gate_calibration.py``).
@@ -134,6 +147,7 @@ class RunSpread:
     base_logs: tuple[float, ...] = ()  # repetitions: the base's log levels (the permutation null is built from both)
     head_logs: tuple[float, ...] = ()
     family: int = 1  # repetitions: jobs of the comparison judged on repetitions (the bound is at alpha / family)
+    interleaved: bool = False  # repetitions: base and head ran interleaved in one invocation (`run --base-ref`)
 
     def bound(self, alpha: float) -> float:
         """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against
@@ -153,6 +167,11 @@ class RunSpread:
             return f"spread {self.sigma:.1%} over {self.runs} past runs{widened}"
         if self.source == "repetitions":
             family = f", bound at alpha/{self.family} over {self.family} jobs" if self.family > 1 else ""
+            if self.interleaved:
+                return (
+                    f"spread between repetitions of base and head interleaved in one invocation ({self.runs} base, "
+                    f"{self.head_runs} head; standard error {self.sigma:.1%}{family})"
+                )
             return (
                 f"within-run spread between repetitions ({self.runs} base, {self.head_runs} head; no history; "
                 f"standard error {self.sigma:.1%}{family})"

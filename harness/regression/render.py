@@ -96,9 +96,10 @@ def summary_line(cmp: Comparison) -> str:
     def side(commit: str | None, run_id: str) -> str:
         return f"`{commit[:10]}` (run {run_id[:8]})" if commit else f"run {run_id[:8]}"
 
+    together = "; interleaved in one invocation (same machine states)" if cmp.interleaved else ""
     return (
         f"**{verdict}**: {', '.join(parts)}; threshold {cmp.threshold:.0%}, alpha {cmp.alpha:g}; "
-        f"base {side(cmp.base_commit, cmp.base_run_id)} vs head {side(cmp.head_commit, cmp.head_run_id)}"
+        f"base {side(cmp.base_commit, cmp.base_run_id)} vs head {side(cmp.head_commit, cmp.head_run_id)}{together}"
     )
 
 

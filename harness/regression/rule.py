@@ -8,7 +8,9 @@ The run-to-run evidence, in this order (:meth:`GradingRule.run_to_run`; ``noise`
 2. **repetitions**: both runs were made with ``--repeat N``, N >= 5 (``noise.MIN_REPETITIONS``); ``level`` = the
    geometric mean of the head's faster half of repetitions (each repetition's best sample), ``reference`` = the
    base's; the bound is the studentised permutation bound of that difference at alpha / m, m the jobs of the
-   comparison judged this way;
+   comparison judged this way. When the two runs were interleaved in one invocation (``run --base-ref``), this
+   comes first, before a history: the base then saw the machine states the head saw (``noise``, "interleaved
+   repetitions", also for why the test stays the two-sample one rather than a paired one);
 3. **default**: neither; ``level`` as in 1, ``reference`` = the base run's level, and the spread is the machine
    class's measured default: a change under its bound is "within noise: run-to-run spread unknown".
 
@@ -133,6 +135,8 @@ class GradingRule:
             )
         outcome = REGRESSION if slower else IMPROVEMENT
         where = {"history": "past runs", "repetitions": "base run's repetitions"}.get(spread.source, "base run")
+        if spread.interleaved:
+            where = "interleaved base's repetitions"
         return outcome, (
             f"{size} vs the {where}: beyond the {self.threshold:.0%} threshold, significant (p={pvalue:.2g}) and "
             f"beyond run-to-run noise ({math.expm1(bound if slower else -bound):+.1%}, {spread.describe()})"
@@ -143,14 +147,18 @@ class GradingRule:
         given: RunSpread,
         base_levels: Sequence[float],
         head_levels: Sequence[float],
+        *,
+        interleaved: bool = False,
     ) -> tuple[RunSpread, float, float]:
         """(spread, head level, reference) a job's change is judged with, from the evidence in the module
-        docstring's order: `given` when it is a history; else the repetitions' spread when both sides have enough
-        repetition levels (``noise.repetition_levels``); else `given` (the machine class's default)."""
-        if given.source != "history":
+        docstring's order: `given` when it is a history (unless the runs were `interleaved` and have enough
+        repetitions); else the repetitions' spread when both sides have enough repetition levels
+        (``noise.repetition_levels``); else `given` (the machine class's default)."""
+        if given.source != "history" or interleaved:
             within = spread_from_repetitions(base_levels, head_levels)
             if within is not None:
                 assert within.center_ms is not None and within.head_center_ms is not None
+                within = dataclasses.replace(within, interleaved=interleaved)
                 return within, within.head_center_ms, within.center_ms
         head_level = float(np.median(head_levels))
         reference = given.center_ms if given.center_ms is not None else float(np.median(base_levels))
@@ -203,11 +211,14 @@ class GradingRule:
         pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
         spreads: Sequence[RunSpread],
         repetitions: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+        *,
+        interleaved: bool = False,
     ) -> list[Verdict]:
         """Grade each (base samples, head samples) pair against its run-to-run noise: `spreads` holds each pair's
         history spread or the machine class's default, `repetitions` each sample's repetition index per side
         (``TimingStats.repetitions``; empty: one repetition), from which :meth:`run_to_run` takes the within-run
-        spread when there is no history. The bootstrap and the rank test are vectorised over the pairs (a
+        spread when there is no history, or first when the two runs were `interleaved` in one invocation
+        (``run --base-ref``). The bootstrap and the rank test are vectorised over the pairs (a
         comparison of two runs grades all its jobs in one call)."""
         arrays = [(np.asarray(b, float), np.asarray(h, float)) for b, h in pairs]
         reps = list(repetitions) if repetitions is not None else [((), ())] * len(arrays)
@@ -228,7 +239,7 @@ class GradingRule:
             i: (repetition_levels(arrays[i][0], reps[i][0]), repetition_levels(arrays[i][1], reps[i][1]))
             for i in evidence
         }
-        noise = {i: self.run_to_run(spreads[i], *levels[i]) for i in evidence}
+        noise = {i: self.run_to_run(spreads[i], *levels[i], interleaved=interleaved) for i in evidence}
         # The jobs judged on their repetitions share alpha (Bonferroni): a comparison of unchanged code fails with
         # probability at most alpha however many jobs it has (noise.py, "repetitions").
         family = sum(n[0].source == "repetitions" for n in noise.values())

@@ -520,6 +520,11 @@ def test_the_rule_takes_history_then_repetitions_then_the_default() -> None:
     v = grade(hist)
     assert v.evidence.spread_source == "history" and v.outcome == "within_noise"
     assert "over 6 past runs" in v.reason
+    # Unless the two runs were interleaved in one invocation: the base then saw the head's machine states, the
+    # history's runs did not, so the repetitions decide, and the reason says the runs were interleaved.
+    v = rule.grade_samples([(base[0], head[0])], [hist], [(base[1], head[1])], interleaved=True)[0]
+    assert v.outcome == "regression" and v.evidence.spread_source == "repetitions"
+    assert "vs the interleaved base's repetitions" in v.reason and "interleaved in one invocation (8 base" in v.reason
     # Four repetitions a side are too few: the default decides, and says the spread is unknown.
     four_b = ([x for x, r in zip(*base, strict=True) if r < 4], [r for r in base[1] if r < 4])
     four_h = ([x for x, r in zip(*head, strict=True) if r < 4], [r for r in head[1] if r < 4])
@@ -574,3 +579,17 @@ def test_repetition_indices_must_match_the_samples() -> None:
         TimingStats(**{**t.model_dump(), "repetitions": [0, -1, 1]})
     assert TimingStats(**{**t.model_dump(), "repetitions": [0, 1, 1]}).n_repetitions == 2
     assert t.n_repetitions == 1
+
+
+def test_runs_count_as_interleaved_only_when_each_names_the_other() -> None:
+    from types import SimpleNamespace
+
+    from deltabench.harness.regression.matching import interleaved
+
+    def run(run_id: str, other: str | None) -> SimpleNamespace:
+        return SimpleNamespace(run_id=run_id, meta={"interleaved_with": other} if other else {})
+
+    assert interleaved(run("b", "h"), run("h", "b"))
+    assert not interleaved(run("b", "h"), run("h", None))  # a head from another invocation
+    assert not interleaved(run("b", "x"), run("h", "b"))
+    assert not interleaved(SimpleNamespace(run_id="b", jobs=[]), run("h", "b"))  # a run without meta (the store)

@@ -25,7 +25,17 @@ from __future__ import annotations
 
 from .cases import parse_dtype
 
-__all__ = ["FAMILIES", "PROFILES", "TOLERANCES", "TRITON_INTERPRETER_BF16", "family_of", "threshold"]
+__all__ = [
+    "FAMILIES",
+    "FEW_ELEMENTS",
+    "FEW_ELEMENT_TOLERANCES",
+    "PROFILES",
+    "REGIME_TOLERANCES",
+    "TOLERANCES",
+    "TRITON_INTERPRETER_BF16",
+    "family_of",
+    "threshold",
+]
 
 FAMILIES = ("output", "state", "gradient", "streaming", "boundary")
 
@@ -79,6 +89,37 @@ TOLERANCES: dict[str, dict[str, float]] = {
     },
 }
 
+# Bounds of one gate regime that differ from the dtype's, (dtype, regime) -> family -> bound.
+REGIME_TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
+    ("bf16", "strong"): {
+        # Log-decays down to -5 per token: a gradient formed as a sum of terms that largely cancel (dg, a sum of
+        # q.dq - k.dk-type terms; dh0, carried back through the strong decays) collects the error of every bf16
+        # intermediate a kernel stores. FLA 0.6.0's chunk_gated_delta_rule (bf16 intermediates) on an H200,
+        # B8-T4096-H6-K128-V128: grad:g 1.41e-2..1.67e-2 against torch_chunk fp32, 0.96e-2..1.30e-2 against the
+        # oracle at B1-T256-H6 (its other gradients <= 5.6e-3); emulated on the CPU (RNE casts, validated on
+        # triton_chunk's H200 figures) up to 2.43e-2 (grad:g, B1-T130-H2-K128, q and k off the unit sphere) and
+        # grad:initial_state 9.9e-3 (B2-T70-H3-K16); triton_chunk up to 1.28e-2 on the H200 (grad:g,
+        # B1-T64-H2-K128). Bound 4e-2 is 1.65x over FLA's worst emulated and 2.4x over its worst on the H200; the
+        # torch impls (fp32 inside) measure 3.4e-3. Only this regime: typical and long keep 9e-3, under the planted
+        # dk * 1.01 (1.0e-2), and FLA measures at most 7.1e-3 there on the H200.
+        "gradient": 4e-2,
+    },
+}
+
+# A tensor of fewer than FEW_ELEMENTS elements (a per-head gate's gradient at T = 1 in the length sweep: B*H = 2
+# elements) gets no averaging from a relative Frobenius norm: the value is the relative error of one or two
+# reductions (dg of one token is a sum over K*V products that largely cancel), whose result is small by chance
+# as often as its error is large. Modelled as independent normal errors over independent normal values, n
+# elements give (value / the many-element value)^2 ~ F(n, n): its 99.9% quantile is 31.6x at n = 2, 7.3x at n = 4,
+# 3.5x at n = 8 and 2.3x at n = 16, where the many-element bounds' margins (1.4-2.4x) start to cover it.
+FEW_ELEMENTS = 16
+FEW_ELEMENT_TOLERANCES: dict[str, dict[str, float]] = {
+    "bf16": {
+        # PLACEHOLDER
+        "gradient": 0.25,
+    },
+}
+
 # The Triton interpreter (TRITON_INTERPRET=1, Triton impls on the CPU) converts fp32 to bf16 by truncation, not
 # round-to-nearest-even as GPUs do: measured on 1024 normal draws, a cast's relative error is 3.3e-3 against 1.7e-3,
 # and biased, so it accumulates through a chunked kernel's bf16 intermediates. triton_chunk (gdn) at bf16 under the
@@ -104,12 +145,24 @@ def family_of(check: str) -> str:
     return "output"
 
 
-def threshold(dtype: str, check: str, *, profile: str = "native") -> float:
-    """The relative Frobenius bound for `check` at `dtype`; `profile` ``"triton_interpreter"`` applies the
-    interpreter's bf16 bound (see TRITON_INTERPRETER_BF16)."""
+def threshold(
+    dtype: str, check: str, *, profile: str = "native", regime: str | None = None, numel: int | None = None
+) -> float:
+    """The relative Frobenius bound for `check` at `dtype`.
+
+    `regime` (the gate regime the inputs were drawn in) selects a :data:`REGIME_TOLERANCES` override where there is
+    one; `numel` (the number of elements of the compared tensor) selects the :data:`FEW_ELEMENT_TOLERANCES` bound
+    below :data:`FEW_ELEMENTS`, where it is looser; profile ``"triton_interpreter"`` raises a bf16 bound to at least
+    TRITON_INTERPRETER_BF16. Without `regime` and `numel` the bound is the per-family one of :data:`TOLERANCES`."""
     name = parse_dtype(dtype)
-    if profile == "triton_interpreter" and name == "bf16":
-        return TRITON_INTERPRETER_BF16
     if profile not in PROFILES:
         raise ValueError(f"unknown tolerance profile {profile!r}")
-    return TOLERANCES[name][family_of(check)]
+    family = family_of(check)
+    bound = TOLERANCES[name][family]
+    if regime is not None:
+        bound = REGIME_TOLERANCES.get((name, regime), {}).get(family, bound)
+    if numel is not None and numel < FEW_ELEMENTS:
+        bound = max(bound, FEW_ELEMENT_TOLERANCES.get(name, {}).get(family, bound))
+    if profile == "triton_interpreter" and name == "bf16":
+        bound = max(bound, TRITON_INTERPRETER_BF16)
+    return bound

@@ -287,8 +287,9 @@ def _compare_runs(
     profile: str = "native",
     family: str | None = None,
 ) -> list[CheckRecord]:
-    """Output, final state and (when `grads`) every gradient of `run` against `ref`; `family` overrides the
-    tolerance family of every check (the streaming checks)."""
+    """Output, final state and (when `grads`) every gradient of `run` against `ref`, each against the bound of
+    its family at the case's dtype and regime and for its number of elements; `family` overrides the tolerance
+    family of every check (the streaming checks)."""
     where = {"seed": seed, "regime": case.regime, "initial_state": h0, "reference": reference}
     records: list[CheckRecord] = []
     pairs: list[tuple[str, torch.Tensor | None, torch.Tensor | None]] = [
@@ -303,7 +304,8 @@ def _compare_runs(
         if not isinstance(x, torch.Tensor):
             records.append(note_record(check, "the impl returned no value (no gradient reached this input)", **where))
             continue
-        bound = threshold(case.dtype, family or check, profile=profile)
+        # The bound of the regime the inputs were drawn in, and of the tensor's size (tolerances.py).
+        bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=r.numel())
         records += compare(check, x, r, threshold=bound, **where)
     return records
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from deltabench.harness import BadInput, Case, get_impl, get_op
 from deltabench.harness.checks import compare, rel_fro, worst_element
-from deltabench.harness.tolerances import TOLERANCES, TRITON_INTERPRETER_BF16, family_of, threshold
+from deltabench.harness.tolerances import (
+    FEW_ELEMENT_TOLERANCES,
+    FEW_ELEMENTS,
+    REGIME_TOLERANCES,
+    TOLERANCES,
+    TRITON_INTERPRETER_BF16,
+    family_of,
+    threshold,
+)
 from deltabench.harness.verify import split_point, verify_case
 
 TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
@@ -77,6 +85,28 @@ def test_tolerances_cover_every_dtype_and_family() -> None:
     # The Triton interpreter's truncating bf16 casts get their own bound; its fp32 and fp16 do not.
     assert threshold("bf16", "grad:q", profile="triton_interpreter") == TRITON_INTERPRETER_BF16
     assert threshold("fp32", "grad:q", profile="triton_interpreter") == TOLERANCES["fp32"]["gradient"]
+    with pytest.raises(ValueError, match="profile"):
+        threshold("bf16", "output", profile="gpu")
+
+
+def test_regime_and_size_select_their_own_bounds() -> None:
+    """The strong regime's bf16 gradient bound applies to gradients drawn in that regime only; the few-element
+    bound to tensors under FEW_ELEMENTS only; fp32 and fp16 keep theirs."""
+    strong = REGIME_TOLERANCES[("bf16", "strong")]["gradient"]
+    few = FEW_ELEMENT_TOLERANCES["bf16"]["gradient"]
+    base = TOLERANCES["bf16"]["gradient"]
+    assert base < 0.01 < strong < few < 1.0  # a zero or sign-flipped gradient (rel 1, 2) fails even so
+    assert threshold("bf16", "grad:g", regime="strong") == strong
+    assert threshold("bf16", "grad:g", regime="typical") == threshold("bf16", "grad:g", regime="long") == base
+    assert threshold("bf16", "output", regime="strong") == TOLERANCES["bf16"]["output"]
+    assert threshold("bf16", "grad:g", regime="long", numel=FEW_ELEMENTS - 1) == few
+    assert threshold("bf16", "grad:g", regime="long", numel=FEW_ELEMENTS) == base
+    assert threshold("bf16", "output", numel=2) == TOLERANCES["bf16"]["output"]
+    for dtype in ("fp32", "fp16"):
+        assert threshold(dtype, "grad:g", regime="strong", numel=2) == TOLERANCES[dtype]["gradient"]
+    assert threshold("bf16", "grad:q", profile="triton_interpreter", regime="strong") == max(
+        strong, TRITON_INTERPRETER_BF16
+    )
 
 
 @pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
@@ -98,7 +128,7 @@ def test_oracle_cast_passes_with_every_check(op: str) -> None:
     assert len(det) == 1 and det[0].passed and not det[0].gating
     for r in report.records:
         if r.metric == "rel_fro" and r.reference == "oracle":
-            assert r.threshold == threshold("bf16", r.check) and r.worst_index is not None
+            assert r.threshold == threshold("bf16", r.check, regime=r.regime) and r.worst_index is not None
     json.dumps(report.to_dict())
 
 

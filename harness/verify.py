@@ -230,8 +230,18 @@ def _call(
         names = [n for n, t in leaves.items() if t.requires_grad]
         values = torch.autograd.grad(outs, [leaves[n] for n in names], cots, allow_unused=True) if outs else []
         grads = dict(zip(names, values, strict=True)) if outs else dict.fromkeys(names)
-    mutated = [n for n, t in leaves.items() if not torch.equal(t.detach(), inputs[n].detach())]
+    mutated = [n for n, t in leaves.items() if not _unchanged(t.detach(), inputs[n].detach())]
     return _Run(o=o, state=state, grads=grads, mutated=mutated)
+
+
+def _unchanged(after: torch.Tensor, before: torch.Tensor) -> bool:
+    """Same shape and values, NaN where there was NaN (a non-finite state streamed back in is no write)."""
+    if after.shape != before.shape or after.dtype != before.dtype:
+        return False
+    if after.is_floating_point():
+        nan = before.isnan()
+        return torch.equal(after.isnan(), nan) and torch.equal(after.masked_fill(nan, 0), before.masked_fill(nan, 0))
+    return torch.equal(after, before)
 
 
 def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:

@@ -129,3 +129,17 @@ def test_the_few_element_bound_judges_tiny_tensors_and_still_rejects_a_dropped_g
     assert by_check["grad:g"].value >= 3 * few
     elsewhere = [r for r in report.records if r.check == "grad:g" and r.metric == "rel_fro" and r not in at_t1]
     assert elsewhere and all(r.threshold < few for r in elsewhere)
+
+
+def test_the_report_row_shows_the_record_nearest_its_bound() -> None:
+    """Rows merge regimes, whose bounds differ: the row shows the record nearest its own bound, not the largest
+    value (a strong-regime 1.3e-2 under 4e-2 is further from failing than a typical 8.5e-3 under 9e-3)."""
+    from deltabench.harness.checks import compare
+    from deltabench.harness.commands.verify import summarize_records
+
+    ref = torch.ones(64)
+    where = {"seed": 0, "initial_state": True, "reference": "oracle"}
+    strong = compare("grad:g", ref * 1.013, ref, threshold=0.04, regime="strong", **where)
+    typical = compare("grad:g", ref * 1.0085, ref, threshold=0.009, regime="typical", **where)
+    (row,) = [r for r in summarize_records(strong + typical) if r["metric"] == "rel_fro"]
+    assert row["passed"] and row["threshold"] == 0.009 and row["value"] == pytest.approx(0.0085, rel=1e-4)

@@ -14,8 +14,7 @@ __all__ = ["default_timeout_s", "register", "summarize_records"]
 def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
     """One row per (check, initial state, reference): the worst record over the seeds and regimes (a failure first,
     then the relative error nearest its bound), its seed, the max abs error and worst index there, and whether
-    every seed passed. Records without a rel_fro metric (finite,
-    determinism, notes) keep their own row."""
+    every seed passed. Records without a rel_fro metric (finite, determinism, notes) keep their own row."""
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     max_abs: dict[tuple[Any, ...], Any] = {}
     for r in records:

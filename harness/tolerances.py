@@ -130,15 +130,16 @@ FEW_ELEMENT_TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {
         # dg at T = 1, B1-H2-K128-V128, long, with h0 (the length sweep's run), CPU emulation with RNE casts
         # (benchmarks/cpu/bf16_vs_fla, which reproduces FLA's H200 value at seed 0: 1.562e-2 vs 1.561e-2), seeds
-        # 0-70: FLA 0.6.0 median 5.50e-03, worst 6.23e-02; triton_chunk median 2.32e-03, worst 1.66e-02; dbeta
-        # (both) worst 4.61e-02. On the H200 FLA 1.56e-2, triton_chunk 3.07e-3. Bound 0.25 is 1 / (1 + x^2) ~ 5e-4
-        # per tensor at FLA's median (x = 45), 4.0x over the worst seen, and 4x under a dropped gradient.
+        # 0-149: FLA 0.6.0 median 6.1e-3, worst 6.2e-2; triton_chunk median 2.3e-3, worst 1.7e-2; dbeta
+        # (both) worst 4.6e-2; in the strong regime (13 seeds) FLA's dg median 8.1e-3, worst 8.4e-2. On the
+        # H200 FLA 1.56e-2, triton_chunk 3.07e-3. Bound 0.25 is 1 / (1 + x^2) ~ 6e-4 per tensor at FLA's median
+        # (x = 41), 3.0x over the worst seen, and 4x under a dropped gradient.
         "gradient": 0.25,
     },
     "fp16": {
-        # The same run at fp16 (rounding 8x finer): triton_chunk's dbeta reached 2.07e-3 in 22 seeds, over the
-        # 2e-3 many-element bound (dg worst 1.85e-3, median 4.5e-4; torch_chunk 4.3e-4). Bound 3e-2 is the bf16
-        # one scaled by the rounding (0.25 / 8): 1 / (1 + x^2) ~ 2e-4 per tensor at triton_chunk's median.
+        # The same run at fp16 (rounding 8x finer), seeds 0-93: triton_chunk's dbeta reached 3.03e-3, over the
+        # 2e-3 many-element bound (dg median 2.9e-4, worst 2.0e-3; torch_chunk's dbeta 4.3e-4). Bound 3e-2 is the
+        # bf16 one scaled by the rounding (0.25 / 8): 1 / (1 + x^2) ~ 1e-4 per tensor at triton_chunk's median.
         "gradient": 3e-2,
     },
 }

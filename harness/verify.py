@@ -235,8 +235,18 @@ def _call(
         names = [n for n, t in leaves.items() if t.requires_grad]
         values = torch.autograd.grad(outs, [leaves[n] for n in names], cots, allow_unused=True) if outs else []
         grads = dict(zip(names, values, strict=True)) if outs else dict.fromkeys(names)
-    mutated = [n for n, t in leaves.items() if not torch.equal(t.detach(), inputs[n].detach())]
+    mutated = [n for n, t in leaves.items() if not _unchanged(t.detach(), inputs[n].detach())]
     return _Run(o=o, state=state, grads=grads, mutated=mutated)
+
+
+def _unchanged(after: torch.Tensor, before: torch.Tensor) -> bool:
+    """Same shape and values, NaN where there was NaN (a non-finite state streamed back in is no write)."""
+    if after.shape != before.shape or after.dtype != before.dtype:
+        return False
+    if after.is_floating_point():
+        nan = before.isnan()
+        return torch.equal(after.isnan(), nan) and torch.equal(after.masked_fill(nan, 0), before.masked_fill(nan, 0))
+    return torch.equal(after, before)
 
 
 def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
@@ -292,8 +302,9 @@ def _compare_runs(
     profile: str = "native",
     family: str | None = None,
 ) -> list[CheckRecord]:
-    """Output, final state and (when `grads`) every gradient of `run` against `ref`; `family` overrides the
-    tolerance family of every check (the streaming checks)."""
+    """Output, final state and (when `grads`) every gradient of `run` against `ref`, each against the bound of
+    its family at the case's dtype and regime and for its number of elements; `family` overrides the tolerance
+    family of every check (the streaming checks)."""
     where = {"seed": seed, "regime": case.regime, "initial_state": h0, "reference": reference}
     records: list[CheckRecord] = []
     pairs: list[tuple[str, torch.Tensor | None, torch.Tensor | None]] = [
@@ -308,7 +319,8 @@ def _compare_runs(
         if not isinstance(x, torch.Tensor):
             records.append(note_record(check, "the impl returned no value (no gradient reached this input)", **where))
             continue
-        bound = threshold(case.dtype, family or check, profile=profile)
+        # The bound of the regime the inputs were drawn in, and of the tensor's size (tolerances.py).
+        bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=r.numel())
         records += compare(check, x, r, threshold=bound, **where)
     return records
 

@@ -12,9 +12,9 @@ __all__ = ["default_timeout_s", "register", "summarize_records"]
 
 
 def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
-    """One row per (check, initial state, reference): the worst relative error over the seeds, its seed, the max
-    abs error and worst index there, and whether every seed passed. Records without a rel_fro metric (finite,
-    determinism, notes) keep their own row."""
+    """One row per (check, initial state, reference): the worst record over the seeds and regimes (a failure first,
+    then the relative error nearest its bound), its seed, the max abs error and worst index there, and whether
+    every seed passed. Records without a rel_fro metric (finite, determinism, notes) keep their own row."""
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     max_abs: dict[tuple[Any, ...], Any] = {}
     for r in records:
@@ -30,8 +30,9 @@ def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
             row["passed"] = False
             row["failed_seeds"].append(r.seed)
         worst = row["record"]
-        # The shown record is the worst: a failure before a pass, then the larger value (None = no value).
-        if (not r.passed, _order(r.value)) > (not worst.passed, _order(worst.value)):
+        # The shown record is the worst: a failure before a pass, then the larger share of its bound (the bound
+        # differs between regimes and tensor sizes), then the larger value (None = no value).
+        if (not r.passed, _share(r), _order(r.value)) > (not worst.passed, _share(worst), _order(worst.value)):
             row["record"] = r
     out = []
     for row in rows.values():
@@ -59,6 +60,13 @@ def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
 
 def _order(value: float | None) -> float:
     return float("-inf") if value is None else value
+
+
+def _share(r: Any) -> float:
+    """A rel_fro record's value as a fraction of its bound (-inf where there is none: counts, notes)."""
+    if r.metric != "rel_fro" or r.value is None or not r.threshold:
+        return float("-inf")
+    return r.value / r.threshold
 
 
 def _fmt(value: float | None) -> str:

@@ -10,7 +10,15 @@ import pytest
 import torch
 from deltabench.harness import BadInput, Case, get_impl, get_op
 from deltabench.harness.checks import compare, rel_fro, worst_element
-from deltabench.harness.tolerances import TOLERANCES, TRITON_INTERPRETER_BF16, family_of, threshold
+from deltabench.harness.tolerances import (
+    FEW_ELEMENT_TOLERANCES,
+    FEW_ELEMENTS,
+    REGIME_TOLERANCES,
+    TOLERANCES,
+    TRITON_INTERPRETER_BF16,
+    family_of,
+    threshold,
+)
 from deltabench.harness.verify import split_point, verify_case
 
 TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
@@ -77,6 +85,29 @@ def test_tolerances_cover_every_dtype_and_family() -> None:
     # The Triton interpreter's truncating bf16 casts get their own bound; its fp32 and fp16 do not.
     assert threshold("bf16", "grad:q", profile="triton_interpreter") == TRITON_INTERPRETER_BF16
     assert threshold("fp32", "grad:q", profile="triton_interpreter") == TOLERANCES["fp32"]["gradient"]
+    with pytest.raises(ValueError, match="profile"):
+        threshold("bf16", "output", profile="gpu")
+
+
+def test_regime_and_size_select_their_own_bounds() -> None:
+    """The strong regime's bf16 gradient bound applies to gradients drawn in that regime only; the few-element
+    bound to tensors under FEW_ELEMENTS only; fp32 keeps its bounds, fp16 its regime bounds."""
+    strong = REGIME_TOLERANCES[("bf16", "strong")]["gradient"]
+    few = FEW_ELEMENT_TOLERANCES["bf16"]["gradient"]
+    base = TOLERANCES["bf16"]["gradient"]
+    assert base < 0.01 < strong < few < 1.0  # a zero or sign-flipped gradient (rel 1, 2) fails even so
+    assert threshold("bf16", "grad:g", regime="strong") == strong
+    assert threshold("bf16", "grad:g", regime="typical") == threshold("bf16", "grad:g", regime="long") == base
+    assert threshold("bf16", "output", regime="strong") == TOLERANCES["bf16"]["output"]
+    assert threshold("bf16", "grad:g", regime="long", numel=FEW_ELEMENTS - 1) == few
+    assert threshold("bf16", "grad:g", regime="long", numel=FEW_ELEMENTS) == base
+    assert threshold("bf16", "output", numel=2) == TOLERANCES["bf16"]["output"]
+    assert threshold("fp32", "grad:g", regime="strong", numel=2) == TOLERANCES["fp32"]["gradient"]
+    assert threshold("fp16", "grad:g", regime="strong") == TOLERANCES["fp16"]["gradient"]
+    assert threshold("fp16", "grad:g", numel=2) == FEW_ELEMENT_TOLERANCES["fp16"]["gradient"] < few
+    assert threshold("bf16", "grad:q", profile="triton_interpreter", regime="strong") == max(
+        strong, TRITON_INTERPRETER_BF16
+    )
 
 
 @pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
@@ -98,7 +129,7 @@ def test_oracle_cast_passes_with_every_check(op: str) -> None:
     assert len(det) == 1 and det[0].passed and not det[0].gating
     for r in report.records:
         if r.metric == "rel_fro" and r.reference == "oracle":
-            assert r.threshold == threshold("bf16", r.check) and r.worst_index is not None
+            assert r.threshold == threshold("bf16", r.check, regime=r.regime) and r.worst_index is not None
     json.dumps(report.to_dict())
 
 
@@ -195,3 +226,24 @@ def test_stacked_and_padded_oracle_matches_the_oracle_run_alone() -> None:
     report = verify_case(oracle_cast("gdn2"), Case("gdn2", **TINY, mode="fwd+bwd"), seeds=2, extra_seed=False)
     values = [r.value for r in report.records if r.metric == "rel_fro" and r.reference.startswith("oracle")]
     assert len(values) > 100 and max(values) < 1e-6
+
+
+def test_a_nan_input_left_alone_is_not_a_write() -> None:
+    """The input check compares NaN with NaN as unchanged (a non-finite state streamed back in is the finite
+    check's to report), and still names an input whose NaN the impl overwrote."""
+    from deltabench.harness.verify import _call
+
+    spec = get_op("gdn")
+    case = Case("gdn", B=1, T=3, H=1, K=4, V=4, dtype="fp32")
+    inputs = {n: torch.randn(*spec.arg(n).shape(case.dims)) for n in spec.args}
+    inputs["initial_state"] = torch.full((1, 1, 4, 4), float("nan"))
+
+    def reads(q, k, v, g, beta, scale=None, initial_state=None):
+        return torch.zeros_like(v), initial_state.clone()
+
+    def clears(q, k, v, g, beta, scale=None, initial_state=None):
+        initial_state.nan_to_num_(0.0)
+        return torch.zeros_like(v), initial_state.clone()
+
+    assert _call(reads, spec, inputs, None).mutated == []
+    assert _call(clears, spec, inputs, None).mutated == ["initial_state"]

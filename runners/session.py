@@ -175,6 +175,13 @@ def _run_jobs(
         on_begin(target)
     if plan.repeat > 1:
         doc.meta["repeat"] = plan.repeat
+    # One drawn seed for the whole run: every job's gate uses it, so that the reduced-case checks a worker process
+    # makes for one job are those its later jobs of the same dims would make (harness/gate_memo.py).
+    from deltabench.harness.verify import draw_seed
+
+    drawn = draw_seed() if any(j.gate.extra_seed for j in plan.jobs) else None
+    if drawn is not None:
+        doc.meta["gate_drawn_seed"] = drawn
     finished: dict[int, JobResult] = {}
     timings: dict[int, list[TimingStats]] = {}
     order = execution_order(plan)
@@ -184,7 +191,7 @@ def _run_jobs(
             if close is not None:
                 close()  # each repetition in processes of its own: their differences are what it measures
         for index in order:
-            job = plan.jobs[index]
+            job = plan.jobs[index].model_copy(update={"run_id": doc.run_id, "drawn_seed": drawn})
             if rep > 0:
                 if finished[index].status != "ok":
                     continue  # unsupported, failed or incorrect: nothing to time again

@@ -15,9 +15,9 @@ state, :func:`verify_case`
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
 
-then sweeps lengths at the first seed (B and H cut to at most :data:`SWEEP_B` and :data:`SWEEP_H`, long regime,
-with an initial state): T rounded to a multiple of :data:`LARGEST_CHUNK` (two to four chunks) streamed with its
-split on a chunk boundary, a T inside one chunk streamed with its split inside it, and T = 1. A split on a chunk
+then sweeps lengths at the first seed (B = 1, the case's other dims, long regime, with an initial state): T rounded
+to a multiple of :data:`LARGEST_CHUNK` (two to four chunks, as many as the oracle affords) streamed with its split
+on a chunk boundary, a T inside one chunk streamed with its split inside it, and T = 1. A split on a chunk
 boundary makes a chunked kernel do the same arithmetic streamed and at once, but for the state carried across that
 boundary; its bound (``boundary`` in tolerances.py) is far below the oracle's at bf16, which is what catches a
 forward-only bf16 kernel carrying its state wrongly. Finally it calls the impl twice on identical inputs to report
@@ -29,7 +29,15 @@ An impl declared ``state_grad=False`` (a third-party op returning its final stat
 a zero cotangent on the final state, and so is its reference: its gradients are those of the output alone.
 
 When the oracle is too costly at the case's shape (``reference="auto"``), the full-shape comparisons run against
-the op's ``torch_chunk`` impl in fp32 on the case's device, and the oracle checks the impl at a shorter T.
+the op's ``torch_chunk`` impl in fp32 on the case's device, and the oracle checks the impl at a reduced case: B = 1,
+T as the sweep's longest length (at most :data:`SHORT_T`, two chunks at least), fewer heads only when the oracle
+cannot afford even that.
+
+The reduced cases (the oracle's and the length sweep's) keep every dim of the case but B and T: a kernel compiled or
+autotuned per head count (a Triton ``constexpr``, an autotuner's key) meets one head count per case, and their
+records depend on the impl, op, dtype, mode, those dims, seeds and regimes alone. Given a
+:class:`~.gate_memo.GateMemo` (a worker process running many jobs of one impl in a run), ``verify_case`` makes them
+once per run and reuses them, marked as reused, in later jobs (harness/gate_memo.py).
 Exceptions raised by the impl propagate (the runner turns them into statuses); a non-finite result is a failed
 record, never an exception.
 """
@@ -48,6 +56,7 @@ from .cases import Case
 from .checks import compare, finite_record, note_record
 from .document import CheckRecord
 from .errors import BadInput
+from .gate_memo import GateMemo
 from .ops import OpSpec, get_op, make_case_inputs
 from .reference_cache import cached_reference
 from .tolerances import threshold
@@ -59,8 +68,8 @@ __all__ = [
     "ORACLE_MAX_ELEMENTS_GRAD",
     "SHORT_T",
     "SWEEP_B",
-    "SWEEP_H",
     "VerifyReport",
+    "draw_seed",
     "split_point",
     "sweep_lengths",
     "verify_case",
@@ -79,7 +88,7 @@ ALT_SCALE = 0.6
 # The largest chunk any shipped kernel uses: 64 in kernels/gdn/triton (wy.CHUNK), kernels/gdn2/jax/jax_chunk (CHUNK) and
 # the torch_chunk impls (chunk_size); FLA's chunked kernels use 64 too.
 LARGEST_CHUNK = 64
-SWEEP_B, SWEEP_H = 1, 2  # the length sweep's batch and heads (at most): its cost stays that of a tiny case
+SWEEP_B = 1  # the length sweep's batch; its other dims are the case's (module docstring)
 
 
 @dataclasses.dataclass
@@ -159,20 +168,21 @@ def split_point(T: int) -> int | None:
     return t1
 
 
-def sweep_lengths(T: int) -> list[tuple[int, int | None]]:
+def sweep_lengths(T: int, max_chunks: int = SHORT_T // LARGEST_CHUNK) -> list[tuple[int, int | None]]:
     """The length sweep's (T, streaming split) pairs for a case of length `T`.
 
     T rounded to a multiple of :data:`LARGEST_CHUNK` (at least two chunks, so that a boundary lies inside, and at
-    most ``SHORT_T``, so that the oracle stays cheap) split on a chunk boundary; one chunk exactly, split in its
-    middle; T = 1 (nothing to split). The lengths reuse one another's shapes (the boundary split's halves are one
-    chunk long): a compiling impl (JAX, Triton) compiles few new programs.
+    most `max_chunks`, by default those of ``SHORT_T``, so that the oracle stays cheap) split on a chunk boundary;
+    one chunk exactly, split in its middle; T = 1 (nothing to split). The lengths reuse one another's shapes (the
+    boundary split's halves are one chunk long): a compiling impl (JAX, Triton) compiles few new programs.
     """
     C = LARGEST_CHUNK
-    chunks = min(max(round(T / C), 2), SHORT_T // C)
+    chunks = max(min(round(T / C), max_chunks), 2)
     return [(chunks * C, C * (chunks // 2)), (C, C // 2), (1, None)]
 
 
-def _draw_seed() -> int:
+def draw_seed() -> int:
+    """A fresh random seed for the gate (from ``os.urandom``, in [0, 2**31))."""
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
@@ -249,7 +259,7 @@ def _unchanged(after: torch.Tensor, before: torch.Tensor) -> bool:
     return torch.equal(after, before)
 
 
-def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
+def _unchanged_record(runs: list[_Run], *, reference: str = "the inputs before the call", **where: Any) -> CheckRecord:
     """Gating: no call wrote into an input tensor (value = how many input tensors changed)."""
     names = sorted({n for run in runs for n in run.mutated})
     detail = ("the impl wrote into its input " + ", ".join(names)) if names else "every input bitwise unchanged"
@@ -259,7 +269,7 @@ def _unchanged_record(runs: list[_Run], **where: Any) -> CheckRecord:
         value=float(len(names)),
         threshold=0.0,
         passed=not names,
-        reference="the inputs before the call",
+        reference=reference,
         detail=detail,
         **where,
     )
@@ -474,9 +484,24 @@ def _cost(case: Case) -> float:
 
 
 def _short_case(case: Case, limit: float) -> Case:
-    """The case cut down until the oracle can afford it (the contract's rule: T to SHORT_T, then the delta
-    family's B to 1, then fewer heads)."""
-    return case.replace(**get_op(case.op).shrink(case.dims, limit, SHORT_T))
+    """The case cut down until the oracle can afford it: B to 1 (where the op has a B) and T to the sweep's longest
+    length (:func:`_sweep_chunks`), then the contract's rule (the delta family's heads, when even two chunks are
+    too costly). B and T go first, affordable or not, so that the reduced case is the same for every B and T of the
+    job's other dims and its head count the job's wherever the oracle allows (module docstring)."""
+    dims = {**case.dims, **({"B": SWEEP_B} if "B" in case.dims else {})}
+    short_t = min(case.T, sweep_lengths(case.T, _sweep_chunks(case, limit))[0][0])
+    return case.replace(**get_op(case.op).shrink(dims, limit, short_t))
+
+
+def _sweep_chunks(case: Case, limit: float) -> int:
+    """How many chunks the sweep's longest length may hold: the most, up to ``SHORT_T``, whose oracle run (B = 1,
+    the case's other dims) stays within `limit`; two at least, so that a chunk boundary lies inside."""
+    spec = get_op(case.op)
+    for n in range(SHORT_T // LARGEST_CHUNK, 2, -1):
+        dims = {**case.dims, **({"B": SWEEP_B} if "B" in case.dims else {}), "T": n * LARGEST_CHUNK}
+        if spec.cost(dims) <= limit:
+            return n
+    return 2
 
 
 def _chunk_reference(case: Case) -> Callable[..., Any]:
@@ -687,30 +712,26 @@ def _regimes(spec: OpSpec, regimes: str | tuple[str, ...] | list[str] | None) ->
 def _length_sweep(
     impl: Callable[..., Any],
     spec: OpSpec,
-    case: Case,
-    regimes: tuple[str, ...],
+    lengths: list[tuple[Case, int | None]],
     *,
     seed: int,
     grads: bool,
     profile: str,
     limit: float,
-) -> tuple[list[CheckRecord], list[_Run]]:
-    """The impl at the lengths of :func:`sweep_lengths` (small B and H, one seed, with an initial state), each
-    against the oracle and streamed at its split."""
-    regime = "long" if "long" in regimes else regimes[0]
+) -> list[CheckRecord]:
+    """The impl at the sweep's cases (:func:`_sweep_cases`: one seed, with an initial state), each against the
+    oracle and streamed at its split, then one record that no call wrote into its inputs."""
     records: list[CheckRecord] = []
     runs: list[_Run] = []
     items: list[_Item] = []
     splits: list[int | None] = []
     check_case = getattr(impl, "check_case", None)
-    for T, t1 in sweep_lengths(case.T):
-        caps = {d: min(case.dims[d], cap) for d, cap in (("B", SWEEP_B), ("H", SWEEP_H)) if d in case.dims}
-        sub = case.replace(**caps, T=T, regime=regime, mode=case.mode if grads else "fwd")
+    for sub, t1 in lengths:
         why = check_case(sub) if check_case is not None else None
         if why:
-            records.append(note_record(f"length T={T}", f"not run: {why}", passed=True, gating=False, seed=seed))
+            records.append(note_record(f"length T={sub.T}", f"not run: {why}", passed=True, gating=False, seed=seed))
             continue
-        items.append(_run_impl(impl, spec, sub, _Variant(regime, h0=True), seed=seed, grads=grads))
+        items.append(_run_impl(impl, spec, sub, _Variant(sub.regime, h0=True), seed=seed, grads=grads))
         splits.append(t1)
     for item, ref, t1 in zip(items, _oracle_runs(spec, items, limit), splits, strict=True):
         records += _compare_items([item], [ref], f"oracle at {item.case.shape_id}", grads=grads, profile=profile)
@@ -721,7 +742,58 @@ def _length_sweep(
             )
         records += stream
         runs += [item.run, *calls]
-    return records, runs
+    if runs:
+        records.append(_unchanged_record(runs, seed=seed, regime=None, initial_state=True))
+    return records
+
+
+def _sweep_cases(case: Case, regimes: tuple[str, ...], *, grads: bool, limit: float) -> list[tuple[Case, int | None]]:
+    """The length sweep's cases (B = 1, the case's other dims, the long regime where it is run) and their splits."""
+    regime = "long" if "long" in regimes else regimes[0]
+    batch = {"B": SWEEP_B} if "B" in case.dims else {}
+    mode = case.mode if grads else "fwd"
+    return [
+        (case.replace(**batch, T=T, regime=regime, mode=mode), t1)
+        for T, t1 in sweep_lengths(case.T, _sweep_chunks(case, limit))
+    ]
+
+
+def _reduced_oracle(
+    impl: Callable[..., Any],
+    spec: OpSpec,
+    short: Case,
+    runs: list[tuple[int, _Variant]],
+    *,
+    grads: bool,
+    profile: str,
+    limit: float,
+) -> list[CheckRecord]:
+    """The impl at the reduced case `short` for every (seed, variant) of `runs`, against the oracle, each with a
+    record that the call left its inputs unchanged."""
+    shorts = [_run_impl(impl, spec, short, variant, seed=seed, grads=grads) for seed, variant in runs]
+    label = f"oracle at {short.shape_id}"
+    records = _compare_items(shorts, _oracle_runs(spec, shorts, limit), label, grads=grads, profile=profile)
+    for it in shorts:
+        where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
+        records.append(
+            _unchanged_record([it.run], reference=f"the inputs before the call at {short.shape_id}", **where)
+        )
+    return records
+
+
+def _memo_key(kind: str, impl: Callable[..., Any], *parts: Any) -> tuple[Any, ...]:
+    """A reduced check's key in a :class:`GateMemo`: its kind, the impl (name, backend, where it was registered
+    from) and what the check was given (cases as sorted items, so that equal cases give equal keys)."""
+
+    def frozen(x: Any) -> Any:
+        if isinstance(x, Case):
+            return tuple(sorted(x.to_dict().items()))
+        if isinstance(x, (list, tuple)):
+            return tuple(frozen(y) for y in x)
+        return x
+
+    who = (getattr(impl, "name", None), getattr(impl, "backend", None), getattr(impl, "source", None))
+    return (kind, who, *(frozen(p) for p in parts))
 
 
 def verify_case(
@@ -736,6 +808,8 @@ def verify_case(
     regimes: str | tuple[str, ...] | list[str] | None = None,
     fresh_process: bool = False,
     imports: list[str] | tuple[str, ...] = (),
+    drawn_seed: int | None = None,
+    memo: GateMemo | None = None,
 ) -> VerifyReport:
     """Verify `impl` (an Impl or any callable with the op's signature) on `case`; see the module docstring.
 
@@ -744,16 +818,18 @@ def verify_case(
         case: op, dims, dtype, seed (the first of `seeds` consecutive ones), mode and device (``case.regime`` is
             the regime the case is timed in; the gate runs `regimes`).
         seeds: how many consecutive seeds, from ``case.seed``.
-        extra_seed: also draw one seed at run time (recorded in the report).
+        extra_seed: also use a seed drawn at run time (recorded in the report).
         gate_determinism: make the bitwise-determinism record gating (it always is when the op's contract says
             ``deterministic``).
         reference: ``"auto"``, ``"oracle"`` (always the float64 oracle) or ``"torch_chunk"`` (the chunked
-            torch reference in fp32 at the full shape plus the oracle at a shorter T).
+            torch reference in fp32 at the full shape plus the oracle at a reduced case).
         oracle_max_elements: B*T*H*K*V above which ``"auto"`` leaves the oracle (default 2e8, 4e7 with gradients).
         regimes: the gate regimes to run (default: every one, ``typical``, ``long`` and ``strong``).
         fresh_process: where determinism gates, also replay the determinism call in a fresh interpreter
             (``determinism:process``; `impl` must be a registered impl, which the new process finds by name).
         imports: the ``--import`` modules that new process loads first (where `impl` comes from one).
+        drawn_seed: the extra seed when the caller drew it (a run draws one for all its jobs); None: drawn here.
+        memo: reduced-case records made earlier in this process's run, reused (marked) when identical.
 
     Returns:
         A :class:`VerifyReport`; ``.passed`` is True when every gating record passed.
@@ -768,8 +844,11 @@ def verify_case(
     if reference not in ("auto", "oracle", "torch_chunk"):
         raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
     use_oracle = reference == "oracle" or (reference == "auto" and _cost(case) <= limit)
-    drawn = _draw_seed() if extra_seed else None
+    drawn = (draw_seed() if drawn_seed is None else drawn_seed) if extra_seed else None
     seed_list = [case.seed + i for i in range(max(seeds, 0))] + ([drawn] if drawn is not None else [])
+
+    def reduced(key: tuple[Any, ...], make: Callable[[], list[CheckRecord]]) -> list[CheckRecord]:
+        return make() if memo is None else memo.records(key, make)
 
     records: list[CheckRecord] = []
     if case.mode != "fwd" and not grads:
@@ -781,13 +860,12 @@ def verify_case(
     interpreted = getattr(impl, "backend", "") == "triton" and case.device == "cpu"
     profile = "triton_interpreter" if interpreted else "native"
     short = None if use_oracle else _short_case(case, limit)
+    lengths = _sweep_cases(case, chosen_regimes, grads=grads, limit=limit)
     if use_oracle:
         sentence = "float64 oracle"
     else:
         sentence = f"torch_chunk in fp32 at full T, float64 oracle at {short.shape_id}"
-    sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(
-        f"T={T}" for T, _ in sweep_lengths(case.T)
-    )
+    sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(f"T={c.T}" for c, _ in lengths)
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
     first_run: _Item | None = None
@@ -798,10 +876,12 @@ def verify_case(
     else:
         refs = [_chunk_run(case, spec, it) for it in items]
         records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
-        shorts = [_run_impl(impl, spec, short, it.variant, seed=it.seed, grads=grads) for it in items]
-        label = f"oracle at {short.shape_id}"
-        records += _compare_items(shorts, _oracle_runs(spec, shorts, limit), label, grads=grads, profile=profile)
-    for n, it in enumerate(items):
+        runs = [(s, v) for s in seed_list for v in variants]
+        key = _memo_key("oracle", impl, short, runs, grads, profile, limit)
+        records += reduced(
+            key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)
+        )
+    for it in items:
         # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
         # compiling impl keeps to the shapes and static arguments it already has.
         stream, stream_calls = [], []
@@ -810,17 +890,14 @@ def verify_case(
                 impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
                 scale=it.variant.scale(spec, case.dims),
             )  # fmt: skip
-        calls = [it.run, *stream_calls] + ([shorts[n].run] if not use_oracle else [])
         where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
-        records += [*stream, _unchanged_record(calls, **where)]
+        records += [*stream, _unchanged_record([it.run, *stream_calls], **where)]
         if first_run is None and it.variant.h0:
             first_run = it
-    sweep, sweep_calls = _length_sweep(
-        impl, spec, case, chosen_regimes, seed=seed_list[0], grads=grads, profile=profile, limit=limit
+    key = _memo_key("sweep", impl, lengths, seed_list[0], grads, profile, limit)
+    records += reduced(
+        key, lambda: _length_sweep(impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit)
     )
-    records += sweep
-    if sweep_calls:
-        records.append(_unchanged_record(sweep_calls, seed=seed_list[0], regime=None, initial_state=True))
     if first_run is not None:
         again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(spec, case.dims))
         gating = gate_determinism or spec.deterministic

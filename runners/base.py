@@ -34,6 +34,18 @@ class JobSpec(_Model):
     timing: TimingSettings = Field(default_factory=TimingSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     timeout_s: float = Field(default=900.0, gt=0)
+    run_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the run the job belongs to (set by the runner): a worker process reuses the gate's reduced-case "
+        "records across the jobs of one run only (harness/gate_memo.py); None: nothing is reused",
+    )
+    drawn_seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="the gate's extra seed, drawn once by the runner for every job of the run (the document's "
+        "meta `gate_drawn_seed`); None: the job draws its own when its gate asks for one",
+    )
     repetition: int = Field(
         default=0,
         ge=0,

@@ -181,7 +181,8 @@ def run_interleaved(
     head_meta = {**common, "side": "head", "interleaved_with": base_id}
     base_meta = {**common, "side": "base", "interleaved_with": head_id}
     head = RunState(plan, head_env, out, begin("head"), head_meta, run_id=head_id)
-    base = RunState(plan, base_env, base_out, begin("base"), base_meta, run_id=base_id)
+    # both sides' gates draw the same extra seed: they check the same inputs
+    base = RunState(plan, base_env, base_out, begin("base"), base_meta, run_id=base_id, drawn_seed=head.drawn_seed)
     base_specs = [
         job.model_copy(update={"job_id": uuid.uuid4().hex, "imports": base_imports(job.imports, tree)})
         for job in plan.jobs

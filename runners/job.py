@@ -6,7 +6,9 @@ same impl one after another. The order matters:
 1. the impl's user modules are imported (``--import``, once per process), inputs are built;
 2. the first call is made and timed apart (``compile_s``; on the CPU also the host-RSS figure, over a
    high-water mark reset just before it);
-3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode;
+3. the correctness gate (``harness.verify.verify_case``) runs at the job's exact shape, dtype and mode, with the
+   run's drawn seed; its checks at reduced cases (the oracle's, the length sweep's), which do not depend on the
+   job's B and T, are made once per run in this process and reused, marked, by its later jobs (harness/gate_memo.py);
    a failed gate ends the job as ``incorrect`` with its records and no timing (a job's later repetitions,
    ``JobSpec.repetition`` > 0, skip it: the first repetition gated the same code in the same run). A JAX impl
    on the CPU runs it under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as
@@ -39,6 +41,7 @@ __all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary"]
 PHASE_MARK = "deltabench-job: phase "  # written to stderr so a parent can say where a hang happened
 _imported: set[str] = set()  # user modules this process has loaded (a shared worker runs many jobs)
 _default_threads: int | None = None  # torch's own intra-op thread count, before any job set it
+_gate_memo: Any = None  # the gate's reduced-case records of this process's run (harness/gate_memo.py)
 
 
 def case_spec(case: Case) -> CaseSpec:
@@ -79,6 +82,23 @@ def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first
     (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device)."""
     request = TimerRequest(subject, impl, case, inputs, job.timing, first_call_s)
     return timer_for(impl.backend, case.device)(request)
+
+
+def _memo_for(job: JobSpec) -> Any:
+    """This process's :class:`~deltabench.harness.gate_memo.GateMemo`, entered for `job`; None for a job outside a
+    run (nothing to reuse from). Its scope is the run and the kernel sources' hash: records are reused within one
+    run, for the code that made them."""
+    global _gate_memo
+    if job.run_id is None:
+        return None
+    from deltabench.harness.gate_memo import GateMemo
+
+    from .environment import kernel_hash
+
+    if _gate_memo is None:
+        _gate_memo = GateMemo()
+    _gate_memo.enter((job.run_id, kernel_hash()), made_by=job.job_id)
+    return _gate_memo
 
 
 def _gate_compiles(backend: str, device: str) -> contextlib.AbstractContextManager:
@@ -194,6 +214,8 @@ def execute(job: JobSpec) -> JobResult:
                     regimes=g.regimes,
                     fresh_process=True,
                     imports=job.imports,
+                    drawn_seed=job.drawn_seed,
+                    memo=_memo_for(job),
                 )
             result.verification = list(report.records)
             result.gate_reference = report.reference

@@ -185,7 +185,10 @@ class RunState:
         on_begin: Callable[[Path], None] | None,
         meta: dict | None = None,
         run_id: str | None = None,
+        drawn_seed: int | None = None,
     ) -> None:
+        from deltabench.harness.verify import draw_seed
+
         from .ceilings import ceilings_for
 
         self.plan = plan
@@ -203,6 +206,13 @@ class RunState:
             on_begin(self.target)
         if plan.repeat > 1:
             self.doc.meta["repeat"] = plan.repeat
+        # One drawn seed for the whole run: every job's gate uses it, so that the reduced-case checks a worker
+        # process makes for one job are those its later jobs of the same dims would make (harness/gate_memo.py).
+        if drawn_seed is None and any(j.gate.extra_seed for j in plan.jobs):
+            drawn_seed = draw_seed()
+        self.drawn_seed = drawn_seed
+        if drawn_seed is not None:
+            self.doc.meta["gate_drawn_seed"] = drawn_seed
         self.finished: dict[int, JobResult] = {}
         self.timings: dict[int, list[TimingStats]] = {}
 
@@ -219,6 +229,7 @@ class RunState:
         earlier repetition ended badly; record it and save the document."""
         from .ceilings import work_figures
 
+        job = job.model_copy(update={"run_id": self.doc.run_id, "drawn_seed": self.drawn_seed})
         if rep > 0:
             if self.finished[index].status != "ok":
                 return  # unsupported, failed or incorrect: nothing to time again

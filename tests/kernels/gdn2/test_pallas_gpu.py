@@ -23,17 +23,16 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from deltabench.harness import Case, get_impl, register_impl
-from deltabench.harness import registry as _registry
+from deltabench.harness import Case, get_impl
 from deltabench.harness.devices import absent_reason
 from deltabench.harness.verify import verify_case
 from deltabench.references import gdn2, kda
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from deltabench.kernels.gdn2.jax.pallas import forward as pallas_forward  # noqa: E402
 from deltabench.kernels.gdn2.jax.pallas import gpu as pallas_gpu  # noqa: E402
 from deltabench.kernels.gdn2.jax.pallas import gpu_chunk  # noqa: E402
+from pallas_planted import BUGS, planting  # noqa: E402
 
 B, H, K, V = 1, 2, 16, 24
 # Relative Frobenius error bounds, as tests/kernels/gdn2/test_pallas.py: fp32 float32 math against float64;
@@ -150,40 +149,18 @@ def test_passes_the_verification_gate(op: str) -> None:
 # --- planted bugs: inside the kernels, rejected by the gate ------------------------------------------------------
 
 
-def _decay_one_token_late(g: jax.Array) -> jax.Array:
-    """The cumulative decay without the current token's gate (an exclusive cumsum): a wrong decay."""
-    C = g.shape[0]
-    i = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
-    j = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
-    return pallas_forward._dot(jnp.where(i > j, 1.0, 0.0).astype(jnp.float32), g)
-
-
-def _chunks_rounded_down(T: int, chunk: int) -> int:
-    """The chunk loop over whole chunks only (floor instead of ceil): the partial last block is never run."""
-    return T // chunk
-
-
 @pytest.fixture
 def planted_impl(monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
     """Registers the kernels with a bug patched into their shared helpers as ``gdn2/pallas_gpu_planted``."""
 
-    def plant(bug: str) -> None:
-        if bug == "wrong_decay":
-            monkeypatch.setattr(pallas_forward, "_cumulative_decay", _decay_one_token_late)
-        else:
-            monkeypatch.setattr(pallas_forward, "_num_chunks", _chunks_rounded_down)
-        jax.clear_caches()  # the jitted kernels would otherwise replay the correct ones
-        op = gpu_chunk.TorchFacingJaxOp(gpu_chunk.chunk_gdn2_pallas_gpu, name=f"planted {bug}", gates=("g", "b", "w"))
-        register_impl("gdn2", "pallas_gpu_planted", backend="jax", devices=("cpu",), dtypes=("fp32", "bf16"))(op)
+    def make_op(bug: str) -> object:
+        return gpu_chunk.TorchFacingJaxOp(gpu_chunk.chunk_gdn2_pallas_gpu, name=f"planted {bug}", gates=("g", "b", "w"))
 
-    yield plant
-    _registry._REGISTRY.pop(("gdn2", "pallas_gpu_planted"), None)
-    monkeypatch.undo()
-    jax.clear_caches()
+    yield from planting(monkeypatch, make_op, "pallas_gpu_planted")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("bug", ["wrong_decay", "dropped_last_block"])
+@pytest.mark.parametrize("bug", BUGS)
 def test_planted_kernel_bug_is_rejected(planted_impl, bug: str, dtype: str) -> None:
     planted_impl(bug)
     case = Case("gdn2", B, 100, H, K, V, dtype=dtype, mode="fwd")

@@ -110,7 +110,7 @@ def local_bwd_kernel(
                 vb = tl.load(v + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
                 dw_acc += mma(dub, tl.trans(Sb), PREC)
                 dT += mma(dub, tl.trans(vb), PREC)
-                if PART == 0:  # dT^T from loaded operands (PART 3 loads it instead)
+                if PART == 0:  # dT^T from loaded operands (the split reads Y^T from memory instead)
                     Z = vb.to(tl.float32) - mma(khat, Sb, PREC)
                     dTT += mma(Z.to(dt), tl.trans(dub), PREC)
 
@@ -154,7 +154,7 @@ def local_bwd_kernel(
     if PART == 0 or PART == 2:
         Lm = tl.load(L + row[:, None] * C + rJ, mask=mt[:, None] & (rJ <= rI), other=0.0)
         LT = tl.trans(Lm)
-    if PART == 0 or PART == 2:  # W and U
+        # W and U
         TT = LT * bc[:, None]
         TTd = TT.to(dt)
         for i_v in range(tl.cdiv(V, BV)):  # U = T v: dv = T^T dv_new

@@ -28,11 +28,14 @@ __all__ = ["LAUNCH", "local_bwd"]
 # Fixed launch settings (no autotuning): warps for K >= 128, V block of the in-kernel loop, stages, split.
 # Measured at 8x4096x6 on the H200 (benchmarks/NOTES.md, v2; results equal within 3e-7): 64/8/2 1.48 ms,
 # 64/8/1 (the first choice) 1.81, 64/4/1 1.81, 32/4/1 1.85, 64/4/2 2.18, 128/8/1 2.20; 32/8/1 faulted.
-# `split`: two launches (PART 1 and 2 of the kernel), each with about half of the accumulators (one launch:
-# 255 registers, ~300 spilled; PART 1: 199, none), at the cost of dk's and dg's query-side terms written
-# and re-read in fp32 (200 MB at 8x4096x6): 1.29 -> 1.15 ms at 8x4096x6 and 3.34 -> 3.10 ms at 1x32768x16
-# (64/8/2). Stages and split apply at K = 128 (wy.TUNED_K) only, where they were measured; elsewhere one
-# stage, one launch: the configs the GPU gate passed at K = 64 and 256.
+# `split`: three launches (PARTs 1-3 of the kernel) instead of one. On the H200 one launch had 255 registers
+# and ~300 spilled; two (query side | the rest) ran 1.29 -> 1.15 ms at 8x4096x6 and 3.34 -> 3.10 ms at
+# 1x32768x16 (64/8/2), the second still at 255 registers and 712 stack bytes. The three, at K = V = 128 in
+# bf16 (sm_90a, Triton 3.6.0, benchmarks/cpu/kernel_resources.py): no stack at any train shape; not yet
+# timed on the GPU (benchmarks/NOTES.md, "local_bwd in three launches"). Their cost: dk's fp32 partial
+# written and read once more, half of dA through L's unused upper triangle, k and L read once more (about
+# 280 MB at 8x4096x6). Stages and split apply at K = 128 (wy.TUNED_K) only, where they were measured;
+# elsewhere one stage, one launch: the configs the GPU gate passed at K = 64 and 256.
 LAUNCH = {"warps": 8, "block_v": 64, "stages": 2, "split": True}
 
 
@@ -44,9 +47,17 @@ def local_bwd_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PREC: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
-    """One chunk's input gradients: all of them (PART 0), or in two launches that each hold half of the
-    accumulators: PART 1 the query side (dq, and o's terms of dk and dg, left in fp32 in dkp / dgp),
-    PART 2 the rest (W, U, the state update, dv, dbeta), which adds dkp / dgp and stores dk and dg."""
+    """One chunk's input gradients: all of them (PART 0), or in three launches that each hold a third of the
+    work (the one launch spills at K = 128):
+
+    - PART 1, the query side and the state update: dq, and o's and the update's terms of dk and dg, left in
+      fp32 in dkp / dgp;
+    - PART 2, W and U: dv, W's terms of dk and dg (added into dkp / dgp), dbeta's dT term (into dbeta), and
+      Y = L^T dL, the first product of dA = -L^T dL L^T: its strictly lower part, all that dA needs, stored
+      transposed into L's strictly upper triangle, which L = (I + A)^{-1} leaves unused (no extra memory; L's
+      own lower triangle is never written);
+    - PART 3, A: dA and its transpose from L's tile read in both orientations (loaded operands, never a
+      transposed product), A's terms of dk, dg and dbeta added, dk and dg stored."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -60,14 +71,14 @@ def local_bwd_kernel(
     row = (i_b * T + t).to(tl.int64) * H + i_h
     dt = q.dtype.element_ty
 
-    qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-    kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
     gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
     bc = tl.load(beta + row, mask=mt, other=0.0).to(tl.float32)
     G = tl.cumsum(gc, axis=0)
     G_last = tl.sum(gc, axis=0)
     gam = tl.exp(G)
-    khat = (kc * gam[:, None]).to(dt)
+    if PART == 0:  # Z in the loop needs K^; the split parts load k after their loops, where registers are free
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        khat = (kc * gam[:, None]).to(dt)
     h_off = ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K * V
 
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
@@ -76,38 +87,55 @@ def local_bwd_kernel(
     Pm = tl.zeros([C, C], dtype=tl.float32)  # do v_new^T
     PmT = tl.zeros([C, C], dtype=tl.float32)  # v_new do^T
     dT = tl.zeros([C, C], dtype=tl.float32)  # dv_new v^T (the K^ part is added below)
-    dTT = tl.zeros([C, C], dtype=tl.float32)  # (v - K^ S) dv_new^T
+    dTT = tl.zeros([C, C], dtype=tl.float32)  # (v - K^ S) dv_new^T  (= dT^T)
     gC = tl.zeros([BK], dtype=tl.float32)  # per-row sums of S * dH
-    for i_v in range(tl.cdiv(V, BV)):
-        rv = i_v * BV + tl.arange(0, BV)
-        mv = rv < V
-        mkv = mk[:, None] & mv[None, :]
-        mtv = mt[:, None] & mv[None, :]
-        Sb = tl.load(h + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
-        ub = tl.load(vnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-        if PART != 2:  # the query side
-            dob = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-            dq_acc += mma(dob, tl.trans(Sb), PREC)
-            Pm += mma(dob, tl.trans(ub), PREC)
-            PmT += mma(ub, tl.trans(dob), PREC)
-        if PART != 1:  # W, U, the state update
-            dHb = tl.load(dh + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
-            dub = tl.load(dvnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-            vb = tl.load(v + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-            dkt_acc += mma(ub, tl.trans(dHb), PREC)
-            dw_acc += mma(dub, tl.trans(Sb), PREC)
-            dT += mma(dub, tl.trans(vb), PREC)
-            Z = vb.to(tl.float32) - mma(khat, Sb, PREC)
-            dTT += mma(Z.to(dt), tl.trans(dub), PREC)
-            gC += tl.sum(Sb.to(tl.float32) * dHb.to(tl.float32), axis=1)
+    if PART != 3:
+        for i_v in range(tl.cdiv(V, BV)):
+            rv = i_v * BV + tl.arange(0, BV)
+            mv = rv < V
+            mkv = mk[:, None] & mv[None, :]
+            mtv = mt[:, None] & mv[None, :]
+            Sb = tl.load(h + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
+            if PART <= 1:  # the query side and the state update
+                ub = tl.load(vnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+                dob = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+                dHb = tl.load(dh + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
+                dq_acc += mma(dob, tl.trans(Sb), PREC)
+                Pm += mma(dob, tl.trans(ub), PREC)
+                PmT += mma(ub, tl.trans(dob), PREC)
+                dkt_acc += mma(ub, tl.trans(dHb), PREC)
+                gC += tl.sum(Sb.to(tl.float32) * dHb.to(tl.float32), axis=1)
+            if PART != 1:  # W and U
+                dub = tl.load(dvnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+                vb = tl.load(v + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+                dw_acc += mma(dub, tl.trans(Sb), PREC)
+                dT += mma(dub, tl.trans(vb), PREC)
+                if PART == 0:  # dT^T from loaded operands (the split reads Y^T from memory instead)
+                    Z = vb.to(tl.float32) - mma(khat, Sb, PREC)
+                    dTT += mma(Z.to(dt), tl.trans(dub), PREC)
 
+    if PART != 0:
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        khat = (kc * gam[:, None]).to(dt)
     rI = rc[:, None]
     rJ = rc[None, :]
     Gd = G[:, None] - G[None, :]
     dk_acc = tl.zeros([C, BK], dtype=tl.float32)
     dGv = tl.zeros([C], dtype=tl.float32)
-    if PART != 2:  # the query side
+    db = tl.zeros([C], dtype=tl.float32)
+    if PART <= 1:  # the query side and the state update
+        # state update: S' = exp(G_C) S + (k exp(G_C - G))^T v_new
+        dk_s = dkt_acc * tl.exp(G_last - G)[:, None]
+        s = tl.sum(dk_s * kc.to(tl.float32), axis=1)
+        dk_acc += dk_s
+        dGv -= s
+        last = tl.sum(s, axis=0) + tl.exp(G_last) * tl.sum(gC, axis=0)
+        # at the chunk's last valid row: the reverse cumulative sum below adds it to every row, and PART 1
+        # stores valid rows only
+        dGv = tl.where(rc == tl.minimum(T - i_n * C, C) - 1, dGv + last, dGv)
+
         # o's terms: inter-chunk scale * gamma * (q S), intra-chunk scale * M v_new
+        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         incl = rI >= rJ
         inclT = rI <= rJ
         Pmask = tl.where(incl, Pm * tl.exp(tl.where(incl, Gd, 0.0)), 0.0) * scale
@@ -123,59 +151,73 @@ def local_bwd_kernel(
         if PART == 1:
             tl.store(dkp + row[:, None] * K + rk[None, :], dk_acc, mask=mtk)
             tl.store(dgp + row, dGv, mask=mt)
-    if PART != 1:  # W, U, the state update
-        if PART == 2:
-            dk_acc += tl.load(dkp + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-            dGv += tl.load(dgp + row, mask=mt, other=0.0)
-        dT -= mma(dw_acc.to(dt), tl.trans(khat), PREC)
-        lower = rI > rJ
-        upper = rI < rJ
+    if PART == 0 or PART == 2:
         Lm = tl.load(L + row[:, None] * C + rJ, mask=mt[:, None] & (rJ <= rI), other=0.0)
         LT = tl.trans(Lm)
-        # T = L diag(beta): dL = dT diag(beta), dbeta_j = sum_i dT_ij L_ij
-        db = tl.sum(dT * Lm, axis=0)
-        dA = -mma(mma(LT, dT * bc[None, :], PREC), LT, PREC)
-        dAT = -mma(mma(Lm, dTT * bc[:, None], PREC), Lm, PREC)
-        dA = tl.where(lower, dA, 0.0)
-        dAT = tl.where(upper, dAT, 0.0)
-        E_low = tl.where(lower, tl.exp(tl.where(lower, Gd, 0.0)), 0.0)  # exp(G_i - G_j), i > j
-        E_up = tl.where(upper, tl.exp(tl.where(upper, -Gd, 0.0)), 0.0)  # exp(G_j - G_i), i < j
-        kk = mma(kc, tl.trans(kc), PREC)
-        Ek = E_low * kk
-        db += tl.sum(dA * Ek, axis=1)
-        dAA = dA * Ek * bc[:, None]
-        dGv += tl.sum(dAA, axis=1) - tl.sum(dAA, axis=0)
-        dkk = (dA * E_low * bc[:, None]).to(dt)
-        dkkT = (dAT * E_up * bc[None, :]).to(dt)
-        dk_acc += mma(dkk, kc, PREC) + mma(dkkT, kc, PREC)
-
-        # W = T K^: dK^ = T^T dW = -T^T dw_acc
+        # W and U
         TT = LT * bc[:, None]
-        dk_w = -mma(TT, dw_acc, PREC) * gam[:, None]
-        dGv += tl.sum(dk_w * kc.to(tl.float32), axis=1)
-        dk_acc += dk_w
-
-        # state update: S' = exp(G_C) S + (k exp(G_C - G))^T v_new
-        dk_s = dkt_acc * tl.exp(G_last - G)[:, None]
-        s = tl.sum(dk_s * kc.to(tl.float32), axis=1)
-        dk_acc += dk_s
-        dGv -= s
-        last = tl.sum(s, axis=0) + tl.exp(G_last) * tl.sum(gC, axis=0)
-        dGv = tl.where(rc == C - 1, dGv + last, dGv)
-        # g_t enters every G_i with i >= t: reverse cumulative sum
-        dgc = tl.sum(dGv, axis=0) - tl.cumsum(dGv, axis=0) + dGv
-
-        tl.store(dk + row[:, None] * K + rk[None, :], dk_acc.to(dk.dtype.element_ty), mask=mtk)
-        tl.store(dg + row, dgc, mask=mt)
-        tl.store(dbeta + row, db, mask=mt)
-
         TTd = TT.to(dt)
-        for i_v in range(tl.cdiv(V, BV)):
+        for i_v in range(tl.cdiv(V, BV)):  # U = T v: dv = T^T dv_new
             rv = i_v * BV + tl.arange(0, BV)
             mtv = mt[:, None] & (rv < V)[None, :]
             dub = tl.load(dvnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
             dvb = mma(TTd, dub, PREC)
             tl.store(dv + row[:, None] * V + rv[None, :], dvb.to(dv.dtype.element_ty), mask=mtv)
+        # W = T K^: dK^ = T^T dW = -T^T dw_acc; then dw_acc's last use, dT's K^ part
+        dk_w = -mma(TT, dw_acc, PREC) * gam[:, None]
+        dGv += tl.sum(dk_w * kc.to(tl.float32), axis=1)
+        dk_acc += dk_w
+        dT -= mma(dw_acc.to(dt), tl.trans(khat), PREC)
+        # T = L diag(beta): dL = dT diag(beta), dbeta_j = sum_i dT_ij L_ij
+        db += tl.sum(dT * Lm, axis=0)
+        if PART == 2:
+            dkw = dk_acc + tl.load(dkp + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+            tl.store(dkp + row[:, None] * K + rk[None, :], dkw, mask=mtk)
+            tl.store(dgp + row, dGv + tl.load(dgp + row, mask=mt, other=0.0), mask=mt)
+            tl.store(dbeta + row, db, mask=mt)
+    lower = rI > rJ
+    upper = rI < rJ
+    if PART == 0:
+        # dA = -L^T dL L^T, strictly lower, and the same from the transposed side, from loaded operands
+        dA = tl.where(lower, -mma(mma(LT, dT * bc[None, :], PREC), LT, PREC), 0.0)
+        dAT = tl.where(upper, -mma(mma(Lm, dTT * bc[:, None], PREC), Lm, PREC), 0.0)
+    if PART == 2:
+        # the first product of dA, Y = L^T dL; only its strictly lower part reaches dA's (L^T is upper
+        # triangular): (i, j), i > j, goes to row j, column i of L, its strictly upper triangle
+        Y = mma(LT, dT * bc[None, :], PREC)
+        tl.store(L + row[None, :] * C + rI, Y, mask=mt[None, :] & lower)
+    if PART == 0 or PART == 3:  # A
+        if PART == 3:
+            mtt = mt[:, None] & mt[None, :]
+            # L's tile holds L and Y^T; read in both orientations it gives all four operands
+            Lrow = tl.load(L + row[:, None] * C + rJ, mask=mtt, other=0.0)
+            Lcol = tl.load(L + row[None, :] * C + rI, mask=mtt, other=0.0)
+            Lm = tl.where(rJ <= rI, Lrow, 0.0)
+            YT = tl.where(upper, Lrow, 0.0)
+            LT = tl.where(rI <= rJ, Lcol, 0.0)
+            Yl = tl.where(lower, Lcol, 0.0)
+            dA = tl.where(lower, -mma(Yl, LT, PREC), 0.0)
+            dAT = tl.where(upper, -mma(Lm, YT, PREC), 0.0)
+            db += tl.load(dbeta + row, mask=mt, other=0.0)
+            dGv += tl.load(dgp + row, mask=mt, other=0.0)
+        E_low = tl.where(lower, tl.exp(tl.where(lower, Gd, 0.0)), 0.0)  # exp(G_i - G_j), i > j
+        Ek = E_low * mma(kc, tl.trans(kc), PREC)
+        db += tl.sum(dA * Ek, axis=1)
+        dAA = dA * Ek * bc[:, None]
+        dGv += tl.sum(dAA, axis=1) - tl.sum(dAA, axis=0)
+        # dk from A's both factors of k: (dkk + dkk^T) k, the transposed part from dAT
+        # (strictly lower + strictly upper: the sum is exact, one product)
+        E_up = tl.where(upper, tl.exp(tl.where(upper, -Gd, 0.0)), 0.0)  # exp(G_j - G_i), i < j
+        dkk = dA * E_low * bc[:, None] + dAT * E_up * bc[None, :]
+        dk_acc += mma(dkk.to(dt), kc, PREC)
+        if PART == 3:
+            dk_acc += tl.load(dkp + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+
+        # g_t enters every G_i with i >= t: reverse cumulative sum
+        dgc = tl.sum(dGv, axis=0) - tl.cumsum(dGv, axis=0) + dGv
+        tl.store(dk + row[:, None] * K + rk[None, :], dk_acc.to(dk.dtype.element_ty), mask=mtk)
+        tl.store(dg + row, dgc, mask=mt)
+        tl.store(dbeta + row, db, mask=mt)
 
 
 def local_bwd(
@@ -211,9 +253,10 @@ def local_bwd(
         config[:3] if config else (min(LAUNCH["block_v"], padded(V)), LAUNCH["warps"] if BK >= 128 else 4, stages)
     )
     split = config[3] if config and len(config) > 3 else LAUNCH["split"] and tuned
+    # PART 2 leaves a partial of dA in L's strictly upper triangle, which nothing else reads
     dkp = torch.empty_like(dq, dtype=torch.float32) if split else None
     dgp = torch.empty_like(dg) if split else None
-    for part in (1, 2) if split else (0,):
+    for part in (1, 2, 3) if split else (0,):
         local_bwd_kernel[(NT, B * H)](
             q, k, v, g, beta, L, h, dh, vnew, dvnew, do, dq, dk, dv, dg, dbeta, dkp, dgp, scale, T, NT,
             H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, PREC=dot_precision(q.dtype), PART=part,

@@ -84,9 +84,11 @@ def test_through_the_verification_engine() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_local_bwd_in_two_launches_matches_one(dtype: torch.dtype) -> None:
-    """local_bwd's split (query side, then the rest, dk and dg's terms passed in fp32) gives one launch's
-    gradients up to the order of fp32 sums: same inputs, T = 130 (a partial last chunk), K != V."""
+def test_local_bwd_in_three_launches_matches_one(dtype: torch.dtype) -> None:
+    """local_bwd's split (query side and state update, W and U, then A; dk and dg's terms passed in fp32, dA
+    through L's unused upper triangle) gives one launch's gradients up to the order of fp32 sums: same inputs,
+    T = 130 (a partial last chunk), K != V, a gradient on the final state (so the last chunk's state-update
+    term of dg, which sits on its last valid row, is not zero)."""
     from deltabench.kernels.gdn.triton.local_bwd import local_bwd
     from deltabench.kernels.gdn.triton.state import state_bwd, state_fwd
     from deltabench.kernels.gdn.triton.wy import wy_fwd
@@ -98,17 +100,24 @@ def test_local_bwd_in_two_launches_matches_one(dtype: torch.dtype) -> None:
     do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3)).to(dtype)
     L, w, u = wy_fwd(k, v, g, beta)
     _, _, h, vnew = state_fwd(q, k, w, u, g, K**-0.5, x["initial_state"], False, True)
-    dh, dvnew, _ = state_bwd(q, k, w, g, do, None, K**-0.5)
+    dht = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4)) * 0.1
+    dh, dvnew, _ = state_bwd(q, k, w, g, do, dht, K**-0.5)
     args = (q, k, v, g, beta, L, h, dh, vnew, dvnew, do, K**-0.5)
+    C = L.shape[-1]
+    lower = (torch.arange(C)[None, :] <= (torch.arange(T) % C)[:, None])[:, None, :]  # [T, 1, C]: L's own part
+    L_before = L[:, lower.expand(T, H, C)].clone()
     one = local_bwd(*args, config=(64, 4, 1, False))
     two = local_bwd(*args, config=(64, 4, 1, True))
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), one, two, strict=True):
+    torch.testing.assert_close(L[:, lower.expand(T, H, C)], L_before, rtol=0, atol=0)  # L itself is kept
+    again = local_bwd(*args, config=(64, 4, 1, True))  # a second backward from the same saved tensors
+    for name, a, b, c in zip(("dq", "dk", "dv", "dg", "dbeta"), one, two, again, strict=True):
+        torch.testing.assert_close(c, b, rtol=0, atol=0)
         assert torch.isfinite(b).all(), name
         assert _rel(b, a.double()) < (1e-6 if dtype == torch.float32 else 1e-2), name
 
 
 def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole fwd+bwd with local_bwd in two launches, against the float64 oracle (fp32, h0, T = 65).
+    """The whole fwd+bwd with local_bwd in three launches, against the float64 oracle (fp32, h0, T = 65).
 
     The library splits at K = 128 (wy.TUNED_K) only; this test's K = 32 is made the tuned size here."""
     from deltabench.kernels.gdn.triton import local_bwd
@@ -118,7 +127,7 @@ def test_chunk_matches_oracle_with_local_bwd_split(monkeypatch: pytest.MonkeyPat
     calls = []
     monkeypatch.setattr(local_bwd, "local_bwd_kernel", _Recorder(local_bwd.local_bwd_kernel, calls))
     test_chunk_matches_oracle(1, 65, torch.float32, "typical", True)
-    assert calls == [1, 2]  # the two launches ran, PART 1 then PART 2
+    assert calls == [1, 2, 3]  # the three launches ran, in order
 
 
 class _Recorder:

@@ -186,3 +186,28 @@ def test_through_the_verification_engine() -> None:
     assert report.passed, [r for r in report.records if not r.passed]
     grads = {"grad:q", "grad:k", "grad:v", "grad:g", "grad:beta", "grad:initial_state"}
     assert grads <= {r.check for r in report.records}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tuned_head_size_takes_the_gpu_path(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = V = 128 (wy.TUNED_K), untouched launch tables: the code path the H200 runs at the train shapes, with
+    local_bwd in its three launches at its tuned V block (the interpreter ignores warps and stages, not the
+    parts, blocks and constexprs). T = 130: a partial last chunk, with a gradient on the final state."""
+    from deltabench.kernels.gdn.triton import local_bwd
+
+    launches: list[tuple[int, int, int, int]] = []
+    kernel = local_bwd.local_bwd_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+            def launch(*args, **kwargs):  # type: ignore[no-untyped-def]
+                launches.append((kwargs["PART"], kwargs["BV"], kwargs["num_warps"], kwargs["num_stages"]))
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(local_bwd, "local_bwd_kernel", Recorder())
+    _check_against_oracle(1, 130, 2, 128, 128, dtype, "long", True)
+    cfg = local_bwd.LAUNCH
+    assert cfg["split"]
+    assert launches == [(part, cfg["block_v"], cfg["warps"], cfg["stages"]) for part in (1, 2, 3)]

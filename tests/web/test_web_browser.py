@@ -141,8 +141,10 @@ def test_annotate_a_change_point(server, seeded, page) -> None:  # type: ignore[
     form.locator("select[name=kind]").select_option("expected")
     form.locator("input[name=note]").fill("<b>new masking</b>")
     form.locator("input[name=token]").fill(token)
-    form.locator("button").click()
-    page.wait_for_url(re.compile(r"/regressions$"))
+    # the page is at /regressions before the click already: wait for the submission's own navigation, or the
+    # row is read before the annotation is stored
+    with page.expect_navigation(url=re.compile(r"/regressions$")):
+        form.locator("button").click()
     cell = page.locator("#regressions tbody tr").first
     assert "<b>new masking</b>" in cell.inner_text(), "the note shows as text, escaped"
     assert cell.locator("b").count() == 0

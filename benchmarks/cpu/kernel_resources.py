@@ -35,14 +35,14 @@ from typing import Any
 
 import torch
 import triton
-from deltabench.harness.cases import parse_dtype
+from deltabench.harness.cases import parse_shape, torch_dtype
+from deltabench.harness.errors import BadInput
 from deltabench.kernels.gdn.triton import chunk, chunk_split, local_bwd, output, state, walk, wy
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 
 KERNEL_MODULES = (wy, state, walk, output, local_bwd)
 ENTRIES = {"triton_chunk": chunk.gdn_triton_chunk, "triton_chunk_split": chunk_split.gdn_triton_chunk_split}
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
@@ -139,13 +139,10 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.exit(2, "kernel_resources.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)\n")
     try:
-        shape = {k.strip(): int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
-        missing = [d for d in "BTHKV" if d not in shape]
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)}")
-        dtype = TORCH_DTYPES[parse_dtype(args.dtype)]
-    except (ValueError, KeyError) as e:
-        ap.exit(2, f"kernel_resources.py: bad --shape or --dtype: {e}\n")
+        shape = parse_shape(args.shape, "gdn")
+        dtype = torch_dtype(args.dtype)
+    except BadInput as e:
+        ap.exit(2, f"kernel_resources.py: {e}\n")
     if not os.path.exists(args.cuobjdump):
         ap.exit(2, f"kernel_resources.py: no cuobjdump at {args.cuobjdump} (pass --cuobjdump)\n")
     calls = record_launches(ENTRIES[args.impl], shape, dtype)

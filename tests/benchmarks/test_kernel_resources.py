@@ -44,4 +44,4 @@ def test_refuses_the_interpreter_and_a_bad_shape() -> None:
     run = _run("--shape", "B=1,T=64", interpret=True)
     assert run.returncode == 2 and "unset TRITON_INTERPRET" in run.stderr
     run = _run("--shape", "B=1,T=64")
-    assert run.returncode == 2 and re.search(r"missing H, K, V", run.stderr)
+    assert run.returncode == 2 and re.search(r"lacks H, K", run.stderr)

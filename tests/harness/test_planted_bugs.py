@@ -16,6 +16,7 @@ import torch
 from deltabench.harness import Case, get_impl, get_op, register_impl
 from deltabench.harness import registry as _registry
 from deltabench.harness.verify import verify_case
+from grad_scale import ScaleGrad
 
 OPS = ("gdn", "gdn2", "kda")
 # T = 100 is not a multiple of 64: a chunked impl has a partial last chunk; K != V catches transposed states.
@@ -75,25 +76,13 @@ def delta_loop(op: str, bug: str | None = None) -> Callable[..., tuple[torch.Ten
     return fn
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient by 1.01 (a wrong constant in one backward kernel)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * 1.01
-
-
 def chunk_wrapper(op: str, bug: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The op's correct ``torch_chunk`` with `bug` planted around it."""
     correct = get_impl(op, "torch_chunk")
 
     def fn(q, k, v, *gates, scale=None, initial_state=None):
-        if bug == "grad_k_scaled":
-            return correct(q, _ScaleGrad.apply(k), v, *gates, scale=scale, initial_state=initial_state)
+        if bug == "grad_k_scaled":  # a wrong constant in one backward kernel: dk off by 1%
+            return correct(q, ScaleGrad.apply(k, 1.01), v, *gates, scale=scale, initial_state=initial_state)
         if bug == "output_through_bf16":
             o, s = correct(q, k, v, *gates, scale=scale, initial_state=initial_state)
             return o.to(torch.bfloat16).to(o.dtype), s

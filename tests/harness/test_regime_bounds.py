@@ -17,6 +17,7 @@ from deltabench.harness import Case, get_impl, register_impl
 from deltabench.harness import registry as _registry
 from deltabench.harness.tolerances import FEW_ELEMENT_TOLERANCES, FEW_ELEMENTS, REGIME_TOLERANCES, TOLERANCES
 from deltabench.harness.verify import verify_case
+from grad_scale import ScaleGrad
 
 SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
 # A relative error of 1.2e-2 on one gradient: over the typical and long bf16 bound (9e-3), under the strong one.
@@ -29,19 +30,6 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient by ``factor``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad * ctx.factor, None
 
 
 def _regime_of(g: torch.Tensor) -> str:
@@ -60,7 +48,7 @@ def dk_off_in(regime: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
     def fn(q, k, v, g, beta, scale=None, initial_state=None):
         if _regime_of(g) == regime:
-            k = _ScaleGrad.apply(k, 1.0 + ERROR)
+            k = ScaleGrad.apply(k, 1.0 + ERROR)
         return correct(q, k, v, g, beta, scale=scale, initial_state=initial_state)
 
     return fn
@@ -73,7 +61,7 @@ def dg_dropped_at_t1() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
     def fn(q, k, v, g, beta, scale=None, initial_state=None):
         if q.shape[1] == 1:
-            g = _ScaleGrad.apply(g, 0.0)
+            g = ScaleGrad.apply(g, 0.0)
         return correct(q, k, v, g, beta, scale=scale, initial_state=initial_state)
 
     return fn

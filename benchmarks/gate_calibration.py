@@ -91,7 +91,15 @@ def collect(args: argparse.Namespace) -> None:
 
 
 def _docs(folder: Path, label: str) -> list[ResultDocument]:
-    docs = [ResultDocument.from_json(p.read_text()) for p in sorted(folder.glob(f"{label}_*.json"))]
+    """The runs of group `label` in `folder`, oldest first; a run cut before its first job ended (a partial
+    document without jobs: the collection's timeout) is left out and named on stderr."""
+    docs = []
+    for path in sorted(folder.glob(f"{label}_*.json")):
+        doc = ResultDocument.from_json(path.read_text())
+        if doc.jobs:
+            docs.append(doc)
+        else:
+            print(f"{path.name}: no finished job (a run cut short), left out", file=sys.stderr)
     return sorted(docs, key=lambda d: d.created_at)
 
 

@@ -6,8 +6,9 @@ T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with
 
 - per regime (:data:`REGIME_TOLERANCES`): bf16 gradients in the ``strong`` regime (mixed heads, log-decays down to
   -5 per token) get 4e-2, because a kernel that keeps its intermediates in bf16, as FLA 0.6.0's standard Triton
-  GDN kernel does, measures grad:g up to 1.67e-2 there on an H200 (2.43e-2 in the CPU emulation), while typical
-  and long keep 9e-3 (FLA at most 7.1e-3), which a gradient off by 1% must exceed;
+  GDN kernel does, measures grad:g up to 1.67e-2 there on an H200 (2.43e-2 in the CPU emulation); in the ``long``
+  regime (slow decays, the state's rounding accumulates) 2e-2 (FLA up to 1.04e-2 there); ``typical`` keeps 9e-3
+  (FLA at most 4.5e-3), which a gradient off by 1% must exceed, so every gate still catches that;
 - per size (:data:`FEW_ELEMENTS`, :data:`FEW_ELEMENT_TOLERANCES`): a bf16 or fp16 gradient of fewer than 16
   elements (dg at T = 1: B*H = 2 elements) is one or two reductions' relative error, with no averaging, and gets
   a bound sized for that spread.
@@ -111,9 +112,19 @@ REGIME_TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
         # triton_chunk's H200 figures) up to 2.43e-2 (grad:g, B1-T130-H2-K128, q and k off the unit sphere) and
         # grad:initial_state 9.9e-3 (B2-T70-H3-K16); triton_chunk up to 1.28e-2 on the H200 (grad:g,
         # B1-T64-H2-K128). Bound 4e-2 is 1.65x over FLA's worst emulated and 2.4x over its worst on the H200; the
-        # torch impls (fp32 inside) measure 3.4e-3. Only this regime: typical and long keep 9e-3, under the planted
-        # dk * 1.01 (1.0e-2), and FLA measures at most 7.1e-3 there on the H200.
+        # torch impls (fp32 inside) measure 3.4e-3. typical keeps 9e-3, under the planted dk * 1.01 (1.0e-2): FLA
+        # measures at most 4.5e-3 there on the H200.
         "gradient": 4e-2,
+    },
+    ("bf16", "long"): {
+        # Log-decays in [-0.05, 0]: the state keeps ~60 chunks of history, so the rounding of every bf16 state and
+        # intermediate a kernel stores adds up in dg. FLA 0.6.0 on an H200 (train suite and the 12-job comparison,
+        # 3 seeds, benchmarks/h200/train/): grad:g up to 1.04e-2 against the oracle at B1-T256-H6 (drawn seed
+        # 519266225), 8.4e-3 against torch_chunk fp32 at the full shape, 1.29e-2 at T = 1 (B1-H16: dg's 16
+        # elements are 16 single-token reductions); triton_chunk at most 5.3e-3 on the same runs. Bound 2e-2 is
+        # 1.9x over FLA's worst at many elements and 1.55x at T = 1. A gradient off by 1% is still caught by the
+        # typical regime, which every gate runs.
+        "gradient": 2e-2,
     },
 }
 

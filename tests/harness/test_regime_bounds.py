@@ -20,7 +20,7 @@ from deltabench.harness.verify import verify_case
 from grad_scale import ScaleGrad
 
 SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
-# A relative error of 1.2e-2 on one gradient: over the typical and long bf16 bound (9e-3), under the strong one.
+# A relative error of 1.2e-2 on one gradient: over the typical bf16 bound (9e-3), under the strong one (4e-2).
 ERROR = 0.012
 
 
@@ -111,7 +111,8 @@ def test_the_few_element_bound_judges_tiny_tensors_and_still_rejects_a_dropped_g
     assert at_t1
     by_check = {r.check: r for r in at_t1}
     assert by_check["grad:g"].threshold == by_check["grad:beta"].threshold == few
-    assert by_check["grad:q"].threshold == TOLERANCES["bf16"]["gradient"]  # B*T*H*K = 32 >= FEW_ELEMENTS
+    # B*T*H*K = 32 >= FEW_ELEMENTS: the regime's bound (the length sweep runs in the long regime)
+    assert by_check["grad:q"].threshold == REGIME_TOLERANCES[("bf16", "long")]["gradient"]
     assert 2 < FEW_ELEMENTS <= 32
     assert {(r.check, r.reference) for r in report.failures} == {("grad:g", by_check["grad:g"].reference)}
     assert by_check["grad:g"].value >= 3 * few

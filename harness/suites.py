@@ -151,7 +151,7 @@ class Suite:
     def jobs(
         self, *, device: str, impls: list[str] | None = None, ops: list[str] | None = None
     ) -> list[tuple[Case, str]]:
-        """The suite's (case, impl) jobs on `device`, optionally only some impls and ops.
+        """The suite's (case, impl) jobs on `device`, optionally only some impls (in the order of `impls`) and ops.
 
         Raises BadInput when a filter names nothing in the suite.
         """
@@ -169,12 +169,12 @@ class Suite:
         for plan in self.ops:
             if ops and plan.op not in ops:
                 continue
+            # impls named by the caller run in the caller's order (a run cut short then has the first ones)
+            order = [i for i in dict.fromkeys(impls) if i in plan.impls] if impls else list(plan.impls)
             for dims in plan.shapes:
                 for dtype in plan.dtypes:
                     for mode in plan.modes:
-                        for impl in plan.impls:
-                            if impls and impl not in impls:
-                                continue
+                        for impl in order:
                             case = Case(
                                 op=plan.op,
                                 **dims,

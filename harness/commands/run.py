@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_command(
         suite: str = typer.Option(..., "--suite", help="A shipped suite's name (smoke, train, ...) or a .toml path."),
-        impl: list[str] = typer.Option([], "--impl", help="Only these impls (repeatable)."),
+        impl: list[str] = typer.Option([], "--impl", help="Only these impls (repeatable), run in the order given."),
         op: list[str] = typer.Option([], "--op", help="Only these ops (repeatable)."),
         device: str = typer.Option(
             None, "--device", help="cpu, cuda or tpu (default: the suite's, else cuda if present)."

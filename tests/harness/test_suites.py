@@ -66,6 +66,9 @@ def test_jobs_expand_in_order_with_defaults_and_overrides():
     assert suite.baselines == {"gdn": "torch_recurrent", "kda": "torch_chunk"}  # first impl by default
     only = suite.jobs(device="cpu", impls=["torch_chunk"], ops=["gdn"])
     assert {(c.op, i) for c, i in only} == {("gdn", "torch_chunk")}
+    # impls named by the caller come in the caller's order, so that a run cut short has the first ones
+    both = suite.jobs(device="cpu", impls=["torch_chunk", "torch_recurrent"], ops=["gdn"])
+    assert [i for _, i in both[:2]] == ["torch_chunk", "torch_recurrent"] and both[0][0] == both[1][0]
 
 
 def test_user_suite_by_path(tmp_path):

@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu/fetch_wheels.sh [SET ...]     # sets: base fla qla1 qla2 opengdn sdm (default: all)
 #
 # .whl/ is git-ignored (.gitignore and .git/info/exclude); it travels to the GPU machine only when a call names
-# the set folders in `carry` (see README.md here: qla1 and qla2 go in two separate calls).
+# the set folders in `carry`. FlashQLA's two halves, qla1 and qla2, go to .gpucache/<set>/ instead (git-ignored
+# too): they travel in two separate calls and are staged apart by stage_qla.sh, not by install.sh (README.md here).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,9 +34,11 @@ sets=("$@")
 [[ ${#sets[@]} -gt 0 ]] || sets=(base fla qla1 qla2 opengdn sdm)
 for set in "${sets[@]}"; do
     [[ -n ${SETS[$set]:-} ]] || { echo "unknown set '$set' (sets: ${!SETS[*]})" >&2; exit 2; }
-    mkdir -p ".whl/$set"
+    dir=.whl/$set
+    [[ $set == qla* ]] && dir=.gpucache/$set
+    mkdir -p "$dir"
     # shellcheck disable=SC2086  # the set's requirements are meant to split into words
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${PLATFORMS[@]/#/--platform=}" -d ".whl/$set" ${SETS[$set]}
-    echo "$set: $(du -sh ".whl/$set" | cut -f1) in $(find ".whl/$set" -name '*.whl' | wc -l) wheels"
+        "${PLATFORMS[@]/#/--platform=}" -d "$dir" ${SETS[$set]}
+    echo "$set: $(du -sh "$dir" | cut -f1) in $(find "$dir" -name '*.whl' | wc -l) wheels, in $dir"
 done

@@ -323,13 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     ref_core = paths(False)["jax_chunk"]
     reference = fwd_and_train(ref_core)[1](tuple(x.astype(jnp.float32) for x in args), h0, do.astype(jnp.float32))
     rows = []
+    started = time.perf_counter()
+
+    def done(row: dict[str, str]) -> None:
+        """Keep `row` and print it at once: a run cut by its caller's time limit keeps the paths it finished."""
+        rows.append(row)
+        print(f"[{time.perf_counter() - started:.0f} s] " + " | ".join(str(v) for v in row.values()), flush=True)
+
     for name, core in paths(opts.interpret, tilings(opts.block_v, opts.dots, opts.warps, dims["V"])).items():
-        rows.append(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
+        done(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
     if not opts.no_fla:
         import numpy as np
 
         reference_np = (np.asarray(reference[0], np.float32), [np.asarray(r, np.float32) for r in reference[1]])
-        rows.append(run_fla(opts.dtype, dims, np.asarray(do.astype(jnp.float32)), reference_np, opts.reps))
+        done(run_fla(opts.dtype, dims, np.asarray(do.astype(jnp.float32)), reference_np, opts.reps))
 
     print(f"\nGDN-2, {opts.dtype}, {shape_id}, with an initial state; ms are medians of {opts.reps} synchronised calls")
     print("oracle: worst rel. error of o, state and every gradient vs float64 at B1 T200 H2 d128 (atomic-ops: T256)")

@@ -6,7 +6,7 @@
 # Each set present under .whl/ (base first, then the others in name order) is installed with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/<set>/*.whl
 # and stamped with the list of its wheel names, so a later call (the machine stays warm between calls, /tmp/site with
-# it) skips what is already there: FlashQLA needs two calls, one carrying .whl/qla1 and one .whl/qla2 (README.md).
+# it) skips what is already there. FlashQLA's two halves live under .gpucache/ and are staged by stage_qla.sh (README.md).
 # deltabench is then installed editable (`pip install --no-deps --no-build-isolation -e .`), unless this checkout is
 # already what `import deltabench.harness` finds; if pip cannot do it, a symlink tree under the site folder serves.
 # Environment: DELTABENCH_SITE (default /tmp/site), DELTABENCH_WHEELS (default .whl).

@@ -5,8 +5,8 @@
 #
 # FlashQLA's wheels need two back-to-back calls (README.md here); the measurement is the second:
 #   first, here: git rev-parse HEAD > .deltabench-commit
-#   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/qla1, .deltabench-commit]:  bash benchmarks/gpu/install.sh
-#   call 2, carry [.whl/qla2, .deltabench-commit], within 30 s:                        bash benchmarks/gpu/suite_speed.sh
+#   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .gpucache/qla1, .deltabench-commit]:  bash benchmarks/gpu/install.sh && bash benchmarks/gpu/stage_qla.sh
+#   call 2, carry [.gpucache/qla2, .deltabench-commit], within 30 s:                             bash benchmarks/gpu/suite_speed.sh
 # About 6 minutes if the targets hold; each run is cut at 280 s so that both fit in one call's 10 minutes.
 # Then commit $OUT/suite-speed.md into benchmarks/h200/ and record the figures in benchmarks/NOTES.md.
 set -uo pipefail
@@ -16,7 +16,8 @@ export PYTHONUNBUFFERED=1
 export DELTABENCH_GIT_COMMIT=${DELTABENCH_GIT_COMMIT:-$(cat .deltabench-commit 2>/dev/null || true)}
 bash benchmarks/gpu/install.sh >"$OUT/install-speed.log" 2>&1 || { tail -40 "$OUT/install-speed.log"; exit 1; }
 tail -6 "$OUT/install-speed.log"
-export PYTHONPATH=/tmp/site
+qla=$(bash benchmarks/gpu/stage_qla.sh)
+export PYTHONPATH=/tmp/site${qla:+:$qla}
 
 # Every cache this run may fill, empty at the start: the first run is cold, the second warm.
 CACHES=/tmp/deltabench-speed-caches

@@ -4,6 +4,7 @@
 # K planted ones (the head alone imports planted_slowdown.py from an untracked copy inside the checkout, so the
 # base side does not import it: runners/interleave.py, base_imports), alternating, each graded by `deltabench gate`.
 #   K=5 REPEAT=7 OUT=/tmp/gate-interleave benchmarks/cpu/gate_interleave.sh [extra run options, e.g. --op gdn]
+# KINDS="planted" runs the planted invocations only (KINDS="same planted" by default).
 # Writes OUT/{same,planted}-i.{json,base.json,gate.json,gate.txt} and OUT/log.tsv (kind, i, load average, gate rc,
 # wall seconds).
 set -u
@@ -18,7 +19,7 @@ mkdir -p "$PLANTED_DIR"
 cp benchmarks/cpu/planted_slowdown.py "$PLANTED_DIR/planted_slowdown.py"
 trap 'rm -rf "$PLANTED_DIR"' EXIT
 for i in $(seq 1 "$K"); do
-  for kind in same planted; do
+  for kind in ${KINDS:-same planted}; do
     extra=()
     if [ "$kind" = planted ]; then extra=(--import "$PLANTED_DIR/planted_slowdown.py"); fi
     load=$(cut -d' ' -f1 /proc/loadavg)

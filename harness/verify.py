@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from deltabench.references._inputs import generator, randn
 
 from .cases import Case
 from .checks import compare, finite_record, note_record
@@ -189,9 +190,9 @@ def draw_seed() -> int:
 def _cotangents(spec: OpSpec, case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random cotangents on the output (in the case's dtype, as an upstream gradient would be) and on the state
     (float32), in the contract's shapes."""
-    gen = torch.Generator(device="cpu").manual_seed(seed + _COTANGENT_SEED_OFFSET)
-    do = torch.randn(*spec.output.shape(case.dims), generator=gen).to(case.torch_dtype)
-    dht = torch.randn(*spec.state.shape(case.dims), generator=gen)
+    gen = generator(seed + _COTANGENT_SEED_OFFSET)
+    do = randn(gen, *spec.output.shape(case.dims)).to(case.torch_dtype)
+    dht = randn(gen, *spec.state.shape(case.dims))
     return do, dht
 
 

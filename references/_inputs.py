@@ -13,9 +13,18 @@ Three regimes of gates:
 q and k are L2-normalised, as layers do; ``unit_qk=False`` draws them with per-token norms instead (k in
 [0.5, 1.2], keeping ``beta * |k|^2 < 2`` so the delta rule stays contractive; q in [0.25, 2]), so that a kernel
 normalising them itself is caught.
+
+Large normal draws are remembered (:func:`randn`): the gate draws the same seed's q, k and v for every regime and
+initial-state variant, and a worker's next job at the same shape draws them again; on a GPU host those CPU draws
+were most of a compiled kernel's gate (0.25 s per 25M numbers, one thread).
 """
 
 from __future__ import annotations
+
+import collections
+import hashlib
+import math
+import threading
 
 import torch
 
@@ -33,9 +42,39 @@ def generator(seed: int) -> torch.Generator:
     return gen
 
 
+# Draws of at least this many numbers are remembered, up to DRAW_CACHE_BYTES in all (least recently used first out).
+DRAW_CACHE_MIN_NUMEL = 1 << 20
+DRAW_CACHE_BYTES = 2 * 2**30
+_draws: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = collections.OrderedDict()
+_draws_lock = threading.Lock()
+
+
 def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
-    """Standard normal float32 draw from `gen`."""
-    return torch.randn(*shape, generator=gen, dtype=torch.float32)
+    """Standard normal float32 draw from `gen`.
+
+    A draw of at least :data:`DRAW_CACHE_MIN_NUMEL` numbers is remembered by the generator's state before it and
+    its shape: the same request again returns a copy of the same numbers and leaves `gen` in the state the draw
+    left it in, so every later draw is what it would have been (bit for bit: the key is the whole state)."""
+    if math.prod(shape) < DRAW_CACHE_MIN_NUMEL:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+    key = (hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), tuple(shape))
+    with _draws_lock:
+        hit = _draws.get(key)
+        if hit is not None:
+            _draws.move_to_end(key)
+    if hit is not None:
+        x, after = hit
+        gen.set_state(after)
+        return x.clone()  # a caller may write into what it gets
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    entry = (x.clone(), gen.get_state())
+    with _draws_lock:
+        _draws[key] = entry
+        total = sum(t.numel() * t.element_size() for t, _ in _draws.values())
+        while total > DRAW_CACHE_BYTES and len(_draws) > 1:
+            old, _ = _draws.popitem(last=False)[1]
+            total -= old.numel() * old.element_size()
+    return x
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@
   left in it.
 - ``DELTABENCH_REFERENCE_CACHE``: the gate's shared references go to a directory of this test session, never the
   user's cache (harness/reference_cache.py).
+- ``one_torch_thread``: torch at one intra-op thread for the test (``pytestmark = pytest.mark.usefixtures(...)`` in
+  the modules of many tiny ops, which gain nothing from threads and slow down with them on the shared 2-core CI).
 - ``DELTABENCH_REQUIRE_SERVICES=1`` (set by ``.ci/run``): a test skipped because PostgreSQL, Redis or Chromium is
   missing fails instead, so CI can never pass by skipping the real components it is meant to exercise.
 """
@@ -92,3 +94,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if any(marker in reason for marker in _MISSING_SERVICE):
         report.outcome = "failed"
         report.longrepr = f"required service missing (DELTABENCH_REQUIRE_SERVICES=1): {reason}"
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch at one intra-op thread for the test, the caller's count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

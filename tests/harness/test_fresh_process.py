@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
 from deltabench.harness.cli import main
@@ -47,13 +46,10 @@ def impl(*args, **kwargs):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _no_test_mark(one_torch_thread: None) -> Iterator[None]:
     os.environ.pop("DELTABENCH_TEST_MARK", None)
     yield
     os.environ.pop("DELTABENCH_TEST_MARK", None)  # the user impls' mark
-    torch.set_num_threads(before)
 
 
 def _gate(impl, **kwargs):  # type: ignore[no-untyped-def]

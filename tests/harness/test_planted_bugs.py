@@ -24,13 +24,7 @@ SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
 CHUNK = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """The loops below are many tiny ops: one thread is fastest, and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _as_general(op: str, gates: tuple[torch.Tensor, ...], K: int, V: int) -> tuple[torch.Tensor, ...]:

@@ -28,12 +28,7 @@ SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
 C = LARGEST_CHUNK
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _factored_pairwise_decay(cum_log_decay: torch.Tensor, *, per_channel: bool) -> torch.Tensor:

@@ -24,12 +24,7 @@ SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
 ERROR = 0.012
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _regime_of(g: torch.Tensor) -> str:

@@ -6,7 +6,6 @@ two suites (the CPU smoke suite runs; the GPU suite's jobs end ``unsupported`` o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,12 +27,7 @@ SHAPE = {"B": 1, "T": 128, "H": 2, "S": 32, "D": 8, "W": 4, "R": 4}
 SMALL = "B=1,T=40,H=1,S=16,D=4,W=3,R=3"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

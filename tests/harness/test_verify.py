@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,12 +23,7 @@ from deltabench.harness.verify import split_point, verify_case
 TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def oracle_cast(op: str, *, nan_at: int | None = None, out_dtype: torch.dtype | None = None, noise: float = 0.0):

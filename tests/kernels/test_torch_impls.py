@@ -10,7 +10,7 @@ and the impl (``gdn-torch_chunk-B2-T65-...``), so ``-k gdn2`` or ``-k kda-torch_
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -62,13 +62,7 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny shapes gain nothing from threads, and on a shared 2-core machine threads multiply the run time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _cotangents(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

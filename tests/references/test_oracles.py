@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from deltabench.references import gdn, gdn2, kda
@@ -12,13 +10,7 @@ ORACLES = {"gdn": gdn.gdn_recurrent, "gdn2": gdn2.gdn2_recurrent, "kda": kda.kda
 GENERATORS = {"gdn": gdn.make_inputs, "gdn2": gdn2.make_inputs, "kda": kda.make_inputs}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny shapes gain nothing from threads, and on a shared 2-core machine threads multiply the run time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _float64_leaves(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

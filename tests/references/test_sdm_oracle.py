@@ -3,19 +3,11 @@ generator's regimes, and product-key top-k's selection rule on hand-worked ties.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from deltabench.references import sdm
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 FLOATS = ("k_val", "q_val", "v", "g", "beta", "initial_bank")

@@ -8,7 +8,7 @@ that each check must reject.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -22,13 +22,7 @@ FLOATS = ("k_val", "q_val", "v", "g", "beta", "initial_bank")
 BOUND = 1e-5  # float32 against float64 at these sizes measures 1e-7 .. 2e-6 (relative Frobenius error)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny shapes gain nothing from threads, and the machine running the suite has 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -214,7 +214,11 @@ def sdm_recurrent(
         allow_repeated_writes: accept a write slot repeated within a token (decayed once) instead of raising.
 
     Returns:
-        ``(y, final_bank)``: ``[B, T, H, D]`` and ``[B, H, S, D]``, both float64.
+        ``(y, final_bank)``: ``[B, T, H, D]`` and ``[B, H, S, D]``, both float64 (the final bank a new tensor).
+
+    Time and memory, autograd's included, follow the slots the sequence touches (``T (W + R)`` rows per batch row
+    and head) plus one gather from and one copy of the bank, not ``T`` passes over it: the gate runs this at
+    ``S = 65536, D = 1024``.
 
     Raises:
         ValueError: a shape breaks the contract, an index is out of range, W or R > S, or a write slot repeats.
@@ -223,23 +227,56 @@ def sdm_recurrent(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
     )
     k_val, q_val, v, g, beta = (x.to(torch.float64) for x in (k_val, q_val, v, g, beta))
-    M = v.new_zeros(B, H, S, D) if initial_bank is None else initial_bank.to(torch.float64)
     k_idx, q_idx = k_idx.long(), q_idx.long()
     first = first_write_mask(k_idx)
+    # A dense step (decay, then scatter into [B, H, S, D]) copies the whole bank twice per token, and autograd keeps
+    # both copies: 2 T banks. Here the bank is a table of rows, one per slot the sequence touches (a (b, h, s) triple,
+    # key b*H*S + h*S + s): a token stacks its W write rows and R read rows out of the table and puts its new write
+    # rows back, so time and autograd's memory follow the rows touched, T (W + R) per (b, h). On those rows the
+    # arithmetic is the dense step's, operation for operation, on [B, H, W|R, D] tensors laid out as its gathers are.
+    offset = (torch.arange(B * H, device=v.device) * S).view(B, 1, H, 1)
+    keys = torch.cat([(k_idx + offset).flatten(), (q_idx + offset).flatten()])
+    touched, row_of = torch.unique(keys, return_inverse=True)  # touched[row_of[i]] == keys[i]
+    k_row, q_row = row_of.split([k_idx.numel(), q_idx.numel()])
+    # Per token, the table row of each entry in [B, H, W|R] order, and which write entries are their slot's first.
+    k_row = k_row.view(B, T, H, W).transpose(0, 1).reshape(T, B * H * W).tolist()
+    q_row = q_row.view(B, T, H, R).transpose(0, 1).reshape(T, B * H * R).tolist()
+    is_first = first.transpose(0, 1).reshape(T, B * H * W).tolist()
+    if initial_bank is None:
+        start = v.new_zeros(B * H * S, D)
+    else:
+        start = initial_bank.to(torch.float64).reshape(B * H * S, D)
+    table = list(start[touched].unbind(0))
+    # p[..., n]: the token's first entry with entry n's slot. A slot's row decays once, with that entry's log-decay,
+    # and every entry of the slot reads the decayed row and adds into it in entry order (the dense scatter's order).
+    same = k_idx[..., :, None] == k_idx[..., None, :]  # [B, T, H, W, W]
+    p = torch.where(same, torch.arange(W, device=v.device), W).amin(-1) if W else k_idx  # (amin refuses W = 0)
+
+    def stacked(rows: list[int], n: int) -> torch.Tensor:
+        """The table's `rows` as a [B, H, n, D] tensor (n = W or R, either may be 0)."""
+        return torch.stack([table[i] for i in rows]).view(B, H, n, D) if rows else v.new_zeros(B, H, n, D)
+
     ys = []
     for t in range(T):
-        kt, kv, qt, qv = k_idx[:, t], k_val[:, t], q_idx[:, t], q_val[:, t]  # [B, H, W|R]
+        kv, qv = k_val[:, t], q_val[:, t]  # [B, H, W|R]
+        pt = p[:, t, :, :, None].expand(B, H, W, D)
         log_decay = g[:, t, :, None] * kv if key_weighted_decay else g[:, t, :, None].expand(B, H, W)
         # Each slot of the token's write set decays once: later repeats of a slot add no log-decay.
         log_decay = torch.where(first[:, t], log_decay, torch.zeros_like(log_decay))
-        slot_log_decay = M.new_zeros(B, H, S).scatter_add(-1, kt, log_decay)
-        M = M * slot_log_decay.exp()[..., None]
-        rows = M.gather(2, kt[..., None].expand(B, H, W, D))
+        old = stacked(k_row[t], W)
+        decayed = old * log_decay.gather(-1, p[:, t]).exp()[..., None]
+        rows = decayed.gather(2, pt)  # a repeated entry reads its slot's decayed row
         u = beta[:, t, :, None] * (v[:, t] - (kv[..., None] * rows).sum(2))  # [B, H, D]
-        M = M.scatter_add(2, kt[..., None].expand(B, H, W, D), kv[..., None] * u[:, :, None, :])
-        ys.append((qv[..., None] * M.gather(2, qt[..., None].expand(B, H, R, D))).sum(2))
+        new = rows.scatter_add(2, pt, kv[..., None] * u[:, :, None, :])  # every entry adds at its slot's first
+        for i, row, f in zip(k_row[t], new.view(B * H * W, D).unbind(0), is_first[t], strict=True):
+            if f:  # a repeated entry's position holds its stale read: its slot's new row is at the first entry
+                table[i] = row
+        read = stacked(q_row[t], R)
+        ys.append((qv[..., None] * read).sum(2))
     y = torch.stack(ys, dim=1) if ys else v.new_zeros(B, 0, H, D)
-    return y, M
+    # Rows of slots no token touched keep their initial values (the dense step multiplies them by exp(0) = 1).
+    final = start.index_put((touched,), torch.stack(table)) if table else start.clone()
+    return y, final.view(B, H, S, D)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -265,7 +265,9 @@ def sdm_recurrent(
         log_decay = torch.where(first[:, t], log_decay, torch.zeros_like(log_decay))
         old = stacked(k_row[t], W)
         decayed = old * log_decay.gather(-1, p[:, t]).exp()[..., None]
-        rows = decayed.gather(2, pt)  # a repeated entry reads its slot's decayed row
+        # A repeated entry reads its slot's decayed row; with distinct slots that is its own (the gather, which
+        # autograd would keep with its input, is skipped).
+        rows = decayed if all(is_first[t]) else decayed.gather(2, pt)
         u = beta[:, t, :, None] * (v[:, t] - (kv[..., None] * rows).sum(2))  # [B, H, D]
         new = rows.scatter_add(2, pt, kv[..., None] * u[:, :, None, :])  # every entry adds at its slot's first
         for i, row, f in zip(k_row[t], new.view(B * H * W, D).unbind(0), is_first[t], strict=True):

@@ -127,6 +127,29 @@ def test_no_tokens_returns_the_initial_bank() -> None:
     assert y.shape == (1, 0, 2, 3) and torch.equal(bank, x["initial_bank"])
 
 
+def _saved_bytes(fn, x: dict) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of one call of `fn`."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    leaves = {n: x[n].detach().clone().requires_grad_() for n in FLOATS}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(**{**x, **leaves})
+    return sum(storages.values())
+
+
+def test_backward_keeps_the_touched_rows_not_the_bank() -> None:
+    """At S far above T (W + R): what the oracle keeps for the backward is under one bank; the dense loop's, about
+    two banks a token."""
+    x = _inputs((1, 16, 2, 4096, 4, 3, 2), 0, "typical", True, True)
+    bank = x["initial_bank"].numel() * 8
+    assert _saved_bytes(sdm.sdm_recurrent, x) < bank / 4
+    assert _saved_bytes(_dense_reference, x) > 16 * bank
+
+
 def test_the_comparison_catches_a_repeated_slot_decayed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted in the reference: every entry counts as its slot's first, so a slot written twice decays twice."""
     monkeypatch.setattr(sys.modules[__name__], "first_write_mask", lambda k_idx: torch.ones_like(k_idx, dtype=bool))

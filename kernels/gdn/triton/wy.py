@@ -50,8 +50,8 @@ TUNED_K = 128
 def _unit_lower_inverse(A, BC: tl.constexpr):
     """(I + A)^{-1} for a strictly lower-triangular fp32 block A [BC, BC], by forward substitution.
 
-    A loop, not unrolled: unrolled, the four diagonal blocks' steps were interleaved and their values kept
-    live together (the inverse kernel spilled 144 bytes at K = 128 with 2 warps, 80 with 8)."""
+    A loop, not unrolled: unrolled (tl.static_range), the inverse kernel spilled at K = 128 bf16 (144 stack
+    bytes with 2 warps, 112 with 4, 80 with 8; Triton 3.6, sm_90a), as a loop it does not."""
     r = tl.arange(0, BC)
     inv = (r[:, None] == r[None, :]).to(tl.float32)
     for i in range(1, BC):
@@ -125,7 +125,8 @@ def wy_inverse_kernel(
     k3, g3, b3, row3, m3 = _load_block(k, g, beta, t0, 3, T, i_b, i_h, H, K, BK, BC)
     G0, G1, G2, G3 = _cum_decay(g0, g1, g2, g3)
 
-    # every block of A first, so the k blocks are dead before the inverse's work begins
+    # every block of A first, so that the k tiles are dead before the inverse begins (with the off-diagonal
+    # blocks of A after the diagonal inverses, as in the product order below, it spilled 144 bytes at K = 128)
     A00 = _block_a(k0, k0, G0, G0, b0, True, BC, PREC)
     A11 = _block_a(k1, k1, G1, G1, b1, True, BC, PREC)
     A22 = _block_a(k2, k2, G2, G2, b2, True, BC, PREC)

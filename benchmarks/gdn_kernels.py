@@ -258,7 +258,8 @@ def print_table(rows: list[dict]) -> None:
 def kernel_resources() -> None:
     """Registers and spills of every compiled variant of our kernels (best effort across Triton versions)."""
     kernels = {
-        "wy_fwd": wy.wy_fwd_kernel,
+        "wy_inverse": wy.wy_inverse_kernel,
+        "wy_apply": wy.wy_apply_kernel,
         "state_fwd": state.state_fwd_kernel,
         "state_walk": walk.state_walk_kernel,
         "chunk_output": output.chunk_output_kernel,

@@ -3,7 +3,7 @@
 Same contract, layout and arithmetic as chunk.py's ``chunk_gated_delta_rule``; only the forward's stages
 differ. chunk.py runs the outputs inside the chunk-serial walk (state.py's ``state_fwd``); here:
 
-1. wy.py ``wy_fwd``: per (chunk, head), L = (I + A)^{-1}, W and U (unchanged);
+1. wy.py ``wy_fwd``: per (chunk, head), L = (I + A)^{-1}, then W and U (chunk.py's, two launches);
 2. walk.py ``state_walk``: per (V block, head), chunk by chunk, only ``v_new = U - W S`` and the state
    update, storing the state at each chunk's start (h) and v_new;
 3. output.py ``chunk_output``: per (chunk, V block, head), all at once, ``o`` from q, k, h and v_new.

@@ -1,4 +1,4 @@
-"""Chunk-local WY/UT stage of chunked Gated DeltaNet: one Triton program per (chunk, head).
+"""Chunk-local WY/UT stage of chunked Gated DeltaNet, in two Triton launches.
 
 Within a chunk of C = 64 tokens (G = in-chunk cumulative sum of the log-decay g, gamma = exp(G)):
 
@@ -11,6 +11,14 @@ so that the chunk's new values are ``v_new = U - W S`` for the state ``S`` [K, V
 The inverse is computed blockwise: the four 16 x 16 diagonal blocks by forward substitution, the
 off-diagonal blocks by ``L_ab = -L_aa sum_c A_ac L_cb``, all in IEEE fp32. ``L`` is stored (fp32, the
 backward needs it), with its upper triangle left unwritten: readers mask it.
+
+1. ``wy_inverse_kernel``, one program per (chunk, head): A and L, stored to the L buffer;
+2. ``wy_apply_kernel``, one program per (column block, chunk, head): W or U from the stored L.
+
+One program doing both held the four k tiles, the inverse's blocks and the eight scaled-input tiles at once
+and spilled at K = V = 128 (255 registers, 776 stack bytes at 2 warps, sm_90a). Split, neither spills there.
+The arithmetic is the single kernel's, in the same order: L goes through memory as exact fp32 and each row
+block of W, U is still ``sum_b L_ab x_b`` accumulated over b = 0, 1, ... as before.
 """
 
 from __future__ import annotations
@@ -25,10 +33,13 @@ __all__ = ["CHUNK", "LAUNCH", "TUNED_K", "wy_fwd"]
 
 CHUNK = 64
 _SUB = 16  # row block of the blockwise inverse
-# Fixed (no autotuning). 2 warps: 0.270 ms at 8x4096x6 on the H200 against 0.380 for 4 and 0.715 for 8
-# (benchmarks/NOTES.md, v2; L, W, U equal to 4 warps' within 8e-9); a second stage changed nothing.
-# Only at the head size it was measured at (TUNED_K); elsewhere 4 warps, the config gated on the H200.
+# Fixed (no autotuning). The inverse kernel's: 2 warps was the fastest for the single kernel it came out of
+# (0.270 ms at 8x4096x6 on the H200 against 0.380 for 4 and 0.715 for 8: benchmarks/NOTES.md, v2), and
+# keeps it at 246 registers without spills; at other head sizes 4 warps, the config gated on the H200.
 LAUNCH = {"warps": 2, "stages": 1, "untuned_warps": 4}
+# The apply kernel's, not yet timed on a GPU: 128-column blocks (W and U of a chunk in two programs, so L is
+# read twice) at 4 warps: 96 registers, no spills at K = V = 128 (64-column blocks: 62 registers).
+APPLY = {"cols": 128, "warps": 4, "stages": 1}
 # The padded head size (K) at which the v2 launch configs of every stage were swept and checked on the H200
 # (benchmarks/NOTES.md, v2). At other sizes each stage keeps the config the GPU gate passed before v2: a
 # v2 config at K = 64 faulted there (an illegal memory access in the gate's second case, Triton 3.6).
@@ -37,10 +48,13 @@ TUNED_K = 128
 
 @triton.jit
 def _unit_lower_inverse(A, BC: tl.constexpr):
-    """(I + A)^{-1} for a strictly lower-triangular fp32 block A [BC, BC], by forward substitution."""
+    """(I + A)^{-1} for a strictly lower-triangular fp32 block A [BC, BC], by forward substitution.
+
+    A loop, not unrolled: unrolled (tl.static_range), the inverse kernel spilled at K = 128 bf16 (144 stack
+    bytes with 2 warps, 112 with 4, 80 with 8; Triton 3.6, sm_90a), as a loop it does not."""
     r = tl.arange(0, BC)
     inv = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in tl.static_range(1, BC):
+    for i in range(1, BC):
         a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), axis=0)  # row i of A, indexed by column
         s = tl.sum(a_i[:, None] * inv, axis=0)  # sum_j a_ij inv_j (rows j >= i of inv meet a_ij = 0)
         inv = tl.where(r[:, None] == i, inv - s[None, :], inv)
@@ -81,51 +95,9 @@ def _mm(a, b):
 
 
 @triton.jit
-def _store_out(
-    w,
-    u,
-    L,
-    x0,
-    x1,
-    x2,
-    x3,
-    y0,
-    y1,
-    y2,
-    y3,
-    l0,
-    l1,
-    l2,
-    l3,
-    row,
-    mt,
-    sub: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    BC: tl.constexpr,
-    C: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """W and U rows of block `sub` (sum over blocks b <= sub of L_sub,b times the scaled inputs) and its L row."""
-    dt = x0.dtype
-    wa = mma(l0.to(dt), x0, PREC)
-    ua = mma(l0.to(dt), y0, PREC)
-    if sub >= 1:
-        wa += mma(l1.to(dt), x1, PREC)
-        ua += mma(l1.to(dt), y1, PREC)
-    if sub >= 2:
-        wa += mma(l2.to(dt), x2, PREC)
-        ua += mma(l2.to(dt), y2, PREC)
-    if sub >= 3:
-        wa += mma(l3.to(dt), x3, PREC)
-        ua += mma(l3.to(dt), y3, PREC)
-    rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
+def _store_l(L, l0, l1, l2, l3, row, mt, sub: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
+    """Row block `sub` of L: its blocks (sub, b) for b <= sub (the upper blocks are left unwritten)."""
     rc = tl.arange(0, BC)
-    tl.store(w + row[:, None] * K + rk[None, :], wa.to(w.dtype.element_ty), mask=mt[:, None] & (rk[None, :] < K))
-    tl.store(u + row[:, None] * V + rv[None, :], ua.to(u.dtype.element_ty), mask=mt[:, None] & (rv[None, :] < V))
     tl.store(L + row[:, None] * C + rc[None, :], l0, mask=mt[:, None])
     if sub >= 1:
         tl.store(L + row[:, None] * C + BC + rc[None, :], l1, mask=mt[:, None])
@@ -136,13 +108,12 @@ def _store_out(
 
 
 @triton.jit
-def wy_fwd_kernel(
-    k, v, g, beta, L, w, u,
+def wy_inverse_kernel(
+    k, g, beta, L,
     T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """One program per (chunk, batch*head): writes L [C, C] (lower part), W [C, K] and U [C, V]."""
+    """One program per (chunk, batch*head): writes L = (I + A)^{-1} [C, C] (its lower part)."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -152,24 +123,26 @@ def wy_fwd_kernel(
     k1, g1, b1, row1, m1 = _load_block(k, g, beta, t0, 1, T, i_b, i_h, H, K, BK, BC)
     k2, g2, b2, row2, m2 = _load_block(k, g, beta, t0, 2, T, i_b, i_h, H, K, BK, BC)
     k3, g3, b3, row3, m3 = _load_block(k, g, beta, t0, 3, T, i_b, i_h, H, K, BK, BC)
-    # in-chunk cumulative log-decay, block by block
-    G0 = tl.cumsum(g0, axis=0)
-    G1 = tl.cumsum(g1, axis=0) + tl.sum(g0, axis=0)
-    G2 = tl.cumsum(g2, axis=0) + tl.sum(g0, axis=0) + tl.sum(g1, axis=0)
-    G3 = tl.cumsum(g3, axis=0) + tl.sum(g0, axis=0) + tl.sum(g1, axis=0) + tl.sum(g2, axis=0)
+    G0, G1, G2, G3 = _cum_decay(g0, g1, g2, g3)
 
-    # diagonal inverses
-    L00 = _unit_lower_inverse(_block_a(k0, k0, G0, G0, b0, True, BC, PREC), BC)
-    L11 = _unit_lower_inverse(_block_a(k1, k1, G1, G1, b1, True, BC, PREC), BC)
-    L22 = _unit_lower_inverse(_block_a(k2, k2, G2, G2, b2, True, BC, PREC), BC)
-    L33 = _unit_lower_inverse(_block_a(k3, k3, G3, G3, b3, True, BC, PREC), BC)
-    # off-diagonal blocks: L_ab = -L_aa sum_{c=b}^{a-1} A_ac L_cb
+    # every block of A first, so that the k tiles are dead before the inverse begins (with the off-diagonal
+    # blocks of A after the diagonal inverses, as in the product order below, it spilled 144 bytes at K = 128)
+    A00 = _block_a(k0, k0, G0, G0, b0, True, BC, PREC)
+    A11 = _block_a(k1, k1, G1, G1, b1, True, BC, PREC)
+    A22 = _block_a(k2, k2, G2, G2, b2, True, BC, PREC)
+    A33 = _block_a(k3, k3, G3, G3, b3, True, BC, PREC)
     A10 = _block_a(k1, k0, G1, G0, b1, False, BC, PREC)
     A20 = _block_a(k2, k0, G2, G0, b2, False, BC, PREC)
     A21 = _block_a(k2, k1, G2, G1, b2, False, BC, PREC)
     A30 = _block_a(k3, k0, G3, G0, b3, False, BC, PREC)
     A31 = _block_a(k3, k1, G3, G1, b3, False, BC, PREC)
     A32 = _block_a(k3, k2, G3, G2, b3, False, BC, PREC)
+    # diagonal inverses
+    L00 = _unit_lower_inverse(A00, BC)
+    L11 = _unit_lower_inverse(A11, BC)
+    L22 = _unit_lower_inverse(A22, BC)
+    L33 = _unit_lower_inverse(A33, BC)
+    # off-diagonal blocks: L_ab = -L_aa sum_{c=b}^{a-1} A_ac L_cb
     L10 = -_mm(L11, _mm(A10, L00))
     L21 = -_mm(L22, _mm(A21, L11))
     L20 = -_mm(L22, _mm(A20, L00) + _mm(A21, L10))
@@ -177,23 +150,106 @@ def wy_fwd_kernel(
     L31 = -_mm(L33, _mm(A31, L11) + _mm(A32, L21))
     L30 = -_mm(L33, _mm(A30, L00) + _mm(A31, L10) + _mm(A32, L20))
 
-    # scaled inputs: x_b = beta gamma k, y_b = beta v
-    dt = k.dtype.element_ty
-    x0 = (k0 * (b0 * tl.exp(G0))[:, None]).to(dt)
-    x1 = (k1 * (b1 * tl.exp(G1))[:, None]).to(dt)
-    x2 = (k2 * (b2 * tl.exp(G2))[:, None]).to(dt)
-    x3 = (k3 * (b3 * tl.exp(G3))[:, None]).to(dt)
-    rv = tl.arange(0, BV)
-    mv = rv[None, :] < V
-    y0 = (tl.load(v + row0[:, None] * V + rv[None, :], mask=m0[:, None] & mv, other=0.0) * b0[:, None]).to(dt)
-    y1 = (tl.load(v + row1[:, None] * V + rv[None, :], mask=m1[:, None] & mv, other=0.0) * b1[:, None]).to(dt)
-    y2 = (tl.load(v + row2[:, None] * V + rv[None, :], mask=m2[:, None] & mv, other=0.0) * b2[:, None]).to(dt)
-    y3 = (tl.load(v + row3[:, None] * V + rv[None, :], mask=m3[:, None] & mv, other=0.0) * b3[:, None]).to(dt)
+    _store_l(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
+    _store_l(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
+    _store_l(L, L20, L21, L22, L22, row2, m2, 2, BC, C)
+    _store_l(L, L30, L31, L32, L33, row3, m3, 3, BC, C)
 
-    _store_out(w, u, L, x0, x1, x2, x3, y0, y1, y2, y3, L00, L00, L00, L00, row0, m0, 0, K, V, BK, BV, BC, C, PREC)
-    _store_out(w, u, L, x0, x1, x2, x3, y0, y1, y2, y3, L10, L11, L11, L11, row1, m1, 1, K, V, BK, BV, BC, C, PREC)
-    _store_out(w, u, L, x0, x1, x2, x3, y0, y1, y2, y3, L20, L21, L22, L22, row2, m2, 2, K, V, BK, BV, BC, C, PREC)
-    _store_out(w, u, L, x0, x1, x2, x3, y0, y1, y2, y3, L30, L31, L32, L33, row3, m3, 3, K, V, BK, BV, BC, C, PREC)
+
+@triton.jit
+def _cum_decay(g0, g1, g2, g3):
+    """In-chunk cumulative log-decay G of the four row blocks, block by block (the same sums in every kernel)."""
+    G0 = tl.cumsum(g0, axis=0)
+    G1 = tl.cumsum(g1, axis=0) + tl.sum(g0, axis=0)
+    G2 = tl.cumsum(g2, axis=0) + tl.sum(g0, axis=0) + tl.sum(g1, axis=0)
+    G3 = tl.cumsum(g3, axis=0) + tl.sum(g0, axis=0) + tl.sum(g1, axis=0) + tl.sum(g2, axis=0)
+    return G0, G1, G2, G3
+
+
+@triton.jit
+def _load_rows(
+    x, g, beta, row0, sub, T, i_b, i_h, c0, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr
+):
+    """Rows [row0 + sub*BC, +BC) of one head's columns [c0, c0 + BN) of x [.., N]; g, beta and the row mask."""
+    t = row0 + sub * BC + tl.arange(0, BC)
+    mt = t < T
+    row = (i_b * T + t).to(tl.int64) * H + i_h
+    rn = c0 + tl.arange(0, BN)
+    xb = tl.load(x + row[:, None] * N + rn[None, :], mask=mt[:, None] & (rn[None, :] < N), other=0.0)
+    gb = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
+    bb = tl.load(beta + row, mask=mt, other=0.0).to(tl.float32)
+    return xb, gb, bb, row, mt
+
+
+@triton.jit
+def _apply_rows(
+    L, out, x0, x1, x2, x3, row, mt, c0,
+    sub: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Rows of block `sub` of L x (sum over blocks b <= sub of L_sub,b x_b, in that order), stored to `out`."""
+    dt = x0.dtype
+    rc = tl.arange(0, BC)
+    lp = L + row[:, None] * C + rc[None, :]
+    acc = mma(tl.load(lp, mask=mt[:, None], other=0.0).to(dt), x0, PREC)
+    if sub >= 1:
+        acc += mma(tl.load(lp + BC, mask=mt[:, None], other=0.0).to(dt), x1, PREC)
+    if sub >= 2:
+        acc += mma(tl.load(lp + 2 * BC, mask=mt[:, None], other=0.0).to(dt), x2, PREC)
+    if sub >= 3:
+        acc += mma(tl.load(lp + 3 * BC, mask=mt[:, None], other=0.0).to(dt), x3, PREC)
+    rn = c0 + tl.arange(0, BN)
+    tl.store(out + row[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mt[:, None] & (rn[None, :] < N))
+
+
+@triton.jit
+def _apply_side(
+    L, x, out, g, beta, T, i_b, i_h, t0, c0,
+    DECAY: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """Columns [c0, c0 + BN) of L (beta gamma x) (DECAY) or of L (beta x), for one chunk of one head."""
+    x0, g0, b0, row0, m0 = _load_rows(x, g, beta, t0, 0, T, i_b, i_h, c0, H, N, BN, BC)
+    x1, g1, b1, row1, m1 = _load_rows(x, g, beta, t0, 1, T, i_b, i_h, c0, H, N, BN, BC)
+    x2, g2, b2, row2, m2 = _load_rows(x, g, beta, t0, 2, T, i_b, i_h, c0, H, N, BN, BC)
+    x3, g3, b3, row3, m3 = _load_rows(x, g, beta, t0, 3, T, i_b, i_h, c0, H, N, BN, BC)
+    dt = x.dtype.element_ty
+    if DECAY:
+        G0, G1, G2, G3 = _cum_decay(g0, g1, g2, g3)
+        s0 = (x0 * (b0 * tl.exp(G0))[:, None]).to(dt)
+        s1 = (x1 * (b1 * tl.exp(G1))[:, None]).to(dt)
+        s2 = (x2 * (b2 * tl.exp(G2))[:, None]).to(dt)
+        s3 = (x3 * (b3 * tl.exp(G3))[:, None]).to(dt)
+    else:
+        s0 = (x0 * b0[:, None]).to(dt)
+        s1 = (x1 * b1[:, None]).to(dt)
+        s2 = (x2 * b2[:, None]).to(dt)
+        s3 = (x3 * b3[:, None]).to(dt)
+    _apply_rows(L, out, s0, s1, s2, s3, row0, m0, c0, 0, N, BN, BC, C, PREC)
+    _apply_rows(L, out, s0, s1, s2, s3, row1, m1, c0, 1, N, BN, BC, C, PREC)
+    _apply_rows(L, out, s0, s1, s2, s3, row2, m2, c0, 2, N, BN, BC, C, PREC)
+    _apply_rows(L, out, s0, s1, s2, s3, row3, m3, c0, 3, N, BN, BC, C, PREC)
+
+
+@triton.jit
+def wy_apply_kernel(
+    k, v, g, beta, L, w, u,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BNK: tl.constexpr, BNV: tl.constexpr, NK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (column block, chunk, batch*head): the first NK programs on axis 0 write a BNK-column
+    block of W = L (beta gamma k), the others a BNV-column block of U = L (beta v). The column blocks of a
+    chunk are on the fastest grid axis so that they run together and its L is read from L2 after the first."""
+    i_c = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_n * C
+    if i_c < NK:
+        _apply_side(L, k, w, g, beta, T, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, BC, C, PREC)
+    else:
+        _apply_side(L, v, u, g, beta, T, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, BC, C, PREC)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -213,11 +269,12 @@ def wy_fwd(
     beta: torch.Tensor,
     config: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the WY stage.
+    """Launch the WY stage (the inverse kernel, then the apply kernel).
 
     Args:
         k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H]`` fp32 log-decay; beta: ``[B, T, H]``;
-            config: ``(warps, stages)`` in place of LAUNCH's (for tuning scripts; None in the library).
+            config: the inverse kernel's ``(warps, stages)`` in place of LAUNCH's (for tuning scripts; None
+            in the library).
 
     Returns:
         ``(L, W, U)``: ``[B, T, H, 64]`` fp32 (row t holds its chunk's row of ``(I + A)^{-1}``; the upper
@@ -228,12 +285,20 @@ def wy_fwd(
     L = k.new_empty(B, T, H, CHUNK, dtype=torch.float32)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    grid = (triton.cdiv(T, CHUNK), B * H)
     tuned = padded(K) == TUNED_K
     warps, stages = config or (LAUNCH["warps"] if tuned else LAUNCH["untuned_warps"], LAUNCH["stages"])
-    wy_fwd_kernel[grid](
-        k, v, g, beta, L, w, u, T,
-        H=H, K=K, V=V, BK=padded(K), BV=padded(V), BC=_SUB, C=CHUNK, PREC=dot_precision(k.dtype),
+    prec = dot_precision(k.dtype)
+    NT = triton.cdiv(T, CHUNK)
+    wy_inverse_kernel[(NT, B * H)](
+        k, g, beta, L, T,
+        H=H, K=K, BK=padded(K), BC=_SUB, C=CHUNK, PREC=prec,
         num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    bnk, bnv = min(APPLY["cols"], padded(K)), min(APPLY["cols"], padded(V))
+    nk = triton.cdiv(K, bnk)
+    wy_apply_kernel[(nk + triton.cdiv(V, bnv), NT, B * H)](
+        k, v, g, beta, L, w, u, T,
+        H=H, K=K, V=V, BNK=bnk, BNV=bnv, NK=nk, BC=_SUB, C=CHUNK, PREC=prec,
+        num_warps=APPLY["warps"], num_stages=APPLY["stages"],
     )  # fmt: skip
     return L, w, u

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# One device session on a two-GPU machine (nvidia-h200-x2) whose work runs in two lanes that outlive the calls.
+#
+# A call's processes end when it returns, except those started in a process session of their own (setsid). The
+# first call installs, then starts lane A on GPU 0 and lane B on GPU 1 that way; every call (the same command) then
+# waits while they work, prints their progress and archives all they have written so far into $OUT/lanes.tgz. So the
+# GPUs never idle between calls, and a session cut short keeps what finished.
+#
+#   here, first: git rev-parse HEAD > .deltabench-commit; bash benchmarks/gpu/fetch_wheels.sh base fla opengdn sdm qla1 qla2
+#   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/sdm, .gpucache/qla1, .deltabench-commit]:
+#       bash benchmarks/gpu/h200_lanes.sh call 60
+#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 560
+#   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 560
+#
+# Lane A (GPU 0, the timings the issues compare, one job at a time): the `train` suite for deltabench's kernels, then
+# for FLA, then for FlashQLA once lane B has filled TileLang's cache, then the 12-job comparison (flashqla-h200.toml)
+# on warm caches. Lane B (GPU 1): GDN-2's Pallas kernel for a GPU (gdn2_pallas.py) while FlashQLA's second half is on
+# its way, FlashQLA's compiles for every length the train gate feeds it (ten `verify` processes at once: TileLang's
+# cache is safe for concurrent writers), the sdm-gpu suite, the gate calibration (5 same-code runs, 2 with a planted
+# 5% slowdown), the 20-seed verify sweep of the GPU impls. Both lanes share the host's CPUs (32 cores; each lane's
+# torch keeps to 8 threads); lane B's work is the concurrent load of lane A's timings, and the reverse.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+L=${DELTABENCH_LANES:-/tmp/lanes}
+QLA=/tmp/site-qla
+export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0 OMP_NUM_THREADS=8
+export DELTABENCH_GIT_COMMIT=${DELTABENCH_GIT_COMMIT:-$(cat .deltabench-commit 2>/dev/null || true)}
+export TRITON_CACHE_DIR=/tmp/triton-cache TORCH_EXTENSIONS_DIR=/tmp/torch_extensions MAX_JOBS=6
+export PATH=/tmp/site/bin:$PATH  # the sdm set's ninja, for SDM 2.0.0's extension build
+
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+qla_staged() { [[ -f $QLA/.deltabench-sets/qla1 && -f $QLA/.deltabench-sets/qla2 ]]; }
+# FlashQLA's folder joins the path only once both halves are in (a half-installed TileLang breaks FLA's import).
+pypath() { if qla_staged; then echo "/tmp/site:$QLA"; else echo /tmp/site; fi; }
+db() { PYTHONPATH=$(pypath) python3 -m deltabench.harness.cli "$@"; }
+# run CAP NAME ARGS...: one `deltabench run` cut at CAP seconds, its document under the lane's folder, table printed
+run() {
+    local cap=$1 name=$2 t0
+    shift 2
+    stamp "$name"
+    t0=$(date +%s)
+    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli run --device cuda --no-db -q \
+        --out "$dir/$name.json" --format markdown "$@" >"$dir/$name.log" 2>&1
+    echo "$name exit=$? wall=$(($(date +%s) - t0)) s"
+    grep -E "^\|" "$dir/$name.log" | cut -c1-170
+}
+
+lane_a() {
+    dir=$L/a
+    run 420 train-ours --suite train --timeout 150 --impl triton_chunk_split --impl triton_chunk
+    run 300 train-fla --suite train --timeout 150 --impl fla_chunk
+    stamp "waiting for lane B's FlashQLA compiles"
+    for _ in $(seq 120); do [[ -f $L/b/qla-prewarm.done ]] && break; sleep 5; done
+    run 540 train-flashqla --suite train --timeout 300 --impl flash_qla
+    local t0
+    t0=$(date +%s.%N)
+    run 240 speed-warm --suite benchmarks/gpu/flashqla-h200.toml
+    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/speed-warm.json" --wall-s \
+        "$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")" >"$dir/speed-warm-overhead.md" 2>&1
+    tail -4 "$dir/speed-warm-overhead.md"
+}
+
+# Every length the train gate feeds FlashQLA, compiled once into TileLang's on-disk cache: one verify per shape and
+# mode, all at once (the compiles are CPU-bound, 15-30 s each, and independent).
+qla_prewarm() {
+    local shape mode pids=() i=0
+    for shape in B=8,T=4096,H=6 B=4,T=8192,H=16 B=1,T=32768,H=16 B=1,T=1024,H=6 B=4,T=4096,H=6; do
+        for mode in fwd fwd+bwd; do
+            i=$((i + 1))
+            OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 420 python3 -m deltabench.harness.cli verify --op gdn \
+                --impl flash_qla --shape "$shape,K=128,V=128" --dtype bf16 --mode "$mode" --device cuda --seeds 1 \
+                --timeout 400 >"$dir/qla-prewarm-$i.log" 2>&1 &
+            pids+=($!)
+        done
+    done
+    for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "prewarm job $((i + 1)) exit=$?"; done
+}
+
+# SDM 2.0.0 builds its CUDA extensions on its first call (over 8 minutes on the H200, benchmarks/gpu/README.md): one
+# verify at a tiny shape builds them in the background while the lane does other work.
+sdm_pkg_build() {
+    OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 1500 python3 -m deltabench.harness.cli verify --op sdm \
+        --impl sdm_pkg_chunk --shape B=1,T=70,H=3,S=64,D=16,W=4,R=4 --dtype bf16 --seeds 1 --device cuda \
+        --timeout 1450 >"$dir/sdm-pkg-build.log" 2>&1
+    echo "exit=$?" >"$dir/sdm-pkg-build.done"
+}
+
+lane_b() {
+    dir=$L/b
+    sdm_pkg_build &
+    stamp gdn2_pallas
+    PYTHONPATH=$(pypath) timeout 170 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --dots bf16x3 \
+        >"$dir/gdn2-pallas.log" 2>&1
+    echo "gdn2_pallas exit=$?"; tail -14 "$dir/gdn2-pallas.log" | cut -c1-170
+    stamp "waiting for FlashQLA's second half"
+    for _ in $(seq 120); do qla_staged && break; sleep 5; done
+    stamp qla-prewarm
+    qla_prewarm
+    touch "$dir/qla-prewarm.done"
+    run 720 sdm-gpu --suite sdm-gpu --timeout 300 --impl triton_chunk --impl torch_chunk --impl triton_chunk_split
+    stamp "waiting for SDM 2.0.0's build"
+    for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
+    echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
+    tail -5 "$dir/sdm-pkg-build.log" | cut -c1-170
+    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && run 400 sdm-gpu-pkg --suite sdm-gpu --timeout 300 --impl sdm_pkg_chunk
+    stamp gate-calibration
+    mkdir -p "$dir/calibration/runs"
+    DELTABENCH_PLANTED_IMPL=gdn/triton_chunk PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gate_calibration.py \
+        collect --suite benchmarks/gpu/gate-calibration-h200.toml --dir "$dir/calibration/runs" \
+        --group same:0:5 --group p05:0.05:2 >"$dir/calibration/collect.log" 2>&1
+    echo "calibration collect exit=$?"
+    PYTHONPATH=$(pypath) python3 benchmarks/gate_calibration.py evaluate --dir "$dir/calibration/runs" --same same \
+        --planted p05:0.05 --planted-impl gdn/triton_chunk --planted-mode fwd --threshold 0.02 \
+        --load-note "one H200 of two, runs back to back; the other GPU ran deltabench's train and comparison suites" \
+        --out "$dir/gate-calibration-h200.json" 2>&1 | tail -20
+    stamp verify-sweep
+    PYTHONPATH=$(pypath) timeout 400 python3 benchmarks/gpu/verify_sweep.py --seeds 20 >"$dir/verify-sweep.log" 2>&1
+    echo "verify_sweep exit=$?"; cut -c1-170 "$dir/verify-sweep.log" | tail -30
+}
+
+lane() {
+    local name=$1
+    mkdir -p "$L/$name"
+    if [[ $name == a ]]; then export CUDA_VISIBLE_DEVICES=0; lane_a; else export CUDA_VISIBLE_DEVICES=1; lane_b; fi
+    stamp "lane $name done"
+    touch "$L/$name/done"
+}
+
+call() {
+    local wait_s=${1:-560} t_start
+    t_start=$(date +%s)
+    OUT=${OUT:-/tmp/out}
+    mkdir -p "$OUT" "$L/a" "$L/b"
+    bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
+    bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
+    if [[ ! -f $L/started ]]; then
+        touch "$L/started"
+        tail -4 "$L/install.log"
+        nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
+        bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune
+        for name in a b; do
+            setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
+        done
+    fi
+    qla_staged && echo "FlashQLA staged"
+    while (($(date +%s) - t_start < wait_s)); do
+        [[ -f $L/a/done && -f $L/b/done ]] && break
+        sleep 5
+    done
+    bash benchmarks/gpu/autotune_cache.sh save "$L/autotune" >/dev/null
+    for name in a b; do
+        echo "---- lane $name"
+        grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
+    done
+    tar czf "$OUT/lanes.tgz" -C "$L" .
+    echo "archived $(du -h "$OUT/lanes.tgz" | cut -f1) at $(date -u +%H:%M:%S)"
+}
+
+case ${1:-} in
+    call) call "${2:-560}" ;;
+    lane) lane "${2:?a or b}" ;;
+    *) echo "usage: h200_lanes.sh call [WAIT_S] | lane a|b" >&2; exit 2 ;;
+esac

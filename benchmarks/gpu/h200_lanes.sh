@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # One device session on a two-GPU machine (nvidia-h200-x2) whose work runs in two lanes that outlive the calls.
 #
-# A call's processes end when it returns, except those started in a process session of their own (setsid). The
-# first call installs, then starts lane A on GPU 0 and lane B on GPU 1 that way; every call (the same command) then
-# waits while they work, prints their progress and archives all they have written so far into $OUT/lanes.tgz. So the
-# GPUs never idle between calls, and a session cut short keeps what finished.
+# A call's processes end when it returns, except those started in a process session of their own (setsid). Once
+# both halves of FlashQLA are staged (call 2), a call starts lane A on GPU 0 and lane B on GPU 1 that way; every
+# call (the same command) then waits while they work, prints their progress and archives all they have written so
+# far into $OUT/lanes.tgz. So the GPUs never idle between calls, and a session cut short keeps what finished.
 #
 #   here, first: git rev-parse HEAD > .deltabench-commit; bash benchmarks/gpu/fetch_wheels.sh base fla opengdn sdm qla1 qla2
 #   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/sdm, .gpucache/qla1, .deltabench-commit]:
-#       bash benchmarks/gpu/h200_lanes.sh call 60
-#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 560
-#   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 560
+#       bash benchmarks/gpu/h200_lanes.sh call 0          (installs; about 40 s)
+#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 540
+#   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 540
 #
-# Lane A (GPU 0, the timings the issues compare, one job at a time): the `train` suite for deltabench's kernels, then
-# for FLA, then for FlashQLA once lane B has filled TileLang's cache, then the 12-job comparison (flashqla-h200.toml)
-# on warm caches. Lane B (GPU 1): GDN-2's Pallas kernel for a GPU (gdn2_pallas.py) while FlashQLA's second half is on
-# its way, FlashQLA's compiles for every length the train gate feeds it (ten `verify` processes at once: TileLang's
-# cache is safe for concurrent writers), the sdm-gpu suite, the gate calibration (5 same-code runs, 2 with a planted
-# 5% slowdown), the 20-seed verify sweep of the GPU impls. Both lanes share the host's CPUs (32 cores; each lane's
-# torch keeps to 8 threads); lane B's work is the concurrent load of lane A's timings, and the reverse.
+# Lane A (GPU 0, the timings the issues compare, one job at a time): gdn_kernels.py's stage times (ours beside FLA,
+# one process), the whole `train` suite in one run (deltabench's kernels, FLA, FlashQLA, then every other impl),
+# then the 12-job comparison (flashqla-h200.toml) on warm caches. Lane B (GPU 1): FlashQLA's compiles for every
+# length the train gate feeds it (ten `verify` processes at once: TileLang's cache is safe for concurrent
+# writers; lane A reaches FlashQLA's jobs after ours and FLA's, minutes later), the 20-seed verify sweep of the
+# GPU impls, the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the lane's start), GDN-2's
+# Pallas kernel for a GPU (gdn2_pallas.py), and the 12-job comparison from empty caches (its own cache folders).
+# Both lanes share the host's CPUs (32 cores; each lane's torch keeps to 8 threads): lane B's work is the
+# concurrent load of lane A's timings, and the reverse.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 L=${DELTABENCH_LANES:-/tmp/lanes}
@@ -47,17 +49,25 @@ run() {
 
 lane_a() {
     dir=$L/a
-    run 420 train-ours --suite train --timeout 150 --impl triton_chunk_split --impl triton_chunk
-    run 300 train-fla --suite train --timeout 150 --impl fla_chunk
-    stamp "waiting for lane B's FlashQLA compiles"
-    for _ in $(seq 120); do [[ -f $L/b/qla-prewarm.done ]] && break; sleep 5; done
-    run 540 train-flashqla --suite train --timeout 300 --impl flash_qla
+    stamp gdn_kernels
+    PYTHONPATH=$(pypath) timeout 150 python3 benchmarks/gdn_kernels.py --skip-gate \
+        --impls triton_chunk,triton_chunk_split,fla_chunk --out "$dir" --tag v5 >"$dir/gdn-kernels.log" 2>&1
+    echo "gdn_kernels exit=$?"; grep -E "^\||FAIL|Error" "$dir/gdn-kernels.log" | cut -c1-170 | tail -24
+    run 1200 train --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk --impl fla_chunk \
+        --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent --impl opengdn_triton \
+        --impl opengdn_chunkwise --impl jax_chunk
+    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
+    speed warm 240
+}
+
+# speed LABEL CAP: the 12-job comparison, its wall clock and per-job overhead (benchmarks/job_overhead.py)
+speed() {
     local t0
     t0=$(date +%s.%N)
-    run 240 speed-warm --suite benchmarks/gpu/flashqla-h200.toml
-    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/speed-warm.json" --wall-s \
-        "$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")" >"$dir/speed-warm-overhead.md" 2>&1
-    tail -4 "$dir/speed-warm-overhead.md"
+    run "$2" "speed-$1" --suite benchmarks/gpu/flashqla-h200.toml
+    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/speed-$1.json" --wall-s \
+        "$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")" >"$dir/speed-$1-overhead.md" 2>&1
+    tail -4 "$dir/speed-$1-overhead.md"
 }
 
 # Every length the train gate feeds FlashQLA, compiled once into TileLang's on-disk cache: one verify per shape and
@@ -88,34 +98,29 @@ sdm_pkg_build() {
 lane_b() {
     dir=$L/b
     sdm_pkg_build &
-    stamp gdn2_pallas
-    PYTHONPATH=$(pypath) timeout 170 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --dots bf16x3 \
-        >"$dir/gdn2-pallas.log" 2>&1
-    echo "gdn2_pallas exit=$?"; tail -14 "$dir/gdn2-pallas.log" | cut -c1-170
-    stamp "waiting for FlashQLA's second half"
-    for _ in $(seq 120); do qla_staged && break; sleep 5; done
     stamp qla-prewarm
     qla_prewarm
     touch "$dir/qla-prewarm.done"
-    run 720 sdm-gpu --suite sdm-gpu --timeout 300 --impl triton_chunk --impl torch_chunk --impl triton_chunk_split
+    stamp verify-sweep
+    PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/verify_sweep.py --seeds 20 >"$dir/verify-sweep.log" 2>&1
+    echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)" "$dir/verify-sweep.log" | cut -c1-170
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
     echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
-    tail -5 "$dir/sdm-pkg-build.log" | cut -c1-170
-    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && run 400 sdm-gpu-pkg --suite sdm-gpu --timeout 300 --impl sdm_pkg_chunk
-    stamp gate-calibration
-    mkdir -p "$dir/calibration/runs"
-    DELTABENCH_PLANTED_IMPL=gdn/triton_chunk PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gate_calibration.py \
-        collect --suite benchmarks/gpu/gate-calibration-h200.toml --dir "$dir/calibration/runs" \
-        --group same:0:5 --group p05:0.05:2 >"$dir/calibration/collect.log" 2>&1
-    echo "calibration collect exit=$?"
-    PYTHONPATH=$(pypath) python3 benchmarks/gate_calibration.py evaluate --dir "$dir/calibration/runs" --same same \
-        --planted p05:0.05 --planted-impl gdn/triton_chunk --planted-mode fwd --threshold 0.02 \
-        --load-note "one H200 of two, runs back to back; the other GPU ran deltabench's train and comparison suites" \
-        --out "$dir/gate-calibration-h200.json" 2>&1 | tail -20
-    stamp verify-sweep
-    PYTHONPATH=$(pypath) timeout 400 python3 benchmarks/gpu/verify_sweep.py --seeds 20 >"$dir/verify-sweep.log" 2>&1
-    echo "verify_sweep exit=$?"; cut -c1-170 "$dir/verify-sweep.log" | tail -30
+    # SDM 2.0.0's jobs only when its build finished: otherwise each job would build it again, into its timeout
+    local pkg=()
+    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
+    run 720 sdm-gpu --suite sdm-gpu --timeout 300 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
+        --impl triton_chunk_split
+    stamp gdn2_pallas
+    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --dots bf16x3 \
+        >"$dir/gdn2-pallas.log" 2>&1
+    echo "gdn2_pallas exit=$?"; tail -14 "$dir/gdn2-pallas.log" | cut -c1-170
+    # from empty caches: Triton's (FLA's autotuning with it), TileLang's, JAX's and the references'
+    local caches=/tmp/cold-caches
+    rm -rf "$caches"
+    TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold 300
 }
 
 lane() {
@@ -133,7 +138,7 @@ call() {
     mkdir -p "$OUT" "$L/a" "$L/b"
     bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
-    if [[ ! -f $L/started ]]; then
+    if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
@@ -142,15 +147,15 @@ call() {
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done
     fi
-    qla_staged && echo "FlashQLA staged"
+    qla_staged && echo "FlashQLA staged" || echo "FlashQLA not staged yet: the lanes start once both halves are"
     while (($(date +%s) - t_start < wait_s)); do
-        [[ -f $L/a/done && -f $L/b/done ]] && break
+        [[ -f $L/a/done && -f $L/b/done || ! -f $L/started ]] && break
         sleep 5
     done
     bash benchmarks/gpu/autotune_cache.sh save "$L/autotune" >/dev/null
     for name in a b; do
         echo "---- lane $name"
-        grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
+        [[ -f $L/$name/lane.log ]] && grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
     done
     tar czf "$OUT/lanes.tgz" -C "$L" .
     echo "archived $(du -h "$OUT/lanes.tgz" | cut -f1) at $(date -u +%H:%M:%S)"

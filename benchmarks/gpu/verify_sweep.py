@@ -1,16 +1,28 @@
-"""``benchmarks/verify_sweep.sh`` for the GPU, in one process: every GPU impl x op x fp32/bf16 over 20 seeds.
+"""``benchmarks/verify_sweep.sh`` for the GPU: every GPU impl x op x fp32/bf16 over 20 seeds, a child process each.
 
 Run on the GPU machine (a script, not a test)::
 
     python benchmarks/gpu/verify_sweep.py [--seeds 20] [--impl fla_chunk ...] [--op gdn ...] [--dtype bf16]
+        [--shape B=2,T=70,H=3,K=16,V=32 ...] [--wide | --wide-only] [--line-timeout 600] [--import my_impls.py]
 
-Each line is one ``verify_case`` (the runner's gate): ``--seeds`` consecutive seeds plus one drawn x the three
-gate regimes (typical, long, strong) x with and without an initial state, the non-default scale, q and k off the
-unit sphere, the input check and the length sweep, every gradient. Printed as the CPU sweep prints it (worst value
-over its bound per check family; 1.00 is at the bound), so both tables read alike. One process keeps each
-kernel's compiled code and the oracle's runs (the reference cache) between impls; shell-level sweeps pay FLA's
-autotuning once per run. An impl that cannot take the small shape (e.g. K = V = 128 only) is verified at
-``--wide-shape`` instead, and the line says which shape it ran.
+Each line is one ``verify_case`` (the runner's gate): ``--seeds`` consecutive seeds plus one drawn x the op's gate
+regimes x with and without an initial state, the non-default scale, q and k off the unit sphere, the input check
+and the length sweep, every gradient. Printed as the CPU sweep prints it (worst value over its bound per check
+family; 1.00 is at the bound), so both tables read alike.
+
+Each line runs in its own child process (``deltabench verify``'s, :func:`deltabench.harness.verify_child.
+verify_in_child`): a kernel that faults (a CUDA illegal memory access poisons its process's CUDA context), hangs
+past ``--line-timeout`` or kills its process fails that line only, with the reason (the exception's first line,
+the signal, or the timeout and the phase it was in), and the sweep goes on. The children share Triton's cache and
+the reference cache on disk (their directories come from the environment), so a kernel's compiled code and the
+oracle's runs are reused across lines and runs; each child pays its interpreter and CUDA start-up (seconds).
+
+Shapes, per op (by its dims): B=2,T=70,H=3,K=16,V=32 for gdn, gdn2 and kda, B=1,T=70,H=3,S=64,D=16,W=4,R=4 for sdm.
+An impl that cannot take the small shape (e.g. K = V = 128 only) is verified at the wide one instead (K = V = 128;
+sdm: D = 128), and the line says which shape it ran. ``--shape`` and ``--wide-shape`` (repeatable) replace the
+defaults of the ops whose dims they name. ``--wide`` verifies every line at the wide shape as well (FLA's kernels
+target K = V = 128, the train shapes), ``--wide-only`` only there. The summary counts PASS, FAIL and SKIP lines;
+the exit code is 1 when any line failed, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -19,72 +31,159 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 # deltabench's own torch and JAX impls are swept on the CPU (benchmarks/cpu/verify-sweep.txt); the GPU sweep
 # covers the rest: its Triton kernels and every adapter.
 CPU_SWEPT = ("torch_recurrent", "torch_chunk", "jax_chunk", "jax_scan")
+
+# (small, wide) default shapes by an op's dims. The small delta-rule shape has K != V and T = 70 (a ragged chunk);
+# the wide one is K = V = 128, where FLA's and other third-party kernels have their fast paths.
+DEFAULT_SHAPES: dict[tuple[str, ...], tuple[str, str]] = {
+    ("B", "T", "H", "K", "V"): ("B=2,T=70,H=3,K=16,V=32", "B=2,T=70,H=3,K=128,V=128"),
+    ("B", "T", "H", "S", "D", "W", "R"): ("B=1,T=70,H=3,S=64,D=16,W=4,R=4", "B=1,T=70,H=3,S=1024,D=128,W=8,R=8"),
+}
 
 
 def _family(check: str) -> str:
     return "grad" if check.startswith("grad") else check.split(":")[0]
 
 
-def main() -> int:
-    """Verify each GPU impl of each op at fp32 and bf16; print one line each; 1 if any failed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _shape_for(op: str, given: list[str], default: str | None) -> dict[str, int] | None:
+    """The dims of `op` from the first of `given` whose dims are all `op`'s, else from `default` (None: none)."""
+    from deltabench.harness.cases import parse_shape
+    from deltabench.harness.ops import get_op
+    from deltabench.references.contract import parse_dims
+
+    dims = set(get_op(op).dims)
+    for text in given:
+        if set(parse_dims(text)) <= dims:
+            return parse_shape(text, op)  # a shape naming only this op's dims but incomplete is bad input
+    return parse_shape(default, op) if default is not None else None
+
+
+def _absolute(spec: str) -> str:
+    """A file import as an absolute path (the child may not share the working directory's meaning)."""
+    return str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
+
+
+def _outcome_line(label: str, shape_id: str, outcome: Any, seconds: float) -> tuple[bool, list[str]]:
+    """Whether the line passed, and its printed lines: the verdict with worst/bound per family, or the reason."""
+    head = f"{label} {shape_id} {seconds:.0f}s"
+    if outcome.report is None:
+        if outcome.crash is not None:
+            # the child layer names the CLI's option; here the limit is this script's
+            why = outcome.crash.replace("(--timeout)", "(--line-timeout)")
+        elif outcome.bad_input is not None:
+            why = f"cannot run: {outcome.bad_input}"
+        else:
+            why = f"raised {outcome.error} (in {outcome.phase}{', out of memory' if outcome.oom else ''})"
+        return False, [f"FAIL {head} {why}"]
+    report = outcome.report
+    worst: dict[str, float] = {}
+    for r in report.records:
+        if r.metric == "rel_fro" and r.threshold:
+            v = math.inf if r.value is None else r.value / r.threshold
+            worst[_family(r.check)] = max(worst.get(_family(r.check), 0.0), v)
+    families = " ".join(f"{k}={v:.2f}" for k, v in worst.items())
+    lines = [f"{'PASS' if report.passed else 'FAIL'} {head} {len(report.records)} records; worst/bound {families}"]
+    lines += [f"     failed: {r.check} {r.metric}={r.value} > {r.threshold} seed={r.seed}" for r in report.failures[:3]]
+    return report.passed, lines
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--shape", default="B=2,T=70,H=3,K=16,V=32")
-    parser.add_argument("--wide-shape", default="B=2,T=70,H=3,K=128,V=128")
+    parser.add_argument(
+        "--shape", action="append", default=[], help="small shape of the ops whose dims it names (repeatable)"
+    )
+    parser.add_argument(
+        "--wide-shape", action="append", default=[], help="wide shape of the ops whose dims it names (repeatable)"
+    )
+    wide = parser.add_mutually_exclusive_group()
+    wide.add_argument("--wide", action="store_true", help="verify every line at the wide shape as well")
+    wide.add_argument("--wide-only", action="store_true", help="verify every line at the wide shape only")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--impl", action="append", help="impl names (default: all but the CPU-swept ones)")
     parser.add_argument("--op", action="append", help="ops (default: every op)")
     parser.add_argument("--dtype", action="append", choices=("fp32", "bf16"), help="dtypes (default: both)")
-    args = parser.parse_args()
+    parser.add_argument("--line-timeout", type=float, default=600.0, help="seconds before a line's child is killed")
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], help="a module or .py file that registers impls"
+    )
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    if args.line_timeout <= 0:
+        parser.error("--line-timeout must be a positive number of seconds")
+    return args
 
-    from deltabench.harness.cases import Case, parse_shape
-    from deltabench.harness.registry import all_impls
-    from deltabench.harness.verify import verify_case
 
-    failed = 0
-    for impl in all_impls():
+def main(argv: list[str] | None = None) -> int:
+    """Verify each selected impl of each op at fp32 and bf16, a child process per line; print one line each and a
+    summary; 1 if any line failed, 2 on bad input."""
+    args = _parse_args(argv)
+    from deltabench.harness.cases import Case
+    from deltabench.harness.errors import BadInput
+    from deltabench.harness.ops import get_op
+    from deltabench.harness.registry import all_impls, load_module
+    from deltabench.harness.verify_child import verify_in_child
+
+    imports = [_absolute(s) for s in args.imports]
+    try:
+        for spec in imports:  # here to list their impls; each child imports them again
+            load_module(spec)
+        impls = all_impls()
+        shapes: dict[str, tuple[dict[str, int] | None, dict[str, int] | None]] = {}
+        for op in dict.fromkeys(i.op for i in impls):
+            small, wide = DEFAULT_SHAPES.get(tuple(get_op(op).dims), (None, None))
+            shapes[op] = (_shape_for(op, args.shape, small), _shape_for(op, args.wide_shape, wide))
+    except (BadInput, ValueError) as exc:
+        print(f"verify_sweep: error: {exc}", file=sys.stderr)
+        return 2
+
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    for impl in impls:
         wanted = impl.name in args.impl if args.impl else impl.name not in CPU_SWEPT
         if not wanted or (args.op and impl.op not in args.op) or impl.unavailable_reason(args.device):
             continue
         mode = "fwd+bwd" if impl.supports_backward else "fwd"
+        small, wide = shapes[impl.op]
+        # each entry: the shapes to try in turn (the first the impl takes is verified)
+        plan = [[wide]] if args.wide_only else [[small, wide], [wide]] if args.wide else [[small, wide]]
         for dtype in args.dtype or ("fp32", "bf16"):
-            case = why = None
-            for shape in (args.shape, args.wide_shape):
-                case = Case(op=impl.op, **parse_shape(shape, impl.op), dtype=dtype, mode=mode, device=args.device)
-                why = impl.check_case(case)
-                if why is None:
-                    break
-            label = f"{impl.op} {impl.name} {dtype}"
-            if why is not None:
-                print(f"SKIP {label} {why}", flush=True)
-                continue
-            t0 = time.perf_counter()
-            try:
-                report = verify_case(impl, case, seeds=args.seeds, extra_seed=True)
-            except Exception as exc:  # a crash fails the line and the sweep goes on
-                failed += 1
-                print(f"FAIL {label} {case.shape_id} raised {type(exc).__name__}: {exc}", flush=True)
-                continue
-            worst: dict[str, float] = {}
-            for r in report.records:
-                if r.metric == "rel_fro" and r.threshold:
-                    v = math.inf if r.value is None else r.value / r.threshold
-                    worst[_family(r.check)] = max(worst.get(_family(r.check), 0.0), v)
-            failed += not report.passed
-            families = " ".join(f"{k}={v:.2f}" for k, v in worst.items())
-            print(
-                f"{'PASS' if report.passed else 'FAIL'} {label} {case.shape_id} {time.perf_counter() - t0:.0f}s "
-                f"{len(report.records)} records; worst/bound {families}",
-                flush=True,
-            )
-            for r in report.failures[:3]:
-                print(f"     failed: {r.check} {r.metric}={r.value} > {r.threshold} seed={r.seed}", flush=True)
-    print(f"{failed} run(s) failed")
-    return 1 if failed else 0
+            done: set[str] = set()
+            for candidates in plan:
+                label = f"{impl.op} {impl.name} {dtype}"
+                case, why = None, f"no shape for op {impl.op}: give --shape (and --wide-shape) naming its dims"
+                for dims in candidates:
+                    if dims is None:
+                        continue
+                    case = Case(op=impl.op, **dims, dtype=dtype, mode=mode, device=args.device)
+                    why = impl.check_case(case)
+                    if why is None:
+                        break
+                if why is not None or case is None:
+                    counts["SKIP"] += 1
+                    print(f"SKIP {label} {why}", flush=True)
+                    continue
+                if case.shape_id in done:  # the small shape fell back to the wide one, already verified
+                    continue
+                done.add(case.shape_id)
+                request = {
+                    "op": impl.op, "impl": impl.name, "dims": dict(case.dims), "dtype": dtype, "seed": 0,
+                    "seeds": args.seeds, "regimes": [], "initial_state": False, "mode": mode, "device": args.device,
+                    "deterministic": False, "reference": "auto", "imports": imports,
+                }  # fmt: skip
+                t0 = time.perf_counter()
+                outcome = verify_in_child(request, args.line_timeout)
+                passed, lines = _outcome_line(label, case.shape_id, outcome, time.perf_counter() - t0)
+                counts["PASS" if passed else "FAIL"] += 1
+                print("\n".join(lines), flush=True)
+    total = sum(counts.values())
+    print(f"{total} line(s): {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP", flush=True)
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":

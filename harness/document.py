@@ -31,11 +31,12 @@ from typing import Annotated, Any, Literal
 
 from deltabench.references import builtin_op_modules
 from deltabench.references.contract import INDEXED_DIMS, order_dims, shape_id
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "BUILTIN_OPS",
     "CLOCK_SKEW",
+    "GATE_ONLY",
     "ID_PATTERN",
     "RESERVED_RUN_IDS",
     "SCHEMA_VERSION",
@@ -57,6 +58,9 @@ __all__ = [
 SCHEMA_VERSION = 2
 Status = Literal["ok", "incorrect", "unsupported", "oom", "timeout", "failed"]
 STATUSES: tuple[str, ...] = ("ok", "incorrect", "unsupported", "oom", "timeout", "failed")
+# Validation context under which an 'ok' JobResult may lack its timing: the result of a job's gate alone
+# (``deltabench run --gate-workers N``), which the run times later; never a document's job.
+GATE_ONLY = "gate_only"
 # Run and job ids: short, printable and safe in a URL path segment (no "/", no spaces), the same everywhere.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@:-]{0,127}$"
 # Words the API, pages and CLI read as something other than a run id.
@@ -362,8 +366,10 @@ class JobResult(_Model):
     finished_at: _dt.datetime | None = None
 
     @model_validator(mode="after")
-    def _timing_matches_status(self) -> JobResult:
+    def _timing_matches_status(self, info: ValidationInfo) -> JobResult:
         if self.status == "ok":
+            if self.timing is None and (info.context or {}).get(GATE_ONLY):
+                return self  # a gate-only run's result (runners/isolated.py run_gates): passed, not yet timed
             if self.timing is None:
                 raise ValueError("status 'ok' needs a timing (a job that passed the gate was timed)")
             if not self.timing.samples_ms and self.case.op != IMPORTED_OP:

@@ -20,6 +20,9 @@ level apply to every op unless the op overrides them. Shipped suites live in ``h
     [gate]                                # optional: runners.base.GateSettings
     seeds = 3
     regimes = ["typical", "long"]         # the gate's regimes (default: every regime of each op)
+    workers = 4                           # gate every job first, up to 4 at once, each in its own process;
+                                          #   then time them one at a time (default 1: each job gated right
+                                          #   before its timing); `deltabench run --gate-workers` overrides it
     [ops.gdn]
     impls = ["torch_chunk", "my_chunk"]
     baseline = "torch_chunk"
@@ -142,6 +145,7 @@ class Suite:
     timing: dict[str, Any] = dataclasses.field(default_factory=dict)
     gate: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = ""
+    gate_workers: int = 1  # [gate] workers: how many jobs' gates run at once before any timing (module docstring)
 
     @property
     def baselines(self) -> dict[str, str]:
@@ -307,7 +311,15 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         dtypes = _dtypes(table.get("dtypes", data.get("dtypes", ["bf16"])), here)
         modes = _modes(table.get("modes", data.get("modes", ["fwd"])), here)
         plans.append(OpPlan(op, impls, baseline, shapes, dtypes, modes))
-    gate = _settings(GateSettings, data.get("gate"), "gate", where)
+    gate_table = data.get("gate")
+    gate_workers = 1
+    if isinstance(gate_table, dict) and "workers" in gate_table:
+        # How the run schedules its gates, not what a gate checks: kept out of the jobs' GateSettings.
+        gate_table = dict(gate_table)
+        gate_workers = gate_table.pop("workers")
+        if isinstance(gate_workers, bool) or not isinstance(gate_workers, int) or gate_workers < 1:
+            raise BadInput(f"{where}: [gate] workers: must be a whole number of at least 1, got {gate_workers!r}")
+    gate = _settings(GateSettings, gate_table, "gate", where)
     for regime_name in gate.get("regimes") or ():
         for plan in plans:
             known = get_op(plan.op).regimes
@@ -329,6 +341,7 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
         timing=_settings(TimingSettings, data.get("timing"), "timing", where),
         gate=gate,
         source=source,
+        gate_workers=gate_workers,
     )
 
 

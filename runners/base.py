@@ -9,7 +9,7 @@ subprocess) or isolated in subprocesses with a timeout, a worker per impl or a f
 from __future__ import annotations
 
 import uuid
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from deltabench.harness.cases import Case
 from deltabench.harness.document import JobResult
@@ -51,6 +51,12 @@ class JobSpec(_Model):
         ge=0,
         description="which repetition of the job this is (`deltabench run --repeat N`); repetitions after the "
         "first skip the correctness gate, which the first passed with the same code in the same run",
+    )
+    stage: Literal["all", "gate", "after_gate"] = Field(
+        default="all",
+        description="what of the job this process runs (`deltabench run --gate-workers N`): everything, its gate "
+        "only (setup, first call, gate; ok = passed, no timing), or all but the gate, which a gate-only run of the "
+        "same job passed in this run",
     )
 
     @classmethod

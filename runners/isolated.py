@@ -30,17 +30,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from deltabench.harness.document import JobResult
+from deltabench.harness.document import GATE_ONLY, JobResult
 from deltabench.harness.suites import ISOLATIONS
 
 from .base import JobSpec
 from .job import PHASE_MARK, case_spec
 
-__all__ = ["IsolatedRunner", "SharedProcessRunner", "job_environment", "make_runner", "run_isolated"]
+__all__ = ["IsolatedRunner", "SharedProcessRunner", "job_environment", "make_runner", "run_gates", "run_isolated"]
 
 _LOG_TAIL = 600  # characters of the child's log quoted in a failure's reason
 _POLL_S = 0.02  # how often a waiting parent looks for the result, the process and new phase marks
@@ -70,6 +71,15 @@ def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _job_payload(job: JobSpec) -> dict:
+    """`job` as its process reads it. ``stage`` is left out when it is the default: a worker under an older
+    deltabench (the base tree of ``deltabench run --base-ref``) knows no such field and rejects unknown ones."""
+    data = job.model_dump()
+    if data.get("stage") == "all":
+        del data["stage"]
+    return data
+
+
 def _log_tail(log: str) -> str:
     lines = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith(PHASE_MARK)]
     return " | ".join(lines[-4:])[-_LOG_TAIL:]
@@ -87,12 +97,20 @@ def _kill_group(pid: int, fallback) -> None:
         fallback()
 
 
-def _run_forked(payload: dict, log_path: Path, timeout_s: float) -> tuple[bool, int]:
-    """(timed_out, exit code) of the job run in a process forked from the fork server."""
+def _run_forked(
+    payload: dict, log_path: Path, timeout_s: float, stop: threading.Event | None = None
+) -> tuple[bool, int]:
+    """(timed_out, exit code) of the job run in a process forked from the fork server; `stop` set (by another
+    thread) ends it as a timeout."""
     proc = _forkserver().Process(target=_child, args=(json.dumps(payload), str(log_path)), daemon=False)
     proc.start()
     try:
-        proc.join(timeout_s)
+        if stop is None:
+            proc.join(timeout_s)
+        else:
+            deadline = time.monotonic() + timeout_s
+            while proc.exitcode is None and not stop.is_set() and time.monotonic() < deadline:
+                proc.join(min(0.1, max(deadline - time.monotonic(), 0.0)))
     except BaseException:
         _kill_group(proc.pid, proc.kill)  # interrupted: leave no orphan behind
         proc.join()
@@ -110,8 +128,11 @@ def _child(payload_json: str, log_path: str) -> None:
     child_main(payload_json, log_path)
 
 
-def _run_exec(payload: dict, log_path: Path, timeout_s: float, python: str) -> tuple[bool, int]:
-    """(timed_out, exit code) of the job run as ``python -m deltabench.runners.job_main``."""
+def _run_exec(
+    payload: dict, log_path: Path, timeout_s: float, python: str, stop: threading.Event | None = None
+) -> tuple[bool, int]:
+    """(timed_out, exit code) of the job run as ``python -m deltabench.runners.job_main``; `stop` set (by another
+    thread) ends it as a timeout."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [python, "-m", "deltabench.runners.job_main"],
@@ -128,7 +149,18 @@ def _run_exec(payload: dict, log_path: Path, timeout_s: float, python: str) -> t
                 proc.stdin.close()
             except BrokenPipeError:
                 pass  # the child died before reading its job: reported from its exit code
-            proc.wait(timeout=timeout_s)
+            if stop is None:
+                proc.wait(timeout=timeout_s)
+            else:
+                deadline = time.monotonic() + timeout_s
+                while proc.poll() is None and not stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise subprocess.TimeoutExpired(proc.args, timeout_s)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=min(0.1, left))
+                if proc.poll() is None:
+                    raise subprocess.TimeoutExpired(proc.args, timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid, proc.kill)
             proc.wait()
@@ -173,24 +205,34 @@ def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: in
     return result
 
 
-def run_isolated(job: JobSpec, *, python: str | None = None, env: Mapping[str, str] | None = None) -> JobResult:
+def run_isolated(
+    job: JobSpec,
+    *,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stop: threading.Event | None = None,
+) -> JobResult:
     """Run `job` in a fresh process, killing its process group after ``job.timeout_s`` seconds.
 
     With `python` (an interpreter path) the job is started under it; otherwise it is forked from the
-    fork server. `env`: variables set for the job over this process's (:func:`job_environment`).
+    fork server. `env`: variables set for the job over this process's (:func:`job_environment`). `stop`: an
+    event by which another thread ends the job early (a run interrupted while jobs run in threads of its own,
+    :func:`run_gates`); the job then ends as a timeout.
     """
     started = _dt.datetime.now(_dt.timezone.utc)
     with tempfile.TemporaryDirectory(prefix="deltabench-job-") as tmp:
         result_path = Path(tmp) / "result.json"
         log_path = Path(tmp) / "log.txt"
-        payload = {"job": job.model_dump(), "result_path": str(result_path), "env": job_environment(env)}
+        payload = {"job": _job_payload(job), "result_path": str(result_path), "env": job_environment(env)}
         if python:
-            timed_out, rc = _run_exec(payload, log_path, job.timeout_s, python)
+            timed_out, rc = _run_exec(payload, log_path, job.timeout_s, python, stop)
         else:
-            timed_out, rc = _run_forked(payload, log_path, job.timeout_s)
+            timed_out, rc = _run_forked(payload, log_path, job.timeout_s, stop)
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         if not timed_out and result_path.exists():
-            return JobResult.model_validate_json(result_path.read_text())
+            # A gate-only job that passed is 'ok' without its timing, which the run makes later.
+            context = {GATE_ONLY: True} if job.stage == "gate" else None
+            return JobResult.model_validate_json(result_path.read_text(), context=context)
     return _lost_result(job, started, timed_out=timed_out, rc=rc, log_text=log_text)
 
 
@@ -251,7 +293,7 @@ class _Worker:
         result_path = self.dir / f"result-{self.jobs_done}.json"
         self.jobs_done += 1
         start_at = self.log_path.stat().st_size
-        self._send({"job": job.model_dump(), "result_path": str(result_path)})
+        self._send({"job": _job_payload(job), "result_path": str(result_path)})
         deadline = time.monotonic() + job.timeout_s
         seen, phase = start_at, None
         try:
@@ -392,6 +434,45 @@ class IsolatedRunner:
     def run(self, job: JobSpec) -> JobResult:
         """Run `job` in a fresh process."""
         return run_isolated(job, python=self.python, env=self.env)
+
+
+def run_gates(
+    jobs: Mapping[int, JobSpec],
+    workers: int,
+    *,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    on_gated: Callable[[int, JobResult], None] | None = None,
+) -> dict[int, JobResult]:
+    """The gates of `jobs` (key: any index), up to `workers` at once, each job in a fresh process of its own with
+    its timeout (:func:`run_isolated`, ``stage = "gate"``): ``ok`` when it passed, else the status and reason its
+    job ends with. `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM),
+    it kills the gates still running before it lets the exception through."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    if python is None:
+        _forkserver()  # made once here: the threads then share it
+    stop = threading.Event()
+    results: dict[int, JobResult] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="deltabench-gate")
+    try:
+        pending = {
+            pool.submit(run_isolated, job.model_copy(update={"stage": "gate"}), python=python, env=env, stop=stop): key
+            for key, job in jobs.items()
+        }
+        while pending:
+            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                key = pending.pop(future)
+                results[key] = future.result()
+                if on_gated is not None:
+                    on_gated(key, results[key])
+    except BaseException:
+        stop.set()  # every running gate's process group is killed by its thread; queued ones start and end at once
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,14 @@ machine's drift over the run reaches every job's repetitions alike and each repe
 own. Only the first round runs the correctness gate; later rounds time the code it passed. A job's samples
 are kept with their repetition's index (``TimingStats.repetitions``): the regression gate estimates from them
 how far whole processes move when the job has no history. A later repetition that fails makes the job fail.
+
+With ``gate_workers`` N > 1 (``deltabench run --gate-workers N``, a suite's ``[gate] workers``) the run first gates
+every supported job, up to N at once, each in a fresh process of its own with the job's timeout
+(``isolated.run_gates``): the gate (seconds per job against the float64 oracle, minutes for a kernel that compiles
+each length it is fed) is most of a job's time, and the gates of different jobs may overlap where timings may not.
+Then the jobs run one at a time as above with their gate's outcome given: a job whose gate passed skips it
+(``JobSpec.stage = "after_gate"``; first call, memory and timing as usual) and keeps the gate's records; one whose
+gate failed, crashed or timed out ends with that status and reason, untimed. Every gate uses the run's drawn seed.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from deltabench.harness.cases import Case
@@ -53,6 +61,7 @@ class RunPlan:
     device: str
     jobs: list[JobSpec]
     repeat: int = 1  # repetitions of every job, round by round (module docstring)
+    gate_workers: int = 1  # > 1: every job gated first, this many at once (module docstring)
 
 
 def plan_run(
@@ -64,11 +73,16 @@ def plan_run(
     timeout_s: float | None = None,
     imports: list[str] | None = None,
     repeat: int = 1,
+    gate_workers: int | None = None,
 ) -> RunPlan:
     """Expand `suite` into jobs on `device` (optionally filtered), each with the suite's settings, each to be run
-    `repeat` times (module docstring)."""
+    `repeat` times, gated `gate_workers` at a time before any is timed (None: the suite's ``[gate] workers``; 1: each
+    job gated just before its timing; module docstring)."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
+    workers = suite.gate_workers if gate_workers is None else gate_workers
+    if workers < 1:
+        raise ValueError(f"gate_workers must be at least 1, got {workers}")
     timing = TimingSettings(**suite.timing)
     gate = GateSettings(**suite.gate)
     timeout = timeout_s or suite.timeout_s or DEFAULT_TIMEOUT_S
@@ -76,7 +90,7 @@ def plan_run(
         JobSpec.for_case(case, impl, imports=list(imports or ()), timing=timing, gate=gate, timeout_s=timeout)
         for case, impl in suite.jobs(device=device, impls=impls, ops=ops)
     ]
-    return RunPlan(suite=suite, device=device, jobs=jobs, repeat=repeat)
+    return RunPlan(suite=suite, device=device, jobs=jobs, repeat=repeat, gate_workers=workers)
 
 
 def partial_path(run_id: str) -> Path:
@@ -130,21 +144,23 @@ def run_plan(
     on_done: Callable[[JobSpec, JobResult], None] | None = None,
     on_begin: Callable[[Path], None] | None = None,
     on_phase: Callable[[JobSpec, str], None] | None = None,
+    on_gated: Callable[[int, int], None] | None = None,
 ) -> ResultDocument:
     """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
 
     Without `out` the in-progress document goes to :func:`partial_path`. `on_start` / `on_done` let a
     caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job;
     `on_phase` (job, phase) follows a job through its phases (setup, first call, gate, memory, timing) when the
-    default runner is used.
+    default runner is used; `on_gated` (jobs gated, jobs to gate) follows the gate phase of a plan with
+    ``gate_workers`` > 1, once before its first gate ends and after each.
     """
     from .isolated import make_runner
 
     if runner is not None:
-        return _run_jobs(plan, runner, out, on_start, on_done, on_begin)
+        return _run_jobs(plan, runner, out, on_start, on_done, on_begin, on_gated)
     own = make_runner(plan.suite.isolation, on_phase=on_phase)
     try:
-        return _run_jobs(plan, own, out, on_start, on_done, on_begin)
+        return _run_jobs(plan, own, out, on_start, on_done, on_begin, on_gated)
     finally:
         close = getattr(own, "close", None)
         if close is not None:
@@ -158,11 +174,21 @@ def _run_jobs(
     on_start: Callable[[JobSpec], None] | None,
     on_done: Callable[[JobSpec, JobResult], None] | None,
     on_begin: Callable[[Path], None] | None,
+    on_gated: Callable[[int, int], None] | None = None,
 ) -> ResultDocument:
     from .environment import collect_environment
 
     run = RunState(plan, collect_environment(plan.device), out, on_begin)
     order = execution_order(plan)
+    if plan.gate_workers > 1:
+        # The runner's interpreter and environment, so that a gate runs the code its timing will.
+        run.gate_all(
+            order,
+            plan.gate_workers,
+            python=getattr(runner, "python", None),
+            env=getattr(runner, "env", None),
+            on_gated=on_gated,
+        )
     for rep in range(plan.repeat):
         if rep > 0:
             close = getattr(runner, "close", None)
@@ -215,6 +241,40 @@ class RunState:
             self.doc.meta["gate_drawn_seed"] = drawn_seed
         self.finished: dict[int, JobResult] = {}
         self.timings: dict[int, list[TimingStats]] = {}
+        self.gated: dict[int, JobResult] = {}  # the gate phase's results (gate_all), by the plan's job index
+
+    def _for_run(self, job: JobSpec) -> JobSpec:
+        return job.model_copy(update={"run_id": self.doc.run_id, "drawn_seed": self.drawn_seed})
+
+    def gate_all(
+        self,
+        order: list[int],
+        workers: int,
+        *,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_gated: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Gate the plan's supported jobs (indices in `order`), up to `workers` at once, each in a process of its own
+        (``isolated.run_gates``); :meth:`step` then gives each job its gate's outcome. `on_gated` (gated, total)
+        follows the phase."""
+        from .isolated import run_gates
+
+        todo: dict[int, JobSpec] = {}
+        for index in order:
+            job = self._for_run(self.plan.jobs[index])
+            case = job.to_case()
+            if not get_impl(case.op, job.impl).check_case(case):  # an unsupported job is judged by step, untimed
+                todo[index] = job
+        if on_gated:
+            on_gated(0, len(todo))
+
+        def gated(index: int, result: JobResult) -> None:
+            self.gated[index] = result
+            if on_gated:
+                on_gated(len(self.gated), len(todo))
+
+        run_gates(todo, workers, python=python, env=env, on_gated=gated)
 
     def step(
         self,
@@ -229,7 +289,7 @@ class RunState:
         earlier repetition ended badly; record it and save the document."""
         from .ceilings import work_figures
 
-        job = job.model_copy(update={"run_id": self.doc.run_id, "drawn_seed": self.drawn_seed})
+        job = self._for_run(job)
         if rep > 0:
             if self.finished[index].status != "ok":
                 return  # unsupported, failed or incorrect: nothing to time again
@@ -240,7 +300,12 @@ class RunState:
         if rep == 0:
             impl = get_impl(case.op, job.impl)
             why = impl.check_case(case)
-            result = _unsupported(job, case, impl.backend, why) if why else runner.run(job)
+            if why:
+                result = _unsupported(job, case, impl.backend, why)
+            elif index in self.gated:
+                result = self._after_gate(self.gated[index], job, runner)
+            else:
+                result = runner.run(job)
             if result.status != "ok":
                 result.timing = None  # only a job that passed the gate has a valid timing
             elif result.timing is not None:
@@ -255,6 +320,16 @@ class RunState:
         write_document(self.doc, self.target)
         if on_done:
             on_done(job, result)
+
+    @staticmethod
+    def _after_gate(gate: JobResult, job: JobSpec, runner: Runner) -> JobResult:
+        """The job's result given its gate-phase result `gate`: that one when the gate did not pass (incorrect,
+        failed, crashed, timed out: nothing to time), else the job run without its gate, with the gate's records
+        (its own started and finished times: those of its timing)."""
+        if gate.status != "ok":
+            return gate
+        result = runner.run(job.model_copy(update={"stage": "after_gate"}))
+        return result.model_copy(update={"verification": gate.verification, "gate_reference": gate.gate_reference})
 
     def finish(self) -> ResultDocument:
         """Mark the run complete, save and return its document."""

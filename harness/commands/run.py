@@ -97,6 +97,13 @@ def register(app: typer.Typer) -> None:
             help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
             "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs).",
         ),
+        gate_workers: int = typer.Option(
+            None,
+            "--gate-workers",
+            help="Gate every job first, up to N at once (each in a process of its own), then time the jobs one at a "
+            "time with their gate's outcome (default: the suite's [gate] workers, else 1: each job gated just before "
+            "its timing). Not with --base-ref.",
+        ),
         base_ref: str = typer.Option(
             None,
             "--base-ref",
@@ -132,6 +139,10 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--timeout must be a positive number of seconds")
         if not 1 <= repeat <= MAX_REPEAT:
             raise BadInput(f"--repeat {repeat}: use 1 to {MAX_REPEAT} repetitions of each job")
+        if gate_workers is not None and gate_workers < 1:
+            raise BadInput(f"--gate-workers {gate_workers}: use at least 1")
+        if gate_workers is not None and gate_workers > 1 and base_ref is not None:
+            raise BadInput("--gate-workers with --base-ref: an interleaved run gates each job just before its timing")
         if base_out is not None and base_ref is None:
             raise BadInput("--base-out needs --base-ref (the base run it names)")
         if base_ref is not None and base_out is None and out is not None:
@@ -156,7 +167,14 @@ def register(app: typer.Typer) -> None:
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
         plan = plan_run(
-            loaded, device=dev, impls=impl or None, ops=op or None, timeout_s=timeout, imports=imports, repeat=repeat
+            loaded,
+            device=dev,
+            impls=impl or None,
+            ops=op or None,
+            timeout_s=timeout,
+            imports=imports,
+            repeat=repeat,
+            gate_workers=1 if base_ref is not None else gate_workers,  # interleaved runs gate job by job
         )
         if not plan.jobs:
             raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
@@ -193,12 +211,28 @@ def register(app: typer.Typer) -> None:
                 skipped = plan.repeat - 1 - job.repetition if result.status != "ok" else 0
                 progress.advance(task, 1 + skipped)
 
+            gate_task: list = []  # the gate phase's own bar, made when the phase starts (gate_workers > 1)
+
+            def on_gated(done: int, total: int) -> None:
+                if not gate_task:
+                    gate_task.append(progress.add_task(f"gates, {plan.gate_workers} at once", total=total, start=True))
+                    progress.update(task, description=f"suite {loaded.name} on {dev}: gating first")
+                progress.update(gate_task[0], completed=done)
+
             def on_begin(path) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
                 console.print(f"partial document (each job saved as it ends): {path}")
 
             if base_ref is None:
-                doc = run_plan(plan, out=out, on_start=on_start, on_done=on_done, on_begin=on_begin, on_phase=on_phase)
+                doc = run_plan(
+                    plan,
+                    out=out,
+                    on_start=on_start,
+                    on_done=on_done,
+                    on_begin=on_begin,
+                    on_phase=on_phase,
+                    on_gated=on_gated,
+                )
                 docs = [doc]
             else:
                 progress.update(task, total=2 * len(plan.jobs) * plan.repeat)

@@ -89,3 +89,17 @@ def planted_first_process_only(q, k, v, g, beta, scale=None, initial_state=None)
         elif Path(marker).read_text() != str(os.getpid()):
             os.kill(os.getpid(), signal.SIGSEGV)
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+_calls_here = 0  # calls of planted_gate_crash in this process
+
+
+@register_impl("gdn", "planted_gate_crash", **_ANY)
+def planted_gate_crash(q, k, v, g, beta, scale=None, initial_state=None):
+    """Right on a process's first call (a job's first call); segfaults on its second, which is the gate's first:
+    an impl that crashes in its gate and nowhere else."""
+    global _calls_here
+    _calls_here += 1
+    if _calls_here == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

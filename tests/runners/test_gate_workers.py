@@ -1,0 +1,186 @@
+"""`deltabench run --gate-workers N` on the CPU with real processes and the real gate: every job gated first, N at
+once, each in a process of its own; then timed one at a time with its gate's outcome. Same statuses and gate records
+as a run that gates job by job; a wrong impl `incorrect` and untimed; an impl that crashes in its gate costs its own
+job only; no two timings overlap.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from deltabench.harness.cli import main
+from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.registry import load_module
+from deltabench.harness.suites import load_suite
+from deltabench.runners.session import plan_run, run_plan
+
+PLANTED = str(Path(__file__).with_name("planted_impls.py"))
+
+SUITE = """
+name = "pargate"
+device = "cpu"
+shapes = ["B=1,T=20,H=1,K=8,V=8", "B=1,T=24,H=1,K=8,V=8"]
+dtypes = ["fp32"]
+modes = ["fwd"]
+timeout_s = 120
+[timing]
+budget_s = 0.05
+min_reps = 3
+warmup_s = 0.02
+cpu_threads = 1
+[gate]
+seeds = 1
+extra_seed = true
+[ops.gdn]
+impls = ["torch_chunk", "torch_recurrent", "planted_wrong", "planted_gate_crash"]
+baseline = "torch_chunk"
+"""
+
+
+def _run(tmp: Path, workers: int) -> tuple[ResultDocument, list[tuple[int, int]], list[str]]:
+    """The suite run with `workers` gate workers, what the gate phase reported (gated, total) and the phases the
+    timing workers reported."""
+    suite = tmp / "pargate.toml"
+    suite.write_text(SUITE)
+    load_module(PLANTED)
+    plan = plan_run(load_suite(str(suite)), device="cpu", imports=[PLANTED], gate_workers=workers)
+    progress: list[tuple[int, int]] = []
+    phases: list[str] = []
+    doc = run_plan(
+        plan,
+        out=tmp / f"out-{workers}.json",
+        on_gated=lambda done, total: progress.append((done, total)),
+        on_phase=lambda job, phase: phases.append(phase),
+    )
+    return doc, progress, phases
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple]:
+    """The suite run gated job by job (1) and two at a time (2)."""
+    return {n: _run(tmp_path_factory.mktemp(f"gw{n}"), n) for n in (1, 2)}
+
+
+def _key(job: JobResult) -> tuple:
+    return (job.impl, job.case.T)
+
+
+def _gate(job: JobResult, drawn: int) -> list[tuple]:
+    """A job's gate records as compared between runs: the run's drawn seed named as such (each run draws its own)."""
+    return [
+        (r.check, r.metric, r.regime, r.initial_state, "drawn" if r.seed == drawn else r.seed, r.passed, r.gating)
+        for r in job.verification
+    ]
+
+
+def test_parallel_gates_give_the_statuses_and_records_of_serial_ones(runs) -> None:
+    serial, parallel = runs[1][0], runs[2][0]
+    assert [_key(j) for j in parallel.jobs] == [_key(j) for j in serial.jobs]
+    assert {_key(j): j.status for j in parallel.jobs} == {_key(j): j.status for j in serial.jobs}
+    assert [j.status for j in parallel.jobs if j.impl.startswith("torch")] == ["ok"] * 4
+    sd, pd = serial.meta["gate_drawn_seed"], parallel.meta["gate_drawn_seed"]
+    for s, p in zip(serial.jobs, parallel.jobs, strict=True):
+        if s.status in ("ok", "incorrect"):
+            assert p.verification and _gate(p, pd) == _gate(s, sd), _key(p)
+            assert p.gate_reference == s.gate_reference
+            # The checks at fixed seeds are the same computation: the same figures.
+            fixed = [(r.check, r.seed, r.value) for r in s.verification if r.seed != sd]
+            assert [(r.check, r.seed, r.value) for r in p.verification if r.seed != pd] == fixed
+    # Every gate of the run used its drawn seed.
+    for j in parallel.jobs:
+        if j.verification:
+            assert pd in {r.seed for r in j.verification}
+
+
+def test_the_gate_phase_reports_its_progress(runs) -> None:
+    progress = runs[2][1]
+    assert progress[0] == (0, 8) and progress[-1] == (8, 8)
+    assert [d for d, _ in progress] == list(range(9))
+    assert runs[1][1] == []  # gated job by job: no gate phase
+
+
+def test_a_job_gated_first_is_not_gated_again(runs) -> None:
+    assert runs[1][2].count("gate") == 8  # job by job: each job's worker gates it
+    assert "gate" not in runs[2][2] and runs[2][2].count("timing") == 4  # gated first: the workers only time
+
+
+def test_a_wrong_impl_is_incorrect_and_untimed(runs) -> None:
+    doc = runs[2][0]
+    for job in (j for j in doc.jobs if j.impl == "planted_wrong"):
+        assert job.status == "incorrect" and job.timing is None
+        assert job.reason.startswith("failed the gate: output")
+        assert any(not r.passed for r in job.verification if r.gating)
+
+
+def test_a_crash_in_a_gate_costs_its_own_job_only(runs) -> None:
+    doc = runs[2][0]
+    for job in doc.jobs:
+        if job.impl == "planted_gate_crash":
+            assert job.status == "failed" and job.timing is None
+            assert job.reason.startswith("crashed in gate:") and "SIGSEGV" in job.reason, job.reason
+        elif job.impl != "planted_wrong":
+            assert job.status == "ok" and job.timing is not None and len(job.timing.samples_ms) >= 3
+            assert all(r.passed for r in job.verification if r.gating)
+
+
+def test_timings_never_overlap(runs) -> None:
+    timed = sorted((j for j in runs[2][0].jobs if j.timing is not None), key=lambda j: j.started_at)
+    assert len(timed) == 4
+    for earlier, later in itertools.pairwise(timed):
+        assert earlier.finished_at <= later.started_at, (_key(earlier), _key(later))
+
+
+def test_repeat_gates_once_and_times_every_repetition(tmp_path: Path) -> None:
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace(', "planted_wrong", "planted_gate_crash"', "").replace("workers", "") + "")
+    out = tmp_path / "out.json"
+    argv = ["run", "--suite", str(suite), "--gate-workers", "2", "--repeat", "2", "--out", str(out), "--no-db", "-q"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    doc = ResultDocument.from_json(out.read_text())
+    assert len(doc.jobs) == 4 and doc.meta["repeat"] == 2
+    for job in doc.jobs:
+        assert job.status == "ok" and job.verification
+        assert job.timing.n_repetitions == 2
+
+
+def test_the_suite_key_sets_the_workers_and_the_option_wins(tmp_path: Path) -> None:
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace("extra_seed = true", "extra_seed = true\nworkers = 3"))
+    load_module(PLANTED)
+    loaded = load_suite(str(suite))
+    assert loaded.gate_workers == 3 and "workers" not in loaded.gate
+    assert plan_run(loaded, device="cpu").gate_workers == 3
+    assert plan_run(loaded, device="cpu", gate_workers=1).gate_workers == 1
+    suite.write_text(SUITE.replace("extra_seed = true", "extra_seed = true\nworkers = 0"))
+    with pytest.raises(Exception, match=r"\[gate\] workers"):
+        load_suite(str(suite))
+
+
+def test_a_hanging_gate_times_out_alone(tmp_path: Path) -> None:
+    suite = tmp_path / "pargate.toml"
+    text = SUITE.replace("timeout_s = 120", "timeout_s = 5").replace(
+        '"planted_wrong", "planted_gate_crash"', '"planted_hang"'
+    )
+    suite.write_text(
+        text.replace('shapes = ["B=1,T=20,H=1,K=8,V=8", "B=1,T=24,H=1,K=8,V=8"]', 'shapes = ["B=1,T=20,H=1,K=8,V=8"]')
+    )
+    load_module(PLANTED)
+    plan = plan_run(load_suite(str(suite)), device="cpu", imports=[PLANTED], gate_workers=3)
+    doc = run_plan(plan, out=tmp_path / "out.json")
+    status = {j.impl: j.status for j in doc.jobs}
+    assert status == {"torch_chunk": "ok", "torch_recurrent": "ok", "planted_hang": "timeout"}
+    (hung,) = [j for j in doc.jobs if j.impl == "planted_hang"]
+    assert hung.reason.startswith("no result after 5 s") and hung.timing is None
+
+
+def test_gate_workers_out_of_range_or_with_base_ref_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in (["--gate-workers", "0"], ["--gate-workers", "2", "--base-ref", "HEAD"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["run", "--suite", "smoke", "--no-db", *extra])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--gate-workers 0: use at least 1" in err and "--gate-workers with --base-ref" in err

@@ -9,7 +9,8 @@ costliest part of a job. Here they are kept on disk:
 
 * under ``$DELTABENCH_REFERENCE_CACHE`` (a directory; ``off`` disables the cache), else
   ``$XDG_CACHE_HOME/deltabench/references`` (``~/.cache/deltabench/references``);
-* keyed by the case, what its inputs were drawn with beyond it (scale, q/k norms, the stacked runs), the
+* keyed by the case (its device included), what its inputs were drawn with beyond it (scale, q/k norms, the
+  stacked runs; for a CUDA case the GPU model they were drawn on, references/_inputs.py ``draw_origin``), the
   reference kind, the gradients flag, torch's version and a reference version: a hash
   of the ``references/`` sources (and, for the chunked reference, of its module and the ``kernels/common``
   helpers it builds on), so an edited oracle never serves an old answer;

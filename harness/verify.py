@@ -9,8 +9,9 @@ state, :func:`verify_case`
   bitwise unchanged after the call (the failure names the tensor). The runs with an initial state pass a
   non-default ``scale`` (:data:`ALT_SCALE` times ``K ** -0.5``, the oracle given the same); the run without one
   in the last regime draws q and k with random norms instead of unit vectors;
-- compares the output and the final state with the float64 oracle (run on the CPU, on the very same rounded
-  inputs): relative Frobenius error (gating) and max abs error with the worst element's index (reported);
+- compares the output and the final state with the float64 oracle (on the very same rounded inputs; run on the
+  case's GPU for a CUDA case, else on the CPU: :func:`oracle_device`): relative Frobenius error (gating) and max
+  abs error with the worst element's index (reported);
 - when ``case.mode != "fwd"``, back-propagates random cotangents on ``o`` and on the final state through both and
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from deltabench.references._inputs import generator, randn
+from deltabench.references._inputs import draw_device, draw_origin, generator, randn
 
 from .cases import Case
 from .checks import compare, finite_record, note_record
@@ -71,14 +72,16 @@ __all__ = [
     "SWEEP_B",
     "VerifyReport",
     "draw_seed",
+    "oracle_device",
     "split_point",
     "sweep_lengths",
     "verify_case",
 ]
 
-# The oracle is a float64 token loop on the CPU: its cost is B*T*H*K*V element-steps (about 1 s per 1e8 on one
-# core), and its autograd keeps a few [B,H,K,V] float64 tensors per token (about 3 GB at 1e8), so gradients get
-# a lower limit than the forward.
+# The oracle is a float64 token loop: its cost is B*T*H*K*V element-steps (about 1 s per 1e8 on one CPU core; on
+# a GPU, kernel launches, a few per token), and its autograd keeps a few [B,H,K,V] float64 tensors per token (about
+# 3 GB at 1e8), so gradients get a lower limit than the forward. The limits are the CPU's, kept for a GPU case too
+# so that the reduced case and its records do not depend on where the oracle runs.
 ORACLE_MAX_ELEMENTS = 2e8
 ORACLE_MAX_ELEMENTS_GRAD = 4e7
 SHORT_T = 256  # the oracle's T when the full shape is too costly for it
@@ -187,10 +190,16 @@ def draw_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
+def oracle_device(case: Case) -> torch.device:
+    """Where the float64 oracle runs for `case`: its GPU for a CUDA case (IEEE float64 there too, without the
+    host's token loop and the inputs' copies to the host), else the CPU."""
+    return draw_device(case.torch_device)
+
+
 def _cotangents(spec: OpSpec, case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random cotangents on the output (in the case's dtype, as an upstream gradient would be) and on the state
-    (float32), in the contract's shapes."""
-    gen = generator(seed + _COTANGENT_SEED_OFFSET)
+    (float32), in the contract's shapes, drawn where the case's inputs are (references/_inputs.py)."""
+    gen = generator(seed + _COTANGENT_SEED_OFFSET, case.torch_device)
     do = randn(gen, *spec.output.shape(case.dims)).to(case.torch_dtype)
     dht = randn(gen, *spec.state.shape(case.dims))
     return do, dht
@@ -432,7 +441,9 @@ def _determinism(
             differing.append(name)
             worst = float("inf")
             continue
-        x, y = x.detach().cpu(), y.detach().cpu()
+        # On the first call's device: no copy of every output and gradient to the host (a fresh process's come
+        # back on the host).
+        x, y = x.detach(), y.detach().to(x.device)
         if not torch.equal(x, y):
             differing.append(name)
             diff = (x.double() - y.double()).abs().nan_to_num(nan=float("inf"))
@@ -540,7 +551,8 @@ def _run_impl(fn: Callable[..., Any], spec: OpSpec, case: Case, variant: _Varian
 
 
 def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
-    """The float64 oracle on every item's inputs, in as few calls as `limit` (B*T*H*K*V per call) allows.
+    """The float64 oracle on every item's inputs, in as few calls as `limit` (B*T*H*K*V per call; on a GPU at
+    least the forward's, :func:`_stack_limit`) allows.
 
     The oracle's cost is a Python loop over tokens, nearly independent of B at the gate's sizes, so the items are
     stacked along B: a zero initial state where an item has none (its gradient dropped), each item's scale
@@ -548,6 +560,7 @@ def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
     to the longest with identity tokens (zero inputs and gates, a zero cotangent).
     """
     groups: list[list[int]] = []
+    limit = _stack_limit(items[0].case, limit) if items else limit
     for i, it in enumerate(items):
         g = groups[-1] if groups else None
         fits = g is not None and _stack_key(items[g[0]]) == _stack_key(it)
@@ -570,6 +583,14 @@ def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
     return [r for r in runs if r is not None]
 
 
+def _stack_limit(case: Case, limit: float) -> float:
+    """How large one stacked oracle call may be: `limit` on the CPU (its time per element, its memory for
+    autograd); on a GPU, where a call's time is its kernel launches (a few per token, whatever B), at least the
+    forward's :data:`ORACLE_MAX_ELEMENTS` (a few GB of autograd memory), so that a case's runs with gradients take
+    a few calls rather than one each. The reduced case itself still follows `limit` (module docstring)."""
+    return limit if oracle_device(case).type == "cpu" else max(limit, ORACLE_MAX_ELEMENTS)
+
+
 def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]]) -> list[_Run]:
     """The reference runs of `items`, shared with every impl gated on the same case through the on-disk cache
     (harness/reference_cache.py). The key names each item's draw (its B, T, seed, regime, initial state, scale
@@ -578,6 +599,9 @@ def _shared_runs(kind: str, items: list[_Item], compute: Callable[[], list[_Run]
         f"B{it.case.B},T{it.case.T},s{it.seed},{it.case.regime},h{int(it.variant.h0)},{it.variant.label()}"
         for it in items
     )
+    origin = draw_origin(items[0].case.torch_device)
+    if origin != "cpu":  # the draws, and so the reference, depend on the generator's device (references/_inputs.py)
+        draws += f";drawn on {origin}"
     grads = items[0].cot is not None
     if grads and not bool(items[0].cot[1].any()):  # an impl declared state_grad=False: the output's cotangent alone
         draws += ";no state cotangent"
@@ -610,25 +634,29 @@ def _padded(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
-    """One oracle call on `items` stacked along B (see :func:`_oracle_runs`)."""
+    """One oracle call on `items` stacked along B (see :func:`_oracle_runs`), on :func:`oracle_device`: the
+    same code on either device, only where its tensors live differs."""
     T = max(it.case.T for it in items)
+    dev = oracle_device(items[0].case)
 
-    def on_host(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().to("cpu", torch.float64) if x.is_floating_point() else x.detach().cpu()
+    def on_dev(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().to(dev, torch.float64) if x.is_floating_point() else x.detach().to(dev)
 
     def row(it: _Item, n: str) -> torch.Tensor:
-        return _padded(on_host(it.inputs[n]), T) if spec.arg(n).sequence else on_host(it.inputs[n])
+        return _padded(on_dev(it.inputs[n]), T) if spec.arg(n).sequence else on_dev(it.inputs[n])
 
     stacked = {n: torch.cat([row(it, n) for it in items]) for n in spec.args}
     states = []
     for it in items:
         h0 = it.inputs.get(spec.state_arg)
-        states.append(on_host(h0) if h0 is not None else torch.zeros(*spec.state.shape(it.case.dims)).double())
+        zeros = torch.zeros(*spec.state.shape(it.case.dims), dtype=torch.float64, device=dev)
+        states.append(on_dev(h0) if h0 is not None else zeros)
     stacked[spec.state_arg] = torch.cat(states)
     stacked.update(_options(items[0].inputs))  # the same for every stacked item (_stack_key)
     ratio = torch.tensor(
         [1.0 if it.variant.scale_factor is None else it.variant.scale_factor for it in items for _ in range(it.case.B)],
         dtype=torch.float64,
+        device=dev,
     )
     scaled = None if spec.scale is None else spec.args.index(spec.scale[0])
 
@@ -642,8 +670,8 @@ def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
     cot = None
     if items[0].cot is not None:
         cot = (
-            torch.cat([_padded(it.cot[0].double(), T) for it in items]),
-            torch.cat([it.cot[1].double() for it in items]),
+            torch.cat([_padded(on_dev(it.cot[0]), T) for it in items]),
+            torch.cat([on_dev(it.cot[1]) for it in items]),
         )
     whole = _call(oracle, spec, stacked, cot)
     runs, row = [], 0

@@ -14,9 +14,17 @@ q and k are L2-normalised, as layers do; ``unit_qk=False`` draws them with per-t
 [0.5, 1.2], keeping ``beta * |k|^2 < 2`` so the delta rule stays contractive; q in [0.25, 2]), so that a kernel
 normalising them itself is caught.
 
-Large normal draws are remembered (:func:`randn`): the gate draws the same seed's q, k and v for every regime and
-initial-state variant, and a worker's next job at the same shape draws them again; on a GPU host those CPU draws
-were most of a compiled kernel's gate (0.25 s per 25M numbers, one thread).
+Where the numbers come from: a generator on the device the inputs are for (:func:`generator`). On the CPU that
+is torch's CPU generator, the same numbers on every host. On a GPU the draws are made there, from torch's CUDA
+(Philox) generator: the same seed then gives other numbers than on the CPU, and torch's CUDA launch (its grid
+follows the GPU's SM count) may give other numbers on another GPU model, so a draw is reproducible from (seed,
+:func:`draw_origin`), which the reference cache keys by. A float64 oracle or a comparison sees the very inputs the
+impl got either way; drawing on the GPU removes the host draws that were most of a compiled kernel's gate there
+(benchmarks/NOTES.md, "Gate cost per job").
+
+Large normal CPU draws are remembered (:func:`randn`): the gate draws the same seed's q, k and v for every regime
+and initial-state variant, and a worker's next job at the same shape draws them again (0.25 s per 25M numbers,
+one thread).
 """
 
 from __future__ import annotations
@@ -34,10 +42,27 @@ K_NORMS = (0.5, 1.2)
 Q_NORMS = (0.25, 2.0)
 
 
-def generator(seed: int) -> torch.Generator:
-    """A CPU generator seeded with `seed` (inputs are drawn on the CPU, then moved, so a seed means
-    the same numbers on every device)."""
-    gen = torch.Generator(device="cpu")
+def draw_device(device: str | torch.device = "cpu") -> torch.device:
+    """Where inputs for `device` are drawn: a CUDA device's own generator, else the CPU's (a TPU case's inputs
+    are host tensors)."""
+    device = torch.device(device)
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
+def draw_origin(device: str | torch.device = "cpu") -> str:
+    """What a seed's draws for `device` depend on beside the seed: ``"cpu"``, or the CUDA generator's device
+    type, model and SM count (torch's CUDA draws follow its launch grid, sized by the SM count)."""
+    where = draw_device(device)
+    if where.type == "cpu":
+        return "cpu"
+    props = torch.cuda.get_device_properties(where)
+    return f"cuda {props.name} {props.multi_processor_count} SMs"
+
+
+def generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator seeded with `seed` on :func:`draw_device` of `device` (module docstring: a seed's numbers
+    depend on :func:`draw_origin`). Every draw below makes its numbers on the generator's device."""
+    gen = torch.Generator(device=draw_device(device))
     gen.manual_seed(int(seed))
     return gen
 
@@ -54,10 +79,11 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
     A draw of at least :data:`DRAW_CACHE_MIN_NUMEL` numbers is remembered by the generator's state before it and
     its shape: the same request again returns a copy of the same numbers and leaves `gen` in the state the draw
-    left it in, so every later draw is what it would have been (bit for bit: the key is the whole state)."""
-    if math.prod(shape) < DRAW_CACHE_MIN_NUMEL:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32)
-    key = (hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), tuple(shape))
+    left it in, so every later draw is what it would have been (bit for bit: the key is the whole state). Only CPU
+    draws are remembered (a GPU draws them in milliseconds); the key holds the device all the same."""
+    if math.prod(shape) < DRAW_CACHE_MIN_NUMEL or gen.device.type != "cpu":
+        return torch.randn(*shape, generator=gen, dtype=torch.float32, device=gen.device)
+    key = (str(gen.device), hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), tuple(shape))
     with _draws_lock:
         hit = _draws.get(key)
         if hit is not None:
@@ -87,12 +113,14 @@ def log_decay(gen: torch.Generator, regime: str, *shape: int) -> torch.Tensor:
     if regime == "typical":
         return torch.nn.functional.logsigmoid(randn(gen, *shape))
     if regime == "long":
-        return -0.05 * torch.rand(*shape, generator=gen, dtype=torch.float32)
+        return -0.05 * torch.rand(*shape, generator=gen, dtype=torch.float32, device=gen.device)
     if regime == "strong":
-        u = torch.rand(*shape, generator=gen, dtype=torch.float32)
+        u = torch.rand(*shape, generator=gen, dtype=torch.float32, device=gen.device)
         strong = -0.5 - 4.5 * u
         near_zero = -1e-3 * u
-        head = torch.arange(shape[2]).reshape(-1, *([1] * (len(shape) - 3)))  # [H, 1...] against [B, T, H, ...]
+        head = torch.arange(shape[2], device=gen.device).reshape(
+            -1, *([1] * (len(shape) - 3))
+        )  # [H, 1...] against [B, T, H, ...]
         return torch.where(head % 2 == 0, strong, near_zero)
     raise ValueError(f"unknown gate regime {regime!r}; expected one of {', '.join(REGIMES)}")
 
@@ -103,7 +131,7 @@ def direction(gen: torch.Generator, *shape: int, norms: tuple[float, float] | No
     if norms is None:
         return x
     lo, hi = norms
-    return x * (lo + (hi - lo) * torch.rand(*shape[:-1], 1, generator=gen, dtype=torch.float32))
+    return x * (lo + (hi - lo) * torch.rand(*shape[:-1], 1, generator=gen, dtype=torch.float32, device=gen.device))
 
 
 def strength(gen: torch.Generator, *shape: int) -> torch.Tensor:

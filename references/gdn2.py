@@ -81,7 +81,7 @@ def make_inputs(
 
     Returns a dict with keys ``q, k, v, g, b, w`` and, if asked, ``initial_state`` (float32).
     """
-    gen = _in.generator(seed)
+    gen = _in.generator(seed, device)  # drawn where the inputs go (_inputs.py: the draws depend on it)
     t = {
         "q": _in.direction(gen, B, T, H, K, norms=None if unit_qk else _in.Q_NORMS),
         "k": _in.direction(gen, B, T, H, K, norms=None if unit_qk else _in.K_NORMS),

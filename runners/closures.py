@@ -14,6 +14,7 @@ import torch
 from deltabench.harness.cases import Case
 from deltabench.harness.ops import get_op
 from deltabench.harness.registry import Impl
+from deltabench.references._inputs import generator
 
 __all__ = ["Subject", "build_subject", "cotangent"]
 
@@ -21,10 +22,11 @@ _COTANGENT_SEED_OFFSET = 7919  # do is drawn from its own stream, apart from the
 
 
 def cotangent(case: Case, like: torch.Tensor) -> torch.Tensor:
-    """The fixed random output cotangent ``do`` of `case` (seeded, drawn on the CPU, then moved)."""
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(case.seed + _COTANGENT_SEED_OFFSET)
-    return torch.randn(like.shape, generator=gen, dtype=torch.float32).to(device=like.device, dtype=like.dtype)
+    """The fixed random output cotangent ``do`` of `case` (seeded, drawn where `like` is: on a GPU, its generator,
+    references/_inputs.py)."""
+    gen = generator(case.seed + _COTANGENT_SEED_OFFSET, like.device)
+    do = torch.randn(like.shape, generator=gen, dtype=torch.float32, device=gen.device)
+    return do.to(device=like.device, dtype=like.dtype)
 
 
 class Subject:

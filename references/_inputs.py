@@ -25,6 +25,7 @@ import collections
 import hashlib
 import math
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -57,7 +58,14 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     left it in, so every later draw is what it would have been (bit for bit: the key is the whole state)."""
     if math.prod(shape) < DRAW_CACHE_MIN_NUMEL:
         return torch.randn(*shape, generator=gen, dtype=torch.float32)
-    key = (hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), tuple(shape))
+    return remembered(gen, ("randn", tuple(shape)), lambda: torch.randn(*shape, generator=gen, dtype=torch.float32))
+
+
+def remembered(gen: torch.Generator, what: tuple, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``draw()`` (which draws from `gen`), remembered as :func:`randn` remembers its large draws: by `gen`'s whole
+    state before it and `what` (the draw's kind and arguments); a hit returns a copy and leaves `gen` where the draw
+    left it."""
+    key = (hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), what)
     with _draws_lock:
         hit = _draws.get(key)
         if hit is not None:
@@ -66,7 +74,7 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
         x, after = hit
         gen.set_state(after)
         return x.clone()  # a caller may write into what it gets
-    x = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    x = draw()
     entry = (x.clone(), gen.get_state())
     with _draws_lock:
         _draws[key] = entry

@@ -415,7 +415,7 @@ def _distinct_slots(gen: torch.Generator, shape: tuple[int, ...], pool: int, wid
     T = 8192 took most of a GPU job's gate on the host; there each position draws a few more slots than it needs
     and keeps the first `width` distinct ones in drawn order (sampling without replacement by rejection, so as
     uniform as the ranking), redrawing the rare positions left short."""
-    if pool < _SPARSE_POOL_RATIO * width:
+    if pool < _SPARSE_POOL_RATIO * width or width == 0 or math.prod(shape) == 0:
         keys = torch.rand(*shape, pool, generator=gen)
         return keys.argsort(dim=-1)[..., :width].contiguous()
     # Remembered (references/_inputs.py): the same seed's slots serve three regimes and both initial-state variants.

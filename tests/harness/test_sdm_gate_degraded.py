@@ -74,6 +74,21 @@ def test_a_gradient_bug_past_the_reduced_T_is_rejected_under_the_degraded_refere
     assert all(c == "grad:v" for c, _ in failed)
 
 
+def test_an_output_bug_past_the_gradient_T_is_rejected_by_the_full_shape_forward() -> None:
+    honest = get_impl("sdm", "torch_recurrent")
+
+    def planted(*args, **kw):  # type: ignore[no-untyped-def]
+        y, bank = honest(*args, **kw)
+        if y.shape[1] > GRAD_T:  # the last tokens' outputs 2% off, seen only at the full T
+            y = torch.cat([y[:, :GRAD_T], y[:, GRAD_T:] * 1.02], dim=1)
+        return y, bank
+
+    report = _gate(planted, grad_reference_T=GRAD_T)
+    failed = {(r.check, r.reference) for r in report.failures}
+    assert any(c == "output" and ref.startswith("torch_chunk_fp32 forward only") for c, ref in failed), failed
+    assert not any(f"T{GRAD_T}" in ref or ref.startswith("oracle at") for _, ref in failed), failed
+
+
 def test_fitting_T_takes_the_longest_T_within_the_budget() -> None:
     gib = 2**30
     per_chunk = 1.75 * gib  # sdm's flagship reference, fwd+bwd in fp32

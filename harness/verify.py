@@ -32,7 +32,11 @@ a zero cotangent on the final state, and so is its reference: its gradients are 
 When the oracle is too costly at the case's shape (``reference="auto"``), the full-shape comparisons run against
 the op's ``torch_chunk`` impl in fp32 on the case's device, and the oracle checks the impl at a reduced case: B = 1,
 T as the sweep's longest length (at most :data:`SHORT_T`, two chunks at least), fewer heads only when the oracle
-cannot afford even that.
+cannot afford even that. Where the reference's backward at the full shape would not fit in the device memory
+(sdm's flagship: about 220 GiB at T = 8192; measured and extrapolated, or ``grad_reference_T``), the full shape
+compares the output and the final state with its forward alone, and every (seed, variant) is also run, gradients
+included, at the longest T that fits, against the reference there (the records and the report's reference say so);
+the oracle's reduced case keeps checking gradients in every regime.
 
 The reduced cases (the oracle's and the length sweep's) keep every dim of the case but B and T: a kernel compiled or
 autotuned per head count (a Triton ``constexpr``, an autotuner's key) meets one head count per case, and their
@@ -65,6 +69,7 @@ from .tolerances import threshold
 
 __all__ = [
     "ALT_SCALE",
+    "GRAD_REFERENCE_MEMORY_SHARE",
     "LARGEST_CHUNK",
     "ORACLE_MAX_ELEMENTS",
     "ORACLE_MAX_ELEMENTS_GRAD",
@@ -72,6 +77,7 @@ __all__ = [
     "SWEEP_B",
     "VerifyReport",
     "draw_seed",
+    "fitting_T",
     "oracle_device",
     "split_point",
     "sweep_lengths",
@@ -93,6 +99,9 @@ ALT_SCALE = 0.6
 # the torch_chunk impls (chunk_size); FLA's chunked kernels use 64 too.
 LARGEST_CHUNK = 64
 SWEEP_B = 1  # the length sweep's batch; its other dims are the case's (module docstring)
+# The share of the device memory free at the decision that the chunked reference's backward may take (the impl's
+# and the reference's full-shape runs, the allocator's slack and the extrapolation's error take the rest).
+GRAD_REFERENCE_MEMORY_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -516,6 +525,67 @@ def _sweep_chunks(case: Case, limit: float) -> int:
     return 2
 
 
+def fitting_T(T: int, need_a: float, need_b: float, t_a: int, t_b: int, budget: float) -> int:
+    """The longest T (`T` itself, else a multiple of :data:`LARGEST_CHUNK`, two chunks at least) whose need, the
+    line through ``(t_a, need_a)`` and ``(t_b, need_b)`` (bytes), stays within `budget`."""
+
+    def need(t: int) -> float:
+        return need_a + (need_b - need_a) * (t - t_a) / (t_b - t_a)
+
+    if need(T) <= budget:
+        return T
+    t = (T - 1) // LARGEST_CHUNK * LARGEST_CHUNK
+    while t > 2 * LARGEST_CHUNK and need(t) > budget:
+        t -= LARGEST_CHUNK
+    return max(t, 2 * LARGEST_CHUNK)
+
+
+def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
+    """The longest T at which the chunked reference's forward and backward fit in the device memory free now.
+
+    On a GPU its peak (what autograd keeps grows with T, one set per chunk) is measured at two and four chunks of
+    the case's other dims and extrapolated along T, against :data:`GRAD_REFERENCE_MEMORY_SHARE` of the free memory:
+    sdm's flagship (S = 65536, D = 1024) keeps about 1.75 GiB a chunk, 220 GiB at T = 8192. On the CPU the host
+    memory check (harness/memory_need.py) has judged the case already: the full T."""
+    if not case.torch_device.startswith("cuda") or case.T <= 4 * LARGEST_CHUNK:
+        return case.T
+    dev = case.torch_device
+    peaks = []
+    for t in (2 * LARGEST_CHUNK, 4 * LARGEST_CHUNK):
+        sub = case.replace(T=t, initial_state=True, seed=case.seed)
+        inputs = make_case_inputs(spec, sub)
+        cot = _cotangents(spec, sub, case.seed)
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        _call(_chunk_reference(case), spec, _fp32_inputs(inputs), (cot[0].float(), cot[1]))
+        torch.cuda.synchronize(dev)
+        peaks.append(torch.cuda.max_memory_allocated(dev) - before)
+    free, _ = torch.cuda.mem_get_info(dev)
+    budget = GRAD_REFERENCE_MEMORY_SHARE * (free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    return fitting_T(case.T, peaks[0], peaks[1], 2 * LARGEST_CHUNK, 4 * LARGEST_CHUNK, budget)
+
+
+def _grad_at(
+    impl: Callable[..., Any],
+    spec: OpSpec,
+    mid: Case,
+    runs: list[tuple[int, _Variant]],
+    *,
+    profile: str,
+) -> list[CheckRecord]:
+    """The impl's gradients (and outputs) at `mid`, the longest T whose chunked reference's backward fits, against
+    that reference for every (seed, variant) of `runs`, each with a record that the call left its inputs alone."""
+    records: list[CheckRecord] = []
+    label = f"torch_chunk_fp32 at {mid.shape_id} (its backward at full T does not fit)"
+    for seed, variant in runs:
+        it = _run_impl(impl, spec, mid, variant, seed=seed, grads=True)
+        records += _compare_items([it], [_chunk_run(mid, spec, it)], label, grads=True, profile=profile)
+        where = {"seed": seed, "regime": variant.regime, "initial_state": variant.h0}
+        records.append(_unchanged_record([it.run], reference=f"the inputs before the call at {mid.shape_id}", **where))
+    return records
+
+
 def _chunk_reference(case: Case) -> Callable[..., Any]:
     from .registry import get_impl
 
@@ -688,7 +758,8 @@ def _oracle_stacked(spec: OpSpec, items: list[_Item]) -> list[_Run]:
 
 
 def _chunk_run(case: Case, spec: OpSpec, item: _Item) -> _Run:
-    """The op's torch_chunk in fp32 on the item's inputs (the full-shape reference when the oracle is too costly)."""
+    """The op's torch_chunk in fp32 on the item's inputs (the full-shape reference when the oracle is too costly),
+    back-propagated when the item carries cotangents."""
     ref_cot = (
         None if item.cot is None else (item.cot[0].float().to(case.torch_device), item.cot[1].to(case.torch_device))
     )
@@ -839,6 +910,7 @@ def verify_case(
     imports: list[str] | tuple[str, ...] = (),
     drawn_seed: int | None = None,
     memo: GateMemo | None = None,
+    grad_reference_T: int | None = None,
 ) -> VerifyReport:
     """Verify `impl` (an Impl or any callable with the op's signature) on `case`; see the module docstring.
 
@@ -859,6 +931,9 @@ def verify_case(
         imports: the ``--import`` modules that new process loads first (where `impl` comes from one).
         drawn_seed: the extra seed when the caller drew it (a run draws one for all its jobs); None: drawn here.
         memo: reduced-case records made earlier in this process's run, reused (marked) when identical.
+        grad_reference_T: with gradients against torch_chunk, the T at which its backward runs; below the case's
+            T, the full shape compares outputs and final states alone (module docstring). None: the longest T
+            that fits in the device memory (measured on a GPU; the full T on the CPU).
 
     Returns:
         A :class:`VerifyReport`; ``.passed`` is True when every gating record passed.
@@ -903,9 +978,20 @@ def verify_case(
     if use_oracle:
         records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
     else:
-        refs = [_chunk_run(case, spec, it) for it in items]
-        records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
         runs = [(s, v) for s in seed_list for v in variants]
+        grad_t = case.T
+        if grads:
+            grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
+        if grad_t < case.T:
+            # Forward only at the full shape: the reference's backward there would run the device out of memory.
+            label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
+            refs = [_chunk_run(case, spec, dataclasses.replace(it, cot=None)) for it in items]
+            records += _compare_items(items, refs, label, grads=False, profile=profile)
+            records += _grad_at(impl, spec, case.replace(T=grad_t), runs, profile=profile)
+            sentence = sentence.replace("at full T", f"at full T forward only, fwd+bwd at T={grad_t}", 1)
+        else:
+            refs = [_chunk_run(case, spec, it) for it in items]
+            records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
         key = _memo_key("oracle", impl, short, runs, grads, profile, limit)
         records += reduced(
             key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)

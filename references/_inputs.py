@@ -33,6 +33,7 @@ import collections
 import hashlib
 import math
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -80,10 +81,17 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     A draw of at least :data:`DRAW_CACHE_MIN_NUMEL` numbers is remembered by the generator's state before it and
     its shape: the same request again returns a copy of the same numbers and leaves `gen` in the state the draw
     left it in, so every later draw is what it would have been (bit for bit: the key is the whole state). Only CPU
-    draws are remembered (a GPU draws them in milliseconds); the key holds the device all the same."""
+    draws are remembered (a GPU draws them in milliseconds)."""
     if math.prod(shape) < DRAW_CACHE_MIN_NUMEL or gen.device.type != "cpu":
         return torch.randn(*shape, generator=gen, dtype=torch.float32, device=gen.device)
-    key = (str(gen.device), hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), tuple(shape))
+    return remembered(gen, ("randn", tuple(shape)), lambda: torch.randn(*shape, generator=gen, dtype=torch.float32))
+
+
+def remembered(gen: torch.Generator, what: tuple, draw: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``draw()`` (which draws from `gen`), remembered as :func:`randn` remembers its large draws: by `gen`'s
+    device, its whole state before it and `what` (the draw's kind and arguments); a hit returns a copy and leaves
+    `gen` where the draw left it."""
+    key = (str(gen.device), hashlib.blake2b(gen.get_state().numpy().tobytes(), digest_size=16).digest(), what)
     with _draws_lock:
         hit = _draws.get(key)
         if hit is not None:
@@ -92,7 +100,7 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
         x, after = hit
         gen.set_state(after)
         return x.clone()  # a caller may write into what it gets
-    x = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    x = draw()
     entry = (x.clone(), gen.get_state())
     with _draws_lock:
         _draws[key] = entry

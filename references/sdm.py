@@ -402,10 +402,47 @@ def _slot_columns(idx: torch.Tensor, factors: tuple[int, ...]) -> list[torch.Ten
 # ----------------------------------------------------------------------------------------------------------------
 
 
+# A pool at least this many times the width is drawn by rejection (:func:`_distinct_slots`).
+_SPARSE_POOL_RATIO = 32
+
+
 def _distinct_slots(gen: torch.Generator, shape: tuple[int, ...], pool: int, width: int) -> torch.Tensor:
-    """``[*shape, width]`` slots drawn without repeats from ``[0, pool)`` for each position."""
-    keys = torch.rand(*shape, pool, generator=gen)
-    return keys.argsort(dim=-1)[..., :width].contiguous()
+    """``[*shape, width]`` slots drawn without repeats from ``[0, pool)`` for each position, uniformly (every
+    ordered choice of `width` distinct slots equally likely).
+
+    A narrow pool ranks `pool` uniform keys per position. A wide one (at least :data:`_SPARSE_POOL_RATIO` times
+    `width`, e.g. the flagship's 64 of 65536) would make that a sort of S keys per token and head, which at
+    T = 8192 took most of a GPU job's gate on the host; there each position draws a few more slots than it needs
+    and keeps the first `width` distinct ones in drawn order (sampling without replacement by rejection, so as
+    uniform as the ranking), redrawing the rare positions left short."""
+    if pool < _SPARSE_POOL_RATIO * width or width == 0 or math.prod(shape) == 0:
+        keys = torch.rand(*shape, pool, generator=gen)
+        return keys.argsort(dim=-1)[..., :width].contiguous()
+    # Remembered (references/_inputs.py): the same seed's slots serve three regimes and both initial-state variants.
+    return _in.remembered(gen, ("slots", shape, pool, width), lambda: _rejection_slots(gen, shape, pool, width))
+
+
+def _rejection_slots(gen: torch.Generator, shape: tuple[int, ...], pool: int, width: int) -> torch.Tensor:
+    """:func:`_distinct_slots` from a wide pool: the first `width` distinct of a few more uniform draws."""
+    extra = width // 4 + 8  # repeats among width + extra draws from >= 32 * width slots are rare
+    draws = width + extra
+    out = torch.empty(*shape, width, dtype=torch.int64)
+    flat = out.view(-1, width)
+    todo = torch.arange(flat.shape[0])
+    while todo.numel():
+        cand = torch.randint(pool, (todo.numel(), draws), generator=gen)
+        srt, order = cand.sort(dim=-1, stable=True)
+        repeat = torch.zeros_like(cand, dtype=torch.bool)
+        repeat[:, 1:] = srt[:, 1:] == srt[:, :-1]  # a later draw of a slot already drawn (stable: in drawn order)
+        repeat = torch.empty_like(repeat).scatter(-1, order, repeat)
+        # The first `width` positions not repeating, in drawn order: rank positions, repeats pushed past the end.
+        rank = torch.arange(draws).expand_as(cand) + draws * repeat
+        keep = rank.topk(width, dim=-1, largest=False, sorted=True).values
+        full = repeat.sum(-1) <= extra
+        picked = cand.gather(-1, keep % draws)  # rows left short are redrawn: their picks are dropped
+        flat[todo[full]] = picked[full]
+        todo = todo[~full]
+    return out
 
 
 def make_inputs(

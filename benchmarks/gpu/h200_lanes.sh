@@ -58,13 +58,14 @@ lane_a() {
         --impl opengdn_chunkwise --impl jax_chunk
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
     speed warm 240
+    speed warm-gate4 240 --gate-workers 4  # the same with the gates run four at a time before the timings
 }
 
-# speed LABEL CAP: the 12-job comparison, its wall clock and per-job overhead (benchmarks/job_overhead.py)
+# speed LABEL CAP [RUN ARGS]: the 12-job comparison, its wall clock and per-job overhead (benchmarks/job_overhead.py)
 speed() {
     local t0
     t0=$(date +%s.%N)
-    run "$2" "speed-$1" --suite benchmarks/gpu/flashqla-h200.toml
+    run "$2" "speed-$1" --suite benchmarks/gpu/flashqla-h200.toml "${@:3}"
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/speed-$1.json" --wall-s \
         "$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")" >"$dir/speed-$1-overhead.md" 2>&1
     tail -4 "$dir/speed-$1-overhead.md"
@@ -102,7 +103,9 @@ lane_b() {
     qla_prewarm
     touch "$dir/qla-prewarm.done"
     stamp verify-sweep
-    PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/verify_sweep.py --seeds 20 >"$dir/verify-sweep.log" 2>&1
+    # one child process a line (a kernel that faults costs its own line), K=V=128 as well (the GPU kernels' shape)
+    PYTHONPATH=$(pypath) timeout 900 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide --line-timeout 240 \
+        >"$dir/verify-sweep.log" 2>&1
     echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)" "$dir/verify-sweep.log" | cut -c1-170
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done

@@ -14,10 +14,10 @@
 #
 # Lane A (GPU 0, the timings the issues compare, one job at a time): gdn_kernels.py's stage times (ours beside FLA,
 # one process), the whole `train` suite in one run (deltabench's kernels, FLA, FlashQLA, then every other impl),
-# then the 12-job comparison (flashqla-h200.toml) on warm caches. Lane B (GPU 1): FlashQLA's compiles for every
+# then the 12-job comparison (flashqla-h200.toml) on warm caches, as is and with --gate-workers 4. Lane B (GPU 1): FlashQLA's compiles for every
 # length the train gate feeds it (ten `verify` processes at once: TileLang's cache is safe for concurrent
-# writers; lane A reaches FlashQLA's jobs after ours and FLA's, minutes later), the 20-seed verify sweep of the
-# GPU impls, the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the lane's start), GDN-2's
+# writers; lane A reaches FlashQLA's jobs after ours and FLA's, minutes later), the sdm-gpu suite (SDM 2.0.0's CUDA
+# extensions build in the background from the lane's start), the 20-seed verify sweep of the GPU impls, GDN-2's
 # Pallas kernel for a GPU (gdn2_pallas.py), and the 12-job comparison from empty caches (its own cache folders).
 # Both lanes share the host's CPUs (32 cores; each lane's torch keeps to 8 threads): lane B's work is the
 # concurrent load of lane A's timings, and the reverse.
@@ -102,19 +102,19 @@ lane_b() {
     stamp qla-prewarm
     qla_prewarm
     touch "$dir/qla-prewarm.done"
-    stamp verify-sweep
-    # one child process a line (a kernel that faults costs its own line), K=V=128 as well (the GPU kernels' shape)
-    PYTHONPATH=$(pypath) timeout 900 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide --line-timeout 240 \
-        >"$dir/verify-sweep.log" 2>&1
-    echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)" "$dir/verify-sweep.log" | cut -c1-170
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
     echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
     # SDM 2.0.0's jobs only when its build finished: otherwise each job would build it again, into its timeout
     local pkg=()
     grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
-    run 720 sdm-gpu --suite sdm-gpu --timeout 300 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
+    run 900 sdm-gpu --suite sdm-gpu --timeout 400 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
         --impl triton_chunk_split
+    stamp verify-sweep
+    # one child process a line (a kernel that faults costs its own line), at K=V=128: the GPU kernels' shape
+    PYTHONPATH=$(pypath) timeout 700 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
+        --line-timeout 200 >"$dir/verify-sweep.log" 2>&1
+    echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)" "$dir/verify-sweep.log" | cut -c1-170
     stamp gdn2_pallas
     PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --dots bf16x3 \
         >"$dir/gdn2-pallas.log" 2>&1

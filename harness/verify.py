@@ -552,7 +552,7 @@ def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
     dev = case.torch_device
     peaks = []
     for t in (2 * LARGEST_CHUNK, 4 * LARGEST_CHUNK):
-        sub = case.replace(T=t, initial_state=True, seed=case.seed)
+        sub = case.replace(T=t, initial_state=True)
         inputs = make_case_inputs(spec, sub)
         cot = _cotangents(spec, sub, case.seed)
         torch.cuda.synchronize(dev)
@@ -965,21 +965,14 @@ def verify_case(
     profile = "triton_interpreter" if interpreted else "native"
     short = None if use_oracle else _short_case(case, limit)
     lengths = _sweep_cases(case, chosen_regimes, grads=grads, limit=limit)
-    if use_oracle:
-        sentence = "float64 oracle"
-    else:
-        sentence = f"torch_chunk in fp32 at full T, float64 oracle at {short.shape_id}"
-    sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(f"T={c.T}" for c, _ in lengths)
-    if interpreted and case.dtype == "bf16":
-        sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
     first_run: _Item | None = None
     variants = _variants(spec, chosen_regimes)
     items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in seed_list for v in variants]
+    grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there
     if use_oracle:
         records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
     else:
         runs = [(s, v) for s in seed_list for v in variants]
-        grad_t = case.T
         if grads:
             grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
         if grad_t < case.T:
@@ -988,7 +981,6 @@ def verify_case(
             refs = [_chunk_run(case, spec, dataclasses.replace(it, cot=None)) for it in items]
             records += _compare_items(items, refs, label, grads=False, profile=profile)
             records += _grad_at(impl, spec, case.replace(T=grad_t), runs, profile=profile)
-            sentence = sentence.replace("at full T", f"at full T forward only, fwd+bwd at T={grad_t}", 1)
         else:
             refs = [_chunk_run(case, spec, it) for it in items]
             records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
@@ -996,6 +988,14 @@ def verify_case(
         records += reduced(
             key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)
         )
+    if use_oracle:
+        sentence = "float64 oracle"
+    else:
+        full_t = "at full T" if grad_t == case.T else f"at full T forward only, fwd+bwd at T={grad_t}"
+        sentence = f"torch_chunk in fp32 {full_t}, float64 oracle at {short.shape_id}"
+    sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(f"T={c.T}" for c, _ in lengths)
+    if interpreted and case.dtype == "bf16":
+        sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
     for it in items:
         # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
         # compiling impl keeps to the shapes and static arguments it already has.

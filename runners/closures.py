@@ -14,7 +14,7 @@ import torch
 from deltabench.harness.cases import Case
 from deltabench.harness.ops import get_op
 from deltabench.harness.registry import Impl
-from deltabench.references._inputs import generator
+from deltabench.references._inputs import generator, randn
 
 __all__ = ["Subject", "build_subject", "cotangent"]
 
@@ -25,8 +25,7 @@ def cotangent(case: Case, like: torch.Tensor) -> torch.Tensor:
     """The fixed random output cotangent ``do`` of `case` (seeded, drawn where `like` is: on a GPU, its generator,
     references/_inputs.py)."""
     gen = generator(case.seed + _COTANGENT_SEED_OFFSET, like.device)
-    do = torch.randn(like.shape, generator=gen, dtype=torch.float32, device=gen.device)
-    return do.to(device=like.device, dtype=like.dtype)
+    return randn(gen, *like.shape).to(device=like.device, dtype=like.dtype)
 
 
 class Subject:

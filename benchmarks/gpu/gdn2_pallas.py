@@ -253,6 +253,11 @@ def run_fla(dtype_name: str, dims: dict[str, int], do_np, reference, reps: int) 
     return row
 
 
+def step(name: str, what: str) -> None:
+    """One progress line on stderr: where a path is (a run cut by its caller's limit shows the step it was in)."""
+    print(f"  {time.strftime('%H:%M:%S')} {name}: {what}", file=sys.stderr, flush=True)
+
+
 def run_path(name: str, core, args, h0, do, dtype, reference, reps: int, backend: str) -> dict[str, str]:
     """Compile, check and time one path; a row of the table (with the reason where a step could not run)."""
     row = {"impl": name, "fwd": "", "train": "", "compile": "", "oracle": "", "vs_jax_chunk": "", "note": ""}
@@ -261,17 +266,27 @@ def run_path(name: str, core, args, h0, do, dtype, reference, reps: int, backend
         return row
     fwd, train = fwd_and_train(core)
     try:
+        step(name, "compiling the forward")
         t0 = time.perf_counter()
         fwd_c = fwd.lower(args, h0).compile()
         t1 = time.perf_counter()
-        train_c = train.lower(args, h0, do).compile()
+        row["compile"] = f"{t1 - t0:.1f} / -"
+        if "interpreter" not in name:
+            # the forward's time first: a backward that never finishes compiling still leaves the forward's figure
+            step(name, f"forward compiled in {t1 - t0:.1f} s; timing it")
+            row["fwd"] = f"{timed(lambda: fwd_c(args, h0), reps):.3f}"
+        step(name, f"forward {row['fwd'] or 'not timed'} ms; compiling the training step")
         t2 = time.perf_counter()
-        row["compile"] = f"{t1 - t0:.1f} / {t2 - t1:.1f}"
+        train_c = train.lower(args, h0, do).compile()
+        t3 = time.perf_counter()
+        row["compile"] = f"{t1 - t0:.1f} / {t3 - t2:.1f}"
+        step(name, f"training step compiled in {t3 - t2:.1f} s")
     except Exception as exc:
-        row["note"] = f"does not lower/compile for {backend}: {first_line(exc)}"
+        row["note"] = f"does not lower/compile/run for {backend}: {first_line(exc)}"
         if os.environ.get("DELTABENCH_TRACEBACK"):
             traceback.print_exc()
         return row
+    step(name, "checking against the float64 oracle at B1 T200 H2")
     try:
         row["oracle"] = f"{check_against_oracle(core, dtype, 256 if name.startswith('atomic') else 200):.1e}"
     except Exception as exc:
@@ -283,7 +298,6 @@ def run_path(name: str, core, args, h0, do, dtype, reference, reps: int, backend
         o, grads = train_c(args, h0, do)
         errs = [rel_err(o, reference[0])] + [rel_err(g_, r_) for g_, r_ in zip(grads, reference[1], strict=True)]
         row["vs_jax_chunk"] = f"{max(errs):.1e}"
-        row["fwd"] = f"{timed(lambda: fwd_c(args, h0), reps):.3f}"
         row["train"] = f"{timed(lambda: train_c(args, h0, do), reps):.3f}"
     except Exception as exc:
         row["note"] = f"failed while running: {first_line(exc)}"

@@ -3,7 +3,8 @@
 Run on the GPU machine (a script, not a test)::
 
     python benchmarks/gpu/verify_sweep.py [--seeds 20] [--impl fla_chunk ...] [--op gdn ...] [--dtype bf16]
-        [--shape B=2,T=70,H=3,K=16,V=32 ...] [--wide | --wide-only] [--line-timeout 600] [--import my_impls.py]
+        [--shape B=2,T=70,H=3,K=16,V=32 ...] [--wide | --wide-only] [--line-timeout 600] [--jobs 1]
+        [--import my_impls.py]
 
 Each line is one ``verify_case`` (the runner's gate): ``--seeds`` consecutive seeds plus one drawn x the op's gate
 regimes x with and without an initial state, the non-default scale, q and k off the unit sphere, the input check
@@ -16,6 +17,7 @@ past ``--line-timeout`` or kills its process fails that line only, with the reas
 the signal, or the timeout and the phase it was in), and the sweep goes on. The children share Triton's cache and
 the reference cache on disk (their directories come from the environment), so a kernel's compiled code and the
 oracle's runs are reused across lines and runs; each child pays its interpreter and CUDA start-up (seconds).
+``--jobs N`` verifies N lines at once (they share the GPU; each line is printed as it ends).
 
 Shapes, per op (by its dims): B=2,T=70,H=3,K=16,V=32 for gdn, gdn2 and kda, B=1,T=70,H=3,S=64,D=16,W=4,R=4 for sdm.
 An impl that cannot take the small shape (e.g. K = V = 128 only) is verified at the wide one instead (K = V = 128;
@@ -31,6 +33,7 @@ import argparse
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--op", action="append", help="ops (default: every op)")
     parser.add_argument("--dtype", action="append", choices=("fp32", "bf16"), help="dtypes (default: both)")
     parser.add_argument("--line-timeout", type=float, default=600.0, help="seconds before a line's child is killed")
+    parser.add_argument("--jobs", type=int, default=1, help="lines verified at once, a child process each")
     parser.add_argument(
         "--import", dest="imports", action="append", default=[], help="a module or .py file that registers impls"
     )
@@ -117,6 +121,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--seeds must be at least 1")
     if args.line_timeout <= 0:
         parser.error("--line-timeout must be a positive number of seconds")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     return args
 
 
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    lines: list[tuple[str, str, dict[str, Any]]] = []  # (label, shape id, the child's request), in sweep order
     for impl in impls:
         wanted = impl.name in args.impl if args.impl else impl.name not in CPU_SWEPT
         if not wanted or (args.op and impl.op not in args.op) or impl.unavailable_reason(args.device):
@@ -176,11 +183,20 @@ def main(argv: list[str] | None = None) -> int:
                     "seeds": args.seeds, "regimes": [], "initial_state": False, "mode": mode, "device": args.device,
                     "deterministic": False, "reference": "auto", "imports": imports,
                 }  # fmt: skip
-                t0 = time.perf_counter()
-                outcome = verify_in_child(request, args.line_timeout)
-                passed, lines = _outcome_line(label, case.shape_id, outcome, time.perf_counter() - t0)
-                counts["PASS" if passed else "FAIL"] += 1
-                print("\n".join(lines), flush=True)
+                lines.append((label, case.shape_id, request))
+
+    def verify_line(line: tuple[str, str, dict[str, Any]]) -> tuple[bool, list[str]]:
+        label, shape_id, request = line
+        t0 = time.perf_counter()
+        outcome = verify_in_child(request, args.line_timeout)
+        return _outcome_line(label, shape_id, outcome, time.perf_counter() - t0)
+
+    # each line is a child process of its own, so lines run side by side with no shared state; printed as they end
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in as_completed([pool.submit(verify_line, line) for line in lines]):
+            passed, printed = future.result()
+            counts["PASS" if passed else "FAIL"] += 1
+            print("\n".join(printed), flush=True)
     total = sum(counts.values())
     print(f"{total} line(s): {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP", flush=True)
     return 1 if counts["FAIL"] else 0

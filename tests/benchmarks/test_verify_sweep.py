@@ -83,3 +83,19 @@ def test_a_shape_naming_an_ops_dims_must_be_complete() -> None:
     run = _sweep("--impl", "torch_recurrent", "--op", "gdn", "--shape", "B=1,T=40,K=8")
     assert run.returncode == 2 and "lacks H" in run.stderr, run.stderr[-2000:]
     assert run.stdout == ""
+
+
+def test_jobs_verify_lines_side_by_side(kernels: Path) -> None:
+    # the hanging line is first in sweep order; with two at once the real impl's line ends (and prints) before it
+    run = _sweep("--impl", "aa_hangs", "--impl", "torch_recurrent", "--op", "gdn", "--shape", TINY_GDN,
+                 "--import", str(kernels), "--line-timeout", "40", "--jobs", "2")  # fmt: skip
+    lines = [ln for ln in run.stdout.splitlines() if not ln.startswith("     ")]
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert lines[0].startswith("PASS gdn torch_recurrent fp32 B1-T40-H1-K8-V8 "), run.stdout
+    assert lines[1].startswith("FAIL gdn aa_hangs fp32 B1-T40-H1-K8-V8 ") and "no result after 40 s" in lines[1]
+    assert lines[2] == "2 line(s): 1 PASS, 1 FAIL, 0 SKIP"
+
+
+def test_jobs_must_be_positive() -> None:
+    run = _sweep("--impl", "torch_recurrent", "--jobs", "0")
+    assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr, run.stderr[-2000:]

@@ -11,22 +11,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import os
 from collections.abc import Iterator
 
 from .errors import BadInput
 
 __all__ = [
+    "DEVICE_SHARE_ENV",
     "PLATFORMS",
     "Device",
     "absent_reason",
     "default_device",
     "device_for_kind",
+    "device_share",
     "parse_device",
     "parse_platform",
     "placement",
 ]
 
 PLATFORMS = ("cpu", "cuda", "tpu")
+# Set by whoever runs several processes on one device at once (`deltabench run --gate-workers N`: 1/N): the share
+# of the device's memory this process may size its own allocations by.
+DEVICE_SHARE_ENV = "DELTABENCH_DEVICE_SHARE"
 NO_TPU = "no TPU visible to JAX"
 NO_CUDA = "no CUDA device on this machine"
 
@@ -125,3 +131,19 @@ def placement(device: Device | str, backend: str) -> Iterator[None]:
 
     with placed_on(device.platform, device.index or 0):
         yield
+
+
+def device_share() -> float:
+    """This process's share of its device, in (0, 1]: ``$DELTABENCH_DEVICE_SHARE``, else 1 (the device alone).
+
+    Raises BadInput when the variable is set to anything else."""
+    text = os.environ.get(DEVICE_SHARE_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share <= 1.0:
+        raise BadInput(f"{DEVICE_SHARE_ENV}={text!r}: expected a number in (0, 1]")
+    return share

@@ -46,7 +46,8 @@ def replay_in_fresh_process(
     (a JAX impl computes there).
 
     Raises:
-        ReplayFailed: the child raised, crashed or ran past `timeout_s`.
+        torch.OutOfMemoryError: the child's call ran out of memory (the device may be shared; no verdict on bits).
+        ReplayFailed: the child raised otherwise, crashed or ran past `timeout_s`.
     """
     with tempfile.TemporaryDirectory(prefix="deltabench-replay-") as tmp:
         call_path, result_path, log_path = (Path(tmp) / n for n in ("call.pt", "result.pt", "log.txt"))
@@ -75,6 +76,9 @@ def replay_in_fresh_process(
         if proc.returncode != 0 or not result_path.exists():
             raise ReplayFailed(f"the fresh process exited with code {proc.returncode}" + (f" [{tail}]" if tail else ""))
         result = torch.load(result_path, weights_only=True)
+    if result.get("oom"):
+        # out of memory says nothing of the kernel's bits: the job ends oom, as it would have in its own process
+        raise torch.OutOfMemoryError(f"in the gate's fresh-process replay: {result['error']}")
     if "error" in result:
         raise ReplayFailed(f"the impl raised in the fresh process: {result['error']}")
     return result["tensors"]
@@ -94,8 +98,9 @@ def _replay(request: dict[str, Any]) -> dict[str, Any]:
     try:
         with placement(request["device"], fn.backend):
             run = _call(fn, get_op(request["op"]), call["inputs"], call["cotangents"], scale=call["scale"])
-    except Exception as exc:  # the impl raised: the parent reports it as a failed replay
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
+    except Exception as exc:  # the impl raised: the parent reports it as a failed replay, or as out of memory
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        return {"error": error, "oom": isinstance(exc, torch.OutOfMemoryError) or "out of memory" in error.lower()}
     tensors = {n: t.detach().cpu() if isinstance(t, torch.Tensor) else None for n, t in run.tensors().items()}
     return {"tensors": tensors}
 

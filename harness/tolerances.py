@@ -7,10 +7,10 @@ T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with
 - per regime (:data:`REGIME_TOLERANCES`): bf16 gradients in the ``strong`` regime (mixed heads, log-decays down to
   -5 per token) get 4e-2, because a kernel that keeps its intermediates in bf16, as FLA 0.6.0's standard Triton
   GDN kernel does, measures grad:g up to 1.67e-2 there on an H200 (2.43e-2 in the CPU emulation); in the ``long``
-  regime (slow decays, the state's rounding accumulates) 2e-2 (FLA up to 1.04e-2 there); ``typical`` keeps 9e-3
+  regime (slow decays, the state's rounding accumulates) 2e-2 (FLA up to 1.2e-2 there); ``typical`` keeps 9e-3
   (FLA at most 4.5e-3), which a gradient off by 1% must exceed, so every gate still catches that;
-- per size (:data:`FEW_ELEMENTS`, :data:`FEW_ELEMENT_TOLERANCES`): a bf16 or fp16 gradient of fewer than 16
-  elements (dg at T = 1: B*H = 2 elements) is one or two reductions' relative error, with no averaging, and gets
+- per size (:data:`FEW_ELEMENTS`, :data:`FEW_ELEMENT_TOLERANCES`): a bf16 or fp16 gradient of fewer than 64
+  elements (dg at T = 1: B*H elements) is a few reductions' relative error, with little averaging, and gets
   a bound sized for that spread.
 
 Every other bound holds in every regime: ``strong`` was measured on the torch and JAX impls of every op at
@@ -128,15 +128,18 @@ REGIME_TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     },
 }
 
-# A tensor of fewer than FEW_ELEMENTS elements (a per-head gate's gradient at T = 1 in the length sweep: B*H = 2
-# elements) gets no averaging from a relative Frobenius norm: its value is the relative error of one or two
+# A tensor of fewer than FEW_ELEMENTS elements (a per-head gate's gradient at T = 1 in the length sweep: B*H
+# elements) gets little averaging from a relative Frobenius norm: its value is the relative error of a few
 # reductions (dg of one token sums K*V products that largely cancel), whose result is small by chance as often as
 # its error is large. With independent normal errors over independent normal values, n elements give
 # (value / the many-element value)^2 ~ F(n, n): P(value > x times its median) = 1 / (1 + x^2) at n = 2, and the
 # 99.9% quantile is 31.6x the median at n = 2, 7.3x at n = 4, 3.5x at n = 8, 2.3x at n = 16, 1.5x at n = 64.
-# Below 16 no many-element bound's margin (1.4-2.4x) covers that spread. Such a bound still rejects what the
-# tiny-tensor runs are there for, a path taken only at small T: a dropped gradient measures 1, a sign flip 2.
-FEW_ELEMENTS = 16
+# Below 64 no many-element bound's margin (1.4-2.4x) covers that spread: on an H200 (2026-12-01, train suite)
+# FLA 0.6.0's dg at B1-T1-H16 (16 elements, long, with h0, seed 0) measured 2.11e-2 against the long regime's
+# 2e-2, where its many-element dg is 1.2e-2 and every other check of the job passed. Such a bound still rejects
+# what the tiny-tensor runs are there for, a path taken only at small T: a dropped gradient measures 1, a sign
+# flip 2.
+FEW_ELEMENTS = 64
 FEW_ELEMENT_TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {
         # dg at T = 1, B1-H2-K128-V128, long, with h0 (the length sweep's run), CPU emulation with RNE casts

@@ -60,6 +60,7 @@ from deltabench.references._inputs import draw_device, draw_origin, generator, r
 
 from .cases import Case
 from .checks import compare, finite_record, note_record
+from .devices import device_share
 from .document import CheckRecord
 from .errors import BadInput
 from .gate_memo import GateMemo
@@ -544,7 +545,8 @@ def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
     """The longest T at which the chunked reference's forward and backward fit in the device memory free now.
 
     On a GPU its peak (what autograd keeps grows with T, one set per chunk) is measured at two and four chunks of
-    the case's other dims and extrapolated along T, against :data:`GRAD_REFERENCE_MEMORY_SHARE` of the free memory:
+    the case's other dims and extrapolated along T, against :data:`GRAD_REFERENCE_MEMORY_SHARE` of the free memory
+    (at most of this process's share of the device, :func:`deltabench.harness.devices.device_share`):
     sdm's flagship (S = 65536, D = 1024) keeps about 1.75 GiB a chunk, 220 GiB at T = 8192. On the CPU the host
     memory check (harness/memory_need.py) has judged the case already: the full T."""
     if not case.torch_device.startswith("cuda") or case.T <= 4 * LARGEST_CHUNK:
@@ -561,8 +563,10 @@ def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
         _call(_chunk_reference(case), spec, _fp32_inputs(inputs), (cot[0].float(), cot[1]))
         torch.cuda.synchronize(dev)
         peaks.append(torch.cuda.max_memory_allocated(dev) - before)
-    free, _ = torch.cuda.mem_get_info(dev)
-    budget = GRAD_REFERENCE_MEMORY_SHARE * (free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    free, total = torch.cuda.mem_get_info(dev)
+    mine = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    # gates side by side (--gate-workers) would each see the same free memory: each takes its share of the device
+    budget = GRAD_REFERENCE_MEMORY_SHARE * min(mine, device_share() * total)
     return fitting_T(case.T, peaks[0], peaks[1], 2 * LARGEST_CHUNK, 4 * LARGEST_CHUNK, budget)
 
 

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from deltabench.harness.devices import DEVICE_SHARE_ENV
 from deltabench.harness.document import GATE_ONLY, JobResult
 from deltabench.harness.suites import ISOLATIONS
 
@@ -446,12 +447,17 @@ def run_gates(
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index), up to `workers` at once, each job in a fresh process of its own with
     its timeout (:func:`run_isolated`, ``stage = "gate"``): ``ok`` when it passed, else the status and reason its
-    job ends with. `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM),
-    it kills the gates still running before it lets the exception through."""
+    job ends with. Each gate is told its share of the device (``DELTABENCH_DEVICE_SHARE`` = 1 / `workers`), which
+    bounds what a gate sizes by the free device memory (its fwd+bwd reference length on a GPU, harness/verify.py).
+    `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the
+    gates still running before it lets the exception through."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     if python is None:
         _forkserver()  # made once here: the threads then share it
+    if workers > 1:
+        # gates side by side share the device: each sizes what it may allocate for itself by this share
+        env = {**(env or {}), DEVICE_SHARE_ENV: f"{1 / workers:.6g}"}
     stop = threading.Event()
     results: dict[int, JobResult] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="deltabench-gate")

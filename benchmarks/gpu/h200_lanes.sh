@@ -11,6 +11,8 @@
 #       bash benchmarks/gpu/h200_lanes.sh call 0          (installs; about 40 s)
 #   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 540
 #   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 540
+# "At once" is literal: the machine is given back after 30 s idle and the lanes with it. Fire the next call before
+# reading the last one's archive (2026-12-01: a fourth call sent after a minute's reading found a bare machine).
 #
 # Lane A (GPU 0, the timings the issues compare): the whole `train` suite in one run, every impl (deltabench's
 # kernels, FLA, FlashQLA, then the rest), its gates four at a time, then the 12-job comparison (flashqla-h200.toml)

@@ -7,7 +7,10 @@ opengdn's conventions differ from deltabench's in four ways, all bridged here:
   out (and returned as float32);
 * scale: it reads ``o_t = S_t q_t`` with no scale, so q is pre-scaled by ``scale`` (default ``K ** -0.5``);
 * dtypes: every input and the state must share one dtype, so alpha, beta and the state are cast to q's dtype (for
-  16-bit inputs a given initial state is rounded to that dtype: the gate judges the result).
+  16-bit inputs a given initial state is rounded to that dtype: the gate judges the result). In bf16 every alpha
+  within 2^-9 of 1 (a log-decay in about [-2e-3, 0], a long-memory head) rounds to exactly 1: such a head does not
+  decay at all, and the gate's ``strong`` regime (half its heads near 0) rejects opengdn at bf16 for it, on the
+  CPU and on an H200 alike (tests/kernels/external/test_opengdn_conventions.py, benchmarks/NOTES.md).
 
 Its rule, ``S_t = alpha_t (S_{t-1} - beta_t (S_{t-1} k_t) k_t^T) + beta_t v_t k_t^T``, is gdn's written in the
 transposed layout. There is no in-kernel normalisation to switch off.

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
 from deltabench.harness.cli import main
@@ -35,7 +36,7 @@ os.environ["DELTABENCH_TEST_MARK"] = "set"
 @register_impl("sdm", "{name}", backend="torch", devices=("cpu",), dtypes=("fp32",))
 def impl(*args, **kwargs):
     if {raise_in_child} and _CHILD:
-        raise RuntimeError("only in a child")
+        raise {error}("only in a child")
     y, bank = sdm_torch_chunk(*args, **kwargs)
     if _CHILD:
         bump = y.new_zeros(y.numel())
@@ -61,9 +62,10 @@ def _records(report, check: str):  # type: ignore[no-untyped-def]
     return [r for r in report.records if r.check == check]
 
 
-def _user_impl(tmp_path: Path, name: str, *, raise_in_child: bool) -> Path:
+def _user_impl(tmp_path: Path, name: str, *, raise_in_child: bool, error: str = "RuntimeError") -> Path:
     path = tmp_path / f"{name}.py"
-    path.write_text(textwrap.dedent(_PROCESS_DEPENDENT.format(name=name, raise_in_child=raise_in_child)))
+    text = _PROCESS_DEPENDENT.format(name=name, raise_in_child=raise_in_child, error=error)
+    path.write_text("import torch\n" + textwrap.dedent(text))
     registry.load_module(str(path))
     return path
 
@@ -104,6 +106,17 @@ def test_an_impl_that_raises_in_the_fresh_process_fails_the_check(tmp_path: Path
     (rec,) = report.failures
     assert rec.check == "determinism:process" and rec.gating
     assert rec.detail == "the impl raised in the fresh process: RuntimeError: only in a child"
+
+
+def test_out_of_memory_in_the_fresh_process_is_out_of_memory_not_a_verdict(tmp_path: Path) -> None:
+    # gates side by side on one GPU (--gate-workers) can leave the replay no memory: the job must end oom, not
+    # incorrect
+    path = _user_impl(tmp_path, "oom_in_child", raise_in_child=True, error="torch.OutOfMemoryError")
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="fresh-process replay: OutOfMemoryError: only in a child"):
+            _gate(registry.get_impl("sdm", "oom_in_child"), fresh_process=True, imports=[str(path)])
+    finally:
+        registry._REGISTRY.pop(("sdm", "oom_in_child"), None)
 
 
 def test_the_cli_gates_the_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:

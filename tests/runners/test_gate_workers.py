@@ -184,3 +184,39 @@ def test_gate_workers_out_of_range_or_with_base_ref_is_bad_input(capsys: pytest.
         assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--gate-workers 0: use at least 1" in err and "--gate-workers with --base-ref" in err
+
+
+@pytest.mark.parametrize(("workers", "share"), [(1, None), (4, "0.25")])
+def test_gates_side_by_side_are_told_their_share_of_the_device(
+    workers: int, share: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltabench.harness.devices import DEVICE_SHARE_ENV
+    from deltabench.runners import isolated
+
+    seen: list[str | None] = []
+
+    def fake_run_isolated(job, *, python, env, stop):  # records the environment each gate would get
+        seen.append((env or {}).get(DEVICE_SHARE_ENV))
+        return JobResult.model_construct(status="ok")
+
+    class Job:
+        def model_copy(self, update):
+            return self
+
+    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    isolated.run_gates({0: Job(), 1: Job()}, workers, python="python3", env={"X": "1"})
+    assert seen == [share, share]
+
+
+def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltabench.harness.devices import DEVICE_SHARE_ENV, device_share
+    from deltabench.harness.errors import BadInput
+
+    monkeypatch.delenv(DEVICE_SHARE_ENV, raising=False)
+    assert device_share() == 1.0
+    monkeypatch.setenv(DEVICE_SHARE_ENV, "0.25")
+    assert device_share() == 0.25
+    for bad in ("0", "1.5", "half"):
+        monkeypatch.setenv(DEVICE_SHARE_ENV, bad)
+        with pytest.raises(BadInput, match=DEVICE_SHARE_ENV):
+            device_share()

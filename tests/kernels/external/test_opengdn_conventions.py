@@ -60,3 +60,25 @@ def test_real_opengdn_chunkwise_matches_the_oracle_forward(regime):
     assert o.dtype == torch.float32 and s.shape == s_ref.shape
     torch.testing.assert_close(o.double(), o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s.double(), s_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_gate_rejects_opengdn_at_slow_decays_in_bf16():
+    """opengdn takes the decay as a factor alpha = exp(g) in the inputs' dtype: in bf16 every alpha within 2^-9 of 1
+    (log-decays in about [-2e-3, 0], a long-memory head) rounds to 1, no decay at all, so the strong regime's
+    near-zero heads drift from the oracle along T. The typical regime's decays survive the cast and pass."""
+    pytest.importorskip("opengdn")
+    from deltabench.harness.cases import Case
+    from deltabench.harness.registry import get_impl
+    from deltabench.harness.verify import verify_case
+
+    assert torch.exp(torch.tensor(-1e-3)).to(torch.bfloat16).item() == 1.0
+    impl = get_impl("gdn", "opengdn_chunkwise")
+    case = Case("gdn", B=1, T=130, H=2, K=32, V=32, dtype="bf16", mode="fwd", device="cpu")
+    strong = verify_case(impl, case, seeds=1, extra_seed=False, regimes="strong")
+    failed = {(r.check, r.regime) for r in strong.failures}
+    assert {("output", "strong"), ("final_state", "strong")} <= failed, failed
+    states = [r for r in strong.records if r.check == "final_state" and r.metric == "rel_fro"]
+    worst_state = max(states, key=lambda r: r.value)
+    assert worst_state.value > 2 * worst_state.threshold
+    assert worst_state.worst_index[1] % 2 == 1  # an odd head: the strong regime's near-zero log-decays
+    assert verify_case(impl, case, seeds=1, extra_seed=False, regimes="typical").passed

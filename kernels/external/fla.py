@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -170,12 +171,25 @@ def kda_fla_chunk(
     return call_fla_convention(fla_kda.chunk_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)
 
 
+_FLA_KV = kv_at_most(256, " in FLA")
+
+
+def fla_chunk_case(case: Any) -> str | None:
+    """Why FLA's chunked kernels cannot run `case`, or None: K or V over 256, or float32 inputs.
+
+    On Ampere and newer GPUs FLA computes float32 inputs with TF32 tensor-core products (its ``IS_TF32_SUPPORTED``:
+    Triton's default dot precision, and ``SOLVE_TRIL_DOT_PRECISION = 'tf32'`` for the WY inverse), about 1e-3
+    relative: on an H200 chunk_gdn2's fp32 output measured 1.7e-3 against the float64 oracle, 16x an fp32 bound.
+    That is not a float32 result, so the fp32 case is refused with the reason rather than timed as one."""
+    if case.dtype == "fp32":
+        return "float32 is computed with TF32 products in FLA's chunked kernels (about 1e-3 relative), not as fp32"
+    return _FLA_KV(case)
+
+
 # Declarations (kernels/declare.py). FLA's chunk kernels hold a whole key row in one tile: chunk_gdn2/chunk_kda assert
-# K <= 256.
+# K <= 256. Its fused recurrent kernel has no tensor-core products: it keeps fp32.
 _NOTE = "FLA 0.6.0's Triton path: FlashQLA and TileLang dispatch off (FLA_FLASH_QLA=0, FLA_TILELANG=0)"
-_FLA_IMPL = dict(
-    backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=kv_at_most(256, " in FLA"), requires=("fla",)
-)
+_FLA_IMPL = dict(backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=fla_chunk_case, requires=("fla",))
 IMPLS = (
     ImplDecl(
         "gdn",
@@ -188,7 +202,7 @@ IMPLS = (
         "gdn",
         "fla_recurrent",
         f"{__name__}:gdn_fla_recurrent",
-        **_FLA_IMPL,
+        **{**_FLA_IMPL, "constraint": _FLA_KV},
         backward=False,
         notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
     ),

@@ -89,9 +89,26 @@ class TestFlashQlaConstraint:
         why = flash_qla.unsupported_reason(K=128, V=128, device="cuda", capability=cap)
         assert why is not None and why.startswith("needs an SM90+ GPU") and why.endswith(f"this is {name})")
 
+    def test_rejects_an_odd_number_of_heads(self):
+        # an H200 raised inside TileLang at H = 3 ("no available layout found"); H = 6 and 16 run
+        why = get_impl("gdn", "flash_qla").constraint(_case(H=3))
+        assert why is not None and why.startswith("an even number of heads only (got H=3)")
+        assert get_impl("gdn", "flash_qla").constraint(_case(H=6)) is None
+
     @pytest.mark.parametrize("cap", flash_qla.SUPPORTED_ARCHS)
     def test_accepts_its_gpus_at_128(self, cap):
         assert flash_qla.unsupported_reason(K=128, V=128, device="cuda", capability=cap) is None
+
+
+@pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
+def test_fla_chunk_refuses_fp32_which_it_computes_with_tf32(op):
+    why = get_impl(op, "fla_chunk").constraint(_case(op=op, dtype="fp32"))
+    assert why is not None and "TF32" in why
+    assert get_impl(op, "fla_chunk").constraint(_case(op=op, dtype="bf16")) is None
+
+
+def test_fla_recurrent_keeps_fp32():
+    assert get_impl("gdn", "fla_recurrent").constraint(_case(dtype="fp32")) is None
 
 
 def test_fla_rejects_wide_heads_and_fla_recurrent_backward():

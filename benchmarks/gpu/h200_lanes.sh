@@ -15,14 +15,14 @@
 # reading the last one's archive (2026-12-01: a fourth call sent after a minute's reading found a bare machine).
 #
 # Lane A (GPU 0, the timings the issues compare): the whole `train` suite in one run, every impl (deltabench's
-# kernels, FLA, FlashQLA, then the rest), its gates four at a time, then the 12-job comparison (flashqla-h200.toml)
-# on warm caches the same way. Lane B (GPU 1): FlashQLA's compiles for every length the train gate feeds it (ten
+# kernels, FLA, FlashQLA, then the rest), its gates eight at a time, then the 12-job comparison (flashqla-h200.toml)
+# on warm caches with four. Lane B (GPU 1): FlashQLA's compiles for every length the train gate feeds it (ten
 # `verify` processes at once: TileLang's cache is safe for concurrent writers), the 20-seed verify sweep of the GPU
-# impls (four lines at once), then the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the
-# lane's start). A lane done with its own work takes the next task of a shared queue: GDN-2's Pallas kernel for a
-# GPU (gdn2_pallas.py), the 12-job comparison from empty caches (its own cache folders), the same warm with the
-# gates one at a time, gdn_kernels.py's stage times (ours beside FLA, one process). Both lanes share the host's
-# CPUs (32 cores; each lane's torch keeps to 8 threads): each lane's work is the other's concurrent load.
+# impls (six lines at once), then the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the
+# lane's start). A lane done with its own work takes the next task of a shared queue: the 12-job comparison from
+# empty caches (its own cache folders), GDN-2's Pallas kernel for a GPU (gdn2_pallas.py), gdn_kernels.py's stage
+# times (ours beside FLA, one process), the warm comparison with the gates one at a time. Both lanes share the
+# host's CPUs (32 cores; each lane's torch keeps to 8 threads): each lane's work is the other's concurrent load.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 L=${DELTABENCH_LANES:-/tmp/lanes}
@@ -70,11 +70,11 @@ run_gated() {
 lane_a() {
     dir=$L/a
     # the whole suite, every impl, in one run (the issue's 10-minute target is for this run)
-    run_gated 1100 train 4 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
+    run_gated 900 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
         --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent \
         --impl opengdn_triton --impl opengdn_chunkwise --impl jax_chunk
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
-    speed warm-gate4 240 --gate-workers 4  # the gates four at a time before the timings
+    speed warm-gate4 200 --gate-workers 4  # the gates four at a time before the timings
     shared
 }
 
@@ -120,10 +120,10 @@ lane_b() {
     qla_prewarm
     touch "$dir/qla-prewarm.done"
     stamp verify-sweep
-    # one child process a line (a kernel that faults costs its own line), four at once, at K=V=128: the GPU
-    # kernels' shape
-    PYTHONPATH=$(pypath) timeout 600 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
-        --line-timeout 300 --jobs 4 >"$dir/verify-sweep.log" 2>&1
+    # one child process a line (a kernel that faults costs its own line), six at once, at K=V=128: the GPU
+    # kernels' shape; a line compiles per length (the Pallas kernel ~60 s a length): 600 s a line
+    PYTHONPATH=$(pypath) timeout 900 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
+        --line-timeout 600 --jobs 6 >"$dir/verify-sweep.log" 2>&1
     echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)|line\(s\)" "$dir/verify-sweep.log" | cut -c1-170
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
@@ -131,7 +131,8 @@ lane_b() {
     # SDM 2.0.0's jobs only when its build finished: otherwise each job would build it again, into its timeout
     local pkg=()
     grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
-    run_gated 1000 sdm-gpu 3 --suite sdm-gpu --timeout 500 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
+    # two gates at once: each sizes its reference by half the device (DELTABENCH_DEVICE_SHARE)
+    run_gated 900 sdm-gpu 2 --suite sdm-gpu --timeout 500 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
         --impl triton_chunk_split
     shared
 }
@@ -149,7 +150,7 @@ task_speed_cold() {
     local caches=/tmp/cold-caches
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
-        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate4 300 --gate-workers 4
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate2 420 --gate-workers 2
 }
 
 task_speed_warm() { speed warm 240; }
@@ -194,7 +195,7 @@ call() {
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
     if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
-        printf '%s\n' gdn2_pallas speed_cold speed_warm stages >"$L/queue"
+        printf '%s\n' speed_cold gdn2_pallas stages speed_warm >"$L/queue"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
         bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune

@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 
 from ....references.sdm import check_sdm_inputs, first_write_mask
 from ...common.triton.mma import mma
+from .dense import sdm_dense_gdn, takes_dense_path
 from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
@@ -371,9 +372,11 @@ def sdm_triton_chunk(
     docstrings of this module and of :mod:`.triton_chunk_bwd`).
 
     Computes the same as :func:`deltabench.kernels.sdm.torch.torch_chunk.sdm_torch_chunk`. Indices are checked
-    here as in the references; float inputs are used in float32. Differentiable in ``k_val, q_val, v, g, beta,
-    initial_bank``; when any of them requires a gradient the forward keeps the chunk-start bank rows it gathers
-    and U (see :class:`.triton_chunk_bwd.Saved` for the memory).
+    here as in the references; float inputs are used in float32. At the dense limit (W = S, every slot written at
+    every token; no key-weighted decay) the op is the gated delta rule with K = S, and deltabench's GDN Triton
+    kernels run it in the inputs' dtype instead (:mod:`.dense`; `chunk_size` is theirs there, 64).
+    Differentiable in ``k_val, q_val, v, g, beta, initial_bank``; when any of them requires a gradient the
+    forward keeps the chunk-start bank rows it gathers and U (see :class:`.triton_chunk_bwd.Saved` for the memory).
 
     Args:
         k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.
@@ -398,6 +401,10 @@ def sdm_triton_chunk(
     )[3]
     if not 1 <= chunk_size <= 128:
         raise ValueError(f"chunk_size must be in 1..128, got {chunk_size}")
+    if takes_dense_path(
+        k_val, q_val, v, S, key_weighted_decay=key_weighted_decay, allow_repeated_writes=allow_repeated_writes
+    ):
+        return sdm_dense_gdn(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, S)
     return _SdmTritonChunk.apply(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, chunk_size
     )

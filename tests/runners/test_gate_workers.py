@@ -200,6 +200,8 @@ def test_gates_side_by_side_are_told_their_share_of_the_device(
         return JobResult.model_construct(status="ok")
 
     class Job:
+        impl = "any"
+
         def model_copy(self, update):
             return self
 
@@ -220,3 +222,38 @@ def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setenv(DEVICE_SHARE_ENV, bad)
         with pytest.raises(BadInput, match=DEVICE_SHARE_ENV):
             device_share()
+
+
+def test_each_impls_first_gate_runs_before_its_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cold cache is filled once per impl: no second gate of an impl starts before its first has ended
+    import threading
+    import time
+
+    from deltabench.runners import isolated
+
+    lock = threading.Lock()
+    events: list[tuple[str, str, int]] = []
+
+    class Job:
+        def __init__(self, impl: str, key: int) -> None:
+            self.impl, self.key = impl, key
+
+        def model_copy(self, update):
+            return self
+
+    def fake_run_isolated(job, *, python, env, stop):
+        with lock:
+            events.append(("start", job.impl, job.key))
+        time.sleep(0.05)
+        with lock:
+            events.append(("end", job.impl, job.key))
+        return JobResult.model_construct(status="ok")
+
+    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    jobs = {k: Job(impl, k) for k, impl in enumerate(["a", "b", "a", "c", "b", "a", "c"])}
+    results = isolated.run_gates(jobs, 4, python="python3")
+    assert sorted(results) == list(range(7))
+    for impl in "abc":
+        mine = [(what, key) for what, i, key in events if i == impl]
+        first = min(key for _, key in mine)
+        assert mine[:2] == [("start", first), ("end", first)], mine

@@ -3,7 +3,7 @@
 # The GPU machine runs CPython 3.12 on x86-64 and reaches no registry, so every wheel is fetched for that target,
 # without dependencies, and each missing dependency is named explicitly. Idempotent: pip skips files it has.
 #
-#   bash benchmarks/gpu/fetch_wheels.sh [SET ...]     # sets: base fla qla1 qla2 opengdn sdm (default: all)
+#   bash benchmarks/gpu/fetch_wheels.sh [SET ...]     # sets: base fla qla1 qla2 opengdn atomic sdm (default: all)
 #
 # .whl/ is git-ignored (.gitignore and .git/info/exclude); it travels to the GPU machine only when a call names
 # the set folders in `carry`. FlashQLA's two halves, qla1 and qla2, go to .gpucache/<set>/ instead (git-ignored
@@ -23,6 +23,9 @@ declare -A SETS=(
     # ... and TileLang's dependencies that the image lacks (cloudpickle, ml-dtypes, psutil, tqdm are there).
     [qla2]="z3-solver==4.15.4.0 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5"
     [opengdn]="opengdn==0.1.0"
+    # atomic-ops' JAX reference paths (impl atomic_ops_wy; its fused kernel needs a TPU): pure Python, on the
+    # image's JAX.
+    [atomic]="atomic-ops==0.2.0"
     # SDM 2.0.0's own op (impl sdm_pkg_chunk). It pins torch 2.13.0 and triton 3.7.1; install.sh installs it without
     # its dependencies, on the image's torch (einops: in the image; ninja: pip's, for its CUDA extensions' build).
     [sdm]="sparse-delta-memory==2.0.0 ninja==1.13.2"
@@ -31,7 +34,7 @@ PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 man
     manylinux2014_x86_64 manylinux1_x86_64 any)
 
 sets=("$@")
-[[ ${#sets[@]} -gt 0 ]] || sets=(base fla qla1 qla2 opengdn sdm)
+[[ ${#sets[@]} -gt 0 ]] || sets=(base fla qla1 qla2 opengdn atomic sdm)
 for set in "${sets[@]}"; do
     [[ -n ${SETS[$set]:-} ]] || { echo "unknown set '$set' (sets: ${!SETS[*]})" >&2; exit 2; }
     dir=.whl/$set

@@ -6,8 +6,9 @@
 # call (the same command) then waits while they work, prints their progress and archives all they have written so
 # far into $OUT/lanes.tgz. So the GPUs never idle between calls, and a session cut short keeps what finished.
 #
-#   here, first: git rev-parse HEAD > .deltabench-commit; bash benchmarks/gpu/fetch_wheels.sh base fla opengdn sdm qla1 qla2
-#   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/sdm, .gpucache/qla1, .deltabench-commit]:
+#   here, first: git rev-parse HEAD > .deltabench-commit; bash benchmarks/gpu/fetch_wheels.sh
+#   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/atomic, .whl/sdm, .gpucache/qla1,
+#       .deltabench-commit]:
 #       bash benchmarks/gpu/h200_lanes.sh call 0          (installs; about 40 s)
 #   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 540
 #   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 540
@@ -20,8 +21,8 @@
 # `verify` processes at once: TileLang's cache is safe for concurrent writers), the 20-seed verify sweep of the GPU
 # impls (six lines at once), then the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the
 # lane's start). A lane done with its own work takes the next task of a shared queue: the 12-job comparison from
-# empty caches (its own cache folders), GDN-2's Pallas kernel for a GPU (gdn2_pallas.py), gdn_kernels.py's stage
-# times (ours beside FLA, one process), the warm comparison with the gates one at a time. Both lanes share the
+# empty caches (its own cache folders), GDN-2's Pallas kernel for a GPU (gdn2_pallas.py), the gdn2-gpu and gdn2-tpu
+# suites, gdn_kernels.py's stage times (ours beside FLA, one process), the warm comparison gated job by job. Both lanes share the
 # host's CPUs (32 cores; each lane's torch keeps to 8 threads): each lane's work is the other's concurrent load.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -157,6 +158,11 @@ task_speed_cold() {
 
 task_speed_warm() { speed warm 240; }
 
+# GDN-2's gated tables on the GPU: ours (jax_chunk, the Pallas kernel for a GPU) beside FLA and torch_chunk, then
+# atomic-ops' table layout (its TPU-only rows end unsupported with the reason)
+task_gdn2_gpu() { run 600 gdn2-gpu --suite gdn2-gpu --timeout 500; }
+task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers 2; }
+
 task_stages() {
     stamp gdn_kernels
     PYTHONPATH=$(pypath) timeout 150 python3 benchmarks/gdn_kernels.py --skip-gate \
@@ -197,7 +203,7 @@ call() {
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
     if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
-        printf '%s\n' speed_cold gdn2_pallas stages speed_warm >"$L/queue"
+        printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
         bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune

@@ -9,8 +9,9 @@ with the dense key ``k_t[k_idx[n]] = k_val[n]``, the dense query ``q_t[s] = sum 
 read slot may repeat) and no query scale; the bank ``[B, H, S, D]`` is GDN's state ``[B, H, K, V]``. The sparse
 kernels of :mod:`.triton_chunk` do pairwise work over a chunk's C*W write entries, which at W = S is C*S entries
 where the dense kernels do C*K; this path runs :func:`deltabench.kernels.gdn.triton.chunk.chunk_gated_delta_rule`
-instead. Both densifications are deterministic (a scatter of distinct slots, and a one-hot product for the reads),
-and so are the GDN kernels (no atomics): the op's bitwise contract holds, and the gate checks it like any run.
+instead. Both densifications are deterministic (a scatter of distinct slots; for the reads a small Triton kernel
+summing each slot's weights in a fixed order, with a gather for its backward), and so are the GDN kernels (no
+atomics): the op's bitwise contract holds, and the gate checks it like any run.
 Key-weighted decay (a decay per slot) and repeated writes keep the sparse kernels.
 """
 
@@ -19,12 +20,13 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+import triton
+import triton.language as tl
 
 from ...gdn.triton.chunk import chunk_gated_delta_rule
 
-__all__ = ["READ_BLOCK_TOKENS", "sdm_dense_gdn", "takes_dense_path"]
+__all__ = ["sdm_dense_gdn", "takes_dense_path"]
 
-READ_BLOCK_TOKENS = 1024  # tokens whose [R, S] one-hot read matrices are built at once (bounds that memory)
 _GDN_MAX_K = 256  # the GDN kernels' tile limit on K (= S here) and V (= D)
 
 
@@ -45,17 +47,48 @@ def takes_dense_path(
     return W == S and plain and S <= _GDN_MAX_K and D <= _GDN_MAX_K and same_dtype
 
 
+@triton.jit
+def _dense_reads_kernel(idx, val, out, R: tl.constexpr, S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per (token, head) row and block of slots: ``out[s] = sum of val[m] with idx[m] = s``, summed in
+    float32 by blocks of m in order and a fixed tree within a block: the same bits every call."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for m0 in range(0, R, BLOCK_R):
+        m = m0 + tl.arange(0, BLOCK_R)
+        mask = m < R
+        i = tl.load(idx + row * R + m, mask=mask, other=-1)
+        w = tl.load(val + row * R + m, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.where(i[:, None] == s[None, :], w[:, None], 0.0), axis=0)
+    tl.store(out + row * S + s, acc, mask=s < S)
+
+
+class _DenseReads(torch.autograd.Function):
+    """``q [B, T, H, S]`` from the read slots and weights: the weights summed per slot (a read slot may repeat), in
+    a Triton kernel with a fixed summation order (a scatter-add on a GPU adds in no fixed order); the backward is
+    a gather, ``d q_val[m] = d q[q_idx[m]]``."""
+
+    @staticmethod
+    def forward(ctx, q_idx: torch.Tensor, q_val: torch.Tensor, S: int) -> torch.Tensor:  # type: ignore[override]
+        R = q_idx.shape[-1]
+        idx, val = q_idx.contiguous(), q_val.contiguous()
+        out = torch.empty(*q_idx.shape[:-1], S, device=q_val.device, dtype=torch.float32)
+        rows = idx.numel() // R
+        block_s = min(64, triton.next_power_of_2(S))
+        grid = (rows, triton.cdiv(S, block_s))
+        _dense_reads_kernel[grid](idx, val, out, R, S, min(32, triton.next_power_of_2(R)), block_s)
+        ctx.save_for_backward(idx)
+        return out.to(q_val.dtype)
+
+    @staticmethod
+    def backward(ctx, dq: torch.Tensor):  # type: ignore[override]
+        (idx,) = ctx.saved_tensors
+        return None, torch.gather(dq, -1, idx.long()), None
+
+
 def _dense_reads(q_idx: torch.Tensor, q_val: torch.Tensor, S: int) -> torch.Tensor:
-    """``q [B, T, H, S]``: each token's read weights summed per slot, by a one-hot product (deterministic, where a
-    scatter-add of repeated slots on a GPU is not), a block of tokens at a time."""
-    slots = torch.arange(S, device=q_idx.device)
-    blocks = []
-    for t0 in range(0, q_idx.shape[1], READ_BLOCK_TOKENS):
-        idx = q_idx[:, t0 : t0 + READ_BLOCK_TOKENS]
-        val = q_val[:, t0 : t0 + READ_BLOCK_TOKENS].float()
-        one_hot = (idx.unsqueeze(-1) == slots).to(torch.float32)  # [B, t, H, R, S]
-        blocks.append(torch.einsum("bthr,bthrs->bths", val, one_hot))
-    return torch.cat(blocks, dim=1).to(q_val.dtype)
+    """``q [B, T, H, S]``: each token's read weights summed per slot (:class:`_DenseReads`)."""
+    return _DenseReads.apply(q_idx, q_val, S)
 
 
 def sdm_dense_gdn(
@@ -73,6 +106,6 @@ def sdm_dense_gdn(
     y ``[B, T, H, D]`` in v's dtype and the bank ``[B, H, S, D]`` float32; differentiable in every float input."""
     B, T, H, _ = k_idx.shape
     k = k_val.new_zeros(B, T, H, S).scatter(-1, k_idx.long(), k_val)  # distinct slots: one value per slot
-    q = _dense_reads(q_idx.long(), q_val, S)
+    q = _dense_reads(q_idx, q_val, S)
     y, bank = chunk_gated_delta_rule(q, k, v, g, beta, scale=1.0, initial_state=initial_bank, output_final_state=True)
     return y, cast(torch.Tensor, bank)  # output_final_state=True: always a tensor

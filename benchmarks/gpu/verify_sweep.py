@@ -21,9 +21,10 @@ oracle's runs are reused across lines and runs; each child pays its interpreter 
 
 Shapes, per op (by its dims): B=2,T=70,H=3,K=16,V=32 for gdn, gdn2 and kda, B=1,T=70,H=3,S=64,D=16,W=4,R=4 for sdm.
 An impl that cannot take the small shape (e.g. K = V = 128 only) is verified at the wide one instead (K = V = 128;
-sdm: D = 128), and the line says which shape it ran. ``--shape`` and ``--wide-shape`` (repeatable) replace the
-defaults of the ops whose dims they name. ``--wide`` verifies every line at the wide shape as well (FLA's kernels
-target K = V = 128, the train shapes), ``--wide-only`` only there. The summary counts PASS, FAIL and SKIP lines;
+sdm: D = 128), and one that needs an even number of heads (FlashQLA) at the wide one with H = 4; the line says
+which shape it ran. ``--shape`` and ``--wide-shape`` (repeatable) replace the defaults of the ops whose dims they
+name. ``--wide`` verifies every line at the wide shape as well (FLA's kernels target K = V = 128, the train
+shapes), ``--wide-only`` only there. The summary counts PASS, FAIL and SKIP lines;
 the exit code is 1 when any line failed, 2 on bad input.
 """
 
@@ -64,6 +65,13 @@ def _shape_for(op: str, given: list[str], default: str | None) -> dict[str, int]
         if set(parse_dims(text)) <= dims:
             return parse_shape(text, op)  # a shape naming only this op's dims but incomplete is bad input
     return parse_shape(default, op) if default is not None else None
+
+
+def _even_heads(dims: dict[str, int] | None) -> dict[str, int] | None:
+    """`dims` with an odd H made even (H + 1), or None when there is nothing to change."""
+    if dims is None or dims.get("H", 0) % 2 == 0:
+        return None
+    return {**dims, "H": dims["H"] + 1}
 
 
 def _absolute(spec: str) -> str:
@@ -157,8 +165,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         mode = "fwd+bwd" if impl.supports_backward else "fwd"
         small, wide = shapes[impl.op]
+        wide_even = _even_heads(wide)  # for a kernel that needs an even H (FlashQLA), the next H up
         # each entry: the shapes to try in turn (the first the impl takes is verified)
-        plan = [[wide]] if args.wide_only else [[small, wide], [wide]] if args.wide else [[small, wide]]
+        if args.wide_only:
+            plan = [[wide, wide_even]]
+        elif args.wide:
+            plan = [[small, wide, wide_even], [wide, wide_even]]
+        else:
+            plan = [[small, wide, wide_even]]
         for dtype in args.dtype or ("fp32", "bf16"):
             done: set[str] = set()
             for candidates in plan:

@@ -34,6 +34,13 @@ BAD_KERNELS = textwrap.dedent(
 
     _register("aa_kills_itself", kills_itself)
     _register("aa_hangs", hangs)
+
+    from deltabench.kernels.gdn import gdn_torch_recurrent
+
+    register_impl(
+        "gdn", "aa_even_heads", backend="torch", devices=("cpu",), dtypes=("fp32",),
+        constraint=lambda case: None if case.H % 2 == 0 else "an even number of heads only",
+    )(gdn_torch_recurrent)
     """
 )
 
@@ -99,3 +106,10 @@ def test_jobs_verify_lines_side_by_side(kernels: Path) -> None:
 def test_jobs_must_be_positive() -> None:
     run = _sweep("--impl", "torch_recurrent", "--jobs", "0")
     assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr, run.stderr[-2000:]
+
+
+def test_an_impl_that_needs_an_even_h_is_verified_at_h_plus_one(kernels: Path) -> None:
+    run = _sweep("--impl", "aa_even_heads", "--op", "gdn", "--import", str(kernels), "--wide-shape",
+                 "B=1,T=20,H=3,K=16,V=16", "--wide-only")  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert run.stdout.startswith("PASS gdn aa_even_heads fp32 B1-T20-H4-K16-V16 "), run.stdout

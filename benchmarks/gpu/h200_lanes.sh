@@ -108,9 +108,10 @@ qla_prewarm() {
 # SDM 2.0.0 builds its CUDA extensions on its first call (over 8 minutes on the H200, benchmarks/gpu/README.md): one
 # verify at a tiny shape builds them in the background while the lane does other work.
 sdm_pkg_build() {
-    OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 1500 python3 -m deltabench.harness.cli verify --op sdm \
+    local cap=${1:-1500}
+    OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli verify --op sdm \
         --impl sdm_pkg_chunk --shape B=1,T=70,H=3,S=64,D=16,W=4,R=4 --dtype bf16 --seeds 1 --device cuda \
-        --timeout 1450 >"$dir/sdm-pkg-build.log" 2>&1
+        --timeout $((cap - 50)) >"$dir/sdm-pkg-build.log" 2>&1
     echo "exit=$?" >"$dir/sdm-pkg-build.done"
 }
 
@@ -120,21 +121,55 @@ lane_b() {
     stamp qla-prewarm
     qla_prewarm
     touch "$dir/qla-prewarm.done"
-    stamp verify-sweep
-    # one child process a line (a kernel that faults costs its own line), six at once, at K=V=128: the GPU
-    # kernels' shape; a line compiles per length (the Pallas kernel ~60 s a length): 600 s a line
-    PYTHONPATH=$(pypath) timeout 900 python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
-        --line-timeout 600 --jobs 6 >"$dir/verify-sweep.log" 2>&1
-    echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)|line\(s\)" "$dir/verify-sweep.log" | cut -c1-170
+    sweep 900
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
+    sdm_gpu 900
+    shared
+}
+
+# sweep CAP: the 20-seed verify sweep of the GPU impls, one child process a line (a kernel that faults costs its own
+# line), six at once, at K=V=128: the GPU kernels' shape; a line compiles per length (the Pallas kernel ~60 s a
+# length): up to 600 s a line
+sweep() {
+    stamp verify-sweep
+    PYTHONPATH=$(pypath) timeout "$1" python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
+        --line-timeout $(($1 < 600 ? $1 - 20 : 600)) --jobs 6 >"$dir/verify-sweep.log" 2>&1
+    echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)|line\(s\)" "$dir/verify-sweep.log" | cut -c1-170
+}
+
+# sdm_gpu CAP: the sdm-gpu suite; SDM 2.0.0's jobs only when its build finished (otherwise each job would build it
+# again, into its timeout); two gates at once, each sizing its reference by half the device (DELTABENCH_DEVICE_SHARE)
+sdm_gpu() {
     echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
-    # SDM 2.0.0's jobs only when its build finished: otherwise each job would build it again, into its timeout
     local pkg=()
     grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
-    # two gates at once: each sizes its reference by half the device (DELTABENCH_DEVICE_SHARE)
-    run_gated 900 sdm-gpu 2 --suite sdm-gpu --timeout 500 --impl triton_chunk --impl torch_chunk "${pkg[@]}" \
-        --impl triton_chunk_split
+    run_gated "$1" sdm-gpu 2 --suite sdm-gpu --timeout $(($1 - 60)) --impl triton_chunk --impl torch_chunk \
+        "${pkg[@]}" --impl triton_chunk_split
+}
+
+# One GPU (nvidia-h200): the lanes' work in one lane. What times nothing goes first, side by side: SDM 2.0.0's
+# build, FlashQLA's compiles and the verify sweep; then, alone on the GPU, the train suite, sdm-gpu and the queue.
+lane_solo() {
+    dir=$L/a
+    local build warm
+    sdm_pkg_build 480 &
+    build=$!
+    stamp qla-prewarm
+    qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
+    warm=$!
+    sweep 480
+    wait "$warm"
+    cat "$dir/qla-prewarm.log"
+    # the build must not share the CPUs with the timings: what has not finished by now is left out
+    kill "$build" 2>/dev/null
+    wait "$build" 2>/dev/null
+    run_gated 660 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
+        --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent \
+        --impl opengdn_triton --impl opengdn_chunkwise --impl jax_chunk
+    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
+    tail -3 "$dir/train-overhead.md"
+    sdm_gpu 420
     shared
 }
 
@@ -153,7 +188,7 @@ task_speed_cold() {
     local caches=/tmp/cold-caches
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
-        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate2 420 --gate-workers 2
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate2 300 --gate-workers 2
 }
 
 task_speed_warm() { speed warm 240; }
@@ -189,7 +224,11 @@ shared() {
 lane() {
     local name=$1
     mkdir -p "$L/$name"
-    if [[ $name == a ]]; then export CUDA_VISIBLE_DEVICES=0; lane_a; else export CUDA_VISIBLE_DEVICES=1; lane_b; fi
+    case $name in
+        a) export CUDA_VISIBLE_DEVICES=0; lane_a ;;
+        b) export CUDA_VISIBLE_DEVICES=1; lane_b ;;
+        solo) lane_solo ;;
+    esac
     stamp "lane $name done"
     touch "$L/$name/done"
 }
@@ -198,26 +237,29 @@ call() {
     local wait_s=${1:-560} t_start
     t_start=$(date +%s)
     OUT=${OUT:-/tmp/out}
-    mkdir -p "$OUT" "$L/a" "$L/b"
+    mkdir -p "$OUT" "$L/a" "$L/b" "$L/solo"
     bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
     if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
-        printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
         bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune
-        for name in a b; do
+        if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
+        echo "$lanes" >"$L/lanes"
+        printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold gdn2_gpu stages gdn2_pallas speed_warm gdn2_tpu >"$L/queue"
+        for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done
     fi
     qla_staged && echo "FlashQLA staged" || echo "FlashQLA not staged yet: the lanes start once both halves are"
     while (($(date +%s) - t_start < wait_s)); do
-        [[ -f $L/a/done && -f $L/b/done || ! -f $L/started ]] && break
+        [[ -f $L/a/done && -f $L/b/done || -f $L/solo/done || ! -f $L/started ]] && break
         sleep 5
     done
     bash benchmarks/gpu/autotune_cache.sh save "$L/autotune" >/dev/null
-    for name in a b; do
+    for name in $(cat "$L/lanes" 2>/dev/null || echo a b); do
         echo "---- lane $name"
         [[ -f $L/$name/lane.log ]] && grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
     done
@@ -227,6 +269,6 @@ call() {
 
 case ${1:-} in
     call) call "${2:-560}" ;;
-    lane) lane "${2:?a or b}" ;;
+    lane) lane "${2:?a, b or solo}" ;;
     *) echo "usage: h200_lanes.sh call [WAIT_S] | lane a|b" >&2; exit 2 ;;
 esac

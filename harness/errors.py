@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInput", "DeltabenchError", "ImplUnavailable", "UnknownImpl", "UnknownOp"]
+__all__ = ["BadInput", "DeltabenchError", "ImplUnavailable", "UnknownImpl", "UnknownOp", "is_out_of_memory"]
 
 
 class DeltabenchError(Exception):
@@ -32,3 +32,18 @@ class UnknownImpl(BadInput):
 
 class ImplUnavailable(DeltabenchError):
     """An impl that cannot run on this machine or for this case; the message is the reason."""
+
+
+def is_out_of_memory(error: BaseException | str) -> bool:
+    """Whether `error` (an exception, or the text a process printed or reported) says memory ran out: Python's
+    MemoryError, torch's OutOfMemoryError (CUDA's "out of memory"), JAX/XLA's RESOURCE_EXHAUSTED for memory, or
+    torch's CPU allocator ("can't allocate memory"). The one rule for a job's ``oom`` status."""
+    if isinstance(error, MemoryError):
+        return True
+    text = (error if isinstance(error, str) else f"{type(error).__name__}: {error}").lower()
+    return (
+        "outofmemoryerror" in text
+        or "out of memory" in text
+        or "can't allocate memory" in text
+        or ("resource_exhausted" in text and "memory" in text and "shared memory" not in text)
+    )

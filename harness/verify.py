@@ -984,10 +984,12 @@ def verify_case(
             label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
             refs = [_chunk_run(case, spec, dataclasses.replace(it, cot=None)) for it in items]
             records += _compare_items(items, refs, label, grads=False, profile=profile)
+            del refs  # the references' device memory, before the gate's next allocations
             records += _grad_at(impl, spec, case.replace(T=grad_t), runs, profile=profile)
         else:
             refs = [_chunk_run(case, spec, it) for it in items]
             records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
+            del refs
         key = _memo_key("oracle", impl, short, runs, grads, profile, limit)
         records += reduced(
             key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)

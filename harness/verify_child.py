@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import is_out_of_memory
+
 __all__ = ["ChildOutcome", "main", "verify_in_child"]
 
 PHASE_MARK = "deltabench-verify: phase "
@@ -64,11 +66,6 @@ class _Traced:
         out = self._impl(*args, **kwargs)
         _phase("check")
         return out
-
-
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +129,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     except BadInput as exc:
         return {"bad_input": str(exc)}
     except Exception as exc:  # the impl raised: a failed verification
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "oom": _is_oom(exc)}
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "oom": is_out_of_memory(exc)}
     return {"report": report}
 
 

@@ -450,12 +450,15 @@ def run_gates(
     job ends with. Each gate is told its share of the device (``DELTABENCH_DEVICE_SHARE`` = 1 / `workers`), which
     bounds what a gate sizes by the free device memory (its fwd+bwd reference length on a GPU, harness/verify.py).
     Each impl's first gate ends before its others start (they then find its compiles in the on-disk caches).
+    A gate that ran out of memory beside others is run again once all the others have ended, alone and with the
+    whole device: its job ends ``oom`` only when it does so alone too (the others' allocations are not its fault).
     `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the
     gates still running before it lets the exception through."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     if python is None:
         _forkserver()  # made once here: the threads then share it
+    alone_env = env
     if workers > 1:
         # gates side by side share the device: each sizes what it may allocate for itself by this share
         env = {**(env or {}), DEVICE_SHARE_ENV: f"{1 / workers:.6g}"}
@@ -468,10 +471,12 @@ def run_gates(
     held: dict[str, list[int]] = {}
     for key, job in jobs.items():
         held.setdefault(job.impl, []).append(key)
+    again: list[int] = []  # out of memory beside others: to run alone at the end
+    alone: set[int] = set()
 
     def submit(key: int) -> Future:
         job = jobs[key].model_copy(update={"stage": "gate"})
-        return pool.submit(run_isolated, job, python=python, env=env, stop=stop)
+        return pool.submit(run_isolated, job, python=python, env=alone_env if key in alone else env, stop=stop)
 
     try:
         pending: dict[Future, int] = {}
@@ -482,10 +487,18 @@ def run_gates(
             done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for future in done:
                 key = pending.pop(future)
-                results[key] = future.result()
+                result = future.result()
                 pending.update({submit(k): k for k in held.pop(jobs[key].impl, [])})
+                if workers > 1 and key not in alone and result.status == "oom":
+                    again.append(key)
+                    continue
+                results[key] = result
                 if on_gated is not None:
-                    on_gated(key, results[key])
+                    on_gated(key, result)
+            if not pending and again:
+                key = again.pop(0)
+                alone.add(key)
+                pending[submit(key)] = key
     except BaseException:
         stop.set()  # every running gate's process group is killed by its thread; queued ones start and end at once
         raise

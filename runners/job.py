@@ -34,6 +34,7 @@ from typing import Any
 
 from deltabench.harness.cases import Case
 from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
+from deltabench.harness.errors import is_out_of_memory
 
 from .base import JobSpec
 from .timing import Timed, TimerRequest, timer_for
@@ -67,16 +68,6 @@ def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:
 
 def _phase(name: str) -> None:
     print(PHASE_MARK + name, file=sys.stderr, flush=True)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    import torch
-
-    text = str(exc).lower()
-    # torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory" (a RuntimeError)
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> Timed:
@@ -248,7 +239,7 @@ def execute(job: JobSpec) -> JobResult:
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):
             raise
-        result.status = "oom" if _is_oom(exc) else "failed"
+        result.status = "oom" if is_out_of_memory(exc) else "failed"
         result.reason = f"{phase}: {type(exc).__name__}: {exc}".strip()[:2000]
         tb = traceback.format_exc()
         result.notes = "; ".join(x for x in (result.notes, tb[-3000:]) if x)

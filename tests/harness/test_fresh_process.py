@@ -119,6 +119,35 @@ def test_out_of_memory_in_the_fresh_process_is_out_of_memory_not_a_verdict(tmp_p
         registry._REGISTRY.pop(("sdm", "oom_in_child"), None)
 
 
+def test_a_fresh_process_that_dies_out_of_memory_before_the_call_is_out_of_memory(tmp_path: Path) -> None:
+    # On the H200 the replay died loading the saved inputs onto a device the gate's process had filled (exit code
+    # 1, torch's OutOfMemoryError in its log): that is out of memory, not a determinism verdict. Here the child
+    # dies the same way while importing the user's module, before any call.
+    path = _user_impl(tmp_path, "dies_oom", raise_in_child=False)
+    path.write_text(
+        path.read_text()
+        + "\nif _CHILD:\n    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 512.00 MiB')\n"
+    )
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match=r"fresh-process replay: .*Tried to allocate 512\.00 MiB"):
+            _gate(registry.get_impl("sdm", "dies_oom"), fresh_process=True, imports=[str(path)])
+    finally:
+        registry._REGISTRY.pop(("sdm", "dies_oom"), None)
+
+
+def test_one_rule_tells_running_out_of_memory() -> None:
+    from deltabench.harness.errors import is_out_of_memory
+
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
+    assert is_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
+    assert is_out_of_memory("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB")
+    # a kernel asking for more shared memory than a block may have is the kernel's own fault, not the device's
+    assert not is_out_of_memory("JaxRuntimeError: RESOURCE_EXHAUSTED: Shared memory size limit exceeded: 360448")
+    assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
 def test_the_cli_gates_the_fresh_process(capsys: pytest.CaptureFixture[str]) -> None:
     shape = ",".join(f"{k}={v}" for k, v in SHAPE.items())
     args = ["verify", "--op", "sdm", "--impl", "torch_chunk", "--shape", shape, "--dtype", "fp32", "--seeds", "1"]

@@ -103,3 +103,12 @@ def planted_gate_crash(q, k, v, g, beta, scale=None, initial_state=None):
     if _calls_here == 2:
         os.kill(os.getpid(), signal.SIGSEGV)
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+@register_impl("gdn", "planted_oom_when_shared", **_ANY)
+def planted_oom_when_shared(q, k, v, g, beta, scale=None, initial_state=None):
+    """Right when its process has the whole device; runs out of memory when told it shares the device with other
+    gates (``DELTABENCH_DEVICE_SHARE`` below 1): a kernel that fits alone and not beside others."""
+    if float(os.environ.get("DELTABENCH_DEVICE_SHARE", "1")) < 1:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB (planted: the device is shared)")
+    return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

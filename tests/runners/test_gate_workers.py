@@ -257,3 +257,57 @@ def test_each_impls_first_gate_runs_before_its_others(monkeypatch: pytest.Monkey
         mine = [(what, key) for what, i, key in events if i == impl]
         first = min(key for _, key in mine)
         assert mine[:2] == [("start", first), ("end", first)], mine
+
+
+def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> None:
+    # planted_oom_when_shared runs out of memory only while DELTABENCH_DEVICE_SHARE < 1: beside another gate. Run
+    # again alone after the others, it passes and is timed; a gate that runs out of memory alone too stays oom.
+    suite = tmp_path / "oom.toml"
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_oom_when_shared"'))
+    load_module(PLANTED)
+    for workers, status in ((2, "ok"), (1, "ok")):
+        plan = plan_run(load_suite(str(suite)), device="cpu", imports=[PLANTED], gate_workers=workers)
+        doc = run_plan(plan, out=tmp_path / f"oom-{workers}.json")
+        planted = [j for j in doc.jobs if j.impl == "planted_oom_when_shared"]
+        assert [j.status for j in planted] == [status, status], [j.reason for j in planted]
+        assert all(j.timing is not None for j in planted)
+
+
+def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from deltabench.harness.devices import DEVICE_SHARE_ENV
+    from deltabench.runners import isolated
+
+    lock = threading.Lock()
+    running: set[int] = set()
+    calls: list[tuple[int, str | None, frozenset[int]]] = []
+
+    class Job:
+        def __init__(self, key: int) -> None:
+            self.impl, self.key = f"impl{key}", key
+
+        def model_copy(self, update):
+            return self
+
+    def fake_run_isolated(job, *, python, env, stop):
+        share = (env or {}).get(DEVICE_SHARE_ENV)
+        with lock:
+            calls.append((job.key, share, frozenset(running)))
+            running.add(job.key)
+        time.sleep(0.05)
+        with lock:
+            running.discard(job.key)
+        oom = job.key == 2 or (job.key == 1 and share is not None)  # job 2 runs out of memory alone too
+        return JobResult.model_construct(status="oom" if oom else "ok")
+
+    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    seen: list[int] = []
+    results = isolated.run_gates(
+        {k: Job(k) for k in range(4)}, 4, python="python3", on_gated=lambda k, r: seen.append(k)
+    )
+    assert {k: r.status for k, r in results.items()} == {0: "ok", 1: "ok", 2: "oom", 3: "ok"}
+    alone = [(key, share, others) for key, share, others in calls if share is None]
+    assert alone == [(1, None, frozenset()), (2, None, frozenset())]  # each alone, after every other gate ended
+    assert sorted(seen) == [0, 1, 2, 3] and len(seen) == 4  # each job reported once, with its final result

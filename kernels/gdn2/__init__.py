@@ -37,6 +37,17 @@ def _interpreter_case(case: Any) -> str | None:
     return None
 
 
+def _pallas_gpu_case(case: Any) -> str | None:
+    """Why the fused Pallas GDN-2 kernels for a GPU cannot run `case` (None when they can)."""
+    if case.device == "cuda" and case.dtype == "fp32" and max(case.K, case.V) >= 128:
+        # measured on the H200 (2026-12-01): Triton asked 360448 bytes of shared memory a program, 232448 allowed
+        return (
+            f"float32 inputs take IEEE float32 products, whose tiles at K={case.K}, V={case.V} need 352 KiB of "
+            "shared memory a program (an H200 has 227 KiB); bf16 inputs run"
+        )
+    return _interpreter_case(case)
+
+
 def pallas_case(case: Any) -> str | None:
     """Why the fused Pallas GDN-2 kernel for the TPU cannot run `case` (None when it can)."""
     if case.device == "tpu" and (case.K % 128 or case.V % 128):
@@ -86,7 +97,7 @@ IMPLS = (
             ("cpu", "cuda"),
             JAX_DTYPES,
             requires=("jax",),
-            constraint=_interpreter_case,
+            constraint=_pallas_gpu_case,
             notes="fused Pallas forward and backward kernels for a GPU (Triton on CUDA; the interpreter on the CPU)",
         )
         for op in ("gdn2", "kda")

@@ -241,7 +241,10 @@ def test_registered_with_reasons() -> None:
         impl = get_impl(op, IMPL)
         assert impl.backend == "jax" and set(impl.devices) == {"cpu", "cuda"} and impl.supports_backward
         assert impl.check_case(Case(op, 1, 100, 2, 16, 24, dtype="bf16", mode="fwd+bwd")) is None
-        on_gpu = Case(op, 8, 4096, 6, 128, 128, device="cuda")
+        on_gpu = Case(op, 8, 4096, 6, 128, 128, dtype="bf16", device="cuda")
         assert impl.constraint(on_gpu) is None and impl.check_case(on_gpu) == absent_reason("cuda")
+        # float32 at K = V = 128 asked more shared memory than an H200 has (measured): refused with the reason
+        assert "352 KiB of shared memory" in (impl.constraint(on_gpu.replace(dtype="fp32")) or "")
+        assert impl.constraint(on_gpu.replace(dtype="fp32", K=64, V=64)) is None
         assert "interpreter" in (impl.check_case(Case(op, 8, 4096, 6, 128, 128)) or "")
         assert "not tpu" in (impl.check_case(Case(op, 1, 64, 2, 128, 128, device="tpu")) or "")

@@ -68,7 +68,7 @@ def chunk_gdn2_pallas_gpu(
     chunk_size: int = CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
-    dots: str = "fp32",
+    dots: str | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Gated DeltaNet-2 through deltabench's fused Pallas GPU kernels; differentiable (``jax.custom_vjp``).
@@ -84,8 +84,10 @@ def chunk_gdn2_pallas_gpu(
         chunk_size: tokens per chunk (default 64; a power of two, >= 16).
         block_v: value columns per program (a power of two; default all of V: one program per (batch, head)).
         num_warps: Triton warps per program.
-        dots: how the kernels' matrix products run: ``"fp32"`` (default; Triton's IEEE float32 dot) or
-            ``"bf16x3"`` (three bf16 tensor-core products, float32 accumulation; :data:`.gpu.DOTS`).
+        dots: how the kernels' matrix products run: ``"fp32"`` (Triton's IEEE float32 dot) or ``"bf16x3"``
+            (three bf16 tensor-core products, float32 accumulation; :data:`.gpu.DOTS`). Default: ``"bf16x3"`` for
+            bf16 and fp16 inputs (about 16 significant bits a product, twice what the inputs carry), ``"fp32"`` for
+            float32 ones.
         interpret: True runs Pallas' interpreter, False compiles with Triton (GPU), None (default) picks by
             platform: the interpreter on the CPU, Triton elsewhere.
 
@@ -100,6 +102,8 @@ def chunk_gdn2_pallas_gpu(
     V = v.shape[-1]
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16 (Triton tiles), got {chunk_size}")
+    if dots is None:
+        dots = "fp32" if q.dtype == jnp.float32 else "bf16x3"
     if dots not in DOTS:
         raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
     scale = K**-0.5 if scale is None else float(scale)
@@ -120,7 +124,7 @@ def chunk_kda_pallas_gpu(
     chunk_size: int = CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
-    dots: str = "fp32",
+    dots: str | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Kimi Delta Attention through the GDN-2 Pallas GPU kernels, with ``b = w = beta`` broadcast over the channels.

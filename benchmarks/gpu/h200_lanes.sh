@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device session on a two-GPU machine (nvidia-h200-x2) whose work runs in two lanes that outlive the calls.
+# One device session on a two-GPU machine (nvidia-h200-x2) whose work runs in two lanes that outlive the calls; on a
+# one-GPU machine (nvidia-h200) one lane does the untimed work first, then the timed (lane_solo, below).
 #
 # A call's processes end when it returns, except those started in a process session of their own (setsid). Once
 # both halves of FlashQLA are staged (call 2), a call starts lane A on GPU 0 and lane B on GPU 1 that way; every
@@ -124,7 +125,7 @@ lane_b() {
     sweep 900
     stamp "waiting for SDM 2.0.0's build"
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
-    sdm_gpu 900
+    sdm_gpu 900 2
     shared
 }
 
@@ -138,40 +139,40 @@ sweep() {
     echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)|line\(s\)" "$dir/verify-sweep.log" | cut -c1-170
 }
 
-# sdm_gpu CAP: the sdm-gpu suite; SDM 2.0.0's jobs only when its build finished (otherwise each job would build it
-# again, into its timeout); two gates at once, each sizing its reference by half the device (DELTABENCH_DEVICE_SHARE)
+# sdm_gpu CAP WORKERS: the sdm-gpu suite, its gates WORKERS at once (on one GPU two gates of the flagship ended
+# none in 420 s; one at a time, seven jobs in 280 s); SDM 2.0.0's jobs only when its build finished (otherwise
+# each job would build it again, into its timeout)
 sdm_gpu() {
     echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
     local pkg=()
     grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
-    run_gated "$1" sdm-gpu 2 --suite sdm-gpu --timeout $(($1 - 60)) --impl triton_chunk --impl torch_chunk \
+    run_gated "$1" sdm-gpu "$2" --suite sdm-gpu --timeout $(($1 - 60)) --impl triton_chunk --impl torch_chunk \
         "${pkg[@]}" --impl triton_chunk_split
 }
 
-# One GPU (nvidia-h200): the lanes' work in one lane. What times nothing goes first, side by side: SDM 2.0.0's
-# build, FlashQLA's compiles and the verify sweep; then, alone on the GPU, the train suite, sdm-gpu and the queue.
+# One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
+# nothing goes first, side by side: FlashQLA's compiles and the whole verify sweep (about 700 s at six lines at
+# once: 28 lines ended in 480 s on 2026-12-01); then, alone on the GPU, the train suite (465 s with gates eight at
+# once), the 12-job comparison from empty caches, and the queue (sdm-gpu, GDN-2). SDM 2.0.0's extension build is
+# left to a session of its own (not finished in 480 s beside the sweep).
 lane_solo() {
     dir=$L/a
-    local build warm
-    sdm_pkg_build 480 &
-    build=$!
+    local warm
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
     warm=$!
-    sweep 480
+    sweep 720
     wait "$warm"
     cat "$dir/qla-prewarm.log"
-    # the build must not share the CPUs with the timings: what has not finished by now is left out
-    kill "$build" 2>/dev/null
-    wait "$build" 2>/dev/null
     run_gated 660 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
         --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent \
         --impl opengdn_triton --impl opengdn_chunkwise --impl jax_chunk
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
     tail -3 "$dir/train-overhead.md"
-    sdm_gpu 420
     shared
 }
+
+task_sdm_gpu() { sdm_gpu 600 1; }
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {
@@ -248,7 +249,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold gdn2_gpu stages gdn2_pallas speed_warm gdn2_tpu >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu gdn2_gpu stages gdn2_pallas gdn2_tpu >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

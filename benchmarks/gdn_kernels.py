@@ -34,7 +34,7 @@ os.environ.setdefault("FLA_TILELANG", "0")
 import torch
 import triton
 from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
-from deltabench.kernels.gdn.triton import local_bwd, output, state, walk, wy
+from deltabench.kernels.gdn.triton import chunk_split, local_bwd, output, state, walk, wy
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
 from deltabench.kernels.gdn.triton.fused_recurrent import fused_recurrent_gated_delta_rule
@@ -44,9 +44,25 @@ from triton.testing import do_bench
 TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024, 6, 128), (4, 4096, 6, 128)]
 
 
+def with_walk_segments(segments: int):
+    """chunk_gated_delta_rule_split with its forward's state walk cut into `segments` walked side by side
+    (kernels/gdn/triton/walk.py ``state_walk_segmented``; off in the library until timed here)."""
+
+    def fn(*args, **kwargs):
+        before = chunk_split.WALK_SEGMENTS
+        chunk_split.WALK_SEGMENTS = segments
+        try:
+            return chunk_gated_delta_rule_split(*args, **kwargs)
+        finally:
+            chunk_split.WALK_SEGMENTS = before
+
+    return fn
+
+
 OURS = {
     "triton_chunk": chunk_gated_delta_rule,
     "triton_chunk_split": chunk_gated_delta_rule_split,
+    **{f"triton_chunk_split_seg{n}": with_walk_segments(n) for n in (4, 8, 16)},
 }
 # the harness's bf16 / fp32 thresholds (harness/tolerances.py), relative Frobenius error
 BOUNDS = {torch.bfloat16: {"o": 1e-2, "ht": 1e-2, "grad": 8e-3}, torch.float32: {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}}
@@ -262,6 +278,7 @@ def kernel_resources() -> None:
         "wy_apply": wy.wy_apply_kernel,
         "state_fwd": state.state_fwd_kernel,
         "state_walk": walk.state_walk_kernel,
+        "segment_summary": walk.segment_summary_kernel,
         "chunk_output": output.chunk_output_kernel,
         "state_bwd": state.state_bwd_kernel,
         "local_bwd": local_bwd.local_bwd_kernel,
@@ -284,7 +301,7 @@ def main() -> int:
     ap.add_argument(
         "--impls",
         default="triton_chunk,triton_chunk_split,fla_chunk",
-        help="comma-separated, in order: triton_chunk, triton_chunk_split, fla_chunk, flash_qla",
+        help="comma-separated, in order: triton_chunk, triton_chunk_split[_seg4|_seg8|_seg16], fla_chunk, flash_qla",
     )
     ap.add_argument(
         "--gate-only", choices=["full", "quick", "t1", "k64", "k256"], help="(internal) run the gate in this process"

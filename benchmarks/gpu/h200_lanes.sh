@@ -153,7 +153,8 @@ sdm_gpu() {
 # One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
 # nothing goes first, side by side: FlashQLA's compiles and the whole verify sweep (about 700 s at six lines at
 # once: 28 lines ended in 480 s on 2026-12-01); then, alone on the GPU, the train suite (465 s with gates eight at
-# once), the 12-job comparison from empty caches, and the queue (sdm-gpu, GDN-2). SDM 2.0.0's extension build is
+# once), then the queue: the stage times (the segmented walk beside the serial one and FLA), the 12-job comparison
+# from empty caches, sdm-gpu, GDN-2. SDM 2.0.0's extension build is
 # left to a session of its own (not finished in 480 s beside the sweep).
 lane_solo() {
     dir=$L/a
@@ -201,8 +202,9 @@ task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers
 
 task_stages() {
     stamp gdn_kernels
-    PYTHONPATH=$(pypath) timeout 150 python3 benchmarks/gdn_kernels.py --skip-gate \
-        --impls triton_chunk,triton_chunk_split,fla_chunk --out "$dir" --tag v5 >"$dir/gdn-kernels.log" 2>&1
+    PYTHONPATH=$(pypath) timeout 240 python3 benchmarks/gdn_kernels.py --skip-gate \
+        --impls triton_chunk_split,triton_chunk_split_seg4,triton_chunk_split_seg8,triton_chunk_split_seg16,fla_chunk \
+        --out "$dir" --tag v6 >"$dir/gdn-kernels.log" 2>&1
     echo "gdn_kernels exit=$?"; grep -E "^\||FAIL|Error" "$dir/gdn-kernels.log" | cut -c1-170 | tail -24
 }
 
@@ -249,7 +251,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu gdn2_gpu stages gdn2_pallas gdn2_tpu >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' stages speed_cold sdm_gpu gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

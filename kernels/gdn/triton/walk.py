@@ -32,7 +32,7 @@ import triton.language as tl
 from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk"]
+__all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk", "state_walk_segmented"]
 
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
 # when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
@@ -57,13 +57,27 @@ H200_CLEAN = {(64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (16, 4, 2), (16, 4
 
 
 @triton.jit
+def _chunk_step(S, kc, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the walk from state S (fp32): ``(S rounded to dt, v_new in dt, the next S)``."""
+    G = tl.cumsum(gc, axis=0)
+    G_last = tl.sum(gc, axis=0)
+    Sd = S.to(dt)
+    vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
+    # past T: k = 0 and g = 0, so padded rows add nothing to the state
+    kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
+    return Sd, vnd, S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
+
+
+@triton.jit
 def state_walk_kernel(
     k, w, u, g, h0, h, vnew, ht,
-    T, NT,
+    T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
 ):  # fmt: skip
-    """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state."""
+    """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state.
+    SEGMENTED: grid axis 2 is a segment of SEG chunks, h0 holds every segment's start ``[P, B*H, K, V]``
+    (fp32, from :func:`state_walk_segmented`) and only the last segment stores the final state."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -76,11 +90,22 @@ def state_walk_kernel(
     mkv = mk[:, None] & mv[None, :]
     dt = k.dtype.element_ty
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    if HAS_H0:
-        S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
+    n0 = 0
+    n1 = NT
+    if SEGMENTED:
+        i_p = tl.program_id(2)
+        n0 = i_p * SEG
+        n1 = tl.minimum(n0 + SEG, NT)
+        start_off = i_p.to(tl.int64) * tl.num_programs(1) * K * V
+        S = tl.load(h0 + start_off + state_off, mask=mkv, other=0.0).to(tl.float32)
+        mkv_final = mkv & (rk[:, None] < K * ((i_p + 1) // tl.num_programs(2)))  # the last segment's only
     else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-    for n in range(NT):
+        mkv_final = mkv
+        if HAS_H0:
+            S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
+        else:
+            S = tl.zeros([BK, BV], dtype=tl.float32)
+    for n in range(n0, n1):
         t = n * C + rc
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
@@ -91,18 +116,56 @@ def state_walk_kernel(
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(u + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
-        G = tl.cumsum(gc, axis=0)
-        G_last = tl.sum(gc, axis=0)
-        Sd = S.to(dt)
+        Sd, vnd, S = _chunk_step(S, kc, wc, uc, gc, dt, PREC)
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
-        vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
         tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
-        # past T: k = 0 and g = 0, so padded rows add nothing to the state
-        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
-        S = S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
     if STORE_FINAL:
-        tl.store(ht + state_off, S, mask=mkv)
+        tl.store(ht + state_off, S, mask=mkv_final)
+
+
+@triton.jit
+def segment_summary_kernel(
+    k, w, u, g, M, b,
+    T, NT, SEG,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """One segment of SEG chunks of one (batch, head) as an affine map of its start state,
+    ``S_end = M S_start + b``, for one block of columns of ``[M | b]``: the walk's own step from ``[I | 0]``, with
+    U = 0 in the columns of M (the map is linear in U, and each column of the state evolves on its own)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_p = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    dt = k.dtype.element_ty
+    # the first BK // BV column blocks are M's (identity at the start, no U), the rest b's (zero, U)
+    in_b = tl.minimum(i_c * BV // BK, 1)
+    col = i_c * BV - BK * in_b + tl.arange(0, BV)
+    mcol = col < K + (V - K) * in_b
+    mu = col < V * in_b
+    S = tl.where((rk[:, None] == col[None, :]) & (rk[:, None] < K * (1 - in_b)), 1.0, 0.0)
+    n0 = i_p * SEG
+    for n in range(n0, tl.minimum(n0 + SEG, NT)):
+        t = n * C + rc
+        mt = t < T
+        row = (i_b * T + t).to(tl.int64) * H + i_h
+        mtk = mt[:, None] & mk[None, :]
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        uc = tl.load(u + row[:, None] * V + col[None, :], mask=mt[:, None] & mu[None, :], other=0.0)
+        gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
+        _, _, S = _chunk_step(S, kc, wc, uc, gc, dt, PREC)
+    seg = i_p.to(tl.int64) * tl.num_programs(1) + i_bh
+    mask = mk[:, None] & mcol[None, :]
+    if in_b == 0:
+        tl.store(M + seg * K * K + rk[:, None] * K + col[None, :], S, mask=mask)
+    else:
+        tl.store(b + seg * K * V + rk[:, None] * V + col[None, :], S, mask=mask)
 
 
 def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]:
@@ -148,9 +211,71 @@ def state_walk(
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
     BV, warps, stages = config or launch_config(V, B * H, padded(K))
     state_walk_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, g, initial_state, h, vnew, ht, T, NT,
+        k, w, u, g, initial_state, h, vnew, ht, T, NT, NT,
         H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return h, vnew, ht
+
+
+def state_walk_segmented(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    segments: int,
+    config: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`state_walk`'s results with the chunks cut into `segments` runs walked side by side, for few heads
+    on a long sequence (at 1 x 32768 x 16 the serial walk is 512 dependent steps on 128 programs).
+
+    Three passes: (1) each segment's affine map ``S_end = M S_start + b`` (``segment_summary_kernel``: the walk's
+    step over K + V columns, all segments at once); (2) the segments' start states, one small batched product per
+    segment boundary (PyTorch, fp32); (3) the walk of every segment from its start, all at once, storing h and
+    v_new as the serial walk does. Three walks' work instead of one, on `segments` times the programs. The states
+    at segment starts differ from the serial walk's by rounding only (their M carries the step's bf16 state
+    rounding, as the serial walk's own state does).
+
+    Args:
+        k, w, u, g, initial_state, output_final_state, config: as :func:`state_walk`.
+        segments: at most this many segments (whole chunks each; fewer when the chunks run out).
+
+    Returns:
+        ``(h, v_new, final_state)`` as :func:`state_walk`.
+    """
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    seg = triton.cdiv(NT, max(1, segments))
+    P = triton.cdiv(NT, seg)
+    if P == 1:
+        return state_walk(k, w, u, g, initial_state, output_final_state, config)
+    BV, warps, stages = config or launch_config(V, B * H * P, padded(K))
+    BK = padded(K)
+    BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
+    M = k.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
+    b = k.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
+    segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
+        k, w, u, g, M, b, T, NT, seg,
+        H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(k.dtype),
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    starts = k.new_empty(P, B * H, K, V, dtype=torch.float32)
+    state = initial_state.reshape(B * H, K, V).float() if initial_state is not None else starts.new_zeros(B * H, K, V)
+    for p in range(P):
+        starts[p] = state
+        if p < P - 1:
+            state = torch.baddbmm(b[p], M[p], state)
+    h = k.new_empty(B, NT, H, K, V)
+    vnew = torch.empty_like(u)
+    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    state_walk_kernel[(triton.cdiv(V, BV), B * H, P)](
+        k, w, u, g, starts, h, vnew, ht, T, NT, seg,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
+        HAS_H0=True, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=True,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return h, vnew, ht

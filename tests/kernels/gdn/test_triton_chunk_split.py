@@ -93,6 +93,47 @@ def test_split_matches_oracle_at_padded_dims() -> None:
     _check_against_oracle(1, 70, 2, 24, 20, torch.float32, "long", True)
 
 
+SEGMENTED = [  # (B, T, H, K, V, segments, dtype, initial state): T ragged, at a chunk multiple, segments > chunks
+    (1, 300, 3, 32, 16, 3, torch.float32, True),
+    (2, 130, 1, 32, 48, 2, torch.float32, False),
+    (1, 256, 2, 24, 20, 4, torch.float32, True),
+    (1, 200, 1, 32, 32, 9, torch.float32, True),
+    (1, 300, 2, 32, 32, 4, torch.bfloat16, True),
+    (2, 190, 3, 32, 64, 2, torch.bfloat16, False),
+]
+
+
+@pytest.mark.parametrize(("B", "T", "H", "K", "V", "segments", "dtype", "h0"), SEGMENTED)
+def test_segmented_walk_gives_the_serial_walks_results(B, T, H, K, V, segments, dtype, h0) -> None:  # type: ignore[no-untyped-def]
+    """The segmented walk (segment maps, their composition, the segments' walks side by side) against the serial
+    walk: h, v_new and the final state to fp32 rounding at fp32, to bf16 rounding at bf16 (the segment starts are
+    composed rather than walked, so the states' bf16 rounding falls elsewhere)."""
+    from deltabench.kernels.gdn.triton.wy import wy_fwd
+
+    x = make_inputs(B, T, H, K, V, dtype=dtype, seed=T + segments, regime="long", initial_state=h0)
+    _, w, u = wy_fwd(x["k"], x["v"], x["g"].float(), x["beta"])
+    args = (x["k"], w, u, x["g"].float(), x.get("initial_state"), True)
+    serial = walk.state_walk(*args)
+    segmented = walk.state_walk_segmented(*args, segments)
+    bound = 1e-6 if dtype == torch.float32 else 4e-3
+    for name, a, b in zip(("h", "v_new", "final_state"), serial, segmented, strict=True):
+        assert b.dtype == a.dtype and b.shape == a.shape, name
+        assert _rel(b, a.double()) < bound, (name, _rel(b, a.double()))
+    # without the final state: none returned, h and v_new the same
+    h, vnew, ht = walk.state_walk_segmented(*args[:-1], False, segments)
+    assert ht is None and torch.equal(h, segmented[0]) and torch.equal(vnew, segmented[1])
+
+
+@pytest.mark.parametrize(("dtype", "regime"), [(torch.float32, "long"), (torch.bfloat16, "typical")])
+def test_split_with_the_segmented_walk_matches_oracle(dtype, regime, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The whole op, forward through the segmented walk (three segments of T = 190's three chunks: one chunk a
+    segment, the last ragged), against the float64 oracle: output, final state, every gradient."""
+    from deltabench.kernels.gdn.triton import chunk_split
+
+    monkeypatch.setattr(chunk_split, "WALK_SEGMENTS", 3)
+    _check_against_oracle(1, 190, 3, 32, 64, dtype, regime, True)
+
+
 @pytest.mark.parametrize("walk_block", [16, 64], indirect=True)
 def test_same_bits_as_triton_chunk(walk_block: int) -> None:
     """Same products in the same order as chunk.py's forward, and its backward: identical on the interpreter

@@ -34,7 +34,7 @@ os.environ.setdefault("FLA_TILELANG", "0")
 import torch
 import triton
 from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
-from deltabench.kernels.gdn.triton import chunk_split, local_bwd, output, state, walk, wy
+from deltabench.kernels.gdn.triton import local_bwd, output, state, walk, wy
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
 from deltabench.kernels.gdn.triton.fused_recurrent import fused_recurrent_gated_delta_rule
@@ -45,17 +45,14 @@ TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024,
 
 
 def with_walk_segments(segments: int):
-    """chunk_gated_delta_rule_split with its forward's state walk cut into `segments` walked side by side
-    (kernels/gdn/triton/walk.py ``state_walk_segmented``; off in the library until timed here)."""
+    """chunk_gated_delta_rule_split to be checked and timed with its state walks (forward and backward) cut into
+    `segments` walked side by side: ``run_timing`` sets kernels/gdn/triton/walk.py's ``SEGMENTS`` (off in the
+    library until timed here) around the impl's check and timings, backward included."""
 
     def fn(*args, **kwargs):
-        before = chunk_split.WALK_SEGMENTS
-        chunk_split.WALK_SEGMENTS = segments
-        try:
-            return chunk_gated_delta_rule_split(*args, **kwargs)
-        finally:
-            chunk_split.WALK_SEGMENTS = before
+        return chunk_gated_delta_rule_split(*args, **kwargs)
 
+    fn.walk_segments = segments  # type: ignore[attr-defined]
     return fn
 
 
@@ -230,6 +227,7 @@ def run_timing(impls: dict, shapes, tag="v1") -> list[dict]:
             t0 = time.time()
             row = {"tag": tag, "shape": (B, T, H, D), "impl": name, "seed": seed}
             try:
+                walk.SEGMENTS = getattr(fn, "walk_segments", 1)
                 row["errs"] = check_impl(fn, x, do, ref)
                 fails = [n for n, e in row["errs"].items() if e > (bound["o"] if n == "o" else bound["grad"])]
                 row["verdict"] = "PASS" if not fails else "FAIL " + ",".join(fails)
@@ -242,6 +240,8 @@ def run_timing(impls: dict, shapes, tag="v1") -> list[dict]:
                 if "CUDA" in str(e):
                     return rows  # the context is poisoned: nothing after this would run
                 continue
+            finally:
+                walk.SEGMENTS = 1
             worst = max(row["errs"].items(), key=lambda kv: kv[1])
             say(
                 f"time {tag} {B},{T},{H},{D} {name:20s} fwd {row['fwd']:.3f} fb {row['fwd+bwd']:.3f} ms "
@@ -281,6 +281,7 @@ def kernel_resources() -> None:
         "segment_summary": walk.segment_summary_kernel,
         "chunk_output": output.chunk_output_kernel,
         "state_bwd": state.state_bwd_kernel,
+        "bwd_segment_summary": state.bwd_segment_summary_kernel,
         "local_bwd": local_bwd.local_bwd_kernel,
     }
     for name, fn in kernels.items():

@@ -34,7 +34,7 @@ __all__ = ["SITES", "build", "gdn_sites"]
 
 ROOT = Path(__file__).resolve().parents[3]
 # (file, site, regex on the source); the kernel a pattern must fall in is implied by the pattern itself, except
-# kdec (the same expression in state_fwd_kernel and state_bwd_kernel), split on the backward kernel's definition.
+# kdec (the same expression in state_fwd_kernel and the backward walk's step), split on the step's definition.
 _RULES: list[tuple[str, str, str]] = [
     ("wy.py", "L", r"\b(l[0-3])\.to\(dt\)"),
     ("wy.py", "WU", r"\b([wu]a)\.to\([wu]\.dtype\.element_ty\)"),
@@ -73,12 +73,12 @@ def _rewrite(name: str, src: str, off: set[str]) -> str:
             raise RuntimeError(f"site {site}: no cast matches {pattern!r} in {name}")
         used.add(site)
     if name == "state.py":
-        fwd, bwd = src.split("def state_bwd_kernel", 1)
+        fwd, bwd = src.split("def _bwd_step", 1)
         fwd, nf = re.subn(_KDEC, r"\1.to(RS_kdec_f)", fwd, flags=re.M)
         bwd, nb = re.subn(_KDEC, r"\1.to(RS_kdec_b)", bwd, flags=re.M)
         if (nf, nb) != (1, 1):
             raise RuntimeError("kdec: expected one cast in each walk")
-        src = fwd + "def state_bwd_kernel" + bwd
+        src = fwd + "def _bwd_step" + bwd
         used |= {"kdec_f", "kdec_b"}
     left = re.findall(r".*\.to\((?:dt|[a-z]+\.dtype\.element_ty)\).*", src)
     stores_of_outputs = [line for line in left if re.search(r"\b(o|dq|dk|dv)\.dtype", line)]
@@ -100,9 +100,10 @@ def build(off: set[str] | frozenset[str] = frozenset()) -> ModuleType:
     for d in (pkg, pkg / "gdn", pkg / "gdn" / "triton", pkg / "common", pkg / "common" / "triton"):
         (d / "__init__.py").write_text("")
     (pkg / "common" / "triton" / "mma.py").write_text((ROOT / "kernels/common/triton/mma.py").read_text())
-    for name in ("chunk.py", "wy.py", "state.py", "local_bwd.py"):
+    for name in ("chunk.py", "walk.py", "wy.py", "state.py", "local_bwd.py"):
         src = (ROOT / "kernels/gdn/triton" / name).read_text()
-        (pkg / "gdn" / "triton" / name).write_text(src if name == "chunk.py" else _rewrite(name, src, set(off)))
+        as_is = name in ("chunk.py", "walk.py")  # chunk.py orchestrates; walk.py only serves the split forward
+        (pkg / "gdn" / "triton" / name).write_text(src if as_is else _rewrite(name, src, set(off)))
     sys.path.insert(0, str(pkg.parent))
     return importlib.import_module("gdn_sites.gdn.triton.chunk")
 

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from . import walk
 from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
 from .output import chunk_output
-from .walk import state_walk, state_walk_segmented
 from .wy import CHUNK, wy_fwd
 
-__all__ = ["WALK_SEGMENTS", "chunk_gated_delta_rule_split", "gdn_triton_chunk_split"]
-
-# Segments of the forward's state walk walked side by side (walk.state_walk_segmented); 1: the serial walk. Off
-# until timed on the H200 (benchmarks/NOTES.md, "the segmented walk"); benchmarks/gdn_kernels.py sets it to compare.
-WALK_SEGMENTS = 1
+__all__ = ["chunk_gated_delta_rule_split", "gdn_triton_chunk_split"]
 
 
 def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
@@ -36,10 +32,10 @@ def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
     if q.shape[1] <= CHUNK:
         return chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, keep_for_backward=True)
     L, w, u = wy_fwd(k, v, g, beta)
-    if WALK_SEGMENTS > 1:
-        h, vnew, ht = state_walk_segmented(k, w, u, g, initial_state, output_final_state, WALK_SEGMENTS)
+    if walk.SEGMENTS > 1:
+        h, vnew, ht = walk.state_walk_segmented(k, w, u, g, initial_state, output_final_state, walk.SEGMENTS)
     else:
-        h, vnew, ht = state_walk(k, w, u, g, initial_state, output_final_state)
+        h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, output_final_state)
     o = chunk_output(q, k, g, h, vnew, scale)
     return o, ht, (L, w, h, vnew)
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
+__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_bwd_segmented", "state_fwd"]
 
 
 @triton.jit
@@ -94,13 +94,32 @@ def state_fwd_kernel(
 
 
 @triton.jit
+def _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the backward walk from dH (fp32, the gradient w.r.t. the state after the chunk):
+    ``(dv_new in dt, the gradient w.r.t. the state at the chunk's start)``."""
+    # M^T computed directly (k q^T), never as the transpose of a product (Hopper miscompile, ANCHORS.md)
+    kq = mma(kc, tl.trans(qc), PREC)
+    dG = G[None, :] - G[:, None]
+    MT = tl.where(anticausal, kq * tl.exp(tl.where(anticausal, dG, 0.0)), 0.0) * scale
+    kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
+    dvn = mma(MT.to(dt), doc, PREC) + mma(kdec, dH.to(dt), PREC)
+    dvnd = dvn.to(dt)
+    qg = (qc * (tl.exp(G) * scale)[:, None]).to(dt)
+    dH = dH * tl.exp(G_last) + mma(tl.trans(qg), doc, PREC)
+    dH -= mma(tl.trans(wc), dvnd, PREC)
+    return dvnd, dH
+
+
+@triton.jit
 def state_bwd_kernel(
     q, k, w, g, do, dht, dh, dvnew, dh0,
-    scale, T, NT,
+    scale, T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
 ):  # fmt: skip
-    """Walk the chunks of one (batch, head) backwards for one block of V columns."""
+    """Walk the chunks of one (batch, head) backwards for one block of V columns. SEGMENTED: grid axis 2 is a
+    segment of SEG chunks, dht holds the gradient entering each segment ``[P, B*H, K, V]`` (fp32, from
+    :func:`state_bwd_segmented`) and only the first segment stores dh0."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -113,13 +132,23 @@ def state_bwd_kernel(
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    if HAS_DHT:
-        dH = tl.load(dht + state_off, mask=mkv, other=0.0).to(tl.float32)
+    n0 = 0
+    n1 = NT
+    if SEGMENTED:
+        i_p = tl.program_id(2)
+        n0 = i_p * SEG
+        n1 = tl.minimum(n0 + SEG, NT)
+        dH = tl.load(dht + i_p.to(tl.int64) * tl.num_programs(1) * K * V + state_off, mask=mkv, other=0.0)
+        mkv_first = mkv & (rk[:, None] < K * (1 - tl.minimum(i_p, 1)))  # the first segment's only
     else:
-        dH = tl.zeros([BK, BV], dtype=tl.float32)
+        mkv_first = mkv
+        if HAS_DHT:
+            dH = tl.load(dht + state_off, mask=mkv, other=0.0).to(tl.float32)
+        else:
+            dH = tl.zeros([BK, BV], dtype=tl.float32)
     anticausal = rc[:, None] <= rc[None, :]
-    for i in range(NT):
-        n = NT - 1 - i
+    for i in range(n1 - n0):
+        n = n1 - 1 - i
         t = n * C + rc
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
@@ -132,18 +161,57 @@ def state_bwd_kernel(
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         doc = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         G, G_last = _chunk_gates(g, row, mt)
-        # M^T computed directly (k q^T), never as the transpose of a product (Hopper miscompile, ANCHORS.md)
-        kq = mma(kc, tl.trans(qc), PREC)
-        dG = G[None, :] - G[:, None]
-        MT = tl.where(anticausal, kq * tl.exp(tl.where(anticausal, dG, 0.0)), 0.0) * scale
-        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
-        dvn = mma(MT.to(dt), doc, PREC) + mma(kdec, dH.to(dt), PREC)
-        dvnd = dvn.to(dt)
+        dvnd, dH = _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt, PREC)
         tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
-        qg = (qc * (tl.exp(G) * scale)[:, None]).to(dt)
-        dH = dH * tl.exp(G_last) + mma(tl.trans(qg), doc, PREC)
-        dH -= mma(tl.trans(wc), dvnd, PREC)
-    tl.store(dh0 + state_off, dH, mask=mkv)
+    tl.store(dh0 + state_off, dH, mask=mkv_first)
+
+
+@triton.jit
+def bwd_segment_summary_kernel(
+    q, k, w, g, do, M, b,
+    scale, T, NT, SEG,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """The backward walk over segment ``program_id(2) + 1`` (segment 0's map is never needed) as an affine map
+    of the gradient entering it, ``dS_start = M dH_end + b``, for one block of columns of ``[M | b]``: the
+    walk's own step from ``[I | 0]``, with do = 0 in M's columns (the map is linear in do)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_p = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    dt = q.dtype.element_ty
+    # the first BK // BV column blocks are M's (identity at the start, no do), the rest b's (zero, do)
+    in_b = tl.minimum(i_c * BV // BK, 1)
+    col = i_c * BV - BK * in_b + tl.arange(0, BV)
+    mcol = col < K + (V - K) * in_b
+    mdo = col < V * in_b
+    dH = tl.where((rk[:, None] == col[None, :]) & (rk[:, None] < K * (1 - in_b)), 1.0, 0.0)
+    n0 = (i_p + 1) * SEG
+    n1 = tl.minimum(n0 + SEG, NT)
+    anticausal = rc[:, None] <= rc[None, :]
+    for i in range(n1 - n0):
+        n = n1 - 1 - i
+        t = n * C + rc
+        mt = t < T
+        row = (i_b * T + t).to(tl.int64) * H + i_h
+        mtk = mt[:, None] & mk[None, :]
+        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        doc = tl.load(do + row[:, None] * V + col[None, :], mask=mt[:, None] & mdo[None, :], other=0.0)
+        G, G_last = _chunk_gates(g, row, mt)
+        _, dH = _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt, PREC)
+    seg = i_p.to(tl.int64) * tl.num_programs(1) + i_bh
+    mask = mk[:, None] & mcol[None, :]
+    if in_b == 0:
+        tl.store(M + seg * K * K + rk[:, None] * K + col[None, :], dH, mask=mask)
+    else:
+        tl.store(b + seg * K * V + rk[:, None] * V + col[None, :], dH, mask=mask)
 
 
 # Fixed launch settings (no autotuning: the gate must cover every config a run can pick).
@@ -243,8 +311,57 @@ def state_bwd(
     BK = padded(K)
     BV, warps, stages = config or bwd_launch_config(V, B * H, BK, NT)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT,
+        q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
         PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return dh, dvnew, dh0
+
+
+def state_bwd_segmented(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    g: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+    segments: int,
+    config: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`state_bwd`'s results with the chunks cut into `segments` runs walked side by side (the forward's
+    walk.state_walk_segmented, in reverse): (1) each segment's affine map of the gradient entering it,
+    ``dS_start = M dH_end + b`` (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering
+    each segment, from the last down, one batched fp32 product a boundary; (3) every segment's walk at once,
+    storing dh and dv_new, the first segment dh0. Arguments and results as :func:`state_bwd`."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    seg = triton.cdiv(NT, max(1, segments))
+    P = triton.cdiv(NT, seg)
+    BK = padded(K)
+    BV, warps, stages = config or bwd_launch_config(V, B * H * P, BK, seg)
+    if P == 1:
+        return state_bwd(q, k, w, g, do, dht, scale, config)
+    BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
+    M = q.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
+    b = q.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
+    bwd_segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
+        q, k, w, g, do, M, b, scale, T, NT, seg,
+        H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    entering = q.new_empty(P, B * H, K, V, dtype=torch.float32)
+    grad = dht.reshape(B * H, K, V).float() if dht is not None else entering.new_zeros(B * H, K, V)
+    for p in range(P - 1, -1, -1):
+        entering[p] = grad
+        if p > 0:
+            grad = torch.baddbmm(b[p - 1], M[p - 1], grad)
+    dh = q.new_empty(B, NT, H, K, V)
+    dvnew = torch.empty_like(do)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+    state_bwd_kernel[(triton.cdiv(V, BV), B * H, P)](
+        q, k, w, g, do, entering, dh, dvnew, dh0, scale, T, NT, seg,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=True, PREC=dot_precision(q.dtype), SEGMENTED=True,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dh, dvnew, dh0

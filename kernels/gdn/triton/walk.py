@@ -32,7 +32,7 @@ import triton.language as tl
 from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["H200_CLEAN", "LAUNCH", "launch_config", "state_walk", "state_walk_segmented"]
+__all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "launch_config", "state_walk", "state_walk_segmented"]
 
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
 # when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
@@ -53,6 +53,10 @@ LAUNCH = {
 }  # fmt: skip
 # (V block, warps, stages) that gave h, v_new and the final state bit-identical to state_fwd's on the H200
 # (8x4096x6, and 1x32768x16 for 16/4/2); launch_config may only return one of these (a CPU test checks it).
+# Segments of the chunk-serial walks (this forward walk, state.py's backward walk) walked side by side
+# (state_walk_segmented, state.state_bwd_segmented); 1: the serial walks. Off until timed on the H200
+# (benchmarks/NOTES.md, "the segmented walk"); benchmarks/gdn_kernels.py sets it to compare.
+SEGMENTS = 1
 H200_CLEAN = {(64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (16, 4, 2), (16, 4, 3), (16, 2, 2)}
 
 

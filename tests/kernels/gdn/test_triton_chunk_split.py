@@ -124,13 +124,30 @@ def test_segmented_walk_gives_the_serial_walks_results(B, T, H, K, V, segments, 
     assert ht is None and torch.equal(h, segmented[0]) and torch.equal(vnew, segmented[1])
 
 
+@pytest.mark.parametrize(("B", "T", "H", "K", "V", "segments", "dtype", "h0"), SEGMENTED)
+def test_segmented_backward_walk_gives_the_serial_walks_results(B, T, H, K, V, segments, dtype, h0) -> None:  # type: ignore[no-untyped-def]
+    """state.py's backward walk, segmented, against the serial one: dh, dv_new and dh0 (`h0` here: a cotangent on
+    the final state or none)."""
+    from deltabench.kernels.gdn.triton import state
+    from deltabench.kernels.gdn.triton.wy import wy_fwd
+
+    x = make_inputs(B, T, H, K, V, dtype=dtype, seed=T + segments, regime="long")
+    _, w, _ = wy_fwd(x["k"], x["v"], x["g"].float(), x["beta"])
+    do, dht = _cotangents(B, T, H, K, V, dtype)
+    args = (x["q"], x["k"], w, x["g"].float(), do, dht if h0 else None, K**-0.5)
+    serial = state.state_bwd(*args)
+    segmented = state.state_bwd_segmented(*args, segments)
+    bound = 1e-6 if dtype == torch.float32 else 4e-3
+    for name, a, b in zip(("dh", "dv_new", "dh0"), serial, segmented, strict=True):
+        assert b.dtype == a.dtype and b.shape == a.shape, name
+        assert _rel(b, a.double()) < bound, (name, _rel(b, a.double()))
+
+
 @pytest.mark.parametrize(("dtype", "regime"), [(torch.float32, "long"), (torch.bfloat16, "typical")])
 def test_split_with_the_segmented_walk_matches_oracle(dtype, regime, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The whole op, forward through the segmented walk (three segments of T = 190's three chunks: one chunk a
-    segment, the last ragged), against the float64 oracle: output, final state, every gradient."""
-    from deltabench.kernels.gdn.triton import chunk_split
-
-    monkeypatch.setattr(chunk_split, "WALK_SEGMENTS", 3)
+    """The whole op through the segmented walks, forward and backward (three segments of T = 190's three chunks:
+    one chunk a segment, the last ragged), against the float64 oracle: output, final state, every gradient."""
+    monkeypatch.setattr(walk, "SEGMENTS", 3)
     _check_against_oracle(1, 190, 3, 32, 64, dtype, regime, True)
 
 
@@ -160,7 +177,7 @@ def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPat
     def no_walk(*args: object, **kwargs: object) -> None:
         raise AssertionError("state_walk launched for a one-chunk sequence")
 
-    monkeypatch.setattr(chunk_split, "state_walk", no_walk)
+    monkeypatch.setattr(chunk_split.walk, "state_walk", no_walk)
     B, H, K, V = 1, 2, 32, 64
     x = make_inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=5, initial_state=True)
     do, dht = _cotangents(B, T, H, K, V, torch.bfloat16)

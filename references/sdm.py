@@ -88,19 +88,28 @@ def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, all
             raise ValueError(f"{name} must be an int64 (or int32) tensor, got {idx.dtype}")
         if idx.shape[-1] > num_slots:
             raise ValueError(f"{name} selects {idx.shape[-1]} slots per token, more than the bank's S={num_slots}")
-        if idx.numel():
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= num_slots:
-                bad = lo if lo < 0 else hi
-                where = tuple(int(i) for i in (idx == bad).nonzero()[0])
-                raise ValueError(f"{name} holds slot {bad} outside [0, {num_slots}) at index {where}")
-    if not allow_repeated_writes and k_idx.numel() and k_idx.shape[-1] > 1:
+    # Every condition as a device flag, read back in one transfer: on a GPU each read is a synchronisation that
+    # leaves the device idle while the host queues the kernels after it.
+    flags = [
+        (idx < 0).any() | (idx >= num_slots).any() if idx.numel() else torch.zeros((), dtype=torch.bool)
+        for idx in (k_idx, q_idx)
+    ]
+    check_repeats = not allow_repeated_writes and k_idx.numel() and k_idx.shape[-1] > 1
+    if check_repeats:
         ordered = k_idx.sort(dim=-1).values
         same = ordered[..., 1:] == ordered[..., :-1]
-        if bool(same.any()):
-            first = tuple(int(i) for i in same.nonzero()[0])
-            where, slot = first[:-1], int(ordered[first])
-            raise ValueError(f"k_idx repeats write slot {slot} within one token at (b, t, h) = {where}")
+        flags.append(same.any())
+    bad = torch.stack([f.to(k_idx.device) for f in flags]).tolist()
+    for name, idx, out_of_range in (("k_idx", k_idx, bad[0]), ("q_idx", q_idx, bad[1])):
+        if out_of_range:
+            lo, hi = int(idx.min()), int(idx.max())
+            bad_slot = lo if lo < 0 else hi
+            where = tuple(int(i) for i in (idx == bad_slot).nonzero()[0])
+            raise ValueError(f"{name} holds slot {bad_slot} outside [0, {num_slots}) at index {where}")
+    if check_repeats and bad[2]:
+        first = tuple(int(i) for i in same.nonzero()[0])
+        where, slot = first[:-1], int(ordered[first])
+        raise ValueError(f"k_idx repeats write slot {slot} within one token at (b, t, h) = {where}")
 
 
 def check_factors(factors: Sequence[int], num_slots: int | None = None) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma
+from .walk import map_columns, store_map
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_bwd_segmented", "state_fwd"]
@@ -185,12 +186,7 @@ def bwd_segment_summary_kernel(
     rc = tl.arange(0, C)
     mk = rk < K
     dt = q.dtype.element_ty
-    # the first BK // BV column blocks are M's (identity at the start, no do), the rest b's (zero, do)
-    in_b = tl.minimum(i_c * BV // BK, 1)
-    col = i_c * BV - BK * in_b + tl.arange(0, BV)
-    mcol = col < K + (V - K) * in_b
-    mdo = col < V * in_b
-    dH = tl.where((rk[:, None] == col[None, :]) & (rk[:, None] < K * (1 - in_b)), 1.0, 0.0)
+    in_b, col, mcol, mdo, dH = map_columns(i_c, rk, K, V, BK, BV)
     n0 = (i_p + 1) * SEG
     n1 = tl.minimum(n0 + SEG, NT)
     anticausal = rc[:, None] <= rc[None, :]
@@ -206,12 +202,7 @@ def bwd_segment_summary_kernel(
         doc = tl.load(do + row[:, None] * V + col[None, :], mask=mt[:, None] & mdo[None, :], other=0.0)
         G, G_last = _chunk_gates(g, row, mt)
         _, dH = _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt, PREC)
-    seg = i_p.to(tl.int64) * tl.num_programs(1) + i_bh
-    mask = mk[:, None] & mcol[None, :]
-    if in_b == 0:
-        tl.store(M + seg * K * K + rk[:, None] * K + col[None, :], dH, mask=mask)
-    else:
-        tl.store(b + seg * K * V + rk[:, None] * V + col[None, :], dH, mask=mask)
+    store_map(M, b, dH, i_p.to(tl.int64) * tl.num_programs(1) + i_bh, rk, col, mcol, in_b, K, V)
 
 
 # Fixed launch settings (no autotuning: the gate must cover every config a run can pick).

@@ -129,6 +129,29 @@ def state_walk_kernel(
 
 
 @triton.jit
+def map_columns(i_c, rk, K, V, BK: tl.constexpr, BV: tl.constexpr):
+    """Column block `i_c` of a segment map ``[M | b]`` (K + V columns; the first BK // BV blocks are M's):
+    ``(in_b, columns, their mask, where the walk's input enters (b's columns only), the start [I | 0])``."""
+    in_b = tl.minimum(i_c * BV // BK, 1)
+    col = i_c * BV - BK * in_b + tl.arange(0, BV)
+    mcol = col < K + (V - K) * in_b
+    m_input = col < V * in_b
+    start = tl.where((rk[:, None] == col[None, :]) & (rk[:, None] < K * (1 - in_b)), 1.0, 0.0)
+    return in_b, col, mcol, m_input, start
+
+
+@triton.jit
+def store_map(M, b, S, seg, rk, col, mcol, in_b, K, V):
+    """Store a column block of segment `seg`'s map (from :func:`map_columns`) into M ``[., K, K]`` or b
+    ``[., K, V]``."""
+    mask = (rk[:, None] < K) & mcol[None, :]
+    if in_b == 0:
+        tl.store(M + seg * K * K + rk[:, None] * K + col[None, :], S, mask=mask)
+    else:
+        tl.store(b + seg * K * V + rk[:, None] * V + col[None, :], S, mask=mask)
+
+
+@triton.jit
 def segment_summary_kernel(
     k, w, u, g, M, b,
     T, NT, SEG,
@@ -147,12 +170,7 @@ def segment_summary_kernel(
     rc = tl.arange(0, C)
     mk = rk < K
     dt = k.dtype.element_ty
-    # the first BK // BV column blocks are M's (identity at the start, no U), the rest b's (zero, U)
-    in_b = tl.minimum(i_c * BV // BK, 1)
-    col = i_c * BV - BK * in_b + tl.arange(0, BV)
-    mcol = col < K + (V - K) * in_b
-    mu = col < V * in_b
-    S = tl.where((rk[:, None] == col[None, :]) & (rk[:, None] < K * (1 - in_b)), 1.0, 0.0)
+    in_b, col, mcol, mu, S = map_columns(i_c, rk, K, V, BK, BV)
     n0 = i_p * SEG
     for n in range(n0, tl.minimum(n0 + SEG, NT)):
         t = n * C + rc
@@ -164,12 +182,7 @@ def segment_summary_kernel(
         uc = tl.load(u + row[:, None] * V + col[None, :], mask=mt[:, None] & mu[None, :], other=0.0)
         gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
         _, _, S = _chunk_step(S, kc, wc, uc, gc, dt, PREC)
-    seg = i_p.to(tl.int64) * tl.num_programs(1) + i_bh
-    mask = mk[:, None] & mcol[None, :]
-    if in_b == 0:
-        tl.store(M + seg * K * K + rk[:, None] * K + col[None, :], S, mask=mask)
-    else:
-        tl.store(b + seg * K * V + rk[:, None] * V + col[None, :], S, mask=mask)
+    store_map(M, b, S, i_p.to(tl.int64) * tl.num_programs(1) + i_bh, rk, col, mcol, in_b, K, V)
 
 
 def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]:

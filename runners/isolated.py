@@ -460,8 +460,14 @@ def run_gates(
         _forkserver()  # made once here: the threads then share it
     alone_env = env
     if workers > 1:
-        # gates side by side share the device: each sizes what it may allocate for itself by this share
-        env = {**(env or {}), DEVICE_SHARE_ENV: f"{1 / workers:.6g}"}
+        # Gates side by side share the device: each sizes what it may allocate for itself by this share, and each
+        # process's allocators are held to it (PyTorch's by keep_to_share in the job, JAX's by XLA's memory
+        # fraction, its growth limit when it does not preallocate) unless the user set XLA's fraction (by either
+        # name: JAX refuses both at once).
+        share = f"{1 / workers:.6g}"
+        given = {**os.environ, **(env or {})}
+        set_by_user = any(n in given for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"))
+        env = {**(env or {}), DEVICE_SHARE_ENV: share, **({} if set_by_user else {"XLA_CLIENT_MEM_FRACTION": share})}
     stop = threading.Event()
     results: dict[int, JobResult] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="deltabench-gate")

@@ -137,7 +137,7 @@ def execute(job: JobSpec) -> JobResult:
     phase = "setup"
     placed = contextlib.ExitStack()  # the JAX device of the case, from the impl's first call to its timing
     try:
-        from deltabench.harness.devices import placement
+        from deltabench.harness.devices import keep_to_share, placement
         from deltabench.harness.ops import get_op, make_case_inputs
         from deltabench.harness.registry import get_impl
 
@@ -152,6 +152,7 @@ def execute(job: JobSpec) -> JobResult:
             result.status, result.reason = "unsupported", why
             return _finish(result)
         placed.enter_context(placement(case.device, impl.backend))
+        keep_to_share(case.device)
 
         import torch
 

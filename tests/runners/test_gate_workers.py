@@ -210,6 +210,50 @@ def test_gates_side_by_side_are_told_their_share_of_the_device(
     assert seen == [share, share]
 
 
+def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltabench.runners import isolated
+
+    envs: list[dict] = []
+
+    class Job:
+        impl = "any"
+
+        def model_copy(self, update):
+            return self
+
+    def fake_run_isolated(job, *, python, env, stop):
+        envs.append(dict(env or {}))
+        return JobResult.model_construct(status="ok")
+
+    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    isolated.run_gates({0: Job()}, 4, python="python3")
+    assert envs[-1]["XLA_CLIENT_MEM_FRACTION"] == "0.25"
+    # JAX refuses both names at once: a fraction the user set under either is left alone
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    isolated.run_gates({0: Job()}, 4, python="python3")
+    assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
+    isolated.run_gates({0: Job()}, 1, python="python3")
+    assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
+
+
+def test_a_process_sharing_a_gpu_holds_its_allocator_to_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No GPU here: what is checked is the call torch would get (set_per_process_memory_fraction), and that no
+    # other device or share gets one.
+    import torch
+    from deltabench.harness.devices import DEVICE_SHARE_ENV, keep_to_share
+
+    calls: list[tuple[float, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, d)))
+    monkeypatch.setenv(DEVICE_SHARE_ENV, "0.125")
+    assert keep_to_share("cuda:1") == 0.125 and calls == [(0.125, 1)]
+    assert keep_to_share("cpu") == 1.0 and keep_to_share("tpu") == 1.0 and len(calls) == 1
+    monkeypatch.delenv(DEVICE_SHARE_ENV)
+    assert keep_to_share("cuda") == 1.0 and len(calls) == 1
+
+
 def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from deltabench.harness.devices import DEVICE_SHARE_ENV, device_share
     from deltabench.harness.errors import BadInput

@@ -323,7 +323,7 @@ def state_bwd_segmented(
     """:func:`state_bwd`'s results with the chunks cut into `segments` runs walked side by side (the forward's
     walk.state_walk_segmented, in reverse): (1) each segment's affine map of the gradient entering it,
     ``dS_start = M dH_end + b`` (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering
-    each segment, from the last down, one batched fp32 product a boundary; (3) every segment's walk at once,
+    each segment, from the last down, one batched float64 product a boundary; (3) every segment's walk at once,
     storing dh and dv_new, the first segment dh0. Arguments and results as :func:`state_bwd`."""
     B, T, H, K = q.shape
     V = do.shape[-1]
@@ -342,11 +342,12 @@ def state_bwd_segmented(
         H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     entering = q.new_empty(P, B * H, K, V, dtype=torch.float32)
-    grad = dht.reshape(B * H, K, V).float() if dht is not None else entering.new_zeros(B * H, K, V)
+    # composed in float64, as the forward's segment starts (walk.state_walk_segmented)
+    grad = dht.reshape(B * H, K, V).double() if dht is not None else entering.new_zeros(B * H, K, V).double()
     for p in range(P - 1, -1, -1):
         entering[p] = grad
         if p > 0:
-            grad = torch.baddbmm(b[p - 1], M[p - 1], grad)
+            grad = torch.baddbmm(b[p - 1].double(), M[p - 1].double(), grad)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)

@@ -251,7 +251,7 @@ def state_walk_segmented(
 
     Three passes: (1) each segment's affine map ``S_end = M S_start + b`` (``segment_summary_kernel``: the walk's
     step over K + V columns, all segments at once); (2) the segments' start states, one small batched product per
-    segment boundary (PyTorch, fp32); (3) the walk of every segment from its start, all at once, storing h and
+    segment boundary (PyTorch, float64); (3) the walk of every segment from its start, all at once, storing h and
     v_new as the serial walk does. Three walks' work instead of one, on `segments` times the programs. The states
     at segment starts differ from the serial walk's by rounding only (their M carries the step's bf16 state
     rounding, as the serial walk's own state does).
@@ -281,11 +281,14 @@ def state_walk_segmented(
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     starts = k.new_empty(P, B * H, K, V, dtype=torch.float32)
-    state = initial_state.reshape(B * H, K, V).float() if initial_state is not None else starts.new_zeros(B * H, K, V)
+    # composed in float64: tiny products, and no TF32 a caller may have allowed for float32 matmuls
+    state = starts.new_zeros(B * H, K, V, dtype=torch.float64)
+    if initial_state is not None:
+        state = initial_state.reshape(B * H, K, V).double()
     for p in range(P):
         starts[p] = state
         if p < P - 1:
-            state = torch.baddbmm(b[p], M[p], state)
+            state = torch.baddbmm(b[p].double(), M[p].double(), state)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None

@@ -18,7 +18,7 @@ import torch
 
 from . import walk
 from .local_bwd import local_bwd
-from .state import state_bwd, state_bwd_segmented, state_fwd
+from .state import state_bwd, state_fwd
 from .wy import wy_fwd
 
 __all__ = ["chunk_gated_delta_rule", "gdn_triton_chunk"]
@@ -34,10 +34,7 @@ def chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, ke
 def chunk_gdn_bwd(q, k, v, g, beta, scale, saved, do, dht):
     """Backward orchestrator: returns ``(dq, dk, dv, dg, dbeta, dh0)``."""
     L, w, h, vnew = saved
-    if walk.SEGMENTS > 1:
-        dh, dvnew, dh0 = state_bwd_segmented(q, k, w, g, do, dht, scale, walk.SEGMENTS)
-    else:
-        dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, scale)
+    dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, scale, segments=walk.SEGMENTS)
     dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, scale)
     return dq, dk, dv, dg, dbeta, dh0
 

@@ -32,10 +32,7 @@ def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
     if q.shape[1] <= CHUNK:
         return chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, keep_for_backward=True)
     L, w, u = wy_fwd(k, v, g, beta)
-    if walk.SEGMENTS > 1:
-        h, vnew, ht = walk.state_walk_segmented(k, w, u, g, initial_state, output_final_state, walk.SEGMENTS)
-    else:
-        h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, output_final_state)
+    h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, output_final_state, segments=walk.SEGMENTS)
     o = chunk_output(q, k, g, h, vnew, scale)
     return o, ht, (L, w, h, vnew)
 

@@ -25,10 +25,10 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma
-from .walk import map_columns, store_map
+from .walk import compose_segments, map_columns, store_map, walk_segments
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_bwd_segmented", "state_fwd"]
+__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def state_bwd_kernel(
 ):  # fmt: skip
     """Walk the chunks of one (batch, head) backwards for one block of V columns. SEGMENTED: grid axis 2 is a
     segment of SEG chunks, dht holds the gradient entering each segment ``[P, B*H, K, V]`` (fp32, from
-    :func:`state_bwd_segmented`) and only the first segment stores dh0."""
+    :func:`state_bwd`'s segments) and only the first segment stores dh0."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -290,70 +290,39 @@ def state_bwd(
     dht: torch.Tensor | None,
     scale: float,
     config: tuple[int, int, int] | None = None,
+    segments: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
-    [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts)."""
+    [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts).
+
+    With `segments` > 1 the chunks are cut into that many runs walked side by side (walk.state_walk's segments,
+    in reverse): (1) each segment's affine map of the gradient entering it, ``dS_start = M dH_end + b``
+    (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering each segment, from the last
+    down (walk.compose_segments); (3) every segment's walk at once, storing dh and dv_new, the first segment dh0."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    dh = q.new_empty(B, NT, H, K, V)
-    dvnew = torch.empty_like(do)
-    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
-    BK = padded(K)
-    BV, warps, stages = config or bwd_launch_config(V, B * H, BK, NT)
-    state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, g, do, dht, dh, dvnew, dh0, scale, T, NT, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None,
-        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return dh, dvnew, dh0
-
-
-def state_bwd_segmented(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    w: torch.Tensor,
-    g: torch.Tensor,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    scale: float,
-    segments: int,
-    config: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`state_bwd`'s results with the chunks cut into `segments` runs walked side by side (the forward's
-    walk.state_walk_segmented, in reverse): (1) each segment's affine map of the gradient entering it,
-    ``dS_start = M dH_end + b`` (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering
-    each segment, from the last down, one batched float64 product a boundary; (3) every segment's walk at once,
-    storing dh and dv_new, the first segment dh0. Arguments and results as :func:`state_bwd`."""
-    B, T, H, K = q.shape
-    V = do.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    seg = triton.cdiv(NT, max(1, segments))
-    P = triton.cdiv(NT, seg)
+    seg, P = walk_segments(NT, segments)
     BK = padded(K)
     BV, warps, stages = config or bwd_launch_config(V, B * H * P, BK, seg)
-    if P == 1:
-        return state_bwd(q, k, w, g, do, dht, scale, config)
-    BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
-    M = q.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
-    b = q.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
-    bwd_segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
-        q, k, w, g, do, M, b, scale, T, NT, seg,
-        H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    entering = q.new_empty(P, B * H, K, V, dtype=torch.float32)
-    # composed in float64, as the forward's segment starts (walk.state_walk_segmented)
-    grad = dht.reshape(B * H, K, V).double() if dht is not None else entering.new_zeros(B * H, K, V).double()
-    for p in range(P - 1, -1, -1):
-        entering[p] = grad
-        if p > 0:
-            grad = torch.baddbmm(b[p - 1].double(), M[p - 1].double(), grad)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+    entering = dht
+    if P > 1:
+        BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
+        M = q.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
+        b = q.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
+        bwd_segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
+            q, k, w, g, do, M, b, scale, T, NT, seg,
+            H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(q.dtype),
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        last = dht.reshape(B * H, K, V) if dht is not None else b.new_zeros(B * H, K, V)
+        entering = compose_segments(M, b, last, reverse=True)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H, P)](
         q, k, w, g, do, entering, dh, dvnew, dh0, scale, T, NT, seg,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=True, PREC=dot_precision(q.dtype), SEGMENTED=True,
-        num_warps=warps, num_stages=stages,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=entering is not None, PREC=dot_precision(q.dtype),
+        SEGMENTED=P > 1, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dh, dvnew, dh0

@@ -32,7 +32,7 @@ import triton.language as tl
 from ...common.triton.mma import mma
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "launch_config", "state_walk", "state_walk_segmented"]
+__all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "compose_segments", "launch_config", "state_walk", "walk_segments"]
 
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
 # when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
@@ -54,7 +54,7 @@ LAUNCH = {
 # (V block, warps, stages) that gave h, v_new and the final state bit-identical to state_fwd's on the H200
 # (8x4096x6, and 1x32768x16 for 16/4/2); launch_config may only return one of these (a CPU test checks it).
 # Segments of the chunk-serial walks (this forward walk, state.py's backward walk) walked side by side
-# (state_walk_segmented, state.state_bwd_segmented); 1: the serial walks. Off until timed on the H200
+# (state_walk and state.state_bwd with `segments`); 1: the serial walks. Off until timed on the H200
 # (benchmarks/NOTES.md, "the segmented walk"); benchmarks/gdn_kernels.py sets it to compare.
 SEGMENTS = 1
 H200_CLEAN = {(64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (16, 4, 2), (16, 4, 3), (16, 2, 2)}
@@ -81,7 +81,7 @@ def state_walk_kernel(
 ):  # fmt: skip
     """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state.
     SEGMENTED: grid axis 2 is a segment of SEG chunks, h0 holds every segment's start ``[P, B*H, K, V]``
-    (fp32, from :func:`state_walk_segmented`) and only the last segment stores the final state."""
+    (fp32, from :func:`state_walk`'s segments) and only the last segment stores the final state."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -200,6 +200,30 @@ def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]
     return LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"]
 
 
+def walk_segments(NT: int, segments: int) -> tuple[int, int]:
+    """``(chunks a segment, segments)`` for at most `segments` segments of whole chunks over `NT` chunks (fewer
+    when the chunks run out; ``(NT, 1)``: the serial walk)."""
+    seg = triton.cdiv(NT, max(1, segments))
+    return seg, triton.cdiv(NT, seg)
+
+
+def compose_segments(M: torch.Tensor, b: torch.Tensor, first: torch.Tensor, *, reverse: bool) -> torch.Tensor:
+    """What enters each of P segments ``[P, B*H, K, V]`` fp32, from `first` (what enters the first segment walked,
+    ``[B*H, K, V]``) and the segment maps ``x -> M x + b`` (M ``[P - 1, B*H, K, K]``, b ``[P - 1, B*H, K, V]``):
+    forward, map p leads from segment p to p + 1; `reverse` (the backward walk), map p - 1 from segment p to p - 1.
+    Composed in float64: tiny products, and no TF32 a caller may have allowed for float32 matmuls."""
+    P = M.shape[0] + 1
+    entering = b.new_empty(P, *first.shape)
+    x = first.double()
+    order = range(P - 1, -1, -1) if reverse else range(P)
+    for i, p in enumerate(order):
+        entering[p] = x
+        if i < P - 1:
+            m = p - 1 if reverse else p
+            x = torch.baddbmm(b[m].double(), M[m].double(), x)
+    return entering
+
+
 def state_walk(
     k: torch.Tensor,
     w: torch.Tensor,
@@ -208,13 +232,23 @@ def state_walk(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     config: tuple[int, int, int] | None = None,
+    segments: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the state walk.
+
+    With `segments` > 1 the chunks are cut into that many runs walked side by side, for few heads on a long
+    sequence (at 1 x 32768 x 16 the serial walk is 512 dependent steps on 128 programs), in three passes: (1) each
+    segment's affine map ``S_end = M S_start + b`` (``segment_summary_kernel``: the walk's step over K + V columns,
+    all segments at once); (2) the segments' start states (:func:`compose_segments`); (3) the walk of every segment
+    from its start, all at once, storing h and v_new as the serial walk does. Three walks' work instead of one, on
+    `segments` times the programs. The states at segment starts differ from the serial walk's by rounding only
+    (their M carries the step's bf16 state rounding, as the serial walk's own state does).
 
     Args:
         k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
             log-decay; initial_state: ``[B, H, K, V]`` fp32 or None; config: ``(V block, warps, stages)`` in
-            place of ``launch_config``'s (for tuning scripts; None in the library).
+            place of ``launch_config``'s (for tuning scripts; None in the library); segments: at most this many
+            segments (:func:`walk_segments`; 1: the serial walk).
 
     Returns:
         ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
@@ -223,79 +257,28 @@ def state_walk(
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    h = k.new_empty(B, NT, H, K, V)
-    vnew = torch.empty_like(u)
-    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV, warps, stages = config or launch_config(V, B * H, padded(K))
-    state_walk_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, g, initial_state, h, vnew, ht, T, NT, NT,
-        H=H, K=K, V=V, BK=padded(K), BV=BV, C=CHUNK,
-        HAS_H0=initial_state is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype),
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return h, vnew, ht
-
-
-def state_walk_segmented(
-    k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
-    g: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    segments: int,
-    config: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`state_walk`'s results with the chunks cut into `segments` runs walked side by side, for few heads
-    on a long sequence (at 1 x 32768 x 16 the serial walk is 512 dependent steps on 128 programs).
-
-    Three passes: (1) each segment's affine map ``S_end = M S_start + b`` (``segment_summary_kernel``: the walk's
-    step over K + V columns, all segments at once); (2) the segments' start states, one small batched product per
-    segment boundary (PyTorch, float64); (3) the walk of every segment from its start, all at once, storing h and
-    v_new as the serial walk does. Three walks' work instead of one, on `segments` times the programs. The states
-    at segment starts differ from the serial walk's by rounding only (their M carries the step's bf16 state
-    rounding, as the serial walk's own state does).
-
-    Args:
-        k, w, u, g, initial_state, output_final_state, config: as :func:`state_walk`.
-        segments: at most this many segments (whole chunks each; fewer when the chunks run out).
-
-    Returns:
-        ``(h, v_new, final_state)`` as :func:`state_walk`.
-    """
-    B, T, H, K = k.shape
-    V = u.shape[-1]
-    NT = triton.cdiv(T, CHUNK)
-    seg = triton.cdiv(NT, max(1, segments))
-    P = triton.cdiv(NT, seg)
-    if P == 1:
-        return state_walk(k, w, u, g, initial_state, output_final_state, config)
-    BV, warps, stages = config or launch_config(V, B * H * P, padded(K))
+    seg, P = walk_segments(NT, segments)
     BK = padded(K)
-    BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
-    M = k.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
-    b = k.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
-    segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
-        k, w, u, g, M, b, T, NT, seg,
-        H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(k.dtype),
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    starts = k.new_empty(P, B * H, K, V, dtype=torch.float32)
-    # composed in float64: tiny products, and no TF32 a caller may have allowed for float32 matmuls
-    state = starts.new_zeros(B * H, K, V, dtype=torch.float64)
-    if initial_state is not None:
-        state = initial_state.reshape(B * H, K, V).double()
-    for p in range(P):
-        starts[p] = state
-        if p < P - 1:
-            state = torch.baddbmm(b[p].double(), M[p].double(), state)
+    BV, warps, stages = config or launch_config(V, B * H * P, BK)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    start = initial_state
+    if P > 1:
+        BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
+        M = k.new_empty(P - 1, B * H, K, K, dtype=torch.float32)
+        b = k.new_empty(P - 1, B * H, K, V, dtype=torch.float32)
+        segment_summary_kernel[(BK // BVs + triton.cdiv(V, BVs), B * H, P - 1)](
+            k, w, u, g, M, b, T, NT, seg,
+            H=H, K=K, V=V, BK=BK, BV=BVs, C=CHUNK, PREC=dot_precision(k.dtype),
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        first = initial_state.reshape(B * H, K, V) if initial_state is not None else b.new_zeros(B * H, K, V)
+        start = compose_segments(M, b, first, reverse=False)
     state_walk_kernel[(triton.cdiv(V, BV), B * H, P)](
-        k, w, u, g, starts, h, vnew, ht, T, NT, seg,
+        k, w, u, g, start, h, vnew, ht, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
-        HAS_H0=True, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=True,
+        HAS_H0=start is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=P > 1,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return h, vnew, ht

@@ -114,13 +114,13 @@ def test_segmented_walk_gives_the_serial_walks_results(B, T, H, K, V, segments, 
     _, w, u = wy_fwd(x["k"], x["v"], x["g"].float(), x["beta"])
     args = (x["k"], w, u, x["g"].float(), x.get("initial_state"), True)
     serial = walk.state_walk(*args)
-    segmented = walk.state_walk_segmented(*args, segments)
+    segmented = walk.state_walk(*args, segments=segments)
     bound = 1e-6 if dtype == torch.float32 else 4e-3
     for name, a, b in zip(("h", "v_new", "final_state"), serial, segmented, strict=True):
         assert b.dtype == a.dtype and b.shape == a.shape, name
         assert _rel(b, a.double()) < bound, (name, _rel(b, a.double()))
     # without the final state: none returned, h and v_new the same
-    h, vnew, ht = walk.state_walk_segmented(*args[:-1], False, segments)
+    h, vnew, ht = walk.state_walk(*args[:-1], False, segments=segments)
     assert ht is None and torch.equal(h, segmented[0]) and torch.equal(vnew, segmented[1])
 
 
@@ -136,7 +136,7 @@ def test_segmented_backward_walk_gives_the_serial_walks_results(B, T, H, K, V, s
     do, dht = _cotangents(B, T, H, K, V, dtype)
     args = (x["q"], x["k"], w, x["g"].float(), do, dht if h0 else None, K**-0.5)
     serial = state.state_bwd(*args)
-    segmented = state.state_bwd_segmented(*args, segments)
+    segmented = state.state_bwd(*args, segments=segments)
     bound = 1e-6 if dtype == torch.float32 else 4e-3
     for name, a, b in zip(("dh", "dv_new", "dh0"), serial, segmented, strict=True):
         assert b.dtype == a.dtype and b.shape == a.shape, name

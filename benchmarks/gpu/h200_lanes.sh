@@ -129,12 +129,12 @@ lane_b() {
     shared
 }
 
-# sweep CAP: the 20-seed verify sweep of the GPU impls, one child process a line (a kernel that faults costs its own
+# sweep CAP [VERIFY_SWEEP ARGS]: the 20-seed verify sweep of the GPU impls, one child process a line (a kernel that faults costs its own
 # line), six at once, at K=V=128: the GPU kernels' shape; a line compiles per length (the Pallas kernel ~60 s a
 # length): up to 600 s a line
 sweep() {
     stamp verify-sweep
-    PYTHONPATH=$(pypath) timeout "$1" python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only \
+    PYTHONPATH=$(pypath) timeout "$1" python3 benchmarks/gpu/verify_sweep.py --seeds 20 --wide-only "${@:2}" \
         --line-timeout $(($1 < 600 ? $1 - 20 : 600)) --jobs 6 >"$dir/verify-sweep.log" 2>&1
     echo "verify_sweep exit=$?"; grep -E "^(PASS|FAIL|SKIP)|line\(s\)" "$dir/verify-sweep.log" | cut -c1-170
 }
@@ -162,7 +162,7 @@ lane_solo() {
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
     warm=$!
-    sweep 720
+    sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's extension build: over 480 s, a session of its own
     wait "$warm"
     cat "$dir/qla-prewarm.log"
     run_gated 660 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
@@ -251,7 +251,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' stages speed_cold sdm_gpu gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold stages sdm_gpu gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

@@ -21,11 +21,14 @@ oracle's runs are reused across lines and runs; each child pays its interpreter 
 
 Shapes, per op (by its dims): B=2,T=70,H=3,K=16,V=32 for gdn, gdn2 and kda, B=1,T=70,H=3,S=64,D=16,W=4,R=4 for sdm.
 An impl that cannot take the small shape (e.g. K = V = 128 only) is verified at the wide one instead (K = V = 128;
-sdm: D = 128), and one that needs an even number of heads (FlashQLA) at the wide one with H = 4; the line says
-which shape it ran. ``--shape`` and ``--wide-shape`` (repeatable) replace the defaults of the ops whose dims they
-name. ``--wide`` verifies every line at the wide shape as well (FLA's kernels target K = V = 128, the train
-shapes), ``--wide-only`` only there. The summary counts PASS, FAIL and SKIP lines;
-the exit code is 1 when any line failed, 2 on bad input.
+sdm: D = 128), one that needs an even number of heads (FlashQLA) at the wide one with H = 4, and one that needs T a
+multiple of 256 (atomic-ops' chunked paths) at the wide one with T = 256; the line says which shape it ran.
+``--shape`` and ``--wide-shape`` (repeatable) replace the defaults of the ops whose dims they name. ``--wide``
+verifies every line at the wide shape as well (FLA's kernels target K = V = 128, the train shapes), ``--wide-only``
+only there. The summary counts PASS, FAIL and SKIP lines; the exit code is 1 when any line failed, 2 on bad input.
+JAX impls' lines start first (they compile for every length the gate calls them at: the Pallas kernels about a
+minute a length), so the longest lines never start last; ``--exclude NAME`` leaves an impl out (e.g. one whose build
+needs a session of its own).
 """
 
 from __future__ import annotations
@@ -74,6 +77,14 @@ def _even_heads(dims: dict[str, int] | None) -> dict[str, int] | None:
     return {**dims, "H": dims["H"] + 1}
 
 
+def _whole_blocks(dims: dict[str, int] | None, block: int = 256) -> dict[str, int] | None:
+    """`dims` with T rounded up to a multiple of `block` (atomic-ops' chunked paths take T % 256 == 0 only), or
+    None when T already is one."""
+    if dims is None or "T" not in dims or dims["T"] % block == 0:
+        return None
+    return {**dims, "T": -(-dims["T"] // block) * block}
+
+
 def _absolute(spec: str) -> str:
     """A file import as an absolute path (the child may not share the working directory's meaning)."""
     return str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
@@ -117,6 +128,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     wide.add_argument("--wide-only", action="store_true", help="verify every line at the wide shape only")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--impl", action="append", help="impl names (default: all but the CPU-swept ones)")
+    parser.add_argument("--exclude", action="append", default=[], help="impl names to leave out")
     parser.add_argument("--op", action="append", help="ops (default: every op)")
     parser.add_argument("--dtype", action="append", choices=("fp32", "bf16"), help="dtypes (default: both)")
     parser.add_argument("--line-timeout", type=float, default=600.0, help="seconds before a line's child is killed")
@@ -159,20 +171,23 @@ def main(argv: list[str] | None = None) -> int:
 
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     lines: list[tuple[str, str, dict[str, Any]]] = []  # (label, shape id, the child's request), in sweep order
+    slow: list[bool] = []  # per line: a JAX impl, compiled for each length it is called at (Pallas: a minute each)
     for impl in impls:
         wanted = impl.name in args.impl if args.impl else impl.name not in CPU_SWEPT
+        wanted = wanted and impl.name not in args.exclude
         if not wanted or (args.op and impl.op not in args.op) or impl.unavailable_reason(args.device):
             continue
         mode = "fwd+bwd" if impl.supports_backward else "fwd"
         small, wide = shapes[impl.op]
-        wide_even = _even_heads(wide)  # for a kernel that needs an even H (FlashQLA), the next H up
+        # for a kernel that needs an even H (FlashQLA), the next H up; for one that needs whole 256-blocks, T so
+        wide_alt = [_even_heads(wide), _whole_blocks(wide)]
         # each entry: the shapes to try in turn (the first the impl takes is verified)
         if args.wide_only:
-            plan = [[wide, wide_even]]
+            plan = [[wide, *wide_alt]]
         elif args.wide:
-            plan = [[small, wide, wide_even], [wide, wide_even]]
+            plan = [[small, wide, *wide_alt], [wide, *wide_alt]]
         else:
-            plan = [[small, wide, wide_even]]
+            plan = [[small, wide, *wide_alt]]
         for dtype in args.dtype or ("fp32", "bf16"):
             done: set[str] = set()
             for candidates in plan:
@@ -198,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     "deterministic": False, "reference": "auto", "imports": imports,
                 }  # fmt: skip
                 lines.append((label, case.shape_id, request))
+                slow.append(impl.backend == "jax")
+
+    # the longest lines start first, so that no line of minutes starts when the others are ending
+    lines = [line for _, line in sorted(zip(slow, lines, strict=True), key=lambda p: not p[0])]
 
     def verify_line(line: tuple[str, str, dict[str, Any]]) -> tuple[bool, list[str]]:
         label, shape_id, request = line

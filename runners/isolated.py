@@ -310,7 +310,9 @@ class _Worker:
                             phase = mark
                             on_phase(job, phase[len(PHASE_MARK) :].strip())
                 if result_path.exists():
-                    result = JobResult.model_validate_json(result_path.read_text())
+                    # A gate-only job that passed is 'ok' without its timing, which the run makes later.
+                    context = {GATE_ONLY: True} if job.stage == "gate" else None
+                    result = JobResult.model_validate_json(result_path.read_text(), context=context)
                     result_path.unlink()
                     return result, False, 0, self._log_since(start_at)
                 rc = self.exit_code()
@@ -396,6 +398,13 @@ class SharedProcessRunner:
             self.close()
         return result
 
+    def kill(self) -> None:
+        """End the current worker's process now, from any thread: the job it is running ends as lost (crashed)
+        and :meth:`run` returns."""
+        worker = self._worker
+        if worker is not None:
+            worker.kill()
+
     def close(self) -> None:
         """End the current worker process, if any."""
         if self._worker is not None:
@@ -437,6 +446,13 @@ class IsolatedRunner:
         return run_isolated(job, python=self.python, env=self.env)
 
 
+def _gate_runner(python: str | None, env: Mapping[str, str] | None) -> SharedProcessRunner:
+    """The runner of one impl's gates in :func:`run_gates`: one long-lived process for all of them (a fresh one
+    after a crash or a timeout), so that the impl's imports, compiles and the gate's reduced-case records
+    (harness/gate_memo.py) are made once, as in a run that gates job by job."""
+    return SharedProcessRunner(python=python, env=env)
+
+
 def run_gates(
     jobs: Mapping[int, JobSpec],
     workers: int,
@@ -445,68 +461,77 @@ def run_gates(
     env: Mapping[str, str] | None = None,
     on_gated: Callable[[int, JobResult], None] | None = None,
 ) -> dict[int, JobResult]:
-    """The gates of `jobs` (key: any index), up to `workers` at once, each job in a fresh process of its own with
-    its timeout (:func:`run_isolated`, ``stage = "gate"``): ``ok`` when it passed, else the status and reason its
-    job ends with. Each gate is told its share of the device (``DELTABENCH_DEVICE_SHARE`` = 1 / `workers`), which
-    bounds what a gate sizes by the free device memory (its fwd+bwd reference length on a GPU, harness/verify.py).
-    Each impl's first gate ends before its others start (they then find its compiles in the on-disk caches).
-    A gate that ran out of memory beside others is run again once all the others have ended, alone and with the
-    whole device: its job ends ``oom`` only when it does so alone too (the others' allocations are not its fault).
-    `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the
-    gates still running before it lets the exception through."""
-    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+    """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
+    Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a
+    timeout costs its own job, the next gets a fresh process), up to `workers` impls at once. Impls side by side
+    are told their share of the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the impls at once), which bounds what a
+    gate sizes by the free device memory (its fwd+bwd reference length on a GPU, harness/verify.py) and what its
+    allocators hold. A gate that ran out of memory beside others is run again once all the others have ended,
+    alone and with the whole device: its job ends ``oom`` only when it does so alone too (the others' allocations
+    are not its fault). `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C,
+    SIGTERM), it kills the gates still running before it lets the exception through."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
 
     if python is None:
         _forkserver()  # made once here: the threads then share it
+    chains: dict[str, list[int]] = {}  # by impl, in the order given
+    for key, job in jobs.items():
+        chains.setdefault(job.impl, []).append(key)
+    side_by_side = min(workers, len(chains))
     alone_env = env
-    if workers > 1:
-        # Gates side by side share the device: each sizes what it may allocate for itself by this share, and each
+    if side_by_side > 1:
+        # Impls side by side share the device: each sizes what it may allocate for itself by this share, and each
         # process's allocators are held to it (PyTorch's by keep_to_share in the job, JAX's by XLA's memory
         # fraction, its growth limit when it does not preallocate) unless the user set XLA's fraction (by either
         # name: JAX refuses both at once).
-        share = f"{1 / workers:.6g}"
+        share = f"{1 / side_by_side:.6g}"
         given = {**os.environ, **(env or {})}
         set_by_user = any(n in given for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"))
         env = {**(env or {}), DEVICE_SHARE_ENV: share, **({} if set_by_user else {"XLA_CLIENT_MEM_FRACTION": share})}
     stop = threading.Event()
+    runners: list[SharedProcessRunner] = []
+    ended: queue.Queue[tuple[int, JobResult | None]] = queue.Queue()  # (key, result); None: a chain's end
+
+    def chain(keys: list[int], chain_env: Mapping[str, str] | None) -> None:
+        runner = _gate_runner(python, chain_env)
+        runners.append(runner)
+        try:
+            for key in keys:
+                if stop.is_set():
+                    break
+                ended.put((key, runner.run(jobs[key].model_copy(update={"stage": "gate"}))))
+        finally:
+            runner.close()
+            ended.put((-1, None))
+
     results: dict[int, JobResult] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="deltabench-gate")
-    # Each impl's first gate runs before its others start: its compiles and autotuning land in the on-disk caches
-    # (Triton's, TileLang's, JAX's) that they then read, where N gates of one impl from a cold cache would each do
-    # the same work at once.
-    held: dict[str, list[int]] = {}
-    for key, job in jobs.items():
-        held.setdefault(job.impl, []).append(key)
     again: list[int] = []  # out of memory beside others: to run alone at the end
-    alone: set[int] = set()
 
-    def submit(key: int) -> Future:
-        job = jobs[key].model_copy(update={"stage": "gate"})
-        return pool.submit(run_isolated, job, python=python, env=alone_env if key in alone else env, stop=stop)
-
-    try:
-        pending: dict[Future, int] = {}
-        for keys in held.values():
-            first = keys.pop(0)
-            pending[submit(first)] = first
-        while pending:
-            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            for future in done:
-                key = pending.pop(future)
-                result = future.result()
-                pending.update({submit(k): k for k in held.pop(jobs[key].impl, [])})
-                if workers > 1 and key not in alone and result.status == "oom":
-                    again.append(key)
-                    continue
+    def collect(chains_running: int, alone: bool) -> None:
+        while chains_running:
+            key, result = ended.get()
+            if result is None:
+                chains_running -= 1
+            elif side_by_side > 1 and not alone and result.status == "oom":
+                again.append(key)
+            else:
                 results[key] = result
                 if on_gated is not None:
                     on_gated(key, result)
-            if not pending and again:
-                key = again.pop(0)
-                alone.add(key)
-                pending[submit(key)] = key
+
+    pool = ThreadPoolExecutor(max_workers=max(1, side_by_side), thread_name_prefix="deltabench-gate")
+    try:
+        for keys in chains.values():
+            pool.submit(chain, keys, env)
+        collect(len(chains), alone=False)
+        for key in again:  # each alone, in the order they ran out
+            pool.submit(chain, [key], alone_env)
+            collect(1, alone=True)
     except BaseException:
-        stop.set()  # every running gate's process group is killed by its thread; queued ones start and end at once
+        stop.set()  # no chain starts another gate
+        for runner in list(runners):
+            runner.kill()  # the gate each is running ends now, as lost
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

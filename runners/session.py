@@ -255,9 +255,9 @@ class RunState:
         env: Mapping[str, str] | None = None,
         on_gated: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Gate the plan's supported jobs (indices in `order`), up to `workers` at once, each in a process of its own
-        (``isolated.run_gates``); :meth:`step` then gives each job its gate's outcome. `on_gated` (gated, total)
-        follows the phase."""
+        """Gate the plan's supported jobs (indices in `order`), up to `workers` impls at once, an impl's gates in one
+        process (``isolated.run_gates``); :meth:`step` then gives each job its gate's outcome. A gate that did not
+        pass is the job's result: it is saved as it ends. `on_gated` (gated, total) follows the phase."""
         from .isolated import run_gates
 
         todo: dict[int, JobSpec] = {}
@@ -271,6 +271,10 @@ class RunState:
 
         def gated(index: int, result: JobResult) -> None:
             self.gated[index] = result
+            if result.status != "ok":  # final: kept in the document now, so a run cut in this phase keeps it
+                self.finished[index] = result
+                self.doc.jobs = [self.finished[i] for i in sorted(self.finished)]
+                write_document(self.doc, self.target)
             if on_gated:
                 on_gated(len(self.gated), len(todo))
 

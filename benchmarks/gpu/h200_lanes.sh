@@ -152,7 +152,7 @@ sdm_gpu() {
 
 # One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
 # nothing goes first, side by side: FlashQLA's compiles and the whole verify sweep (about 700 s at six lines at
-# once: 28 lines ended in 480 s on 2026-12-01); then, alone on the GPU, the train suite (465 s with gates eight at
+# once: all 32 lines in 573 s on 2026-12-01 10:34); then, alone on the GPU, the train suite (gates four impls at
 # once), then the queue: the stage times (the segmented walk beside the serial one and FLA), the 12-job comparison
 # from empty caches, sdm-gpu, GDN-2. SDM 2.0.0's extension build is
 # left to a session of its own (not finished in 480 s beside the sweep).
@@ -165,9 +165,11 @@ lane_solo() {
     sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's extension build: over 480 s, a session of its own
     wait "$warm"
     cat "$dir/qla-prewarm.log"
-    run_gated 660 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
-        --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent \
-        --impl opengdn_triton --impl opengdn_chunkwise --impl jax_chunk
+    # four impls' gate processes at once, the longest chain (opengdn_chunkwise: its PyTorch path at full shape)
+    # first; 8 at once with a process per gate ended no job in 660 s (2026-12-01 10:44), job by job 81 in 385 s
+    run_gated 600 train 4 --suite train --timeout 300 --impl opengdn_chunkwise --impl triton_chunk_split \
+        --impl triton_chunk --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent \
+        --impl fla_recurrent --impl jax_chunk --impl opengdn_triton
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
     tail -3 "$dir/train-overhead.md"
     shared
@@ -190,7 +192,7 @@ task_speed_cold() {
     local caches=/tmp/cold-caches
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
-        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate2 300 --gate-workers 2
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate3 300 --gate-workers 3  # its three impls
 }
 
 task_speed_warm() { speed warm 240; }

@@ -100,9 +100,9 @@ def register(app: typer.Typer) -> None:
         gate_workers: int = typer.Option(
             None,
             "--gate-workers",
-            help="Gate every job first, up to N at once (each in a process of its own), then time the jobs one at a "
-            "time with their gate's outcome (default: the suite's [gate] workers, else 1: each job gated just before "
-            "its timing). Not with --base-ref.",
+            help="Gate every job first, up to N impls at once (each impl's gates in a process of its own), then time "
+            "the jobs one at a time with their gate's outcome (default: the suite's [gate] workers, else 1: each job "
+            "gated just before its timing). Not with --base-ref.",
         ),
         base_ref: str = typer.Option(
             None,

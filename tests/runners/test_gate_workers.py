@@ -1,7 +1,7 @@
-"""`deltabench run --gate-workers N` on the CPU with real processes and the real gate: every job gated first, N at
-once, each in a process of its own; then timed one at a time with its gate's outcome. Same statuses and gate records
-as a run that gates job by job; a wrong impl `incorrect` and untimed; an impl that crashes in its gate costs its own
-job only; no two timings overlap.
+"""`deltabench run --gate-workers N` on the CPU with real processes and the real gate: every job gated first, N impls
+at once, each impl's gates in a process of its own; then timed one at a time with its gate's outcome. Same statuses
+and gate records as a run that gates job by job; a wrong impl `incorrect` and untimed; an impl that crashes in its
+gate costs its own job only; no two timings overlap.
 """
 
 from __future__ import annotations
@@ -61,6 +61,28 @@ def _run(tmp: Path, workers: int) -> tuple[ResultDocument, list[tuple[int, int]]
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple]:
     """The suite run gated job by job (1) and two at a time (2)."""
     return {n: _run(tmp_path_factory.mktemp(f"gw{n}"), n) for n in (1, 2)}
+
+
+class _FakeRunner:
+    """Stands in for one impl's gate process in isolated.run_gates: `fn(job, env)` is each gate."""
+
+    def __init__(self, fn, env) -> None:
+        self.fn, self.env = fn, env
+
+    def run(self, job):
+        return self.fn(job, self.env)
+
+    def close(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def _fake_gates(monkeypatch: pytest.MonkeyPatch, fn) -> None:
+    from deltabench.runners import isolated
+
+    monkeypatch.setattr(isolated, "_gate_runner", lambda python, env: _FakeRunner(fn, env))
 
 
 def _key(job: JobResult) -> tuple:
@@ -195,19 +217,24 @@ def test_gates_side_by_side_are_told_their_share_of_the_device(
 
     seen: list[str | None] = []
 
-    def fake_run_isolated(job, *, python, env, stop):  # records the environment each gate would get
+    def fake_gate(job, env):  # records the environment each gate would get
         seen.append((env or {}).get(DEVICE_SHARE_ENV))
         return JobResult.model_construct(status="ok")
 
     class Job:
-        impl = "any"
+        def __init__(self, impl: str) -> None:
+            self.impl = impl
 
         def model_copy(self, update):
             return self
 
-    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
-    isolated.run_gates({0: Job(), 1: Job()}, workers, python="python3", env={"X": "1"})
-    assert seen == [share, share]
+    _fake_gates(monkeypatch, fake_gate)
+    isolated.run_gates({k: Job(f"impl{k % 4}") for k in range(8)}, workers, python="python3", env={"X": "1"})
+    assert seen == [share] * 8
+    # the share is of the impls side by side: two impls under four workers get half the device each
+    seen.clear()
+    isolated.run_gates({k: Job(f"impl{k % 2}") for k in range(4)}, workers, python="python3")
+    assert seen == [None if workers == 1 else "0.5"] * 4
 
 
 def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,25 +243,27 @@ def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monke
     envs: list[dict] = []
 
     class Job:
-        impl = "any"
+        def __init__(self, impl: str) -> None:
+            self.impl = impl
 
         def model_copy(self, update):
             return self
 
-    def fake_run_isolated(job, *, python, env, stop):
+    def fake_gate(job, env):
         envs.append(dict(env or {}))
         return JobResult.model_construct(status="ok")
 
-    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    _fake_gates(monkeypatch, fake_gate)
+    four = {k: Job(f"impl{k}") for k in range(4)}
     monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    isolated.run_gates({0: Job()}, 4, python="python3")
+    isolated.run_gates(four, 4, python="python3")
     assert envs[-1]["XLA_CLIENT_MEM_FRACTION"] == "0.25"
     # JAX refuses both names at once: a fraction the user set under either is left alone
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
-    isolated.run_gates({0: Job()}, 4, python="python3")
+    isolated.run_gates(four, 4, python="python3")
     assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
-    isolated.run_gates({0: Job()}, 1, python="python3")
+    isolated.run_gates(four, 1, python="python3")
     assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
 
 
@@ -268,8 +297,9 @@ def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> Non
             device_share()
 
 
-def test_each_impls_first_gate_runs_before_its_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a cold cache is filled once per impl: no second gate of an impl starts before its first has ended
+def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one process per impl (its compiles and the gate's reduced-case records made once): an impl's gates never
+    # overlap and keep their order, while other impls' gates run beside them
     import threading
     import time
 
@@ -285,7 +315,7 @@ def test_each_impls_first_gate_runs_before_its_others(monkeypatch: pytest.Monkey
         def model_copy(self, update):
             return self
 
-    def fake_run_isolated(job, *, python, env, stop):
+    def fake_gate(job, env):
         with lock:
             events.append(("start", job.impl, job.key))
         time.sleep(0.05)
@@ -293,14 +323,19 @@ def test_each_impls_first_gate_runs_before_its_others(monkeypatch: pytest.Monkey
             events.append(("end", job.impl, job.key))
         return JobResult.model_construct(status="ok")
 
-    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
-    jobs = {k: Job(impl, k) for k, impl in enumerate(["a", "b", "a", "c", "b", "a", "c"])}
-    results = isolated.run_gates(jobs, 4, python="python3")
+    _fake_gates(monkeypatch, fake_gate)
+    order = ["a", "b", "a", "c", "b", "a", "c"]
+    results = isolated.run_gates({k: Job(impl, k) for k, impl in enumerate(order)}, 4, python="python3")
     assert sorted(results) == list(range(7))
     for impl in "abc":
         mine = [(what, key) for what, i, key in events if i == impl]
-        first = min(key for _, key in mine)
-        assert mine[:2] == [("start", first), ("end", first)], mine
+        keys = [k for k, i in enumerate(order) if i == impl]
+        assert mine == [(what, k) for k in keys for what in ("start", "end")], mine
+    running, most = 0, 0
+    for what, _, _ in events:
+        running += 1 if what == "start" else -1
+        most = max(most, running)
+    assert most == 3  # the three impls side by side
 
 
 def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> None:
@@ -335,7 +370,7 @@ def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypat
         def model_copy(self, update):
             return self
 
-    def fake_run_isolated(job, *, python, env, stop):
+    def fake_gate(job, env):
         share = (env or {}).get(DEVICE_SHARE_ENV)
         with lock:
             calls.append((job.key, share, frozenset(running)))
@@ -346,7 +381,7 @@ def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypat
         oom = job.key == 2 or (job.key == 1 and share is not None)  # job 2 runs out of memory alone too
         return JobResult.model_construct(status="oom" if oom else "ok")
 
-    monkeypatch.setattr(isolated, "run_isolated", fake_run_isolated)
+    _fake_gates(monkeypatch, fake_gate)
     seen: list[int] = []
     results = isolated.run_gates(
         {k: Job(k) for k in range(4)}, 4, python="python3", on_gated=lambda k, r: seen.append(k)
@@ -356,3 +391,24 @@ def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypat
     # each alone, after every other gate ended (in the order they ran out, which the threads decide)
     assert alone == [(1, None, frozenset()), (2, None, frozenset())]
     assert sorted(seen) == [0, 1, 2, 3] and len(seen) == 4  # each job reported once, with its final result
+
+
+def test_a_gate_that_did_not_pass_is_saved_as_it_ends(tmp_path: Path) -> None:
+    # a run cut during its gate phase keeps the verdicts already reached (the timings come after every gate)
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_wrong"'))
+    load_module(PLANTED)
+    plan = plan_run(load_suite(str(suite)), device="cpu", imports=[PLANTED], gate_workers=2)
+    out = tmp_path / "out.json"
+    on_disk: list[list[tuple[str, str]]] = []
+
+    def gated(done: int, total: int) -> None:
+        if done == total:  # the gate phase's end: nothing timed yet
+            saved = ResultDocument.model_validate_json(out.read_text())
+            on_disk.append([(j.impl, j.status) for j in saved.jobs])
+
+    doc = run_plan(plan, out=out, on_gated=gated)
+    assert on_disk == [[("planted_wrong", "incorrect")] * 2]
+    assert sorted((j.impl, j.status) for j in doc.jobs) == sorted(
+        [("planted_wrong", "incorrect")] * 2 + [("torch_chunk", "ok")] * 2 + [("torch_recurrent", "ok")] * 2
+    )

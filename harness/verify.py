@@ -776,6 +776,11 @@ def _chunk_run(case: Case, spec: OpSpec, item: _Item) -> _Run:
     return run
 
 
+def _failed(records: list[CheckRecord]) -> bool:
+    """Whether any gating record of `records` failed."""
+    return any(r.gating and not r.passed for r in records)
+
+
 def _compare_items(
     items: list[_Item], refs: list[_Run], reference_label: str, *, grads: bool, profile: str
 ) -> list[CheckRecord]:
@@ -915,6 +920,7 @@ def verify_case(
     drawn_seed: int | None = None,
     memo: GateMemo | None = None,
     grad_reference_T: int | None = None,
+    stop_at_failure: bool = False,
 ) -> VerifyReport:
     """Verify `impl` (an Impl or any callable with the op's signature) on `case`; see the module docstring.
 
@@ -938,6 +944,9 @@ def verify_case(
         grad_reference_T: with gradients against torch_chunk, the T at which its backward runs; below the case's
             T, the full shape compares outputs and final states alone (module docstring). None: the longest T
             that fits in the device memory (measured on a GPU; the full T on the CPU).
+        stop_at_failure: end the gate at the first run at the full shape with a failing check (one seed and
+            variant; all of them at once where the oracle takes the full shape), with a note record saying what
+            was not run: a runner's gate, whose verdict that failure already settles. False: every check.
 
     Returns:
         A :class:`VerifyReport`; ``.passed`` is True when every gating record passed.
@@ -971,25 +980,39 @@ def verify_case(
     lengths = _sweep_cases(case, chosen_regimes, grads=grads, limit=limit)
     first_run: _Item | None = None
     variants = _variants(spec, chosen_regimes)
-    items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in seed_list for v in variants]
+    runs = [(s, v) for s in seed_list for v in variants]
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there
     if use_oracle:
+        # every run at once: the oracle stacks them along B, at the cost of about one (_oracle_runs)
+        items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s, v in runs]
         records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
     else:
-        runs = [(s, v) for s in seed_list for v in variants]
         if grads:
             grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
-        if grad_t < case.T:
-            # Forward only at the full shape: the reference's backward there would run the device out of memory.
-            label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
-            refs = [_chunk_run(case, spec, dataclasses.replace(it, cot=None)) for it in items]
-            records += _compare_items(items, refs, label, grads=False, profile=profile)
-            del refs  # the references' device memory, before the gate's next allocations
-            records += _grad_at(impl, spec, case.replace(T=grad_t), runs, profile=profile)
-        else:
-            refs = [_chunk_run(case, spec, it) for it in items]
-            records += _compare_items(items, refs, "torch_chunk_fp32", grads=grads, profile=profile)
-            del refs
+        items = []
+        for s, v in runs:  # one run at a time against its reference, so that a gate may stop at its first failure
+            it = _run_impl(impl, spec, case, v, seed=s, grads=grads)
+            items.append(it)
+            if grad_t < case.T:
+                # Forward only at the full shape: the reference's backward there would run the device out of memory.
+                label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
+                ref = _chunk_run(case, spec, dataclasses.replace(it, cot=None))
+                found = _compare_items([it], [ref], label, grads=False, profile=profile)
+                del ref  # the reference's device memory, before the gate's next allocations
+                found += _grad_at(impl, spec, case.replace(T=grad_t), [(s, v)], profile=profile)
+            else:
+                ref = _chunk_run(case, spec, it)
+                found = _compare_items([it], [ref], "torch_chunk_fp32", grads=grads, profile=profile)
+                del ref
+            records += found
+            if stop_at_failure and _failed(found):
+                break
+    stopped = stop_at_failure and _failed(records)
+    if stopped:
+        done = f"{len(items)} of {len(runs)} runs at the full shape"
+        why = f"stopped at its first failure ({done}); the reduced-case, streaming and length checks not run"
+        records.append(note_record("gate", why, passed=True, gating=False))
+    elif not use_oracle:
         key = _memo_key("oracle", impl, short, runs, grads, profile, limit)
         records += reduced(
             key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)
@@ -1002,7 +1025,7 @@ def verify_case(
     sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(f"T={c.T}" for c, _ in lengths)
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
-    for it in items:
+    for it in [] if stopped else items:
         # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
         # compiling impl keeps to the shapes and static arguments it already has.
         stream, stream_calls = [], []
@@ -1015,10 +1038,12 @@ def verify_case(
         records += [*stream, _unchanged_record([it.run, *stream_calls], **where)]
         if first_run is None and it.variant.h0:
             first_run = it
-    key = _memo_key("sweep", impl, lengths, seed_list[0], grads, profile, limit)
-    records += reduced(
-        key, lambda: _length_sweep(impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit)
-    )
+    if not stopped:
+        key = _memo_key("sweep", impl, lengths, seed_list[0], grads, profile, limit)
+        records += reduced(
+            key,
+            lambda: _length_sweep(impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit),
+        )
     if first_run is not None:
         again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(spec, case.dims))
         gating = gate_determinism or spec.deterministic

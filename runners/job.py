@@ -212,6 +212,7 @@ def execute(job: JobSpec) -> JobResult:
                     imports=job.imports,
                     drawn_seed=job.drawn_seed,
                     memo=_memo_for(job),
+                    stop_at_failure=True,  # the job is incorrect at its first failure: the rest would only cost
                 )
             result.verification = list(report.records)
             result.gate_reference = report.reference

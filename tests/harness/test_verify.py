@@ -242,3 +242,43 @@ def test_a_nan_input_left_alone_is_not_a_write() -> None:
 
     assert _call(reads, spec, inputs, None).mutated == []
     assert _call(clears, spec, inputs, None).mutated == ["initial_state"]
+
+
+def _gdn_chunk_scaled(factor: float):
+    """torch_chunk with its output scaled by `factor`, counting its calls."""
+    base = get_impl("gdn", "torch_chunk")
+    calls: list[int] = []
+
+    def impl(q, k, v, g, beta, scale=None, initial_state=None):
+        calls.append(1)
+        o, state = base(q, k, v, g, beta, scale=scale, initial_state=initial_state)
+        return o * factor, state
+
+    impl.calls = calls  # type: ignore[attr-defined]
+    return impl
+
+
+@pytest.mark.parametrize("reference", ["torch_chunk", "oracle"])
+def test_a_gate_told_to_stop_at_its_first_failure_stops_there(reference: str) -> None:
+    case = Case(op="gdn", B=1, T=40, H=2, K=8, V=8, dtype="fp32", mode="fwd", device="cpu")
+    wrong = _gdn_chunk_scaled(1.1)
+    full = verify_case(wrong, case, seeds=2, extra_seed=False, reference=reference)
+    calls_full = len(wrong.calls)
+    wrong.calls.clear()
+    short = verify_case(wrong, case, seeds=2, extra_seed=False, reference=reference, stop_at_failure=True)
+    assert not full.passed and not short.passed
+    assert len(wrong.calls) < calls_full
+    (note,) = [r for r in short.records if r.check == "gate"]
+    assert "stopped at its first failure" in note.detail and note.passed and not note.gating
+    assert not any(r.check.startswith(("streaming", "boundary", "determinism")) for r in short.records)
+    if reference == "torch_chunk":  # one run at the full shape, then the stop: no reduced-case oracle either
+        assert note.detail.startswith("stopped at its first failure (1 of ")
+        assert {r.seed for r in short.records if r.seed is not None} == {case.seed}
+        assert not any((r.reference or "").startswith("oracle") for r in short.records)
+    # a right impl told to stop at its first failure runs every check, as without the flag
+    right = get_impl("gdn", "torch_chunk")
+    a = verify_case(right, case, seeds=2, extra_seed=False, reference=reference, stop_at_failure=True)
+    b = verify_case(right, case, seeds=2, extra_seed=False, reference=reference)
+    assert a.passed and [(r.check, r.seed, r.value) for r in a.records] == [
+        (r.check, r.seed, r.value) for r in b.records
+    ]

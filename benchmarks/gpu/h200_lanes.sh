@@ -97,9 +97,9 @@ qla_prewarm() {
     for shape in B=8,T=4096,H=6 B=4,T=8192,H=16 B=1,T=32768,H=16 B=1,T=1024,H=6 B=4,T=4096,H=6; do
         for mode in fwd fwd+bwd; do
             i=$((i + 1))
-            OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 420 python3 -m deltabench.harness.cli verify --op gdn \
+            OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 320 python3 -m deltabench.harness.cli verify --op gdn \
                 --impl flash_qla --shape "$shape,K=128,V=128" --dtype bf16 --mode "$mode" --device cuda --seeds 1 \
-                --timeout 400 >"$dir/qla-prewarm-$i.log" 2>&1 &
+                --timeout 300 >"$dir/qla-prewarm-$i.log" 2>&1 &
             pids+=($!)
         done
     done
@@ -151,10 +151,10 @@ sdm_gpu() {
 }
 
 # One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
-# nothing goes first, side by side: FlashQLA's compiles and the whole verify sweep (about 700 s at six lines at
+# nothing goes first, side by side: FlashQLA's compiles and, with LANE_SWEEP=1, the whole verify sweep (six lines at
 # once: all 32 lines in 573 s on 2026-12-01 10:34); then, alone on the GPU, the train suite (gates four impls at
-# once), then the queue: the stage times (the segmented walk beside the serial one and FLA), the 12-job comparison
-# from empty caches, sdm-gpu, GDN-2. SDM 2.0.0's extension build is
+# once), then the queue: the 12-job comparison from empty caches, the stage times (the segmented walk beside the
+# serial one and FLA), sdm-gpu, GDN-2. SDM 2.0.0's extension build is
 # left to a session of its own (not finished in 480 s beside the sweep).
 lane_solo() {
     dir=$L/a
@@ -162,7 +162,8 @@ lane_solo() {
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
     warm=$!
-    sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's extension build: over 480 s, a session of its own
+    # the whole sweep ended in one run at 10:34 on 2026-12-01 (session-1034/): again only when asked for
+    [[ ${LANE_SWEEP:-0} == 1 ]] && sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's build: a session of its own
     wait "$warm"
     cat "$dir/qla-prewarm.log"
     # four impls' gate processes at once, the longest chain (opengdn_chunkwise: its PyTorch path at full shape)

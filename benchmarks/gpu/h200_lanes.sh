@@ -153,8 +153,8 @@ sdm_gpu() {
 # One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
 # nothing goes first, side by side: FlashQLA's compiles and, with LANE_SWEEP=1, the whole verify sweep (six lines at
 # once: all 32 lines in 573 s on 2026-12-01 10:34); then, alone on the GPU, the train suite (gates four impls at
-# once), then the queue: the 12-job comparison from empty caches, the stage times (the segmented walk beside the
-# serial one and FLA), sdm-gpu, GDN-2. SDM 2.0.0's extension build is
+# once), then the queue: the 12-job comparison from empty caches, sdm-gpu, the stage times (the segmented walk
+# beside the serial one and FLA), GDN-2. SDM 2.0.0's extension build is
 # left to a session of its own (not finished in 480 s beside the sweep).
 lane_solo() {
     dir=$L/a
@@ -254,7 +254,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold stages sdm_gpu gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu stages gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

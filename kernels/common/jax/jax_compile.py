@@ -11,6 +11,11 @@
   correctness work on a CPU (tests, smoke runs), never for timings that matter: the LLVM setting also applies to
   GPU code generation. The flags are probed in a subprocess first (XLA aborts on a flag it does not know), and
   apply only if JAX has not started a backend yet in this process.
+* **No YNN fusions on the CPU** (always, unless ``XLA_FLAGS`` names the option). jaxlib 0.10's XLA:CPU fuses
+  some programs into YNN kernels, one of which segfaults the process in a transpose (``slinky`` /
+  ``make_transpose_impl`` on an XLA worker thread): gdn2 ``jax_chunk``'s backward at T = 65 and 130 on an AMD EPYC
+  host, every time. :data:`SAFE_CPU_FLAGS` turns them off (``xla_cpu_experimental_ynn_fusion_type`` empty) for
+  every program, when this XLA knows the option (probed as above).
 * **Cheap programs on request** (:func:`cheap_cpu_compile_options`). The same settings as per-program compiler
   options, so that one process can compile some programs cheaply and others as usual: the runner's correctness
   gate compiles the programs it needs beyond those the job times this way on the CPU (see
@@ -29,6 +34,8 @@ import jax
 
 __all__ = [
     "FAST_CPU_COMPILE_FLAGS",
+    "SAFE_CPU_FLAGS",
+    "avoid_cpu_crashes",
     "cheap_cpu_compile_options",
     "configure_compilation",
     "enable_persistent_cache",
@@ -40,8 +47,11 @@ FAST_CPU_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
 )
+SAFE_CPU_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)  # the module docstring says why
 _CACHE_MIN_COMPILE_S = 0.25  # smaller programs compile faster than a cache lookup pays back
-_PROBED_ENV = "DELTABENCH_JAX_FAST_COMPILE_PROBED"  # "<jax version>:<0|1>", so child processes skip the probe
+# "<jax version>:<0|1>" per flag set, so that child processes skip the probe
+_PROBED_ENV = "DELTABENCH_JAX_FAST_COMPILE_PROBED"
+_SAFE_PROBED_ENV = "DELTABENCH_JAX_SAFE_FLAGS_PROBED"
 
 
 def enable_persistent_cache() -> str | None:
@@ -63,10 +73,11 @@ def enable_persistent_cache() -> str | None:
     return wanted
 
 
-def _xla_accepts(flags: tuple[str, ...]) -> bool:
-    """Whether this XLA starts with `flags` (checked in a subprocess: an unknown flag aborts the process)."""
+def _xla_accepts(flags: tuple[str, ...], probed_env: str = _PROBED_ENV) -> bool:
+    """Whether this XLA starts with `flags` (checked in a subprocess: an unknown flag aborts the process); the
+    answer is kept in the environment variable `probed_env` for this process and its children."""
     version = jax.__version__
-    seen = os.environ.get(_PROBED_ENV, "")
+    seen = os.environ.get(probed_env, "")
     if seen.startswith(version + ":"):
         return seen.endswith(":1")
     env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
@@ -77,8 +88,22 @@ def _xla_accepts(flags: tuple[str, ...]) -> bool:
         ok = probe.returncode == 0
     except (OSError, subprocess.SubprocessError):
         ok = False
-    os.environ[_PROBED_ENV] = f"{version}:{int(ok)}"
+    os.environ[probed_env] = f"{version}:{int(ok)}"
     return ok
+
+
+def avoid_cpu_crashes() -> bool:
+    """Add :data:`SAFE_CPU_FLAGS` to ``XLA_FLAGS`` where the user set none of their options and this XLA knows
+    them; returns whether they are in effect. Call it before JAX's first computation in the process."""
+    current = os.environ.get("XLA_FLAGS", "").split()
+    named = {f.split("=", 1)[0] for f in current}
+    missing = tuple(f for f in SAFE_CPU_FLAGS if f.split("=", 1)[0] not in named)
+    if not missing:
+        return all(f in current for f in SAFE_CPU_FLAGS)
+    if not _xla_accepts(missing, _SAFE_PROBED_ENV):
+        return False
+    os.environ["XLA_FLAGS"] = " ".join([*current, *missing])
+    return True
 
 
 def use_fast_cpu_compilation() -> bool:
@@ -120,6 +145,7 @@ def cheap_cpu_compile_options() -> dict[str, bool | int | str] | None:
 
 def configure_compilation() -> None:
     """Apply deltabench's compilation settings from the environment (see the module docstring)."""
+    avoid_cpu_crashes()
     if os.environ.get("DELTABENCH_JAX_FAST_COMPILE", "") == "1":
         use_fast_cpu_compilation()
     enable_persistent_cache()

@@ -136,8 +136,11 @@ def chunk_kda_pallas_gpu(
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
     """
-    b = jnp.broadcast_to(beta[..., None], k.shape)
-    w = jnp.broadcast_to(beta[..., None], v.shape)
+    # broadcast in float32 (the values are beta's exactly): the broadcast's gradient sums db over K and dw over V,
+    # which in bf16 rounded each term and the running sum (kda dbeta 1.1e-2 at bf16, 3x torch_chunk's)
+    beta32 = beta.astype(jnp.float32)
+    b = jnp.broadcast_to(beta32[..., None], k.shape)
+    w = jnp.broadcast_to(beta32[..., None], v.shape)
     return chunk_gdn2_pallas_gpu(
         q, k, v, g, b, w, scale, initial_state,
         chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, dots=dots, interpret=interpret,

@@ -989,13 +989,14 @@ def verify_case(
     else:
         if grads:
             grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
+        # Where grad_t < T, forward only at the full shape: the reference's backward there would run the device out
+        # of memory.
+        label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
         items = []
         for s, v in runs:  # one run at a time against its reference, so that a gate may stop at its first failure
             it = _run_impl(impl, spec, case, v, seed=s, grads=grads)
             items.append(it)
             if grad_t < case.T:
-                # Forward only at the full shape: the reference's backward there would run the device out of memory.
-                label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
                 ref = _chunk_run(case, spec, dataclasses.replace(it, cot=None))
                 found = _compare_items([it], [ref], label, grads=False, profile=profile)
                 del ref  # the reference's device memory, before the gate's next allocations

@@ -206,6 +206,13 @@ def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: in
     return result
 
 
+def _read_result(path: Path, job: JobSpec) -> JobResult:
+    """The result a job's process wrote to `path`."""
+    # A gate-only job that passed is 'ok' without its timing, which the run makes later.
+    context = {GATE_ONLY: True} if job.stage == "gate" else None
+    return JobResult.model_validate_json(path.read_text(), context=context)
+
+
 def run_isolated(
     job: JobSpec,
     *,
@@ -231,9 +238,7 @@ def run_isolated(
             timed_out, rc = _run_forked(payload, log_path, job.timeout_s, stop)
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         if not timed_out and result_path.exists():
-            # A gate-only job that passed is 'ok' without its timing, which the run makes later.
-            context = {GATE_ONLY: True} if job.stage == "gate" else None
-            return JobResult.model_validate_json(result_path.read_text(), context=context)
+            return _read_result(result_path, job)
     return _lost_result(job, started, timed_out=timed_out, rc=rc, log_text=log_text)
 
 
@@ -310,9 +315,7 @@ class _Worker:
                             phase = mark
                             on_phase(job, phase[len(PHASE_MARK) :].strip())
                 if result_path.exists():
-                    # A gate-only job that passed is 'ok' without its timing, which the run makes later.
-                    context = {GATE_ONLY: True} if job.stage == "gate" else None
-                    result = JobResult.model_validate_json(result_path.read_text(), context=context)
+                    result = _read_result(result_path, job)
                     result_path.unlink()
                     return result, False, 0, self._log_since(start_at)
                 rc = self.exit_code()

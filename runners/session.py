@@ -272,9 +272,7 @@ class RunState:
         def gated(index: int, result: JobResult) -> None:
             self.gated[index] = result
             if result.status != "ok":  # final: kept in the document now, so a run cut in this phase keeps it
-                self.finished[index] = result
-                self.doc.jobs = [self.finished[i] for i in sorted(self.finished)]
-                write_document(self.doc, self.target)
+                self._save(index, result)
             if on_gated:
                 on_gated(len(self.gated), len(todo))
 
@@ -319,11 +317,15 @@ class RunState:
             result = _with_repetition(self.finished[index], latest, self.timings[index], rep, self.plan.repeat)
         median = result.timing.median_ms if result.timing else None
         result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, self.doc.ceilings)
+        self._save(index, result)
+        if on_done:
+            on_done(job, result)
+
+    def _save(self, index: int, result: JobResult) -> None:
+        """Record `result` as the plan's job `index` and write the document."""
         self.finished[index] = result
         self.doc.jobs = [self.finished[i] for i in sorted(self.finished)]
         write_document(self.doc, self.target)
-        if on_done:
-            on_done(job, result)
 
     @staticmethod
     def _after_gate(gate: JobResult, job: JobSpec, runner: Runner) -> JobResult:

@@ -41,6 +41,7 @@ from .job import case_spec
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "GatedCallback",
     "RunPlan",
     "RunState",
     "execution_order",
@@ -49,6 +50,9 @@ __all__ = [
     "run_plan",
     "write_document",
 ]
+
+# (jobs gated, jobs to gate, the gate that just ended: None before the first)
+GatedCallback = Callable[[int, int, JobResult | None], None]
 
 DEFAULT_TIMEOUT_S = 900.0  # per job: a new shape of a JIT-compiled kernel can compile for a minute
 
@@ -144,15 +148,15 @@ def run_plan(
     on_done: Callable[[JobSpec, JobResult], None] | None = None,
     on_begin: Callable[[Path], None] | None = None,
     on_phase: Callable[[JobSpec, str], None] | None = None,
-    on_gated: Callable[[int, int], None] | None = None,
+    on_gated: GatedCallback | None = None,
 ) -> ResultDocument:
     """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
 
     Without `out` the in-progress document goes to :func:`partial_path`. `on_start` / `on_done` let a
     caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job;
     `on_phase` (job, phase) follows a job through its phases (setup, first call, gate, memory, timing) when the
-    default runner is used; `on_gated` (jobs gated, jobs to gate) follows the gate phase of a plan with
-    ``gate_workers`` > 1, once before its first gate ends and after each.
+    default runner is used; `on_gated` (jobs gated, jobs to gate, the gate's result) follows the gate phase of a
+    plan with ``gate_workers`` > 1, once before its first gate ends (no result) and after each.
     """
     from .isolated import make_runner
 
@@ -174,7 +178,7 @@ def _run_jobs(
     on_start: Callable[[JobSpec], None] | None,
     on_done: Callable[[JobSpec, JobResult], None] | None,
     on_begin: Callable[[Path], None] | None,
-    on_gated: Callable[[int, int], None] | None = None,
+    on_gated: GatedCallback | None = None,
 ) -> ResultDocument:
     from .environment import collect_environment
 
@@ -253,11 +257,12 @@ class RunState:
         *,
         python: str | None = None,
         env: Mapping[str, str] | None = None,
-        on_gated: Callable[[int, int], None] | None = None,
+        on_gated: GatedCallback | None = None,
     ) -> None:
         """Gate the plan's supported jobs (indices in `order`), up to `workers` impls at once, an impl's gates in one
         process (``isolated.run_gates``); :meth:`step` then gives each job its gate's outcome. A gate that did not
-        pass is the job's result: it is saved as it ends. `on_gated` (gated, total) follows the phase."""
+        pass is the job's result: it is saved as it ends. `on_gated` (gated, total, the gate's result) follows the
+        phase, with no result once before the first gate ends."""
         from .isolated import run_gates
 
         todo: dict[int, JobSpec] = {}
@@ -267,14 +272,14 @@ class RunState:
             if not get_impl(case.op, job.impl).check_case(case):  # an unsupported job is judged by step, untimed
                 todo[index] = job
         if on_gated:
-            on_gated(0, len(todo))
+            on_gated(0, len(todo), None)
 
         def gated(index: int, result: JobResult) -> None:
             self.gated[index] = result
             if result.status != "ok":  # final: kept in the document now, so a run cut in this phase keeps it
                 self._save(index, result)
             if on_gated:
-                on_gated(len(self.gated), len(todo))
+                on_gated(len(self.gated), len(todo), result)
 
         run_gates(todo, workers, python=python, env=env, on_gated=gated)
 

@@ -119,6 +119,7 @@ def register(app: typer.Typer) -> None:
 
         Exit code 1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine).
         """
+        from deltabench.harness.commands.progress_lines import ProgressLines
         from deltabench.harness.errors import BadInput
         from deltabench.harness.registry import load_module
         from deltabench.harness.report import FORMATS, print_results, render_results
@@ -182,6 +183,8 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         # Live only where someone watches: a pipe, a file or CI gets the tables and the summary alone.
         live = not quiet and sys.stdout.isatty() and console.is_terminal
+        # A log (a pipe, a file, CI) gets one plain line per gate and job on stderr instead, unless --quiet.
+        lines = None if live or quiet else ProgressLines(console)
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -210,14 +213,28 @@ def register(app: typer.Typer) -> None:
                 # A job that ended badly skips its later rounds: advance past them too.
                 skipped = plan.repeat - 1 - job.repetition if result.status != "ok" else 0
                 progress.advance(task, 1 + skipped)
+                if lines:
+                    done = int(progress.tasks[task].completed)
+                    lines.line(
+                        f"[{done}/{int(progress.tasks[task].total or 0)}] {current.get('job', job.impl)}: "
+                        f"{lines.outcome(result)}"
+                    )
 
             gate_task: list = []  # the gate phase's own bar, made when the phase starts (gate_workers > 1)
 
-            def on_gated(done: int, total: int) -> None:
+            def on_gated(done: int, total: int, result) -> None:
                 if not gate_task:
                     gate_task.append(progress.add_task(f"gates, {plan.gate_workers} at once", total=total, start=True))
                     progress.update(task, description=f"suite {loaded.name} on {dev}: gating first")
+                    if lines:
+                        lines.line(f"gating {total} jobs first, {plan.gate_workers} impls' gates at once")
                 progress.update(gate_task[0], completed=done)
+                if lines and result is not None:
+                    c = result.case
+                    lines.line(
+                        f"gate {done}/{total} {c.op} {result.impl} {c.shape_id} {c.dtype} {c.mode}: "
+                        f"{lines.outcome(result)}"
+                    )
 
             def on_begin(path) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.

@@ -51,7 +51,7 @@ def _run(tmp: Path, workers: int) -> tuple[ResultDocument, list[tuple[int, int]]
     doc = run_plan(
         plan,
         out=tmp / f"out-{workers}.json",
-        on_gated=lambda done, total: progress.append((done, total)),
+        on_gated=lambda done, total, result: progress.append((done, total)),
         on_phase=lambda job, phase: phases.append(phase),
     )
     return doc, progress, phases
@@ -402,7 +402,7 @@ def test_a_gate_that_did_not_pass_is_saved_as_it_ends(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     on_disk: list[list[tuple[str, str]]] = []
 
-    def gated(done: int, total: int) -> None:
+    def gated(done: int, total: int, result: object) -> None:
         if done == total:  # the gate phase's end: nothing timed yet
             saved = ResultDocument.model_validate_json(out.read_text())
             on_disk.append([(j.impl, j.status) for j in saved.jobs])

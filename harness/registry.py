@@ -59,6 +59,7 @@ class Impl:
     constraint: Callable[[Case], str | None] | None = None
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
     state_grad: bool = True  # the final state carries a gradient (kernels/declare.ImplDecl.state_grad)
+    compiles_per_shape: bool = False  # gated job by job side by side (kernels/declare.ImplDecl.compiles_per_shape)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
 
@@ -115,6 +116,7 @@ def register_impl(
     requires: tuple[str, ...] = (),
     notes: str = "",
     state_grad: bool = True,
+    compiles_per_shape: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -126,8 +128,11 @@ def register_impl(
             return o, final_state
 
     `constraint(case)` returns None when the impl can run the case, else the reason it cannot.
-    `state_grad=False` declares a final state returned without a gradient (the gate's cotangent then goes on the
-    output alone). Registering a name twice replaces the earlier entry (a user's file may be re-imported).
+    `state_grad=False` declares a final state returned without a gradient (the gate's cotangent then goes on the output
+    alone). `compiles_per_shape=True` declares a kernel that compiles each new shape for a long time without autotuning:
+    a run with ``--gate-workers`` N > 1 gates each of its jobs in a process of its own, side by side with the others,
+    rather than all of them in one process. Registering a name twice replaces the earlier entry (a user's file may be
+    re-imported).
     """
     get_op(op)
     if backend not in BACKENDS:
@@ -146,6 +151,7 @@ def register_impl(
             constraint=constraint,
             requires=tuple(requires),
             state_grad=state_grad,
+            compiles_per_shape=compiles_per_shape,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -168,6 +174,7 @@ def register_impls(decls: Any) -> None:
             requires=d.requires,
             notes=d.notes,
             state_grad=d.state_grad,
+            compiles_per_shape=d.compiles_per_shape,
         )(lazy(d.target))
 
 

@@ -34,6 +34,9 @@ class ImplDecl:
         state_grad: its final state carries a gradient; False where a third-party op returns the state detached
             (the gate then back-propagates a cotangent on the output alone, and says so).
         constraint: ``constraint(case) -> str | None``, the reason it cannot run a case.
+        compiles_per_shape: it compiles each new shape it is called at, for tens of seconds or more and without
+            autotuning (TileLang, Pallas): a run gating jobs side by side (``--gate-workers``) gates each of its jobs
+            in a process of its own, so that those compiles overlap, instead of one after another.
         notes: shown by ``deltabench list`` and stored with results.
     """
 
@@ -47,4 +50,5 @@ class ImplDecl:
     requires: tuple[str, ...] = ()
     constraint: Callable[[Any], str | None] | None = None
     state_grad: bool = True
+    compiles_per_shape: bool = False
     notes: str = ""

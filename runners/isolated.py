@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from deltabench.harness.devices import DEVICE_SHARE_ENV
@@ -463,28 +463,31 @@ def run_gates(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     on_gated: Callable[[int, JobResult], None] | None = None,
+    own_process: Collection[int] = (),
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
-    Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a
-    timeout costs its own job, the next gets a fresh process), up to `workers` impls at once. Impls side by side
-    are told their share of the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the impls at once), which bounds what a
-    gate sizes by the free device memory (its fwd+bwd reference length on a GPU, harness/verify.py) and what its
-    allocators hold. A gate that ran out of memory beside others is run again once all the others have ended,
-    alone and with the whole device: its job ends ``oom`` only when it does so alone too (the others' allocations
-    are not its fault). `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C,
-    SIGTERM), it kills the gates still running before it lets the exception through."""
+    Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
+    costs its own job, the next gets a fresh process), up to `workers` such chains at once; a job whose key is in
+    `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its own, so that its
+    compiles overlap those of the impl's other jobs. Chains side by side are told their share of the device
+    (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free device memory
+    (its fwd+bwd reference length on a GPU, harness/verify.py) and what its allocators hold. A gate that ran out of
+    memory beside others is run again once all the others have ended, alone and with the whole device: its job ends
+    ``oom`` only when it does so alone too (the others' allocations are not its fault). `on_gated` (key, result) is
+    called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the gates still running before it
+    lets the exception through."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
     if python is None:
         _forkserver()  # made once here: the threads then share it
-    chains: dict[str, list[int]] = {}  # by impl, in the order given
+    chains: dict[tuple[str, int], list[int]] = {}  # by impl (or impl and job), in the order given
     for key, job in jobs.items():
-        chains.setdefault(job.impl, []).append(key)
+        chains.setdefault((job.impl, key if key in own_process else -1), []).append(key)
     side_by_side = min(workers, len(chains))
     alone_env = env
     if side_by_side > 1:
-        # Impls side by side share the device: each sizes what it may allocate for itself by this share, and each
+        # Chains side by side share the device: each sizes what it may allocate for itself by this share, and each
         # process's allocators are held to it (PyTorch's by keep_to_share in the job, JAX's by XLA's memory
         # fraction, its growth limit when it does not preallocate) unless the user set XLA's fraction (by either
         # name: JAX refuses both at once).

@@ -260,17 +260,22 @@ class RunState:
         on_gated: GatedCallback | None = None,
     ) -> None:
         """Gate the plan's supported jobs (indices in `order`), up to `workers` impls at once, an impl's gates in one
-        process (``isolated.run_gates``); :meth:`step` then gives each job its gate's outcome. A gate that did not
-        pass is the job's result: it is saved as it ends. `on_gated` (gated, total, the gate's result) follows the
-        phase, with no result once before the first gate ends."""
+        process (``isolated.run_gates``; each job of an impl that compiles per shape in a process of its own);
+        :meth:`step` then gives each job its gate's outcome. A gate that did not pass is the job's result: it is saved
+        as it ends. `on_gated` (gated, total, the gate's result) follows the phase, with no result once before the first
+        gate ends."""
         from .isolated import run_gates
 
         todo: dict[int, JobSpec] = {}
+        own_process: set[int] = set()  # jobs of impls that compile each shape: gated side by side, not in a chain
         for index in order:
             job = self._for_run(self.plan.jobs[index])
             case = job.to_case()
-            if not get_impl(case.op, job.impl).check_case(case):  # an unsupported job is judged by step, untimed
+            impl = get_impl(case.op, job.impl)
+            if not impl.check_case(case):  # an unsupported job is judged by step, untimed
                 todo[index] = job
+                if impl.compiles_per_shape:
+                    own_process.add(index)
         if on_gated:
             on_gated(0, len(todo), None)
 
@@ -281,7 +286,7 @@ class RunState:
             if on_gated:
                 on_gated(len(self.gated), len(todo), result)
 
-        run_gates(todo, workers, python=python, env=env, on_gated=gated)
+        run_gates(todo, workers, python=python, env=env, on_gated=gated, own_process=own_process)
 
     def step(
         self,

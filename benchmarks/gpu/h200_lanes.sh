@@ -45,7 +45,8 @@ run() {
     shift 2
     stamp "$name"
     t0=$(date +%s)
-    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli run --device cuda --no-db -q \
+    # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time)
+    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli run --device cuda --no-db \
         --out "$dir/$name.json" --format markdown "$@" >"$dir/$name.log" 2>&1
     echo "$name exit=$? wall=$(($(date +%s) - t0)) s"
     grep -E "^\|" "$dir/$name.log" | cut -c1-170
@@ -193,7 +194,9 @@ task_speed_cold() {
     local caches=/tmp/cold-caches
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
-        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate3 300 --gate-workers 3  # its three impls
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate6 360 --gate-workers 6
+    # six chains: FLA's, ours, and FlashQLA's four jobs each in a process of its own (compiles_per_shape: its
+    # compiles overlap; one chain of them ended nothing in 300 s at 14:10 on 2026-12-01)
 }
 
 task_speed_warm() { speed warm 240; }

@@ -90,6 +90,7 @@ IMPLS = (
         dtypes=("bf16", "fp16"),
         constraint=flash_qla_case,
         requires=("flash_qla", "tilelang"),
+        compiles_per_shape=True,  # TileLang, without autotuning: its gates side by side, a process each
         notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds",
     ),
 )

@@ -83,6 +83,7 @@ IMPLS = (
             JAX_DTYPES,
             requires=("jax",),
             constraint=pallas_case,
+            compiles_per_shape=True,  # Mosaic / Triton lowering, a compile per length (about a minute on an H200)
             notes="fused Pallas forward and backward kernels (Mosaic on a TPU; the interpreter on the CPU)",
         )
         for op in ("gdn2", "kda")
@@ -98,6 +99,7 @@ IMPLS = (
             JAX_DTYPES,
             requires=("jax",),
             constraint=_pallas_gpu_case,
+            compiles_per_shape=True,
             notes="fused Pallas forward and backward kernels for a GPU (Triton on CUDA; the interpreter on the CPU)",
         )
         for op in ("gdn2", "kda")

@@ -338,6 +338,74 @@ def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: py
     assert most == 3  # the three impls side by side
 
 
+def test_an_impl_that_compiles_per_shape_gates_its_jobs_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each job of such an impl (own_process) is a chain of its own, so its compiles overlap; the other impls keep
+    # one chain each
+    import threading
+    import time
+
+    from deltabench.runners import isolated
+
+    lock = threading.Lock()
+    events: list[tuple[str, str, int]] = []
+
+    class Job:
+        def __init__(self, impl: str, key: int) -> None:
+            self.impl, self.key = impl, key
+
+        def model_copy(self, update):
+            return self
+
+    def fake_gate(job, env):
+        with lock:
+            events.append(("start", job.impl, job.key))
+        time.sleep(0.1)
+        with lock:
+            events.append(("end", job.impl, job.key))
+        return JobResult.model_construct(status="ok")
+
+    _fake_gates(monkeypatch, fake_gate)
+    order = ["a", "b", "a", "c", "b", "a", "c"]
+    jobs = {k: Job(impl, k) for k, impl in enumerate(order)}
+    results = isolated.run_gates(jobs, 8, python="python3", own_process={0, 2, 5})
+    assert sorted(results) == list(range(7))
+    running: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+    most = dict(running)
+    for what, impl, _ in events:
+        running[impl] += 1 if what == "start" else -1
+        most[impl] = max(most[impl], running[impl])
+    assert most == {"a": 3, "b": 1, "c": 1}
+
+
+def test_the_gate_phase_gives_each_job_of_an_impl_that_compiles_per_shape_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltabench.harness.registry import get_impl, register_impl
+    from deltabench.runners import isolated
+
+    chunk = get_impl("gdn", "torch_chunk")
+    register_impl(
+        "gdn", "planted_compiles", backend="torch", devices=("cpu",), dtypes=("fp32",), compiles_per_shape=True
+    )(chunk.fn)
+    seen: dict[str, object] = {}
+
+    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=()):
+        seen["own"] = sorted(todo[k].impl for k in own_process)
+        seen["all"] = sorted(j.impl for j in todo.values())
+        return {}
+
+    monkeypatch.setattr(isolated, "run_gates", fake_run_gates)
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_compiles"'))
+    plan = plan_run(load_suite(str(suite)), device="cpu", gate_workers=3)
+    from deltabench.runners.environment import collect_environment
+    from deltabench.runners.session import RunState, execution_order
+
+    RunState(plan, collect_environment("cpu"), tmp_path / "o.json", None).gate_all(execution_order(plan), 3)
+    assert seen["own"] == ["planted_compiles"] * 2
+    assert seen["all"] == sorted(["planted_compiles"] * 2 + ["torch_chunk"] * 2 + ["torch_recurrent"] * 2)
+
+
 def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> None:
     # planted_oom_when_shared runs out of memory only while DELTABENCH_DEVICE_SHARE < 1: beside another gate. Run
     # again alone after the others, it passes and is timed; a gate that runs out of memory alone too stays oom.

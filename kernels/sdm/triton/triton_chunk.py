@@ -21,10 +21,15 @@ Determinism: no atomics; every bank row (column slice) has exactly one writer pe
 order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
 launch configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
 The backward (:mod:`.triton_chunk_bwd`, the same rules) walks the chunks in reverse from what the forward keeps:
-the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`).
+the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`). Where
+those rows would outweigh the bank many times over (the flagship op: 8 GiB of rows at 8K tokens, 32 GiB at 32K), it
+keeps instead the bank at the start of every segment of chunks and the backward replays one segment's steps at a
+time to gather them again (:func:`replay_segment`): the same programs on the same bank, the same bits.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -156,17 +161,21 @@ def solve_kernel(A, beta, X, C: tl.constexpr, BLOCK_C: tl.constexpr):
 @triton.jit
 def step_kernel(
     bank, slot_w, k_val, L_w, L_tot, first, slot_r, q_val, L_r, v, beta, X, QK, Z, y, rows_w, rows_r, u_out,
-    chunk, N,
+    chunk, N, rows_n, rows_c0, out_n, out_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
     W: tl.constexpr, R: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
 ):  # fmt: skip
     """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows.
-    With SAVE, also keep the gathered chunk-start rows and U for the backward."""
+    With SAVE, also keep the gathered chunk-start rows and U for the backward. The rows buffers hold `rows_n`
+    chunks a stream from chunk `rows_c0` on, y and U `out_n` from `out_c0` (all N from 0 in a forward that keeps
+    everything; fewer where the backward replays a segment), the inputs all N."""
     st = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mcol = col < D
     sc = st * N + chunk
+    sr = st * rows_n + (chunk - rows_c0)  # this chunk in the rows buffers
+    so = st * out_n + (chunk - out_c0)  # and in y and U
     base = bank + st * S * D
     c = tl.arange(0, BLOCK_C)
     mc = c < C
@@ -178,7 +187,7 @@ def step_kernel(
         wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
         rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
         if SAVE:
-            tl.store(rows_w + (sc * E + e)[:, None] * D + col[None, :], rows, mask=me[:, None] & mcol[None, :])
+            tl.store(rows_w + (sr * E + e)[:, None] * D + col[None, :], rows, mask=me[:, None] & mcol[None, :])
         gather = tl.where(((e // W)[None, :] == c[:, None]) & me[None, :], wt[None, :], 0.0)  # [BLOCK_C, BLOCK_E]
         k_m0 += mma(gather, rows, "ieee")
     q_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
@@ -189,7 +198,7 @@ def step_kernel(
         wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
         rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
         if SAVE:
-            tl.store(rows_r + (sc * P + p)[:, None] * D + col[None, :], rows, mask=mp[:, None] & mcol[None, :])
+            tl.store(rows_r + (sr * P + p)[:, None] * D + col[None, :], rows, mask=mp[:, None] & mcol[None, :])
         gather = tl.where(((p // R)[None, :] == c[:, None]) & mp[None, :], wt[None, :], 0.0)
         q_m0 += mma(gather, rows, "ieee")
     m2 = mc[:, None] & mcol[None, :]
@@ -199,8 +208,8 @@ def step_kernel(
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
     u = mma(x, b_c[:, None] * (v_c - k_m0), "ieee")
     if SAVE:
-        tl.store(u_out + (sc * C + c)[:, None] * D + col[None, :], u, mask=m2)
-    tl.store(y + (sc * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
+        tl.store(u_out + (so * C + c)[:, None] * D + col[None, :], u, mask=m2)
+    tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
     # Every gather above must be done before any row is rewritten.
     tl.debug_barrier()
     for e0 in range(0, E, BLOCK_E):
@@ -279,23 +288,83 @@ def _forward(
     solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
     bank = torch.zeros(BH, S, D, device=dev) if initial_bank is None else initial_bank.float().reshape(BH, S, D).clone()
     y = torch.empty(BH, N, C, D, device=dev)
-    if save:
-        rows_w, rows_r, U = (torch.empty(BH, N, n, D, device=dev) for n in (E, P, C))
-    else:
-        rows_w = rows_r = U = y  # never written (SAVE is off)
-    grid = (BH, triton.cdiv(D, _BLOCK_D))
+    segment = replay_segment(N, BH, S, D, E, P) if save else N
+    sv = Saved(
+        s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
+        A=A, QK=QK, X=X, Z=Z, U=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment,
+    )  # fmt: skip
+    if not save:
+        for i in range(N):
+            _step(sv, bank, y, y, (y, y), i, (N, 0), (N, 0), save=False)  # y stands in for the unwritten buffers
+        return y, bank, None
+    if segment == N:
+        sv.rows_w, sv.rows_r = (torch.empty(BH, N, n, D, device=dev) for n in (E, P))
+        for i in range(N):
+            _step(sv, bank, y, sv.U, (sv.rows_w, sv.rows_r), i, (N, 0), (N, 0))
+        return y, bank, sv
+    # The rows of one chunk at a time, into a buffer dropped after: the steps stay the very programs the backward's
+    # replay runs (the same SAVE), so the banks it rebuilds are these, bit for bit.
+    scratch_w, scratch_r = (torch.empty(BH, 1, n, D, device=dev) for n in (E, P))
     for i in range(N):
-        step_kernel[grid](
-            bank, s_w, kv, L_w, L_tot, first, s_r, qv, L_r, v_s, b_s, X, QK, Z, y, rows_w, rows_r, U, i, N,
-            S, D, C, E, P, W, R, _BLOCK_ENTRIES, block_c, _pow2(_BLOCK_D), save, **LAUNCH,
-        )  # fmt: skip
-    saved = None
-    if save:
-        saved = Saved(
-            s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
-            A=A, QK=QK, X=X, Z=Z, U=U, rows_w=rows_w, rows_r=rows_r,
-        )  # fmt: skip
-    return y, bank, saved
+        if i % segment == 0:
+            sv.checkpoints.append(bank.clone())  # the bank at the segment's start, for the backward's replay
+        _step(sv, bank, y, sv.U, (scratch_w, scratch_r), i, (1, i), (N, 0))
+    return y, bank, sv
+
+
+def replay_segment(N: int, BH: int, S: int, D: int, E: int, P: int) -> int:
+    """Chunks a segment of the backward's replay holds, or N: keep every chunk's rows.
+
+    Keeping them costs ``N BH (E + P) D`` floats (8 GiB for the flagship op at 8K tokens, 32 GiB at 32K). The
+    replay keeps instead the bank at the start of each segment of L chunks (``BH S D`` floats each) and, in the
+    backward, one segment's rows at a time, made by running the segment's forward steps again from its bank: the
+    same programs on the same bank, so the same bits. L = sqrt(N x bank / rows) balances the two; taken where it at
+    least halves the memory (the flagship: 4 of 8 GiB at 8K, 8 of 32 at 32K), for one more pass of the steps."""
+    rows, bank = BH * (E + P) * D, BH * S * D
+    seg = max(1, round(math.sqrt(N * bank / rows)))
+    replayed = -(-N // seg) * bank + seg * rows
+    return seg if seg < N and 2 * replayed <= N * rows else N
+
+
+def _step(
+    sv: Saved,
+    bank: torch.Tensor,
+    y: torch.Tensor,
+    U: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor],
+    chunk: int,
+    rows_at: tuple[int, int],
+    out_at: tuple[int, int],
+    save: bool = True,
+) -> None:
+    """Phase 2 for one chunk (:func:`step_kernel`): `bank` updated in place; y, and with `save` U and the chunk-start
+    `rows` (write, read), written into buffers holding (chunks, first chunk) = `out_at` and `rows_at`."""
+    BH, N, E = sv.s_w.shape
+    P = sv.s_r.shape[-1]
+    C, D = sv.v.shape[-2:]
+    S = bank.shape[1]
+    step_kernel[(BH, triton.cdiv(D, _BLOCK_D))](
+        bank, sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.first, sv.s_r, sv.qv, sv.L_r, sv.v, sv.b, sv.X, sv.QK, sv.Z, y,
+        rows[0], rows[1], U, chunk, N, *rows_at, *out_at,
+        S, D, C, E, P, E // C, P // C, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
+    )  # fmt: skip
+
+
+def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk-start rows of chunks c0 .. c1-1 (``[BH, c1 - c0, E | P, D]``), by the forward's steps run again from
+    the bank kept at c0 (:func:`replay_segment`), which they use up."""
+    k = c0 // sv.segment
+    bank, sv.checkpoints[k] = sv.checkpoints[k], None  # the reverse walk never comes back to this segment
+    assert bank is not None, f"segment {k} replayed twice"
+    BH, _, E = sv.s_w.shape
+    P = sv.s_r.shape[-1]
+    C, D = sv.v.shape[-2:]
+    n = c1 - c0
+    rows_w, rows_r = (torch.empty(BH, n, m, D, device=bank.device) for m in (E, P))
+    y, U = (torch.empty(BH, n, C, D, device=bank.device) for _ in range(2))  # as the forward wrote them: unused
+    for i in range(c0, c1):
+        _step(sv, bank, y, U, (rows_w, rows_r), i, (n, c0), (n, c0))
+    return rows_w, rows_r
 
 
 class _SdmTritonChunk(torch.autograd.Function):
@@ -330,7 +399,7 @@ class _SdmTritonChunk(torch.autograd.Function):
             dy_s[:, :, :T] = dy.float().transpose(1, 2)
         dbank_s = torch.zeros(B * H, S, D, device=dev) if dbank is None else dbank.float().reshape(B * H, S, D).clone()
         with torch.no_grad():
-            gr = sdm_chunk_backward(saved, dy_s.reshape(B * H, N, C, D), dbank_s, C, W, R, LAUNCH)
+            gr = sdm_chunk_backward(saved, dy_s.reshape(B * H, N, C, D), dbank_s, C, W, R, LAUNCH, _replay)
             dld = _unstream(gr["ld"], B, H, T, W) * ctx.first  # a repeat within a token has no decay of its own
             dkv = _unstream(gr["k_val"], B, H, T, W)
             if key_weighted:
@@ -376,7 +445,8 @@ def sdm_triton_chunk(
     every token; no key-weighted decay) the op is the gated delta rule with K = S, and deltabench's GDN Triton
     kernels run it in the inputs' dtype instead (:mod:`.dense`; `chunk_size` is theirs there, 64).
     Differentiable in ``k_val, q_val, v, g, beta, initial_bank``; when any of them requires a gradient the
-    forward keeps the chunk-start bank rows it gathers and U (see :class:`.triton_chunk_bwd.Saved` for the memory).
+    forward keeps U and the chunk-start bank rows it gathers, or a bank per segment of chunks from which the
+    backward gathers them again (:func:`replay_segment`; :class:`.triton_chunk_bwd.Saved` has the memory).
 
     Args:
         k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.

@@ -3,7 +3,8 @@
 Layout as in :mod:`.triton_chunk`: a stream is one (b, h); chunk tensors are ``[BH, N, ...]`` with write entries
 ``e = t W + n`` and read entries ``p = t R + m``. The forward keeps, per chunk, its Phase 1 tensors (``L_w, L_tot,
 L_r, first, A, QK, X, Z``), ``U [C, D]`` and the chunk-start bank rows it gathered (``rows_w [E, D]``,
-``rows_r [P, D]``), so no bank is recomputed.
+``rows_r [P, D]``); or, for a large bank over many chunks, the bank at the start of each segment of chunks, from
+which the walk gathers a segment's rows again just before it walks that segment back (triton_chunk._replay).
 
 Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it (the forward's equations are in
 :mod:`.torch_chunk`):
@@ -30,6 +31,7 @@ Every row of the bank gradient has one writer per launch; no atomics; every sum 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import triton
@@ -47,9 +49,11 @@ BLOCK_D = 32  # bank columns per program of the reverse walk
 class Saved:
     """What the forward keeps for the backward, each ``[BH, N, ...]`` (E = C W write and P = C R read entries).
 
-    Memory beyond the inputs: ``rows_w, rows_r`` (float32, ``T_pad * BH * (W + R) * D * 4`` bytes), ``U``
-    (``T_pad * BH * D * 4``), ``Z`` (``T_pad * BH * W * C * 4``), ``A, QK, X`` (``3 * T_pad * BH * C * 4``) and the
-    per-entry ``L_w, L_tot, L_r, first`` (``T_pad * BH * (3 W + R) * 4``).
+    Memory beyond the inputs: ``rows_w, rows_r`` (float32, ``T_pad * BH * (W + R) * D * 4`` bytes) or, where the
+    forward chose to replay them (``segment`` < N, triton_chunk.replay_segment), one bank per segment of that many
+    chunks in ``checkpoints`` (``BH * S * D * 4`` bytes each); ``U`` (``T_pad * BH * D * 4``), ``Z``
+    (``T_pad * BH * W * C * 4``), ``A, QK, X`` (``3 * T_pad * BH * C * 4``) and the per-entry ``L_w, L_tot, L_r,
+    first`` (``T_pad * BH * (3 W + R) * 4``).
     """
 
     s_w: torch.Tensor  # [BH, N, E] int64
@@ -68,14 +72,24 @@ class Saved:
     X: torch.Tensor  # [BH, N, C, C]
     Z: torch.Tensor  # [BH, N, E, C]
     U: torch.Tensor  # [BH, N, C, D]
-    rows_w: torch.Tensor  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
-    rows_r: torch.Tensor  # [BH, N, P, D] the same at the read slots
+    segment: int  # chunks per segment of the backward's walk: N when the rows are kept, fewer when replayed
+    rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
+    rows_r: torch.Tensor | None = None  # [BH, N, P, D] the same at the read slots
+    checkpoints: list[torch.Tensor | None] = dataclasses.field(default_factory=list)  # [BH, S, D] per segment
 
 
 def sdm_chunk_backward(
-    saved: Saved, dy: torch.Tensor, dbank: torch.Tensor, C: int, W: int, R: int, launch: dict
+    saved: Saved,
+    dy: torch.Tensor,
+    dbank: torch.Tensor,
+    C: int,
+    W: int,
+    R: int,
+    launch: dict,
+    replay: Callable[[Saved, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Gradients of the chunked SDM forward.
+    """Gradients of the chunked SDM forward, walking its chunks back segment by segment (``saved.segment`` chunks
+    each; one segment of all N when the forward kept every chunk's rows).
 
     Args:
         saved: what the forward kept.
@@ -83,6 +97,8 @@ def sdm_chunk_backward(
         dbank: ``[BH, S, D]`` float32 gradient of the final bank (a fresh tensor: it is updated in place).
         C, W, R: chunk size and entries per token.
         launch: the pinned launch configuration.
+        replay: ``replay(saved, c0, c1)``, the chunk-start rows of chunks c0 .. c1-1 where the forward did not keep
+            them (triton_chunk._replay).
 
     Returns:
         ``{"k_val": [BH, N, E], "q_val": [BH, N, P], "ld": [BH, N, E], "v": [BH, N, C, D], "beta": [BH, N, C],
@@ -93,10 +109,23 @@ def sdm_chunk_backward(
     dev, nd = dbank.device, triton.cdiv(dbank.shape[-1], BLOCK_D)
     dv = torch.empty_like(saved.v)
     sizes = {"dX": (C, C), "dQK": (C, C), "h": (E,), "mdm": (E,), "dcw": (E,), "dcr": (P,), "db": (C,)}
-    part = {name: torch.empty(BH, N, nd, *shape, device=dev) for name, shape in sizes.items()}
-    for i in reversed(range(N)):
-        _step_backward(saved, dy, dbank, W, R, launch, dv, part, i)
-    sums = {name: sum_in_order(x, 2) for name, x in part.items()}
+    sums = {name: torch.empty(BH, N, *shape, device=dev) for name, shape in sizes.items()}
+    for c0 in reversed(range(0, N, saved.segment)):
+        c1 = min(N, c0 + saved.segment)
+        if saved.rows_w is not None and saved.rows_r is not None:
+            rows = (saved.rows_w, saved.rows_r)
+        elif replay is not None:
+            rows = replay(saved, c0, c1)
+        else:
+            raise ValueError("the forward kept no rows: the backward needs its replay")
+        # each column slice's share of the segment's scalar gradients, added in slice order (elementwise, so
+        # segment by segment gives the bits of one sum over all chunks)
+        part = {name: torch.empty(BH, c1 - c0, nd, *shape, device=dev) for name, shape in sizes.items()}
+        for i in reversed(range(c0, c1)):
+            _step_backward(saved, rows, dy, dbank, W, R, launch, dv, part, i, c0)
+        for name, x in part.items():
+            sums[name][:, c0:c1] = sum_in_order(x, 2)
+        del rows, part
     dA, db = torch.empty_like(saved.A), torch.empty_like(saved.b)
     solve_bwd_kernel[(BH * N,)](saved.X, sums["dX"], saved.A, saved.b, sums["db"], dA, db, C, _pow2(C), **launch)
     dkv, dL_w, dtot, dld = (torch.empty_like(saved.kv) for _ in range(4))
@@ -187,13 +216,14 @@ def gather_weights_kernel(
 @triton.jit
 def step_bwd_kernel(
     dbank, slot_w, k_val, L_w, first, slot_r, v, beta, X, QK, Z, U, rows_w, rows_r, dy,
-    rep, ltot, Gk, Gq, dv, p_dX, p_dQK, p_h, p_mdm, p_dcw, p_dcr, p_db, chunk, N,
+    rep, ltot, Gk, Gq, dv, p_dX, p_dQK, p_h, p_mdm, p_dcw, p_dcr, p_db, chunk, N, seg_n, seg_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
     W: tl.constexpr, R: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the reverse walk for one (stream, column slice): the slice's share of the chunk's scalar
-    gradients, dv, then every touched row of the bank gradient rewritten by its slot's representative entry."""
+    gradients, dv, then every touched row of the bank gradient rewritten by its slot's representative entry. The
+    rows and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N."""
     st = tl.program_id(0).to(tl.int64)
     pd = tl.program_id(1)
     nd = tl.num_programs(1)
@@ -209,7 +239,8 @@ def step_bwd_kernel(
     u = tl.load(U + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
-    part = sc * nd + pd  # this program's share in the partial buffers [BH, N, nd, ...]
+    ss = st * seg_n + (chunk - seg_c0)  # this chunk in the segment's rows and shares
+    part = ss * nd + pd  # this program's share in the partial buffers [BH, seg_n, nd, ...]
     # dU = QK^T G + Z^T dM[s] over the slots' first write entries; per write entry <dM[s_e], U[t_e]>, <M0, dM>.
     du = mma(tl.trans(qk), g, "ieee")
     k_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
@@ -220,7 +251,7 @@ def step_bwd_kernel(
         s_e = tl.load(slot_w + sc * E + e, mask=me, other=0).to(tl.int64)
         writer = (tl.load(first + sc * E + e, mask=me, other=0) != 0) & me
         dm = tl.load(base + s_e[:, None] * D + col[None, :], mask=me2, other=0.0)
-        m0 = tl.load(rows_w + (sc * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
+        m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
         z = tl.load(Z + (sc * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
         du += mma(tl.trans(z), tl.where(writer[:, None], dm, 0.0), "ieee")
         onehot = (((e // W)[:, None] == c[None, :]) & me[:, None]).to(tl.float32)  # [BLOCK_E, BLOCK_C]
@@ -240,13 +271,13 @@ def step_bwd_kernel(
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
-        m0 = tl.load(rows_w + (sc * E + e)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
+        m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
         onehot = (((e // W)[:, None] == c[None, :]) & me[:, None]).to(tl.float32)
         tl.store(p_dcw + part * E + e, tl.sum(m0 * mma(onehot, dk, "ieee"), axis=1), mask=me)
     for p0 in range(0, P, BLOCK_E):
         p = p0 + tl.arange(0, BLOCK_E)
         mp = p < P
-        m0 = tl.load(rows_r + (sc * P + p)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
+        m0 = tl.load(rows_r + (ss * P + p)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
         onehot = (((p // R)[:, None] == c[None, :]) & mp[:, None]).to(tl.float32)
         tl.store(p_dcr + part * P + p, tl.sum(m0 * mma(onehot, g, "ieee"), axis=1), mask=mp)
     # Every read of the bank gradient above must be done before any row is rewritten.
@@ -270,11 +301,12 @@ def step_bwd_kernel(
 
 
 def _step_backward(
-    sv: Saved, dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int, launch: dict, dv: torch.Tensor,
-    part: dict[str, torch.Tensor], chunk: int,
+    sv: Saved, rows: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int,
+    launch: dict, dv: torch.Tensor, part: dict[str, torch.Tensor], chunk: int, seg_c0: int,
 ) -> None:  # fmt: skip
     """Chunk `chunk` of the reverse walk: rewrites `dbank` to the gradient of the chunk-start bank, writes the
-    chunk's dv into `dv` and each column slice's share of its scalar gradients into `part` ``[BH, N, nd, ...]``."""
+    chunk's dv into `dv` and each column slice's share of its scalar gradients into `part` ``[BH, seg_n, nd, ...]``
+    (the segment from chunk `seg_c0`, whose chunk-start rows `rows` holds)."""
     BH, N, E = sv.s_w.shape
     P, C = sv.s_r.shape[-1], sv.b.shape[-1]
     S, D = dbank.shape[1:]
@@ -289,8 +321,9 @@ def _step_backward(
     )  # fmt: skip
     step_bwd_kernel[(BH, triton.cdiv(D, BLOCK_D))](
         dbank, sv.s_w, sv.kv, sv.L_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, sv.Z,
-        sv.U, sv.rows_w, sv.rows_r, dy, rep, ltot, Gk, Gq, dv,
+        sv.U, rows[0], rows[1], dy, rep, ltot, Gk, Gq, dv,
         part["dX"], part["dQK"], part["h"], part["mdm"], part["dcw"], part["dcr"], part["db"], chunk, N,
+        part["db"].shape[1], seg_c0,
         S, D, C, E, P, W, R, BLOCK_ENTRIES, block_c, _pow2(BLOCK_D), **launch,
     )  # fmt: skip
 

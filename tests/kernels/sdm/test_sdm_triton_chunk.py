@@ -153,6 +153,43 @@ def test_no_gradient_needed_keeps_nothing() -> None:
     assert not y.requires_grad and not bank.requires_grad
 
 
+@pytest.mark.parametrize("segment", [1, 2])
+def test_a_replayed_backward_gives_the_bits_of_one_that_kept_the_rows(
+    segment: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the forward keeps a bank per segment instead of every chunk's rows, the backward replays each segment's
+    steps from its bank: every gradient bit for bit as when the rows were kept (3 chunks: segments of 1 and 2, the
+    last one short)."""
+    from deltabench.kernels.sdm.triton import triton_chunk as fwd_module
+
+    x = make_inputs(1, 19, 2, 10, 4, 3, 2, seed=7, regime="collisions", initial_bank=True)
+    kept = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8)
+    replays: list[tuple[int, int]] = []
+    replay = fwd_module._replay
+
+    def counted(sv, c0: int, c1: int):
+        replays.append((c0, c1))
+        return replay(sv, c0, c1)
+
+    monkeypatch.setattr(fwd_module, "replay_segment", lambda *dims: segment)
+    monkeypatch.setattr(fwd_module, "_replay", counted)
+    replayed = run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8)
+    assert replays == ([(2, 3), (1, 2), (0, 1)] if segment == 1 else [(2, 3), (0, 2)])
+    assert kept.keys() == replayed.keys() and all(torch.equal(kept[n], replayed[n]) for n in kept)
+
+
+def test_the_replay_is_taken_where_it_at_least_halves_the_memory() -> None:
+    """The flagship op (BH = 2, S = 65536, D = 1024, W = R = 64, C = 64): segments of 32 chunks at 8K tokens (4 of
+    8 GiB), 64 at 32K (8 of 32 GiB); small banks and short sequences keep every chunk's rows."""
+    from deltabench.kernels.sdm.triton.triton_chunk import replay_segment
+
+    E = P = 64 * 64
+    assert replay_segment(128, 2, 65536, 1024, E, P) == 32
+    assert replay_segment(512, 2, 65536, 1024, E, P) == 64
+    assert replay_segment(3, 2, 10, 4, 24, 16) == 3
+    assert replay_segment(2, 2, 65536, 1024, E, P) == 2  # two chunks: one bank costs more than their rows
+
+
 class _Edited:
     """A Triton kernel whose launches apply `edit` to the launch's arguments, before or after it runs."""
 

@@ -23,7 +23,9 @@ C, W, R = 8, 3, 2
 E, P, BC = C * W, C * R, 16
 I64, I32 = {"slot_w", "slot_r"}, {"first", "rep"}
 KERNELS = {
-    F.step_kernel: dict(S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True),
+    F.step_kernel: dict(
+        S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True
+    ),
     B.gather_weights_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32, BLOCK_C=BC),
     B.step_bwd_kernel: dict(S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32),
     B.solve_bwd_kernel: dict(C=C, BLOCK_C=BC),
@@ -35,7 +37,7 @@ for fn, const in KERNELS.items():
     for a in fn.arg_names:
         if a in const:
             sig[a] = "constexpr"
-        elif a in ("chunk", "N"):
+        elif a in ("chunk", "N", "rows_n", "rows_c0", "out_n", "out_c0", "seg_n", "seg_c0"):
             sig[a] = "i32"
         else:
             sig[a] = "*i64" if a in I64 else "*i32" if a in I32 else "*fp32"

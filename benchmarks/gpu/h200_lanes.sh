@@ -160,6 +160,8 @@ sdm_gpu() {
 lane_solo() {
     dir=$L/a
     local warm
+    # the train table is in session-1357/ (100 jobs in 537 s): again only when asked for, the queue first otherwise
+    [[ ${LANE_TRAIN:-0} == 1 ]] || { shared; return; }
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
     warm=$!
@@ -177,7 +179,13 @@ lane_solo() {
     shared
 }
 
-task_sdm_gpu() { sdm_gpu 600 1; }
+# issue 13's two flagship targets first (sdm-gpu ended 8 of its 13 jobs in 555 s at 14:15 on 2026-12-01: every
+# triton_chunk job at 8K and the dense limit): the 32K peak memory with the backward's replay, then torch_chunk's
+# 8K jobs (the 10x target's baseline)
+task_sdm_gpu() {
+    run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
+    run 420 sdm-torch-8k --suite benchmarks/gpu/sdm-h200-short.toml --op sdm --impl torch_chunk --timeout 400
+}
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {

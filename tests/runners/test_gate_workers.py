@@ -7,6 +7,7 @@ gate costs its own job only; no two timings overlap.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -297,9 +298,19 @@ def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> Non
             device_share()
 
 
-def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: pytest.MonkeyPatch) -> None:
-    # one process per impl (its compiles and the gate's reduced-case records made once): an impl's gates never
-    # overlap and keep their order, while other impls' gates run beside them
+class _GateJob:
+    """A job as run_gates sees it: an impl and a key."""
+
+    def __init__(self, impl: str, key: int) -> None:
+        self.impl, self.key = impl, key
+
+    def model_copy(self, update):
+        return self
+
+
+def _recorded_gates(monkeypatch: pytest.MonkeyPatch, order: list[str], workers: int, own_process=()) -> list[tuple]:
+    """run_gates over fake gates of the impls in `order` (one job each, keyed by position), each sleeping a moment:
+    the (start | end, impl, key) events in the order they happened."""
     import threading
     import time
 
@@ -308,25 +319,26 @@ def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: py
     lock = threading.Lock()
     events: list[tuple[str, str, int]] = []
 
-    class Job:
-        def __init__(self, impl: str, key: int) -> None:
-            self.impl, self.key = impl, key
-
-        def model_copy(self, update):
-            return self
-
     def fake_gate(job, env):
         with lock:
             events.append(("start", job.impl, job.key))
-        time.sleep(0.05)
+        time.sleep(0.1)
         with lock:
             events.append(("end", job.impl, job.key))
         return JobResult.model_construct(status="ok")
 
     _fake_gates(monkeypatch, fake_gate)
+    jobs = {k: _GateJob(impl, k) for k, impl in enumerate(order)}
+    results = isolated.run_gates(jobs, workers, python="python3", own_process=own_process)
+    assert sorted(results) == list(range(len(order)))
+    return events
+
+
+def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one process per impl (its compiles and the gate's reduced-case records made once): an impl's gates never
+    # overlap and keep their order, while other impls' gates run beside them
     order = ["a", "b", "a", "c", "b", "a", "c"]
-    results = isolated.run_gates({k: Job(impl, k) for k, impl in enumerate(order)}, 4, python="python3")
-    assert sorted(results) == list(range(7))
+    events = _recorded_gates(monkeypatch, order, 4)
     for impl in "abc":
         mine = [(what, key) for what, i, key in events if i == impl]
         keys = [k for k, i in enumerate(order) if i == impl]
@@ -341,34 +353,7 @@ def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: py
 def test_an_impl_that_compiles_per_shape_gates_its_jobs_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     # each job of such an impl (own_process) is a chain of its own, so its compiles overlap; the other impls keep
     # one chain each
-    import threading
-    import time
-
-    from deltabench.runners import isolated
-
-    lock = threading.Lock()
-    events: list[tuple[str, str, int]] = []
-
-    class Job:
-        def __init__(self, impl: str, key: int) -> None:
-            self.impl, self.key = impl, key
-
-        def model_copy(self, update):
-            return self
-
-    def fake_gate(job, env):
-        with lock:
-            events.append(("start", job.impl, job.key))
-        time.sleep(0.1)
-        with lock:
-            events.append(("end", job.impl, job.key))
-        return JobResult.model_construct(status="ok")
-
-    _fake_gates(monkeypatch, fake_gate)
-    order = ["a", "b", "a", "c", "b", "a", "c"]
-    jobs = {k: Job(impl, k) for k, impl in enumerate(order)}
-    results = isolated.run_gates(jobs, 8, python="python3", own_process={0, 2, 5})
-    assert sorted(results) == list(range(7))
+    events = _recorded_gates(monkeypatch, ["a", "b", "a", "c", "b", "a", "c"], 8, own_process={0, 2, 5})
     running: dict[str, int] = {"a": 0, "b": 0, "c": 0}
     most = dict(running)
     for what, impl, _ in events:
@@ -480,3 +465,27 @@ def test_a_gate_that_did_not_pass_is_saved_as_it_ends(tmp_path: Path) -> None:
     assert sorted((j.impl, j.status) for j in doc.jobs) == sorted(
         [("planted_wrong", "incorrect")] * 2 + [("torch_chunk", "ok")] * 2 + [("torch_recurrent", "ok")] * 2
     )
+
+
+def test_a_logged_run_prints_a_line_per_gate_and_per_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # stdout not a terminal (a file, a pipe, CI): one timestamped line per gate and per job on stderr; none with -q
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace('"torch_recurrent", "planted_wrong", "planted_gate_crash"', '"planted_wrong"'))
+    args = ["run", "--suite", str(suite), "--import", PLANTED, "--no-db", "--out", str(tmp_path / "o.json")]
+    errs = []
+    for extra in ([], ["--quiet"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*args, "--gate-workers", "2", *extra])
+        assert exc.value.code == 1  # planted_wrong is incorrect
+        errs.append(capsys.readouterr().err)
+    logged, quiet = errs
+    at = r"^\s*\d+\.\d s  "
+    assert re.search(at + r"gating 4 jobs first, 2 impls' gates at once$", logged, re.M)
+    assert re.search(at + r"gate \d/4 gdn torch_chunk B1-T20-H1-K8-V8 fp32 fwd: ok in \d+\.\d s$", logged, re.M)
+    wrong = r"gate \d/4 gdn planted_wrong B1-T24-H1-K8-V8 fp32 fwd: incorrect in \d+\.\d s: failed the gate"
+    assert re.search(at + wrong, logged, re.M)
+    assert re.search(
+        at + r"\[\d/4\] gdn torch_chunk B1-T24-H1-K8-V8 fp32 fwd: ok, median [\d.e-]+ ms in ", logged, re.M
+    )
+    assert re.search(at + r"\[\d/4\] gdn planted_wrong B1-T20-H1-K8-V8 fp32 fwd: incorrect", logged, re.M)
+    assert "gating" not in quiet and "gate 1/4" not in quiet and "[1/4]" not in quiet

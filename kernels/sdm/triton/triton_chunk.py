@@ -91,12 +91,15 @@ def slot_decay_kernel(
 
 @triton.jit
 def gram_kernel(
-    slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, A, QK, Z,
+    slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, A, QK, Z, N, seg_n, seg_c0,
     C: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
     BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_COL: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """One program per (stream-chunk, token t): row t of A and QK, and the rows of Z of token t's write entries."""
-    sc = tl.program_id(0).to(tl.int64)
+    """One program per (stream-chunk, token t): row t of A and QK, and the rows of Z of token t's write entries.
+    The programs cover `seg_n` chunks a stream from chunk `seg_c0` on (all N from 0 in the forward; one segment in
+    the backward's replay), and the outputs hold those chunks; the inputs hold all N."""
+    so = tl.program_id(0).to(tl.int64)  # this stream-chunk in the outputs
+    sc = (so // seg_n) * N + seg_c0 + so % seg_n  # and in the inputs
     t = tl.program_id(1)
     n = tl.arange(0, BLOCK_W)
     mn = n < W
@@ -136,9 +139,9 @@ def gram_kernel(
         pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
         qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
     mc = c < C
-    tl.store(A + (sc * C + t) * C + c, a_row, mask=mc)
-    tl.store(QK + (sc * C + t) * C + c, qk_row, mask=mc)
-    tl.store(Z + (sc * E + e)[:, None] * C + c[None, :], z_rows, mask=mn[:, None] & mc[None, :])
+    tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
+    tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)
+    tl.store(Z + (so * E + e)[:, None] * C + c[None, :], z_rows, mask=mn[:, None] & mc[None, :])
 
 
 @triton.jit
@@ -168,8 +171,8 @@ def step_kernel(
 ):  # fmt: skip
     """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows.
     With SAVE, also keep the gathered chunk-start rows and U for the backward. The rows buffers hold `rows_n`
-    chunks a stream from chunk `rows_c0` on, y and U `out_n` from `out_c0` (all N from 0 in a forward that keeps
-    everything; fewer where the backward replays a segment), the inputs all N."""
+    chunks a stream from chunk `rows_c0` on, y, U and Z `out_n` from `out_c0` (all N from 0 in a forward; one
+    segment where the backward replays it), the other inputs all N."""
     st = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mcol = col < D
@@ -219,7 +222,7 @@ def step_kernel(
         s_e = tl.load(slot_w + sc * E + e, mask=me, other=0).to(tl.int64)
         ptr = base + s_e[:, None] * D + col[None, :]
         rows = tl.load(ptr, mask=writer[:, None] & mcol[None, :], other=0.0)
-        z = tl.load(Z + (sc * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
+        z = tl.load(Z + (so * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
         decay = tl.exp(tl.load(L_tot + sc * E + e, mask=me, other=0.0))
         tl.store(ptr, decay[:, None] * rows + mma(z, u, "ieee"), mask=writer[:, None] & mcol[None, :])
 
@@ -281,10 +284,7 @@ def _forward(
     slot_decay_kernel[(BH * N, triton.cdiv(E + P, _BLOCK_ENTRIES))](
         s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, _BLOCK_ENTRIES, _BLOCK_ENTRIES, **LAUNCH
     )
-    gram_kernel[(BH * N, C)](
-        s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z,
-        C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, block_c, **LAUNCH,
-    )  # fmt: skip
+    _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
     solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
     bank = torch.zeros(BH, S, D, device=dev) if initial_bank is None else initial_bank.float().reshape(BH, S, D).clone()
     y = torch.empty(BH, N, C, D, device=dev)
@@ -295,20 +295,22 @@ def _forward(
     )  # fmt: skip
     if not save:
         for i in range(N):
-            _step(sv, bank, y, y, (y, y), i, (N, 0), (N, 0), save=False)  # y stands in for the unwritten buffers
+            _step(sv, bank, y, y, (y, y), Z, i, (N, 0), (N, 0), save=False)  # y stands in for unwritten buffers
         return y, bank, None
     if segment == N:
         sv.rows_w, sv.rows_r = (torch.empty(BH, N, n, D, device=dev) for n in (E, P))
         for i in range(N):
-            _step(sv, bank, y, sv.U, (sv.rows_w, sv.rows_r), i, (N, 0), (N, 0))
+            _step(sv, bank, y, sv.U, (sv.rows_w, sv.rows_r), Z, i, (N, 0), (N, 0))
         return y, bank, sv
     # The rows of one chunk at a time, into a buffer dropped after: the steps stay the very programs the backward's
-    # replay runs (the same SAVE), so the banks it rebuilds are these, bit for bit.
+    # replay runs (the same SAVE), so the banks it rebuilds are these, bit for bit. Z, as large as a tenth of the
+    # rows, is made again there too.
     scratch_w, scratch_r = (torch.empty(BH, 1, n, D, device=dev) for n in (E, P))
     for i in range(N):
         if i % segment == 0:
             sv.checkpoints.append(bank.clone())  # the bank at the segment's start, for the backward's replay
-        _step(sv, bank, y, sv.U, (scratch_w, scratch_r), i, (1, i), (N, 0))
+        _step(sv, bank, y, sv.U, (scratch_w, scratch_r), Z, i, (1, i), (N, 0))
+    sv.Z = None
     return y, bank, sv
 
 
@@ -326,33 +328,60 @@ def replay_segment(N: int, BH: int, S: int, D: int, E: int, P: int) -> int:
     return seg if seg < N and 2 * replayed <= N * rows else N
 
 
+def _gram(
+    s_w: torch.Tensor,
+    kv: torch.Tensor,
+    L_w: torch.Tensor,
+    L_tot: torch.Tensor,
+    s_r: torch.Tensor,
+    qv: torch.Tensor,
+    L_r: torch.Tensor,
+    A: torch.Tensor,
+    QK: torch.Tensor,
+    Z: torch.Tensor,
+    seg_c0: int,
+) -> None:
+    """A, QK and Z (:func:`gram_kernel`) of the chunks the outputs hold (``A.shape[1]`` a stream, from `seg_c0`)."""
+    BH, N, E = s_w.shape
+    P = s_r.shape[-1]
+    seg_n, C = A.shape[1], A.shape[-1]
+    W, R = E // C, P // C
+    gram_kernel[(BH * seg_n, C)](
+        s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, N, seg_n, seg_c0,
+        C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, _pow2(C), **LAUNCH,
+    )  # fmt: skip
+
+
 def _step(
     sv: Saved,
     bank: torch.Tensor,
     y: torch.Tensor,
     U: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor],
+    Z: torch.Tensor,
     chunk: int,
     rows_at: tuple[int, int],
     out_at: tuple[int, int],
     save: bool = True,
 ) -> None:
     """Phase 2 for one chunk (:func:`step_kernel`): `bank` updated in place; y, and with `save` U and the chunk-start
-    `rows` (write, read), written into buffers holding (chunks, first chunk) = `out_at` and `rows_at`."""
+    `rows` (write, read), written into buffers holding (chunks, first chunk) = `out_at` and `rows_at`; `Z` held as
+    y is."""
     BH, N, E = sv.s_w.shape
     P = sv.s_r.shape[-1]
     C, D = sv.v.shape[-2:]
     S = bank.shape[1]
     step_kernel[(BH, triton.cdiv(D, _BLOCK_D))](
-        bank, sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.first, sv.s_r, sv.qv, sv.L_r, sv.v, sv.b, sv.X, sv.QK, sv.Z, y,
+        bank, sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.first, sv.s_r, sv.qv, sv.L_r, sv.v, sv.b, sv.X, sv.QK, Z, y,
         rows[0], rows[1], U, chunk, N, *rows_at, *out_at,
         S, D, C, E, P, E // C, P // C, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
     )  # fmt: skip
 
 
-def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk-start rows of chunks c0 .. c1-1 (``[BH, c1 - c0, E | P, D]``), by the forward's steps run again from
-    the bank kept at c0 (:func:`replay_segment`), which they use up."""
+def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunk-start rows of chunks c0 .. c1-1 (``[BH, c1 - c0, E | P, D]``) and their Z (``[BH, c1 - c0, E, C]``),
+    by the forward's Phase 1 Gram kernel and steps run again, from the bank kept at c0 (:func:`replay_segment`),
+    which they use up."""
     k = c0 // sv.segment
     bank, sv.checkpoints[k] = sv.checkpoints[k], None  # the reverse walk never comes back to this segment
     assert bank is not None, f"segment {k} replayed twice"
@@ -360,11 +389,15 @@ def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
     P = sv.s_r.shape[-1]
     C, D = sv.v.shape[-2:]
     n = c1 - c0
-    rows_w, rows_r = (torch.empty(BH, n, m, D, device=bank.device) for m in (E, P))
-    y, U = (torch.empty(BH, n, C, D, device=bank.device) for _ in range(2))  # as the forward wrote them: unused
+    dev = bank.device
+    A, QK = (torch.empty(BH, n, C, C, device=dev) for _ in range(2))  # as the forward made them: unused
+    Z = torch.empty(BH, n, E, C, device=dev)
+    _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, A, QK, Z, c0)
+    rows_w, rows_r = (torch.empty(BH, n, m, D, device=dev) for m in (E, P))
+    y, U = (torch.empty(BH, n, C, D, device=dev) for _ in range(2))  # as the forward wrote them: unused
     for i in range(c0, c1):
-        _step(sv, bank, y, U, (rows_w, rows_r), i, (n, c0), (n, c0))
-    return rows_w, rows_r
+        _step(sv, bank, y, U, (rows_w, rows_r), Z, i, (n, c0), (n, c0))
+    return rows_w, rows_r, Z
 
 
 class _SdmTritonChunk(torch.autograd.Function):

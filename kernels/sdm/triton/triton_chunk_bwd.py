@@ -51,9 +51,9 @@ class Saved:
 
     Memory beyond the inputs: ``rows_w, rows_r`` (float32, ``T_pad * BH * (W + R) * D * 4`` bytes) or, where the
     forward chose to replay them (``segment`` < N, triton_chunk.replay_segment), one bank per segment of that many
-    chunks in ``checkpoints`` (``BH * S * D * 4`` bytes each); ``U`` (``T_pad * BH * D * 4``), ``Z``
-    (``T_pad * BH * W * C * 4``), ``A, QK, X`` (``3 * T_pad * BH * C * 4``) and the per-entry ``L_w, L_tot, L_r,
-    first`` (``T_pad * BH * (3 W + R) * 4``).
+    chunks in ``checkpoints`` (``BH * S * D * 4`` bytes each), and then no ``Z`` either (made again by segments);
+    ``U`` (``T_pad * BH * D * 4``), ``Z`` (``T_pad * BH * W * C * 4``), ``A, QK, X`` (``3 * T_pad * BH * C * 4``)
+    and the per-entry ``L_w, L_tot, L_r, first`` (``T_pad * BH * (3 W + R) * 4``).
     """
 
     s_w: torch.Tensor  # [BH, N, E] int64
@@ -70,7 +70,7 @@ class Saved:
     A: torch.Tensor  # [BH, N, C, C]
     QK: torch.Tensor  # [BH, N, C, C]
     X: torch.Tensor  # [BH, N, C, C]
-    Z: torch.Tensor  # [BH, N, E, C]
+    Z: torch.Tensor | None  # [BH, N, E, C] (None where the backward makes it again by segments)
     U: torch.Tensor  # [BH, N, C, D]
     segment: int  # chunks per segment of the backward's walk: N when the rows are kept, fewer when replayed
     rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
@@ -86,7 +86,7 @@ def sdm_chunk_backward(
     W: int,
     R: int,
     launch: dict,
-    replay: Callable[[Saved, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    replay: Callable[[Saved, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Gradients of the chunked SDM forward, walking its chunks back segment by segment (``saved.segment`` chunks
     each; one segment of all N when the forward kept every chunk's rows).
@@ -97,8 +97,8 @@ def sdm_chunk_backward(
         dbank: ``[BH, S, D]`` float32 gradient of the final bank (a fresh tensor: it is updated in place).
         C, W, R: chunk size and entries per token.
         launch: the pinned launch configuration.
-        replay: ``replay(saved, c0, c1)``, the chunk-start rows of chunks c0 .. c1-1 where the forward did not keep
-            them (triton_chunk._replay).
+        replay: ``replay(saved, c0, c1)``, the chunk-start rows (write, read) and Z of chunks c0 .. c1-1 where the
+            forward did not keep them (triton_chunk._replay).
 
     Returns:
         ``{"k_val": [BH, N, E], "q_val": [BH, N, P], "ld": [BH, N, E], "v": [BH, N, C, D], "beta": [BH, N, C],
@@ -112,8 +112,8 @@ def sdm_chunk_backward(
     sums = {name: torch.empty(BH, N, *shape, device=dev) for name, shape in sizes.items()}
     for c0 in reversed(range(0, N, saved.segment)):
         c1 = min(N, c0 + saved.segment)
-        if saved.rows_w is not None and saved.rows_r is not None:
-            rows = (saved.rows_w, saved.rows_r)
+        if saved.rows_w is not None and saved.rows_r is not None and saved.Z is not None:
+            rows = (saved.rows_w, saved.rows_r, saved.Z)
         elif replay is not None:
             rows = replay(saved, c0, c1)
         else:
@@ -223,7 +223,7 @@ def step_bwd_kernel(
 ):  # fmt: skip
     """One chunk of the reverse walk for one (stream, column slice): the slice's share of the chunk's scalar
     gradients, dv, then every touched row of the bank gradient rewritten by its slot's representative entry. The
-    rows and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N."""
+    rows, Z and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N."""
     st = tl.program_id(0).to(tl.int64)
     pd = tl.program_id(1)
     nd = tl.num_programs(1)
@@ -252,7 +252,7 @@ def step_bwd_kernel(
         writer = (tl.load(first + sc * E + e, mask=me, other=0) != 0) & me
         dm = tl.load(base + s_e[:, None] * D + col[None, :], mask=me2, other=0.0)
         m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
-        z = tl.load(Z + (sc * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
+        z = tl.load(Z + (ss * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
         du += mma(tl.trans(z), tl.where(writer[:, None], dm, 0.0), "ieee")
         onehot = (((e // W)[:, None] == c[None, :]) & me[:, None]).to(tl.float32)  # [BLOCK_E, BLOCK_C]
         tl.store(p_h + part * E + e, tl.sum(dm * mma(onehot, u, "ieee"), axis=1), mask=me)
@@ -301,12 +301,12 @@ def step_bwd_kernel(
 
 
 def _step_backward(
-    sv: Saved, rows: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int,
+    sv: Saved, rows: tuple[torch.Tensor, ...], dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int,
     launch: dict, dv: torch.Tensor, part: dict[str, torch.Tensor], chunk: int, seg_c0: int,
 ) -> None:  # fmt: skip
     """Chunk `chunk` of the reverse walk: rewrites `dbank` to the gradient of the chunk-start bank, writes the
     chunk's dv into `dv` and each column slice's share of its scalar gradients into `part` ``[BH, seg_n, nd, ...]``
-    (the segment from chunk `seg_c0`, whose chunk-start rows `rows` holds)."""
+    (the segment from chunk `seg_c0`, whose chunk-start rows and Z `rows` holds: write rows, read rows, Z)."""
     BH, N, E = sv.s_w.shape
     P, C = sv.s_r.shape[-1], sv.b.shape[-1]
     S, D = dbank.shape[1:]
@@ -320,7 +320,7 @@ def _step_backward(
         C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
     )  # fmt: skip
     step_bwd_kernel[(BH, triton.cdiv(D, BLOCK_D))](
-        dbank, sv.s_w, sv.kv, sv.L_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, sv.Z,
+        dbank, sv.s_w, sv.kv, sv.L_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, rows[2],
         sv.U, rows[0], rows[1], dy, rep, ltot, Gk, Gq, dv,
         part["dX"], part["dQK"], part["h"], part["mdm"], part["dcw"], part["dcr"], part["db"], chunk, N,
         part["db"].shape[1], seg_c0,

@@ -23,6 +23,7 @@ C, W, R = 8, 3, 2
 E, P, BC = C * W, C * R, 16
 I64, I32 = {"slot_w", "slot_r"}, {"first", "rep"}
 KERNELS = {
+    F.gram_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_W=16, BLOCK_R=16, BLOCK_COL=32, BLOCK_C=BC),
     F.step_kernel: dict(
         S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True
     ),
@@ -48,11 +49,11 @@ for fn, const in KERNELS.items():
 
 
 def test_every_sdm_kernel_compiles_for_sm90() -> None:
-    """The forward's step kernel (which keeps what the backward needs) and the backward's five kernels compile to
-    sm_90 code without a GPU."""
+    """The forward's Gram and step kernels (which the backward's replay runs again) and the backward's five kernels
+    compile to sm_90 code without a GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE_ALL], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled ") == 6, done.stdout
+    assert done.stdout.count("compiled ") == 7, done.stdout

@@ -165,7 +165,9 @@ FEW_ELEMENT_TOLERANCES: dict[str, dict[str, float]] = {
 # long) while its fp16 run (numpy's rounding) sits at 5.7e-4, and triton_recurrent's o, one truncating cast from an
 # fp32 state, measures 3.3e-3 where the torch impls' rounded o measures 1.68e-3. Bound 4e-2 is a 2.5x margin for
 # that emulation only; the real gate for such a kernel runs on its GPU with the bounds above. fp32 and fp16 are
-# emulated exactly and keep their own bounds.
+# emulated exactly and keep their own bounds. The strong regime (added since) takes most of that margin: over 20
+# seeds at B2-T70-H3-K16-V32 (benchmarks/cpu/verify-sweep.txt, 2026-12-01) triton_chunk's bf16 grad:initial_state
+# and grad:g sit at 3.2e-2 to 3.6e-2 (0.82-0.91 of this bound) in it, with h0, every other family <= 0.37 of it.
 TRITON_INTERPRETER_BF16 = 4e-2
 PROFILES = ("native", "triton_interpreter")
 

@@ -259,11 +259,11 @@ class RunState:
         env: Mapping[str, str] | None = None,
         on_gated: GatedCallback | None = None,
     ) -> None:
-        """Gate the plan's supported jobs (indices in `order`), up to `workers` impls at once, an impl's gates in one
-        process (``isolated.run_gates``; each job of an impl that compiles per shape in a process of its own);
-        :meth:`step` then gives each job its gate's outcome. A gate that did not pass is the job's result: it is saved
-        as it ends. `on_gated` (gated, total, the gate's result) follows the phase, with no result once before the first
-        gate ends."""
+        """Gate the plan's supported jobs (indices in `order`), up to `workers` processes at once, an impl's gates in
+        one process (``isolated.run_gates``; each job of an impl that compiles per shape in a process of its own);
+        :meth:`step` then gives each job its gate's outcome. A gate that did not pass is the job's result: it is
+        saved as it ends. `on_gated` (gated, total, the gate's result) follows the phase, with no result once before
+        the first gate ends."""
         from .isolated import run_gates
 
         todo: dict[int, JobSpec] = {}

@@ -100,9 +100,10 @@ def register(app: typer.Typer) -> None:
         gate_workers: int = typer.Option(
             None,
             "--gate-workers",
-            help="Gate every job first, up to N impls at once (each impl's gates in a process of its own), then time "
-            "the jobs one at a time with their gate's outcome (default: the suite's [gate] workers, else 1: each job "
-            "gated just before its timing). Not with --base-ref.",
+            help="Gate every job first, up to N processes at once (each impl's gates in a process of its own; each job "
+            "of an impl that compiles per shape, e.g. FlashQLA, in one of its own), then time the jobs one at a time "
+            "with their gate's outcome (default: the suite's [gate] workers, else 1: each job gated just before its "
+            "timing). Not with --base-ref.",
         ),
         base_ref: str = typer.Option(
             None,
@@ -227,7 +228,7 @@ def register(app: typer.Typer) -> None:
                     gate_task.append(progress.add_task(f"gates, {plan.gate_workers} at once", total=total, start=True))
                     progress.update(task, description=f"suite {loaded.name} on {dev}: gating first")
                     if lines:
-                        lines.line(f"gating {total} jobs first, {plan.gate_workers} impls' gates at once")
+                        lines.line(f"gating {total} jobs first, up to {plan.gate_workers} gate processes at once")
                 progress.update(gate_task[0], completed=done)
                 if lines and result is not None:
                     c = result.case

@@ -480,7 +480,7 @@ def test_a_logged_run_prints_a_line_per_gate_and_per_job(tmp_path: Path, capsys:
         errs.append(capsys.readouterr().err)
     logged, quiet = errs
     at = r"^\s*\d+\.\d s  "
-    assert re.search(at + r"gating 4 jobs first, 2 impls' gates at once$", logged, re.M)
+    assert re.search(at + r"gating 4 jobs first, up to 2 gate processes at once$", logged, re.M)
     assert re.search(at + r"gate \d/4 gdn torch_chunk B1-T20-H1-K8-V8 fp32 fwd: ok in \d+\.\d s$", logged, re.M)
     wrong = r"gate \d/4 gdn planted_wrong B1-T24-H1-K8-V8 fp32 fwd: incorrect in \d+\.\d s: failed the gate"
     assert re.search(at + wrong, logged, re.M)

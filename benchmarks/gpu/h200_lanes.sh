@@ -212,6 +212,13 @@ task_speed_warm() { speed warm 240; }
 # GDN-2's gated tables on the GPU: ours (jax_chunk, the Pallas kernel for a GPU) beside FLA and torch_chunk, then
 # atomic-ops' table layout (its TPU-only rows end unsupported with the reason)
 task_gdn2_gpu() { run 600 gdn2-gpu --suite gdn2-gpu --timeout 500; }
+
+# sdm's dense limit by parts (1.16 ms against the split GDN forward's 0.265 at 13:56 on 2026-12-01): seconds
+task_sdm_dense_parts() {
+    stamp sdm_dense_parts
+    PYTHONPATH=$(pypath) timeout 180 python3 benchmarks/gpu/sdm_dense_parts.py >"$dir/sdm-dense-parts.log" 2>&1
+    echo "sdm_dense_parts exit=$?"; cat "$dir/sdm-dense-parts.log"
+}
 task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers 2; }
 
 task_stages() {
@@ -265,7 +272,8 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu stages gdn2_gpu gdn2_pallas gdn2_tpu >"$L/queue"
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_dense_parts sdm_gpu stages gdn2_gpu gdn2_pallas gdn2_tpu \
+            >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

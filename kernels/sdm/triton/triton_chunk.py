@@ -302,9 +302,9 @@ def _forward(
         for i in range(N):
             _step(sv, bank, y, sv.U, (sv.rows_w, sv.rows_r), Z, i, (N, 0), (N, 0))
         return y, bank, sv
-    # The rows of one chunk at a time, into a buffer dropped after: the steps stay the very programs the backward's
-    # replay runs (the same SAVE), so the banks it rebuilds are these, bit for bit. Z, as large as a tenth of the
-    # rows, is made again there too.
+    # The rows of one chunk at a time, into a buffer dropped after: the steps keep the arithmetic of the backward's
+    # replay (the same SAVE; only index arguments differ), so the banks it rebuilds are these, bit for bit. Z, as
+    # large as a tenth of the rows, is made again there too.
     scratch_w, scratch_r = (torch.empty(BH, 1, n, D, device=dev) for n in (E, P))
     for i in range(N):
         if i % segment == 0:

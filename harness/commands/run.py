@@ -19,6 +19,12 @@ MAX_REPEAT = 50
 _PHASE_LABELS = {"first call": "compile (first call)", "gate": "correctness gate"}
 
 
+def _job_label(case, impl: str) -> str:
+    """A job as the progress display and the log lines name it: ``gdn triton_chunk B8-T4096-H6-K128-V128 bf16 fwd``
+    (`case`: a harness Case or a document's CaseSpec)."""
+    return f"{case.op} {impl} {case.shape_id} {case.dtype} {case.mode}"
+
+
 def _resolve_imports(specs: list[str]) -> list[str]:
     """Absolute paths for file imports, so the job subprocesses find them whatever their directory."""
     return [str(Path(s).resolve()) if s.endswith(".py") or Path(s).is_file() else s for s in specs]
@@ -204,7 +210,7 @@ def register(app: typer.Typer) -> None:
             def on_start(job) -> None:
                 c = job.to_case()
                 rep = f" (repetition {job.repetition + 1} of {plan.repeat})" if plan.repeat > 1 else ""
-                current["job"] = f"{c.op} {job.impl} {c.shape_id} {c.dtype} {c.mode}{rep}"
+                current["job"] = f"{_job_label(c, job.impl)}{rep}"
                 progress.update(task, description=f"{current['job']}: starting")
 
             def on_phase(job, phase: str) -> None:
@@ -231,11 +237,7 @@ def register(app: typer.Typer) -> None:
                         lines.line(f"gating {total} jobs first, up to {plan.gate_workers} gate processes at once")
                 progress.update(gate_task[0], completed=done)
                 if lines and result is not None:
-                    c = result.case
-                    lines.line(
-                        f"gate {done}/{total} {c.op} {result.impl} {c.shape_id} {c.dtype} {c.mode}: "
-                        f"{lines.outcome(result)}"
-                    )
+                    lines.line(f"gate {done}/{total} {_job_label(result.case, result.impl)}: {lines.outcome(result)}")
 
             def on_begin(path) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.

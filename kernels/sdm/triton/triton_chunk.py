@@ -24,7 +24,7 @@ The backward (:mod:`.triton_chunk_bwd`, the same rules) walks the chunks in reve
 the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`). Where
 those rows would outweigh the bank many times over (the flagship op: 8 GiB of rows at 8K tokens, 32 GiB at 32K), it
 keeps instead the bank at the start of every segment of chunks and the backward replays one segment's steps at a
-time to gather them again (:func:`replay_segment`): the same programs on the same bank, the same bits.
+time to gather them again (:func:`replay_segment`): the same arithmetic on the same bank, the same bits.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def step_kernel(
     mcol = col < D
     sc = st * N + chunk
     sr = st * rows_n + (chunk - rows_c0)  # this chunk in the rows buffers
-    so = st * out_n + (chunk - out_c0)  # and in y and U
+    so = st * out_n + (chunk - out_c0)  # and in y, U and Z
     base = bank + st * S * D
     c = tl.arange(0, BLOCK_C)
     mc = c < C
@@ -320,7 +320,7 @@ def replay_segment(N: int, BH: int, S: int, D: int, E: int, P: int) -> int:
     Keeping them costs ``N BH (E + P) D`` floats (8 GiB for the flagship op at 8K tokens, 32 GiB at 32K). The
     replay keeps instead the bank at the start of each segment of L chunks (``BH S D`` floats each) and, in the
     backward, one segment's rows at a time, made by running the segment's forward steps again from its bank: the
-    same programs on the same bank, so the same bits. L = sqrt(N x bank / rows) balances the two; taken where it at
+    same arithmetic on the same bank, so the same bits. L = sqrt(N x bank / rows) balances the two; taken where it at
     least halves the memory (the flagship: 4 of 8 GiB at 8K, 8 of 32 at 32K), for one more pass of the steps."""
     rows, bank = BH * (E + P) * D, BH * S * D
     seg = max(1, round(math.sqrt(N * bank / rows)))

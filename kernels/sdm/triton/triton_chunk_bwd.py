@@ -301,8 +301,8 @@ def step_bwd_kernel(
 
 
 def _step_backward(
-    sv: Saved, rows: tuple[torch.Tensor, ...], dy: torch.Tensor, dbank: torch.Tensor, W: int, R: int,
-    launch: dict, dv: torch.Tensor, part: dict[str, torch.Tensor], chunk: int, seg_c0: int,
+    sv: Saved, rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dy: torch.Tensor, dbank: torch.Tensor,
+    W: int, R: int, launch: dict, dv: torch.Tensor, part: dict[str, torch.Tensor], chunk: int, seg_c0: int,
 ) -> None:  # fmt: skip
     """Chunk `chunk` of the reverse walk: rewrites `dbank` to the gradient of the chunk-start bank, writes the
     chunk's dv into `dv` and each column slice's share of its scalar gradients into `part` ``[BH, seg_n, nd, ...]``

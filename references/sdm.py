@@ -40,6 +40,8 @@ __all__ = [
     "RowOpContract",
     "check_factors",
     "check_sdm_inputs",
+    "check_sdm_shapes",
+    "check_slot_tensors",
     "check_slots",
     "first_write_mask",
     "make_inputs",
@@ -80,14 +82,20 @@ PK_TOPK_CONTRACT = RowOpContract(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, allow_repeated_writes: bool) -> None:
-    """Raise a one-line ValueError when a slot index is outside ``[0, num_slots)``, an index tensor is not an
-    integer tensor, W or R exceeds S, or (unless allowed) a token repeats a write slot."""
+def check_slot_tensors(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int) -> None:
+    """The checks of :func:`check_slots` that need no index value, none of them a device read: a one-line
+    ValueError when an index tensor is not an integer tensor or W or R exceeds S."""
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
         if idx.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be an int64 (or int32) tensor, got {idx.dtype}")
         if idx.shape[-1] > num_slots:
             raise ValueError(f"{name} selects {idx.shape[-1]} slots per token, more than the bank's S={num_slots}")
+
+
+def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, allow_repeated_writes: bool) -> None:
+    """Raise a one-line ValueError when a slot index is outside ``[0, num_slots)``, an index tensor is not an
+    integer tensor, W or R exceeds S, or (unless allowed) a token repeats a write slot."""
+    check_slot_tensors(k_idx, q_idx, num_slots)
     # Every condition as a device flag, read back in one transfer: on a GPU each read is a synchronisation that
     # leaves the device idle while the host queues the kernels after it.
     flags = [
@@ -123,7 +131,7 @@ def check_factors(factors: Sequence[int], num_slots: int | None = None) -> tuple
     return dims
 
 
-def _check_shapes(
+def check_sdm_shapes(
     k_idx: torch.Tensor,
     k_val: torch.Tensor,
     q_idx: torch.Tensor,
@@ -134,6 +142,8 @@ def _check_shapes(
     initial_bank: torch.Tensor | None,
     num_slots: int | None,
 ) -> tuple[int, int, int, int, int, int, int]:
+    """The shape half of :func:`check_sdm_inputs` (no index value read): ``(B, T, H, S, D, W, R)`` or a one-line
+    ValueError naming the tensor whose shape breaks the contract."""
     if v.dim() != 4:
         raise ValueError(f"v must be [B, T, H, D], got shape {tuple(v.shape)}")
     B, T, H, D = v.shape
@@ -177,7 +187,7 @@ def check_sdm_inputs(
 ) -> tuple[int, int, int, int, int, int, int]:
     """Check an sdm call against the contract and return ``(B, T, H, S, D, W, R)``; one-line ValueError otherwise
     (a shape, an index out of range, W or R > S, a repeated write slot)."""
-    dims = _check_shapes(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)
+    dims = check_sdm_shapes(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)
     check_slots(k_idx, q_idx, dims[3], allow_repeated_writes=allow_repeated_writes)
     return dims
 

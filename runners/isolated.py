@@ -485,6 +485,13 @@ def run_gates(
     for key, job in jobs.items():
         chains.setdefault((job.impl, key if key in own_process else -1), []).append(key)
     side_by_side = min(workers, len(chains))
+    given = {**os.environ, **(env or {})}
+    if "XLA_PYTHON_CLIENT_ALLOCATOR" not in given:
+        # A gate holds a JAX impl's buffers and PyTorch's float32 reference in one process: JAX's pool would keep
+        # what the impl's largest call took (up to most of the device) from the reference that follows it. The
+        # platform allocator gives each buffer back when it dies; the gate is not timed, so its slower
+        # allocations cost nothing that is measured.
+        env = {**(env or {}), "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
     alone_env = env
     if side_by_side > 1:
         # Chains side by side share the device: each sizes what it may allocate for itself by this share, and each
@@ -492,7 +499,6 @@ def run_gates(
         # fraction, its growth limit when it does not preallocate) unless the user set XLA's fraction (by either
         # name: JAX refuses both at once).
         share = f"{1 / side_by_side:.6g}"
-        given = {**os.environ, **(env or {})}
         set_by_user = any(n in given for n in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"))
         env = {**(env or {}), DEVICE_SHARE_ENV: share, **({} if set_by_user else {"XLA_CLIENT_MEM_FRACTION": share})}
     stop = threading.Event()

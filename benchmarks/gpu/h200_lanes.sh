@@ -179,9 +179,9 @@ lane_solo() {
     shared
 }
 
-# issue 13's two flagship targets first (sdm-gpu ended 8 of its 13 jobs in 555 s at 14:15 on 2026-12-01: every
-# triton_chunk job at 8K and the dense limit): the 32K peak memory with the backward's replay, then torch_chunk's
-# 8K jobs (the 10x target's baseline)
+# issue 13's two flagship targets first: the 32K fwd+bwd peak memory with the backward's replay (its forward: 512
+# ms, 2.25 GiB at 17:11 on 2026-12-01), then torch_chunk's 8K jobs (the 10x target's baseline; its fwd+bwd ran out
+# of memory then, before its chunks ran in checkpointed segments)
 task_sdm_gpu() {
     run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
     run 420 sdm-torch-8k --suite benchmarks/gpu/sdm-h200-short.toml --op sdm --impl torch_chunk --timeout 400
@@ -272,7 +272,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_dense_parts sdm_gpu stages gdn2_gpu gdn2_pallas gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' sdm_gpu sdm_dense_parts speed_cold gdn2_gpu gdn2_pallas stages gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &

@@ -80,6 +80,16 @@ class _FakeRunner:
         pass
 
 
+class _ImplJob:
+    """A stand-in job for run_gates: its impl name, and itself as its gate-stage copy."""
+
+    def __init__(self, impl: str) -> None:
+        self.impl = impl
+
+    def model_copy(self, update: dict) -> _ImplJob:
+        return self
+
+
 def _fake_gates(monkeypatch: pytest.MonkeyPatch, fn) -> None:
     from deltabench.runners import isolated
 
@@ -222,19 +232,12 @@ def test_gates_side_by_side_are_told_their_share_of_the_device(
         seen.append((env or {}).get(DEVICE_SHARE_ENV))
         return JobResult.model_construct(status="ok")
 
-    class Job:
-        def __init__(self, impl: str) -> None:
-            self.impl = impl
-
-        def model_copy(self, update):
-            return self
-
     _fake_gates(monkeypatch, fake_gate)
-    isolated.run_gates({k: Job(f"impl{k % 4}") for k in range(8)}, workers, python="python3", env={"X": "1"})
+    isolated.run_gates({k: _ImplJob(f"impl{k % 4}") for k in range(8)}, workers, python="python3", env={"X": "1"})
     assert seen == [share] * 8
     # the share is of the impls side by side: two impls under four workers get half the device each
     seen.clear()
-    isolated.run_gates({k: Job(f"impl{k % 2}") for k in range(4)}, workers, python="python3")
+    isolated.run_gates({k: _ImplJob(f"impl{k % 2}") for k in range(4)}, workers, python="python3")
     assert seen == [None if workers == 1 else "0.5"] * 4
 
 
@@ -243,19 +246,12 @@ def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monke
 
     envs: list[dict] = []
 
-    class Job:
-        def __init__(self, impl: str) -> None:
-            self.impl = impl
-
-        def model_copy(self, update):
-            return self
-
     def fake_gate(job, env):
         envs.append(dict(env or {}))
         return JobResult.model_construct(status="ok")
 
     _fake_gates(monkeypatch, fake_gate)
-    four = {k: Job(f"impl{k}") for k in range(4)}
+    four = {k: _ImplJob(f"impl{k}") for k in range(4)}
     monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     isolated.run_gates(four, 4, python="python3")
@@ -266,6 +262,26 @@ def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monke
     assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
     isolated.run_gates(four, 1, python="python3")
     assert "XLA_CLIENT_MEM_FRACTION" not in envs[-1]
+
+
+def test_gates_give_jax_buffers_back_unless_the_user_chose_an_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gate alone or beside others runs JAX on its platform allocator (a JAX impl's pool would starve the float32
+    reference of the same gate: jax_chunk's fwd+bwd gate at B4-T8192-H16 on the H200); the user's choice stays."""
+    from deltabench.runners import isolated
+
+    envs: list[dict] = []
+
+    def fake_gate(job, env):
+        envs.append(dict(env or {}))
+        return JobResult.model_construct(status="ok")
+
+    _fake_gates(monkeypatch, fake_gate)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    for workers in (1, 4):
+        isolated.run_gates({k: _ImplJob(f"impl{k}") for k in range(4)}, workers, python="python3")
+        assert envs[-1]["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
+    isolated.run_gates({0: _ImplJob("impl0")}, 1, python="python3", env={"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"})
+    assert envs[-1]["XLA_PYTHON_CLIENT_ALLOCATOR"] == "bfc"
 
 
 def test_a_process_sharing_a_gpu_holds_its_allocator_to_its_share(monkeypatch: pytest.MonkeyPatch) -> None:

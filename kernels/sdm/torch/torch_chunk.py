@@ -18,16 +18,20 @@ writes, t' < t), ``QK[t, t']`` the same over read (t, m) x write (t', n') pairs 
 Phase 1 (per chunk): write and read entries sorted by (slot, token, write before read), a segmented scan of the
 log-decays per slot gives every entry's ``L``, then the Gram matrices A and QK. Phase 2 (chunk after chunk): gather
 the bank rows, solve for U, one dual product (Y and the new rows), decay-and-write the touched rows (one value per
-row, so a slot hit by many entries is decayed once per token). Backward is autograd.
+row, so a slot hit by many entries is decayed once per token). Backward is autograd, through segments of chunks
+that are checkpointed (:func:`segment_chunks`): the memory of ~2 sqrt(N) banks rather than N.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ....references.sdm import check_sdm_inputs, first_write_mask
 
-__all__ = ["sdm_torch_chunk", "segmented_cumsum"]
+__all__ = ["sdm_torch_chunk", "segment_chunks", "segmented_cumsum"]
 
 
 def segmented_cumsum(x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -44,6 +48,12 @@ def segmented_cumsum(x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         flags = flags | shifted_flags
         offset *= 2
     return x
+
+
+def segment_chunks(num_chunks: int) -> int:
+    """Chunks per checkpointed segment when a gradient is wanted: ceil(sqrt(N)), which makes the banks kept at
+    segment starts and the banks of the one segment being redone about equal in number."""
+    return max(1, math.isqrt(max(num_chunks - 1, 0)) + 1)
 
 
 def _pad_tokens(x: torch.Tensor, pad: int, value: float = 0.0) -> torch.Tensor:
@@ -114,8 +124,9 @@ def sdm_torch_chunk(
     write nor read).
 
     Computes the same as :func:`deltabench.kernels.sdm.torch.torch_recurrent.sdm_torch_recurrent`; float inputs are used
-    in float32, y is cast to ``v.dtype``. Backward is autograd. Memory per chunk grows as ``(C W)^2``: a reference,
-    not a fast kernel.
+    in float32, y is cast to ``v.dtype``. Backward is autograd over checkpointed segments of chunks (about
+    2 sqrt(N) copies of the bank held for N chunks). Memory per chunk grows as ``(C W)^2``: a reference, not a
+    fast kernel.
 
     Args:
         k_idx, k_val: ``[B, T, H, W]`` write slots (int64, distinct per token) and weights.
@@ -162,8 +173,9 @@ def sdm_torch_chunk(
     causal_w = tok_w[:, None] > tok_w[None, :]  # writes x writes, strictly earlier
     causal_r = tok_r[:, None] >= tok_w[None, :]  # reads x writes, the read's own token included
     eye = torch.eye(C, device=dev)
-    ys = []
-    for i in range(N):
+
+    def step(bank: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chunk i from the bank before it: its outputs ``[B, H, C, D]`` and the bank after it."""
         slot_w, kv, ld = chunk(k_idx, i), chunk(k_val, i), chunk(log_decay, i)  # [B, H, C*W]
         slot_r, qv = chunk(q_idx, i), chunk(q_val, i)  # [B, H, C*R]
         v_c, b_c = v[:, i * C : (i + 1) * C].transpose(1, 2), chunk(beta, i)  # [B, H, C, D], [B, H, C]
@@ -182,7 +194,7 @@ def sdm_torch_chunk(
         q_m0 = ((qv * L_r.exp())[..., None] * rows_r).view(B, H, C, R, D).sum(3)
         system = eye + b_c[..., None] * a_kk
         u = torch.linalg.solve_triangular(system, b_c[..., None] * (v_c - k_m0), upper=False, unitriangular=True)
-        ys.append(q_m0 + a_qk @ u)
+        y_c = q_m0 + a_qk @ u
         # Every write entry computes its slot's new row; one representative per slot (its first write entry) is
         # scattered, so each touched row gets exactly one value, decayed once per writing token.
         to_end = kv[..., None, :] * _pair_decay(same_w, L_tot, L_w)  # [B, H, E, E]
@@ -192,5 +204,28 @@ def sdm_torch_chunk(
         touched = bank.new_zeros(B, H, S).scatter(-1, slot_w, 1.0)
         written = torch.zeros_like(bank).scatter_add(2, index, new_rows * rep[..., None])
         bank = bank * (1.0 - touched)[..., None] + written
+        return y_c, bank
+
+    def segment(bank: torch.Tensor, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chunks c0..c1-1 in order: their outputs, concatenated over tokens, and the bank after the last."""
+        ys = []
+        for i in range(c0, c1):
+            y_c, bank = step(bank, i)
+            ys.append(y_c)
+        return torch.cat(ys, dim=2), bank
+
+    # Autograd keeps every chunk's bank (its gathers save their source): N banks at once. With a gradient to
+    # come, the chunks run in segments of ~sqrt(N), each checkpointed (its bank in, its work redone backward):
+    # ~2 sqrt(N) banks held, for a second forward in the backward.
+    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (k_val, q_val, v, g, beta, bank))
+    span = segment_chunks(N) if wants_grad else max(N, 1)
+    ys = []
+    for c0 in range(0, N, span):
+        c1 = min(N, c0 + span)
+        if span < N:
+            y_seg, bank = checkpoint(segment, bank, c0, c1, use_reentrant=False)
+        else:
+            y_seg, bank = segment(bank, c0, c1)
+        ys.append(y_seg)
     y = torch.cat(ys, dim=2)[:, :, :T].transpose(1, 2) if ys else v.new_zeros(B, H, 0, D).transpose(1, 2)
     return y.to(out_dtype), bank

@@ -11,10 +11,10 @@ kernels of :mod:`.triton_chunk` do pairwise work over a chunk's C*W write entrie
 where the dense kernels do C*K; this path runs
 :func:`deltabench.kernels.gdn.triton.chunk_split.chunk_gated_delta_rule_split` instead (its forward, walk and
 outputs apart, measured 2.9x chunk.py's at this limit's shape on the H200: 0.257 against 0.749 ms at
-B1-T8192-H2-K128-V128; the same backward). Both densifications are deterministic (a scatter of distinct slots;
-for the reads a small Triton kernel summing each slot's weights in a fixed order, with a gather for its
-backward), and so are the GDN kernels (no atomics): the op's bitwise contract holds, and the gate checks it like
-any run.
+B1-T8192-H2-K128-V128; the same backward). Both densifications are one deterministic Triton kernel (each
+slot's write weight and summed read weights, in a fixed order; gathers for the backward) that also checks the
+slots, so that the call reads the device back once, after the GDN kernels are queued; the GDN kernels use no
+atomics: the op's bitwise contract holds, and the gate checks it like any run.
 Key-weighted decay (a decay per slot) and repeated writes keep the sparse kernels.
 """
 
@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ....references.sdm import check_slot_tensors, check_slots
 from ...gdn.triton.chunk_split import chunk_gated_delta_rule_split
 
 __all__ = ["sdm_dense_gdn", "takes_dense_path"]
@@ -51,47 +52,87 @@ def takes_dense_path(
 
 
 @triton.jit
-def _dense_reads_kernel(idx, val, out, R: tl.constexpr, S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per (token, head) row and block of slots: ``out[s] = sum of val[m] with idx[m] = s``, summed in
-    float32 by blocks of m in order and a fixed tree within a block: the same bits every call."""
+def _densify_kernel(
+    k_idx,
+    k_val,
+    q_idx,
+    q_val,
+    k_out,
+    q_out,
+    bad,
+    W: tl.constexpr,
+    R: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One program per (token, head) row and block of slots: ``k_out[s]`` the weight of the write entry naming
+    slot s, ``q_out[s]`` the float32 sum of the read weights naming it (by blocks of m in order and a fixed tree
+    within a block: the same bits every call; rounded to the inputs' dtype by torch, whose rounding is the same on
+    every device, where Triton's interpreter truncates to bfloat16), and the slot checks on the way: unless
+    every slot of the block is written exactly once (W = S: the write slots are a permutation) and every read
+    slot is in ``[0, S)``, ``bad`` becomes nonzero. Indices are only compared, never used as addresses, so bad
+    ones cannot fault."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
-    acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    in_bank = s < S
+    key = tl.zeros([BLOCK_S], dtype=tl.float32)
+    writes = tl.zeros([BLOCK_S], dtype=tl.int32)
+    for n0 in range(0, W, BLOCK_W):
+        n = n0 + tl.arange(0, BLOCK_W)
+        mask = n < W
+        i = tl.load(k_idx + row * W + n, mask=mask, other=-1)
+        w = tl.load(k_val + row * W + n, mask=mask, other=0.0).to(tl.float32)
+        hit = i[:, None] == s[None, :]
+        key += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0)
+        writes += tl.sum(hit.to(tl.int32), axis=0)
+    query = tl.zeros([BLOCK_S], dtype=tl.float32)
+    outside = tl.zeros([BLOCK_R], dtype=tl.int32)
     for m0 in range(0, R, BLOCK_R):
         m = m0 + tl.arange(0, BLOCK_R)
         mask = m < R
-        i = tl.load(idx + row * R + m, mask=mask, other=-1)
-        w = tl.load(val + row * R + m, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.sum(tl.where(i[:, None] == s[None, :], w[:, None], 0.0), axis=0)
-    tl.store(out + row * S + s, acc, mask=s < S)
+        i = tl.load(q_idx + row * R + m, mask=mask, other=-1)
+        w = tl.load(q_val + row * R + m, mask=mask, other=0.0).to(tl.float32)
+        query += tl.sum(tl.where(i[:, None] == s[None, :], w[:, None], 0.0), axis=0)
+        outside += (mask & ((i < 0) | (i >= S))).to(tl.int32)
+    tl.store(k_out + row * S + s, key.to(k_out.dtype.element_ty), mask=in_bank)
+    tl.store(q_out + row * S + s, query, mask=in_bank)
+    wrong = tl.sum((in_bank & (writes != 1)).to(tl.int32), axis=0) + tl.sum(outside, axis=0)
+    tl.atomic_max(bad, wrong, mask=wrong > 0)  # only a bad row writes: no contention on good input
 
 
-class _DenseReads(torch.autograd.Function):
-    """``q [B, T, H, S]`` from the read slots and weights: the weights summed per slot (a read slot may repeat), in
-    a Triton kernel with a fixed summation order (a scatter-add on a GPU adds in no fixed order); the backward is
-    a gather, ``d q_val[m] = d q[q_idx[m]]``."""
-
-    @staticmethod
-    def forward(ctx, q_idx: torch.Tensor, q_val: torch.Tensor, S: int) -> torch.Tensor:  # type: ignore[override]
-        R = q_idx.shape[-1]
-        idx, val = q_idx.contiguous(), q_val.contiguous()
-        out = torch.empty(*q_idx.shape[:-1], S, device=q_val.device, dtype=torch.float32)
-        rows = idx.numel() // R
-        block_s = min(64, triton.next_power_of_2(S))
-        grid = (rows, triton.cdiv(S, block_s))
-        _dense_reads_kernel[grid](idx, val, out, R, S, min(32, triton.next_power_of_2(R)), block_s)
-        ctx.save_for_backward(idx)
-        return out.to(q_val.dtype)
+class _Densify(torch.autograd.Function):
+    """``(k, q, bad)``: the dense key and query ``[B, T, H, S]`` in k_val's dtype and an int32 flag, nonzero when
+    a write slot is repeated or out of range or a read slot is out of range (one kernel, :func:`_densify_kernel`;
+    a scatter-add on a GPU adds in no fixed order). The backward is two gathers, ``d k_val[n] = d k[k_idx[n]]``
+    and ``d q_val[m] = d q[q_idx[m]]``."""
 
     @staticmethod
-    def backward(ctx, dq: torch.Tensor):  # type: ignore[override]
-        (idx,) = ctx.saved_tensors
-        return None, torch.gather(dq, -1, idx.long()), None
+    def forward(ctx, k_idx: torch.Tensor, k_val: torch.Tensor, q_idx: torch.Tensor, q_val: torch.Tensor, S: int):  # type: ignore[override]
+        k_idx, q_idx = k_idx.contiguous(), q_idx.contiguous()
+        W, R = k_idx.shape[-1], q_idx.shape[-1]
+        k = torch.empty(*k_idx.shape[:-1], S, device=k_val.device, dtype=k_val.dtype)  # exact: one weight a slot
+        q = torch.empty(*k.shape, device=k.device, dtype=torch.float32)  # sums: rounded to q_val's dtype by torch
+        bad = torch.zeros((), device=k_val.device, dtype=torch.int32)
+        rows = k_idx.numel() // W
+        if rows:
+            block_s = min(64, triton.next_power_of_2(S))
+            grid = (rows, triton.cdiv(S, block_s))
+            block_w, block_r = min(32, triton.next_power_of_2(W)), min(32, triton.next_power_of_2(R))
+            _densify_kernel[grid](
+                k_idx, k_val.contiguous(), q_idx, q_val.contiguous(), k, q, bad, W, R, S, block_w, block_r, block_s
+            )
+        ctx.save_for_backward(k_idx, q_idx)
+        ctx.mark_non_differentiable(bad)
+        return k, q.to(q_val.dtype), bad
 
-
-def _dense_reads(q_idx: torch.Tensor, q_val: torch.Tensor, S: int) -> torch.Tensor:
-    """``q [B, T, H, S]``: each token's read weights summed per slot (:class:`_DenseReads`)."""
-    return _DenseReads.apply(q_idx, q_val, S)
+    @staticmethod
+    def backward(ctx, dk: torch.Tensor | None, dq: torch.Tensor | None, _bad: None):  # type: ignore[override]
+        k_idx, q_idx = ctx.saved_tensors
+        dk_val = None if dk is None else torch.gather(dk, -1, k_idx.long())
+        dq_val = None if dq is None else torch.gather(dq, -1, q_idx.long())
+        return None, dk_val, None, dq_val, None
 
 
 def sdm_dense_gdn(
@@ -105,12 +146,18 @@ def sdm_dense_gdn(
     initial_bank: torch.Tensor | None,
     S: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDM with W = S (checked by the caller, :func:`takes_dense_path`) as GDN with K = S: ``(y, final_bank)``,
-    y ``[B, T, H, D]`` in v's dtype and the bank ``[B, H, S, D]`` float32; differentiable in every float input."""
-    B, T, H, _ = k_idx.shape
-    k = k_val.new_zeros(B, T, H, S).scatter(-1, k_idx.long(), k_val)  # distinct slots: one value per slot
-    q = _dense_reads(q_idx, q_val, S)
+    """SDM with W = S (checked by the caller, :func:`takes_dense_path`, with the shapes) as GDN with K = S:
+    ``(y, final_bank)``, y ``[B, T, H, D]`` in v's dtype and the bank ``[B, H, S, D]`` float32; differentiable in
+    every float input. The slot checks run on the device with the densification (one kernel, one read back):
+    a repeated or out-of-range write slot or an out-of-range read slot raises :func:`check_slots`' ValueError."""
+    check_slot_tensors(k_idx, q_idx, S)
+    k, q, bad = _Densify.apply(k_idx, k_val, q_idx, q_val, S)
     y, bank = chunk_gated_delta_rule_split(
         q, k, v, g, beta, scale=1.0, initial_state=initial_bank, output_final_state=True
     )
+    # The flag is read once the GDN kernels are queued: its one synchronisation then waits on the work, not
+    # ahead of it. Bad indices only made k and q wrong (never an address), and nothing wrong is returned.
+    if bad.item():
+        check_slots(k_idx, q_idx, S, allow_repeated_writes=False)  # raises the one-line error that applies
+        raise RuntimeError("sdm's dense-path slot check flagged indices that check_slots accepts")
     return y, cast(torch.Tensor, bank)  # output_final_state=True: always a tensor

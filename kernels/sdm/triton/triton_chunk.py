@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from ....references.sdm import check_sdm_inputs, first_write_mask
+from ....references.sdm import check_sdm_shapes, check_slots, first_write_mask
 from ...common.triton.mma import mma
 from .dense import sdm_dense_gdn, takes_dense_path
 from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
@@ -499,15 +499,14 @@ def sdm_triton_chunk(
         >>> x = make_inputs(1, 200, 2, 256, 32, 8, 8, device="cuda")
         >>> y, bank = sdm_triton_chunk(**x, chunk_size=64)
     """
-    S = check_sdm_inputs(
-        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
-    )[3]
+    S = check_sdm_shapes(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)[3]
     if not 1 <= chunk_size <= 128:
         raise ValueError(f"chunk_size must be in 1..128, got {chunk_size}")
     if takes_dense_path(
         k_val, q_val, v, S, key_weighted_decay=key_weighted_decay, allow_repeated_writes=allow_repeated_writes
     ):
-        return sdm_dense_gdn(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, S)
+        return sdm_dense_gdn(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, S)  # checks the slots itself
+    check_slots(k_idx, q_idx, S, allow_repeated_writes=allow_repeated_writes)
     return _SdmTritonChunk.apply(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, chunk_size
     )

@@ -5,6 +5,8 @@ bitwise the same across two calls; taken exactly where it applies (key-weighted 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from deltabench.kernels.sdm.triton import dense as dense_module
@@ -60,3 +62,30 @@ def test_taken_exactly_at_the_dense_limit(W: int, regime: str, dense: bool, monk
     assert bool(taken) == dense
     assert ((y.double() - ry).norm() / ry.norm()).item() < 1e-5
     assert ((bank.double() - rbank).norm() / rbank.norm()).item() < 1e-5
+
+
+def _set(name: str, where: tuple[int, ...], value) -> Callable[[dict], None]:
+    """An edit of one index of an input, the value a number or a function of the inputs."""
+    return lambda x: x[name].__setitem__(where, value(x) if callable(value) else value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("k_idx", (0, 6, 1, 3), 16), r"k_idx holds slot 16 outside \[0, 16\) at index \(0, 6, 1, 3\)"),
+        (_set("k_idx", (0, 2, 0, 0), -1), r"k_idx holds slot -1 outside \[0, 16\)"),
+        (_set("q_idx", (0, 8, 1, 5), 40), r"q_idx holds slot 40 outside \[0, 16\) at index \(0, 8, 1, 5\)"),
+        (_set("k_idx", (0, 4, 0, 1), lambda x: int(x["k_idx"][0, 4, 0, 0])), r"k_idx repeats write slot"),
+    ],
+    ids=["write-slot-past-S", "negative-write-slot", "read-slot-past-S", "repeated-write-slot"],
+)
+def test_dense_path_refuses_bad_slots(edit: Callable[[dict], None], message: str) -> None:
+    """The slot checks the dense path makes on the device, beside its densification: each bad index raises the
+    references' one-line error (and the call takes the dense path, so these are that path's checks)."""
+    x = _dense_inputs(1, 9, 2, 16, 4, seed=5, h0=True)
+    assert dense_module.takes_dense_path(
+        x["k_val"], x["q_val"], x["v"], 16, key_weighted_decay=False, allow_repeated_writes=False
+    )
+    edit(x)
+    with pytest.raises(ValueError, match=message):
+        sdm_triton_chunk(**x)

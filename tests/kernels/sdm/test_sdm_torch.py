@@ -95,6 +95,42 @@ def test_chunk_size_invariance(regime: str) -> None:
         assert all(e < BOUND for e in errs.values()), (C, errs)
 
 
+def test_checkpointed_segments_change_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward through checkpointed segments of chunks gives the same bits as autograd over all chunks at
+    once (one segment of every chunk), on every output and gradient, ragged T, collisions, with an initial bank."""
+    x = make_inputs(1, 70, 3, 16, 4, 3, 2, seed=4, regime="collisions", initial_bank=True)
+    segmented = run_with_grads(sdm_torch_chunk, x, torch.float32, chunk_size=8)  # 9 chunks: segments of 3
+    monkeypatch.setattr(chunk_module, "segment_chunks", lambda n: max(n, 1))
+    whole = run_with_grads(sdm_torch_chunk, x, torch.float32, chunk_size=8)
+    assert segmented.keys() == whole.keys() and all(torch.equal(segmented[n], whole[n]) for n in whole)
+
+
+def _banks_held(x: dict, monkeypatch: pytest.MonkeyPatch, segment_chunks: Callable[[int], int] | None) -> float:
+    """The storage autograd keeps for the backward of ``sdm_torch_chunk(**x)`` (C = 8), in banks."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    leaves = {n: (t.clone().requires_grad_(True) if n in FLOATS else t) for n, t in x.items()}
+    with monkeypatch.context() as mp:
+        if segment_chunks is not None:
+            mp.setattr(chunk_module, "segment_chunks", segment_chunks)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            sdm_torch_chunk(**leaves, chunk_size=8)
+    return sum(storages.values()) / (x["initial_bank"].numel() * 4)
+
+
+def test_autograd_holds_about_sqrt_n_banks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What autograd keeps after the forward: the banks at segment starts, ~sqrt(N), where autograd over all
+    chunks at once keeps one (a gather's source) per chunk: 64 chunks here, so 8 and change against 64+."""
+    x = make_inputs(1, 512, 2, 1024, 32, 4, 4, seed=1, initial_bank=True)
+    whole = _banks_held(x, monkeypatch, lambda n: max(n, 1))
+    segmented = _banks_held(x, monkeypatch, None)
+    assert whole >= 64 and segmented <= 12, (whole, segmented)
+
+
 def test_repeated_slot_decays_once_per_token() -> None:
     """A slot written by every token of a chunk (and twice within a token, where allowed) is decayed once per
     token: the chunked form matches the oracle with the decay-once rule, collision-heavy inputs included."""

@@ -79,10 +79,12 @@ __all__ = [
     "VerifyReport",
     "draw_seed",
     "fitting_T",
+    "gate_shapes",
     "oracle_device",
     "split_point",
     "sweep_lengths",
     "verify_case",
+    "warm_calls",
 ]
 
 # The oracle is a float64 token loop: its cost is B*T*H*K*V element-steps (about 1 s per 1e8 on one CPU core; on
@@ -903,6 +905,54 @@ def _memo_key(kind: str, impl: Callable[..., Any], *parts: Any) -> tuple[Any, ..
 
     who = (getattr(impl, "name", None), getattr(impl, "backend", None), getattr(impl, "source", None))
     return (kind, who, *(frozen(p) for p in parts))
+
+
+def gate_shapes(
+    impl: Callable[..., Any],
+    case: Case,
+    *,
+    regimes: str | tuple[str, ...] | list[str] | None = None,
+    reference: str = "auto",
+    oracle_max_elements: float | None = None,
+) -> list[Case]:
+    """The shapes :func:`verify_case` calls `impl` at for `case`, each once, as cases (the regime `case`'s; the mode
+    ``fwd`` where no call at that shape back-propagates): the full shape, its streaming halves, the oracle's reduced
+    case and the length sweep's lengths with theirs. For impls that compile each new shape, so that a run can
+    compile them side by side before the gate (runners/session.py). Not listed: the shorter length at which a GPU
+    gate may back-propagate the chunked reference, which it measures on the device (module docstring)."""
+    spec = get_op(case.op)
+    chosen = _regimes(spec, regimes)
+    grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
+    limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
+    called: list[tuple[Case, int | None]] = [(case, split_point(case.T))]
+    if not (reference == "oracle" or (reference == "auto" and _cost(case) <= limit)):
+        called.append((_short_case(case, limit), None))
+    called += _sweep_cases(case, chosen, grads=grads, limit=limit)
+    shapes: dict[str, Case] = {}
+
+    def add(sub: Case, back: bool) -> None:
+        sub = sub.replace(regime=case.regime, mode=case.mode if back else "fwd", seed=case.seed)
+        if shapes.get(sub.shape_id) is None or back:
+            shapes[sub.shape_id] = sub
+
+    for sub, t1 in called:
+        add(sub, grads)
+        if spec.streaming and t1 is not None:
+            t1, _ = _split_the_impl_runs(impl, sub, t1)
+            if t1 is not None:
+                add(sub.replace(T=t1), False)
+                add(sub.replace(T=sub.T - t1), False)
+    return list(shapes.values())
+
+
+def warm_calls(impl: Callable[..., Any], case: Case) -> None:
+    """Call `impl` at `case` as a gate does (:func:`gate_shapes` lists where): without an initial state at the
+    default scale and with one at the gate's other scale, back-propagating where ``case.mode`` is not ``fwd``.
+    Nothing is checked: what an impl that compiles each shape compiled is kept in its own cache for the gate."""
+    spec = get_op(case.op)
+    grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
+    for variant in _variants(spec, (case.regime,)):
+        _run_impl(impl, spec, case, variant, seed=case.seed, grads=grads)
 
 
 def verify_case(

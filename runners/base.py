@@ -52,11 +52,12 @@ class JobSpec(_Model):
         description="which repetition of the job this is (`deltabench run --repeat N`); repetitions after the "
         "first skip the correctness gate, which the first passed with the same code in the same run",
     )
-    stage: Literal["all", "gate", "after_gate"] = Field(
+    stage: Literal["all", "gate", "after_gate", "compile"] = Field(
         default="all",
         description="what of the job this process runs (`deltabench run --gate-workers N`): everything, its gate "
-        "only (setup, first call, gate; ok = passed, no timing), or all but the gate, which a gate-only run of the "
-        "same job passed in this run",
+        "only (setup, first call, gate; ok = passed, no timing), all but the gate, which a gate-only run of the "
+        "same job passed in this run, or the calls its gate makes at the job's shape, unchecked (ok = they "
+        "returned): an impl that compiles each shape compiles the gate's shapes side by side before its gates",
     )
 
     @classmethod

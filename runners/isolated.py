@@ -209,7 +209,7 @@ def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: in
 def _read_result(path: Path, job: JobSpec) -> JobResult:
     """The result a job's process wrote to `path`."""
     # A gate-only job that passed is 'ok' without its timing, which the run makes later.
-    context = {GATE_ONLY: True} if job.stage == "gate" else None
+    context = {GATE_ONLY: True} if job.stage in ("gate", "compile") else None
     return JobResult.model_validate_json(path.read_text(), context=context)
 
 
@@ -456,6 +456,16 @@ def _gate_runner(python: str | None, env: Mapping[str, str] | None) -> SharedPro
     return SharedProcessRunner(python=python, env=env)
 
 
+def _compiles(jobs: Mapping[int, JobSpec], keys: list[int]) -> bool:
+    """Whether the chain of `keys` is a compile (:func:`run_gates`: a compile-stage job is a chain of its own)."""
+    return jobs[keys[0]].stage == "compile"
+
+
+def _gate_stage(job: JobSpec) -> JobSpec:
+    """`job` as :func:`run_gates` runs it: its compile stage where that is its stage, its gate otherwise."""
+    return job if job.stage == "compile" else job.model_copy(update={"stage": "gate"})
+
+
 def run_gates(
     jobs: Mapping[int, JobSpec],
     workers: int,
@@ -464,6 +474,7 @@ def run_gates(
     env: Mapping[str, str] | None = None,
     on_gated: Callable[[int, JobResult], None] | None = None,
     own_process: Collection[int] = (),
+    after_compiles: Collection[int] = (),
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
@@ -475,7 +486,9 @@ def run_gates(
     memory beside others is run again once all the others have ended, alone and with the whole device: its job ends
     ``oom`` only when it does so alone too (the others' allocations are not its fault). `on_gated` (key, result) is
     called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the gates still running before it
-    lets the exception through."""
+    lets the exception through. A job of ``stage = "compile"`` (``JobSpec.stage``) runs that stage, any other its
+    gate; the chains of the keys in `after_compiles` start once every compile has ended, and the compiles start
+    after the other chains have taken their places."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
@@ -485,6 +498,9 @@ def run_gates(
     for key, job in jobs.items():
         chains.setdefault((job.impl, key if key in own_process else -1), []).append(key)
     side_by_side = min(workers, len(chains))
+    waiting = [keys for keys in chains.values() if any(k in after_compiles for k in keys)]
+    # The gates first: the compiles then fill the places left, so no gate waits behind a compile for a place.
+    now = sorted((keys for keys in chains.values() if keys not in waiting), key=lambda ks: _compiles(jobs, ks))
     given = {**os.environ, **(env or {})}
     if "XLA_PYTHON_CLIENT_ALLOCATOR" not in given:
         # A gate holds a JAX impl's buffers and PyTorch's float32 reference in one process: JAX's pool would keep
@@ -512,20 +528,29 @@ def run_gates(
             for key in keys:
                 if stop.is_set():
                     break
-                ended.put((key, runner.run(jobs[key].model_copy(update={"stage": "gate"}))))
+                ended.put((key, runner.run(_gate_stage(jobs[key]))))
         finally:
             runner.close()
-            ended.put((-1, None))
+            ended.put((keys[0], None))
 
     results: dict[int, JobResult] = {}
     again: list[int] = []  # out of memory beside others: to run alone at the end
 
     def collect(chains_running: int, alone: bool) -> None:
-        while chains_running:
+        compiling = sum(_compiles(jobs, keys) for keys in now) if not alone else 0
+        while True:
+            if waiting and not compiling:
+                for keys in waiting:
+                    pool.submit(chain, keys, env)
+                chains_running += len(waiting)
+                waiting.clear()
+            if not chains_running:
+                return
             key, result = ended.get()
             if result is None:
                 chains_running -= 1
-            elif side_by_side > 1 and not alone and result.status == "oom":
+                compiling -= _compiles(jobs, [key]) if not alone else 0
+            elif side_by_side > 1 and not alone and result.status == "oom" and jobs[key].stage != "compile":
                 again.append(key)
             else:
                 results[key] = result
@@ -534,9 +559,9 @@ def run_gates(
 
     pool = ThreadPoolExecutor(max_workers=max(1, side_by_side), thread_name_prefix="deltabench-gate")
     try:
-        for keys in chains.values():
+        for keys in now:
             pool.submit(chain, keys, env)
-        collect(len(chains), alone=False)
+        collect(len(now), alone=False)
         for key in again:  # each alone, in the order they ran out
             pool.submit(chain, [key], alone_env)
             collect(1, alone=True)

@@ -12,7 +12,9 @@ same impl one after another. The order matters:
    a failed gate ends the job as ``incorrect`` with its records and no timing (a job's later repetitions,
    ``JobSpec.repetition`` > 0, skip it: the first repetition gated the same code in the same run). A job of
    ``stage = "gate"`` (``deltabench run --gate-workers N``, many gates at once) ends here, ``ok`` when it passed; one
-   of ``stage = "after_gate"`` skips the gate, which such a run passed, and goes on to step 4. A JAX impl
+   of ``stage = "after_gate"`` skips the gate, which such a run passed, and goes on to step 4; one of
+   ``stage = "compile"`` only makes the calls the gate makes at its shape (``harness.verify.warm_calls``), for
+   the compiles of an impl that compiles each shape. A JAX impl
    on the CPU runs it under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as
    compiled, and the dozen other programs the gate runs once each (other lengths and arguments, the backward)
    are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
@@ -169,6 +171,15 @@ def execute(job: JobSpec) -> JobResult:
         else:
             torch.set_num_threads(_default_threads)  # not what an earlier job of this process asked for
         torch.manual_seed(case.seed)
+        if job.stage == "compile":
+            phase = "compile"
+            _phase(phase)
+            from deltabench.harness.verify import warm_calls
+
+            with _gate_compiles(impl.backend, case.device):  # the gate's compile settings: its cache keys
+                warm_calls(impl, case)
+            result.status = "ok"
+            return _finish(result)
         inputs = make_case_inputs(get_op(case.op), case)
         subject = build_subject(impl, case, inputs)
         inputs_bytes = memory.tensors_bytes(subject.held)

@@ -21,6 +21,10 @@ each length it is fed) is most of a job's time, and the gates of different jobs 
 Then the jobs run one at a time as above with their gate's outcome given: a job whose gate passed skips it
 (``JobSpec.stage = "after_gate"``; first call, memory and timing as usual) and keeps the gate's records; one whose
 gate failed, crashed or timed out ends with that status and reason, untimed. Every gate uses the run's drawn seed.
+On a GPU or TPU, the jobs of an impl that compiles each shape (``Impl.compiles_per_shape``) first have the shapes
+their gates call the impl at (``harness.verify.gate_shapes``: about ten a job) compiled side by side, a process
+per shape (``JobSpec.stage = "compile"``), so that a gate finds them in the impl's compile cache instead of making
+its ten compiles one after another; a compile that fails is not a verdict (the gate still makes that call).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ __all__ = [
     "GatedCallback",
     "RunPlan",
     "RunState",
+    "compile_jobs",
     "execution_order",
     "partial_path",
     "plan_run",
@@ -53,6 +58,28 @@ __all__ = [
 
 # (jobs gated, jobs to gate, the gate that just ended: None before the first)
 GatedCallback = Callable[[int, int, JobResult | None], None]
+
+
+def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
+    """The compile-stage jobs (``JobSpec.stage = "compile"``, numbered from 0) for the gates of `jobs`, jobs of
+    impls that compile each shape: one per impl and shape their gates call (``harness.verify.gate_shapes``), at
+    that shape, back-propagating where any of those gates does there. None on the CPU, where there is no compile
+    of a kernel to share (an interpreter or XLA's CPU backend)."""
+    from deltabench.harness.verify import gate_shapes
+
+    shapes: dict[tuple[str, str, str], JobSpec] = {}
+    for job in jobs:
+        case = job.to_case()
+        if case.device == "cpu":
+            continue
+        impl = get_impl(case.op, job.impl)
+        listed = gate_shapes(impl, case, regimes=job.gate.regimes, reference=job.gate.reference)
+        for shape in listed:
+            key = (job.impl, shape.op, f"{shape.shape_id}-{shape.dtype}")
+            if key not in shapes or shape.mode != "fwd":
+                shapes[key] = job.model_copy(update={"case": shape.to_dict(), "stage": "compile"})
+    return dict(enumerate(shapes.values()))
+
 
 DEFAULT_TIMEOUT_S = 900.0  # per job: a new shape of a JIT-compiled kernel can compile for a minute
 
@@ -149,6 +176,7 @@ def run_plan(
     on_begin: Callable[[Path], None] | None = None,
     on_phase: Callable[[JobSpec, str], None] | None = None,
     on_gated: GatedCallback | None = None,
+    on_compiled: GatedCallback | None = None,
 ) -> ResultDocument:
     """Run every job of `plan` and return the document; each finished job is saved to `out` at once.
 
@@ -156,15 +184,16 @@ def run_plan(
     caller drive a progress bar; `on_begin` is told where the document is saved, once, before the first job;
     `on_phase` (job, phase) follows a job through its phases (setup, first call, gate, memory, timing) when the
     default runner is used; `on_gated` (jobs gated, jobs to gate, the gate's result) follows the gate phase of a
-    plan with ``gate_workers`` > 1, once before its first gate ends (no result) and after each.
+    plan with ``gate_workers`` > 1, once before its first gate ends (no result) and after each; `on_compiled` the
+    same for the compiles before those gates (module docstring).
     """
     from .isolated import make_runner
 
     if runner is not None:
-        return _run_jobs(plan, runner, out, on_start, on_done, on_begin, on_gated)
+        return _run_jobs(plan, runner, out, on_start, on_done, on_begin, on_gated, on_compiled)
     own = make_runner(plan.suite.isolation, on_phase=on_phase)
     try:
-        return _run_jobs(plan, own, out, on_start, on_done, on_begin, on_gated)
+        return _run_jobs(plan, own, out, on_start, on_done, on_begin, on_gated, on_compiled)
     finally:
         close = getattr(own, "close", None)
         if close is not None:
@@ -179,6 +208,7 @@ def _run_jobs(
     on_done: Callable[[JobSpec, JobResult], None] | None,
     on_begin: Callable[[Path], None] | None,
     on_gated: GatedCallback | None = None,
+    on_compiled: GatedCallback | None = None,
 ) -> ResultDocument:
     from .environment import collect_environment
 
@@ -192,6 +222,7 @@ def _run_jobs(
             python=getattr(runner, "python", None),
             env=getattr(runner, "env", None),
             on_gated=on_gated,
+            on_compiled=on_compiled,
         )
     for rep in range(plan.repeat):
         if rep > 0:
@@ -258,9 +289,12 @@ class RunState:
         python: str | None = None,
         env: Mapping[str, str] | None = None,
         on_gated: GatedCallback | None = None,
+        on_compiled: GatedCallback | None = None,
     ) -> None:
         """Gate the plan's supported jobs (indices in `order`), up to `workers` processes at once, an impl's gates in
-        one process (``isolated.run_gates``; each job of an impl that compiles per shape in a process of its own);
+        one process (``isolated.run_gates``; each job of an impl that compiles per shape in a process of its own,
+        after its gates' shapes were compiled side by side beside the other impls' gates, :func:`compile_jobs`;
+        `on_compiled` follows those compiles as `on_gated` the gates);
         :meth:`step` then gives each job its gate's outcome. A gate that did not pass is the job's result: it is
         saved as it ends. `on_gated` (gated, total, the gate's result) follows the phase, with no result once before
         the first gate ends."""
@@ -286,7 +320,32 @@ class RunState:
             if on_gated:
                 on_gated(len(self.gated), len(todo), result)
 
-        run_gates(todo, workers, python=python, env=env, on_gated=gated, own_process=own_process)
+        compiles = {-1 - k: job for k, job in compile_jobs([todo[i] for i in sorted(own_process)]).items()}
+        compiled: list[int] = []
+
+        def ended(key: int, result: JobResult) -> None:
+            if key >= 0:
+                gated(key, result)
+                return
+            compiled.append(key)
+            if on_compiled:
+                on_compiled(len(compiled), len(compiles), result)
+
+        if compiles:
+            # Compiles (a process per shape) beside the gates of the impls that do not compile per shape; the gates
+            # of those that do once the compiles have ended, finding their shapes in the impl's compile cache.
+            if on_compiled:
+                on_compiled(0, len(compiles), None)
+            workers = max(workers, (os.cpu_count() or 2) // 2)
+        run_gates(
+            {**todo, **compiles},
+            workers,
+            python=python,
+            env=env,
+            on_gated=ended,
+            own_process={*own_process, *compiles},
+            after_compiles=own_process if compiles else (),
+        )
 
     def step(
         self,

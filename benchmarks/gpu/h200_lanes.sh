@@ -203,8 +203,9 @@ task_speed_cold() {
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
         DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate6 360 --gate-workers 6
-    # six chains: FLA's, ours, and FlashQLA's four jobs each in a process of its own (compiles_per_shape: its
-    # compiles overlap; one chain of them ended nothing in 300 s at 14:10 on 2026-12-01)
+    # six places: FLA's chain, ours, and FlashQLA's gate shapes compiled a process each beside them, then its four
+    # gates from that cache (at 17:04 on 2026-12-01 its four gates side by side, each compiling its ten shapes in a
+    # row, ended 8 of 12 gates in 240 s and timed nothing in 360)
 }
 
 task_speed_warm() { speed warm 240; }
@@ -272,7 +273,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' sdm_gpu sdm_dense_parts speed_cold gdn2_gpu gdn2_pallas stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu sdm_dense_parts gdn2_gpu gdn2_pallas stages gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &

@@ -239,6 +239,20 @@ def register(app: typer.Typer) -> None:
                 if lines and result is not None:
                     lines.line(f"gate {done}/{total} {_job_label(result.case, result.impl)}: {lines.outcome(result)}")
 
+            compile_task: list = []  # the compiles' own bar, made when they start (runners/session.py)
+
+            def on_compiled(done: int, total: int, result) -> None:
+                if not compile_task:
+                    compile_task.append(progress.add_task("compiles of the gates' shapes", total=total, start=True))
+                    progress.update(task, description=f"suite {loaded.name} on {dev}: compiling first")
+                    if lines:
+                        lines.line(f"compiling {total} shapes first for the gates of impls that compile each shape")
+                progress.update(compile_task[0], completed=done)
+                if lines and result is not None:
+                    lines.line(
+                        f"compile {done}/{total} {_job_label(result.case, result.impl)}: {lines.outcome(result)}"
+                    )
+
             def on_begin(path) -> None:
                 # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
                 console.print(f"partial document (each job saved as it ends): {path}")
@@ -252,6 +266,7 @@ def register(app: typer.Typer) -> None:
                     on_begin=on_begin,
                     on_phase=on_phase,
                     on_gated=on_gated,
+                    on_compiled=on_compiled,
                 )
                 docs = [doc]
             else:

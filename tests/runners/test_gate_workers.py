@@ -83,6 +83,8 @@ class _FakeRunner:
 class _ImplJob:
     """A stand-in job for run_gates: its impl name, and itself as its gate-stage copy."""
 
+    stage = "all"
+
     def __init__(self, impl: str) -> None:
         self.impl = impl
 
@@ -317,6 +319,8 @@ def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> Non
 class _GateJob:
     """A job as run_gates sees it: an impl and a key."""
 
+    stage = "all"
+
     def __init__(self, impl: str, key: int) -> None:
         self.impl, self.key = impl, key
 
@@ -390,7 +394,7 @@ def test_the_gate_phase_gives_each_job_of_an_impl_that_compiles_per_shape_a_proc
     )(chunk.fn)
     seen: dict[str, object] = {}
 
-    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=()):
+    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=()):
         seen["own"] = sorted(todo[k].impl for k in own_process)
         seen["all"] = sorted(j.impl for j in todo.values())
         return {}
@@ -433,6 +437,8 @@ def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypat
     calls: list[tuple[int, str | None, frozenset[int]]] = []
 
     class Job:
+        stage = "all"
+
         def __init__(self, key: int) -> None:
             self.impl, self.key = f"impl{key}", key
 
@@ -505,3 +511,117 @@ def test_a_logged_run_prints_a_line_per_gate_and_per_job(tmp_path: Path, capsys:
     )
     assert re.search(at + r"\[\d/4\] gdn planted_wrong B1-T20-H1-K8-V8 fp32 fwd: incorrect", logged, re.M)
     assert "gating" not in quiet and "gate 1/4" not in quiet and "[1/4]" not in quiet
+
+
+def test_compile_jobs_are_one_per_impl_and_shape_of_the_gates() -> None:
+    """The compiles before the gates of an impl that compiles each shape: one job per shape its gates call
+    (harness.verify.gate_shapes), back-propagating where any of those gates does; none for a CPU job."""
+    from deltabench.harness import Case, get_impl
+    from deltabench.harness.verify import gate_shapes
+    from deltabench.runners.base import JobSpec
+    from deltabench.runners.session import compile_jobs
+
+    fwd, both = (Case("gdn", 2, 131, 3, 8, 12, mode=m, device="cuda") for m in ("fwd", "fwd+bwd"))
+    jobs = [JobSpec.for_case(c, "torch_chunk", gate={"reference": "torch_chunk"}) for c in (fwd, both)]
+    made = compile_jobs(jobs)
+    listed = gate_shapes(get_impl("gdn", "torch_chunk"), both, reference="torch_chunk")
+    assert sorted(made) == list(range(len(made))) and all(j.stage == "compile" for j in made.values())
+    assert sorted((j.to_case().shape_id, j.to_case().mode) for j in made.values()) == sorted(
+        (c.shape_id, c.mode) for c in listed
+    )
+    assert any(c.mode == "fwd+bwd" for c in listed)  # the fwd job lists the same shapes, each "fwd": merged away
+    assert compile_jobs([JobSpec.for_case(both.replace(device="cpu"), "torch_chunk")]) == {}
+
+
+def test_a_compile_job_makes_the_gates_calls_and_ends_ok_untimed() -> None:
+    """A compile-stage job in a gate process (run_gates runs a job of that stage as such): ok, with no timing and no
+    gate records (its calls are unchecked; the gate makes them again, checked)."""
+    from deltabench.harness import Case
+    from deltabench.runners import isolated
+    from deltabench.runners.base import JobSpec
+
+    case = Case("gdn", 1, 70, 2, 8, 12, mode="fwd+bwd")
+    job = JobSpec.for_case(case, "torch_chunk", timeout_s=120, stage="compile")
+    result = isolated.run_gates({0: job}, 1)[0]
+    assert (result.status, result.timing, result.verification) == ("ok", None, []), result.reason
+
+
+def test_compiles_run_beside_the_other_gates_and_before_their_impls_gates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With shapes to compile (a GPU run; here compile_jobs is made to list some for the CPU jobs), the gate phase
+    hands run_gates the compiles, each a chain of its own, with every gate, and the compiling impl's gates to start
+    after the compiles; on_compiled follows the compiles, on_gated the gates alone."""
+    from deltabench.harness.registry import get_impl, register_impl
+    from deltabench.runners import isolated, session
+
+    chunk = get_impl("gdn", "torch_chunk")
+    register_impl(
+        "gdn", "planted_compiles", backend="torch", devices=("cpu",), dtypes=("fp32",), compiles_per_shape=True
+    )(chunk.fn)
+    calls: list[dict] = []
+
+    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=()):
+        calls.append({"jobs": {k: (j.impl, j.stage) for k, j in todo.items()}, "own": set(own_process)})
+        calls[-1]["after"] = set(after_compiles)
+        for key, job in todo.items():
+            on_gated(key, JobResult.model_construct(status="ok", impl=job.impl))
+        return {}
+
+    def fake_compile_jobs(jobs):
+        return {k: j.model_copy(update={"stage": "compile"}) for k, j in enumerate(jobs * 3)}
+
+    monkeypatch.setattr(isolated, "run_gates", fake_run_gates)
+    monkeypatch.setattr(session, "compile_jobs", fake_compile_jobs)
+    suite = tmp_path / "pargate.toml"
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_compiles"'))
+    plan = plan_run(load_suite(str(suite)), device="cpu", gate_workers=3)
+    from deltabench.runners.environment import collect_environment
+
+    compiled: list[tuple[int, int]] = []
+    state = session.RunState(plan, collect_environment("cpu"), tmp_path / "o.json", None)
+    state.gate_all(session.execution_order(plan), 3, on_compiled=lambda d, t, r: compiled.append((d, t)))
+    (call,) = calls
+    compiles = {k for k, (_, stage) in call["jobs"].items() if stage == "compile"}
+    mine = {k for k, (impl, stage) in call["jobs"].items() if impl == "planted_compiles" and stage != "compile"}
+    assert len(compiles) == 6 and all(k < 0 for k in compiles) and len(mine) == 2
+    assert call["own"] == compiles | mine and call["after"] == mine
+    assert compiled == [(n, 6) for n in range(7)]
+    assert sorted(state.gated) == sorted(k for k in call["jobs"] if k >= 0)  # the gates' outcomes, no compile's
+
+
+def test_gates_after_compiles_start_once_every_compile_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_gates with compile-stage jobs: the other impls' gate chains take their places first, the compiles run
+    beside them, and the chains in after_compiles start only when the last compile has ended."""
+    import threading
+    import time
+
+    from deltabench.runners import isolated
+
+    lock = threading.Lock()
+    events: list[tuple[str, int]] = []
+
+    class Job(_GateJob):
+        def __init__(self, impl: str, key: int, stage: str = "all") -> None:
+            super().__init__(impl, key)
+            self.stage = stage
+
+    def fake_gate(job, env):
+        with lock:
+            events.append(("start", job.key))
+        time.sleep(0.05 if job.stage == "compile" else 0.1)
+        with lock:
+            events.append(("end", job.key))
+        return JobResult.model_construct(status="ok")
+
+    _fake_gates(monkeypatch, fake_gate)
+    jobs = {0: Job("fla", 0), 1: Job("fla", 1), 2: Job("qla", 2), 3: Job("qla", 3)}
+    jobs.update({-1 - k: Job("qla", -1 - k, "compile") for k in range(5)})
+    own = {2, 3, *range(-5, 0)}
+    isolated.run_gates(jobs, 3, python="python3", own_process=own, after_compiles={2, 3})
+    starts = {k: events.index(("start", k)) for k in jobs}
+    ends = {k: events.index(("end", k)) for k in jobs}
+    last_compile = max(ends[k] for k in range(-5, 0))
+    assert min(starts[2], starts[3]) > last_compile  # qla's gates after every compile
+    assert starts[0] < min(starts[k] for k in range(-5, 0))  # fla's chain took its place first
+    assert starts[0] < last_compile  # and ran beside the compiles

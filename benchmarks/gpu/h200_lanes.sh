@@ -220,6 +220,13 @@ task_sdm_dense_parts() {
     PYTHONPATH=$(pypath) timeout 180 python3 benchmarks/gpu/sdm_dense_parts.py >"$dir/sdm-dense-parts.log" 2>&1
     echo "sdm_dense_parts exit=$?"; cat "$dir/sdm-dense-parts.log"
 }
+# sdm's flagship kernels by CUDA time under torch.profiler, and the step kernel's column block (32: 64 programs on
+# 132 SMs; 16: 128): where the forward's 125 ms and fwd+bwd's 497 ms at 8K go
+task_sdm_profile() {
+    stamp sdm_profile
+    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py >"$dir/sdm-profile.log" 2>&1
+    echo "sdm_profile exit=$?"; tail -40 "$dir/sdm-profile.log" | cut -c1-170
+}
 task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers 2; }
 
 task_stages() {
@@ -273,7 +280,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu sdm_dense_parts gdn2_gpu gdn2_pallas stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu sdm_dense_parts sdm_profile gdn2_gpu gdn2_pallas stages gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &

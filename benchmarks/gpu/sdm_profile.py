@@ -1,0 +1,74 @@
+"""Where sdm's Triton forward and backward spend their time at the flagship shape: one process, each kernel's CUDA
+time under ``torch.profiler``, then the step kernel's column block tried at other widths.
+
+At B1 x 8K (H=2, D=1024, S=65536, W=R=64, C=64, bf16) the forward took 125 ms and fwd+bwd 497 ms on the H200
+(2026-12-01), against a floor of a few ms: the Gram matrices and the solve run for every chunk at once, the step
+kernel once per chunk (128 launches) on B*H x D/_BLOCK_D programs (64 at the flagship: half the H200's SMs). This
+prints, for one fwd+bwd call, every kernel's total and per-call CUDA time (largest first), so that the next change
+goes where the time is; then the forward's ``do_bench`` median at each ``--block-d`` (the step kernel's bank
+columns per program: more programs at narrower blocks; the same arithmetic per column, so correctness does not
+change; the first is checked against the module's own width, output and bank within float32 rounding).
+
+Usage::
+
+    python benchmarks/gpu/sdm_profile.py [--tokens 8192] [--block-d 32,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile one flagship fwd+bwd call, then time the forward at each step-kernel column block. Exit 2 without a
+    CUDA device."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--block-d", default="32,16", help="step-kernel column blocks (16 or more: tl.dot's least)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sdm_profile.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    from deltabench.kernels.sdm.triton import triton_chunk
+    from sdm_kernels import FLAGSHIP, flagship_inputs, fwd_bwd
+    from torch.profiler import ProfilerActivity, profile
+    from triton.testing import do_bench
+
+    C, T = FLAGSHIP["C"], args.tokens
+    x = flagship_inputs(T)
+    fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=True)  # compiles
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=True)
+        torch.cuda.synchronize()
+    print(f"sdm triton_chunk fwd+bwd, flagship B1-T{T}, one call, CUDA time by kernel:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+
+    widths = [int(w) for w in args.block_d.split(",") if w]
+    kept = triton_chunk._BLOCK_D
+    first: dict[str, torch.Tensor] | None = None
+    try:
+        for width in widths:
+            triton_chunk._BLOCK_D = width
+            out = fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=False)
+            if first is None:
+                first = out
+            worst = max(
+                ((out[n].float() - first[n].float()).norm() / first[n].float().norm()).item() for n in ("y", "bank")
+            )
+            ms = do_bench(lambda: triton_chunk.sdm_triton_chunk(**x, chunk_size=C), return_mode="median")
+            programs = FLAGSHIP["B"] * FLAGSHIP["H"] * -(-FLAGSHIP["D"] // width)
+            print(f"  block_d {width:3d}: {programs:4d} step programs, fwd {ms:8.2f} ms, vs first {worst:.1e}")
+    finally:
+        triton_chunk._BLOCK_D = kept
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -122,22 +122,26 @@ def gram_kernel(
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < E
         s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
-        kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
-        L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
         t_f = f // W
-        to_token = ((t_f[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # [BLOCK_COL, BLOCK_C]
-        # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
         mw = (s_e[:, None] == s_f[None, :]) & mn[:, None] & mf[None, :]
-        ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
-        pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
-        a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
-        zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
-        pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
-        z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
         mr = (s_p[:, None] == s_f[None, :]) & mm[:, None] & mf[None, :] & (t_f[None, :] <= t)
-        rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
-        pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
-        qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
+        # A block in which no entry of token t shares a slot adds exact zeros to every sum: skipped, with the same
+        # bits (the sums start at +0 and never become -0). With S much larger than a chunk's entries (the flagship
+        # op: 4096 write entries a chunk over 65536 slots) that is most blocks, and their exponentials.
+        if tl.max(mw.to(tl.int32)) + tl.max(mr.to(tl.int32)) > 0:
+            kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
+            L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
+            to_token = ((t_f[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # [BLOCK_COL, BLOCK_C]
+            # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
+            ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
+            pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
+            a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
+            zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
+            pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
+            z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
+            rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
+            pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
+            qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
     mc = c < C
     tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
     tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)

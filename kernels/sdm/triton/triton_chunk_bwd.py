@@ -188,22 +188,24 @@ def gather_weights_kernel(
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < E
         s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
-        ld_f = tl.load(ld + sc * E + f, mask=mf, other=0.0)
-        wt = tl.load(k_val + sc * E + f, mask=mf, other=0.0) * tl.exp(tl.load(L_w + sc * E + f, mask=mf, other=0.0))
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
-        tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
-        earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
-        to_token = (((f // W)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # 0/1: exact products
-        gk += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
+        if tl.max(match.to(tl.int32)) > 0:  # else exact zeros for every sum: skipped (the forward's gram_kernel)
+            ld_f = tl.load(ld + sc * E + f, mask=mf, other=0.0)
+            wt = tl.load(k_val + sc * E + f, mask=mf, other=0.0) * tl.exp(tl.load(L_w + sc * E + f, mask=mf, other=0.0))
+            tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
+            earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
+            to_token = (((f // W)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # 0/1: exact products
+            gk += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
     for f0 in range(0, P, BLOCK_COL):
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < P
         s_f = tl.load(slot_r + sc * P + f, mask=mf, other=-2)
-        wt = tl.load(q_val + sc * P + f, mask=mf, other=0.0) * tl.exp(tl.load(L_r + sc * P + f, mask=mf, other=0.0))
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
-        earlier += tl.sum((match & (E + f[None, :] < row[:, None])).to(tl.int32), axis=1)
-        to_token = (((f // R)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)
-        gq += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
+        if tl.max(match.to(tl.int32)) > 0:
+            wt = tl.load(q_val + sc * P + f, mask=mf, other=0.0) * tl.exp(tl.load(L_r + sc * P + f, mask=mf, other=0.0))
+            earlier += tl.sum((match & (E + f[None, :] < row[:, None])).to(tl.int32), axis=1)
+            to_token = (((f // R)[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)
+            gq += mma(tl.where(match, wt[None, :], 0.0), to_token, "ieee")
     mrow = is_w | is_r
     out = st * (E + P) + row
     tl.store(rep + out, (earlier == 0).to(tl.int32), mask=mrow)
@@ -383,39 +385,41 @@ def gram_bwd_kernel(
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < E
         s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
-        kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
-        L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
-        zt_f = kv_f * tl.exp(tl.load(L_tot + sc * E + f, mask=mf, other=0.0) - L_f)
-        zt_f = zt_f * tl.load(h + sc * E + f, mask=mf, other=0.0)
-        t_f = f // W
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
-        # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
-        earlier = match & is_w[:, None] & (t_f[None, :] < t_row[:, None])  # A[t_row, t_f]
-        later = match & is_w[:, None] & (t_f[None, :] > t_row[:, None])  # A[t_f, t_row]
-        read = match & is_r[:, None] & (t_f[None, :] <= t_row[:, None])  # QK[t_row, t_f]
-        g_e = tl.load(dA + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=earlier, other=0.0)
-        g_l = tl.load(dA + (sc * C + t_f)[None, :] * C + t_row_c[:, None], mask=later, other=0.0)
-        g_r = tl.load(dQK + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=read, other=0.0)
-        ex = tl.exp(tl.where(earlier | read, L_row[:, None] - L_f[None, :], 0.0))
-        ex_l = tl.exp(tl.where(later, L_f[None, :] - L_row[:, None], 0.0))
-        plus = tl.sum(tl.where(earlier | read, (g_e + g_r) * ex * kv_f[None, :], 0.0), axis=1)
-        minus = tl.sum(tl.where(later, g_l * ex_l * kv_f[None, :], 0.0), axis=1)
-        d_val += plus + minus
-        d_L += val * (plus - minus)
-        zsum += tl.sum(tl.where(match & is_w[:, None], zt_f[None, :], 0.0), axis=1)
+        if tl.max(match.to(tl.int32)) > 0:  # else exact zeros for every sum: skipped
+            kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
+            L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
+            zt_f = kv_f * tl.exp(tl.load(L_tot + sc * E + f, mask=mf, other=0.0) - L_f)
+            zt_f = zt_f * tl.load(h + sc * E + f, mask=mf, other=0.0)
+            t_f = f // W
+            # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
+            earlier = match & is_w[:, None] & (t_f[None, :] < t_row[:, None])  # A[t_row, t_f]
+            later = match & is_w[:, None] & (t_f[None, :] > t_row[:, None])  # A[t_f, t_row]
+            read = match & is_r[:, None] & (t_f[None, :] <= t_row[:, None])  # QK[t_row, t_f]
+            g_e = tl.load(dA + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=earlier, other=0.0)
+            g_l = tl.load(dA + (sc * C + t_f)[None, :] * C + t_row_c[:, None], mask=later, other=0.0)
+            g_r = tl.load(dQK + (sc * C + t_row_c)[:, None] * C + t_f[None, :], mask=read, other=0.0)
+            ex = tl.exp(tl.where(earlier | read, L_row[:, None] - L_f[None, :], 0.0))
+            ex_l = tl.exp(tl.where(later, L_f[None, :] - L_row[:, None], 0.0))
+            plus = tl.sum(tl.where(earlier | read, (g_e + g_r) * ex * kv_f[None, :], 0.0), axis=1)
+            minus = tl.sum(tl.where(later, g_l * ex_l * kv_f[None, :], 0.0), axis=1)
+            d_val += plus + minus
+            d_L += val * (plus - minus)
+            zsum += tl.sum(tl.where(match & is_w[:, None], zt_f[None, :], 0.0), axis=1)
     for p0 in range(0, P, BLOCK_COL):
         p = p0 + tl.arange(0, BLOCK_COL)
         mp = p < P
         s_p = tl.load(slot_r + sc * P + p, mask=mp, other=-2)
-        qv_p = tl.load(q_val + sc * P + p, mask=mp, other=0.0)
-        L_p = tl.load(L_r + sc * P + p, mask=mp, other=0.0)
         t_p = p // R
         seen = (s_row[:, None] == s_p[None, :]) & mp[None, :] & is_w[:, None] & (t_p[None, :] >= t_row[:, None])
-        g_q = tl.load(dQK + (sc * C + t_p)[None, :] * C + t_row_c[:, None], mask=seen, other=0.0)
-        ex = tl.exp(tl.where(seen, L_p[None, :] - L_row[:, None], 0.0))
-        minus = tl.sum(tl.where(seen, g_q * ex * qv_p[None, :], 0.0), axis=1)
-        d_val += minus
-        d_L -= val * minus
+        if tl.max(seen.to(tl.int32)) > 0:
+            qv_p = tl.load(q_val + sc * P + p, mask=mp, other=0.0)
+            L_p = tl.load(L_r + sc * P + p, mask=mp, other=0.0)
+            g_q = tl.load(dQK + (sc * C + t_p)[None, :] * C + t_row_c[:, None], mask=seen, other=0.0)
+            ex = tl.exp(tl.where(seen, L_p[None, :] - L_row[:, None], 0.0))
+            minus = tl.sum(tl.where(seen, g_q * ex * qv_p[None, :], 0.0), axis=1)
+            d_val += minus
+            d_L -= val * minus
     # The entry's own terms: its gather of the chunk-start bank, and (writes) its share of its slot's new row.
     dc = tl.where(is_w, tl.load(dcw + sc * E + rw, mask=is_w, other=0.0), 0.0)
     dc = tl.where(is_r, tl.load(dcr + sc * P + rr, mask=is_r, other=0.0), dc)

@@ -43,6 +43,24 @@ def test_forward_matches_oracle(
     assert _rel(y, ry) < BOUND and _rel(bank, rbank) < BOUND, (_rel(y, ry), _rel(bank, rbank))
 
 
+def test_sparse_chunks_whose_blocks_share_no_slot() -> None:
+    """A bank much larger than a chunk's entries (as at the flagship shape), where most of the Gram kernel's blocks
+    of write entries share no slot with a token and are skipped: every token writes slots of its own, and reads
+    slots that earlier tokens wrote (its chunk's and the previous ones'), so that what each read sees comes only
+    from blocks with a read match and no write match. y, the bank and every gradient against the oracle."""
+    T, W, R, C = 45, 8, 4, 16  # E = 128 write entries a chunk: four blocks of 32
+    x = make_inputs(1, T, 1, 4096, 4, W, R, seed=11, initial_bank=True)
+    gen = torch.Generator().manual_seed(11)
+    own = torch.randperm(4096, generator=gen)[: T * W].view(1, T, 1, W)  # no slot written by two tokens
+    x["k_idx"] = own
+    earlier = torch.stack([torch.randint(0, t + 1, (R,), generator=gen) for t in range(T)])  # [T, R] tokens <= t
+    which = torch.randint(0, W, (T, R), generator=gen)
+    x["q_idx"] = own[0, :, 0][earlier, which].view(1, T, 1, R)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64)
+    errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=C), ref)
+    assert max(errs.values()) < BOUND, errs
+
+
 def test_bitwise_deterministic_and_repeats_decay_once() -> None:
     """Two calls give the same bits; a slot repeated within a token (allowed) decays once, as in the oracle; the
     initial bank is left as it was."""

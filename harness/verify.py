@@ -907,6 +907,18 @@ def _memo_key(kind: str, impl: Callable[..., Any], *parts: Any) -> tuple[Any, ..
     return (kind, who, *(frozen(p) for p in parts))
 
 
+def _back_propagates(impl: Callable[..., Any], case: Case) -> bool:
+    """Whether a gate of `impl` at `case` back-propagates: a mode other than ``fwd`` and an impl with a backward."""
+    return case.mode != "fwd" and getattr(impl, "supports_backward", True)
+
+
+def _oracle_choice(case: Case, grads: bool, reference: str, oracle_max_elements: float | None) -> tuple[float, bool]:
+    """The oracle's element limit for a gate at `case` and whether the oracle takes the full shape (else the chunked
+    reference does, and the oracle a reduced case): one rule for :func:`verify_case` and :func:`gate_shapes`."""
+    limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
+    return limit, reference == "oracle" or (reference == "auto" and _cost(case) <= limit)
+
+
 def gate_shapes(
     impl: Callable[..., Any],
     case: Case,
@@ -922,10 +934,10 @@ def gate_shapes(
     gate may back-propagate the chunked reference, which it measures on the device (module docstring)."""
     spec = get_op(case.op)
     chosen = _regimes(spec, regimes)
-    grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
-    limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
+    grads = _back_propagates(impl, case)
+    limit, use_oracle = _oracle_choice(case, grads, reference, oracle_max_elements)
     called: list[tuple[Case, int | None]] = [(case, split_point(case.T))]
-    if not (reference == "oracle" or (reference == "auto" and _cost(case) <= limit)):
+    if not use_oracle:
         called.append((_short_case(case, limit), None))
     called += _sweep_cases(case, chosen, grads=grads, limit=limit)
     shapes: dict[str, Case] = {}
@@ -950,7 +962,7 @@ def warm_calls(impl: Callable[..., Any], case: Case) -> None:
     default scale and with one at the gate's other scale, back-propagating where ``case.mode`` is not ``fwd``.
     Nothing is checked: what an impl that compiles each shape compiled is kept in its own cache for the gate."""
     spec = get_op(case.op)
-    grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
+    grads = _back_propagates(impl, case)
     for variant in _variants(spec, (case.regime,)):
         _run_impl(impl, spec, case, variant, seed=case.seed, grads=grads)
 
@@ -1006,11 +1018,10 @@ def verify_case(
     spec = get_op(case.op)
     chosen_regimes = _regimes(spec, regimes)
     name = getattr(impl, "name", getattr(impl, "__name__", "impl"))
-    grads = case.mode != "fwd" and getattr(impl, "supports_backward", True)
-    limit = oracle_max_elements or (ORACLE_MAX_ELEMENTS_GRAD if grads else ORACLE_MAX_ELEMENTS)
+    grads = _back_propagates(impl, case)
     if reference not in ("auto", "oracle", "torch_chunk"):
         raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
-    use_oracle = reference == "oracle" or (reference == "auto" and _cost(case) <= limit)
+    limit, use_oracle = _oracle_choice(case, grads, reference, oracle_max_elements)
     drawn = (draw_seed() if drawn_seed is None else drawn_seed) if extra_seed else None
     seed_list = [case.seed + i for i in range(max(seeds, 0))] + ([drawn] if drawn is not None else [])
 

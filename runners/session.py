@@ -22,9 +22,10 @@ Then the jobs run one at a time as above with their gate's outcome given: a job 
 (``JobSpec.stage = "after_gate"``; first call, memory and timing as usual) and keeps the gate's records; one whose
 gate failed, crashed or timed out ends with that status and reason, untimed. Every gate uses the run's drawn seed.
 On a GPU or TPU, the jobs of an impl that compiles each shape (``Impl.compiles_per_shape``) first have the shapes
-their gates call the impl at (``harness.verify.gate_shapes``: about ten a job) compiled side by side, a process
-per shape (``JobSpec.stage = "compile"``), so that a gate finds them in the impl's compile cache instead of making
-its ten compiles one after another; a compile that fails is not a verdict (the gate still makes that call).
+their gates call the impl at (``harness.verify.gate_shapes``: about eight a job) compiled side by side, a process
+per shape (``JobSpec.stage = "compile"``), beside the other impls' gates, and their gates start once those end, so
+that a gate finds its shapes in the impl's compile cache instead of compiling them one after another; a compile
+that fails is not a verdict (the gate still makes that call).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
     of a kernel to share (an interpreter or XLA's CPU backend)."""
     from deltabench.harness.verify import gate_shapes
 
-    shapes: dict[tuple[str, str, str], JobSpec] = {}
+    shapes: dict[tuple[str, str, str, str], JobSpec] = {}
     for job in jobs:
         case = job.to_case()
         if case.device == "cpu":
@@ -75,7 +76,7 @@ def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
         impl = get_impl(case.op, job.impl)
         listed = gate_shapes(impl, case, regimes=job.gate.regimes, reference=job.gate.reference)
         for shape in listed:
-            key = (job.impl, shape.op, f"{shape.shape_id}-{shape.dtype}")
+            key = (job.impl, shape.op, shape.shape_id, shape.dtype)
             if key not in shapes or shape.mode != "fwd":
                 shapes[key] = job.model_copy(update={"case": shape.to_dict(), "stage": "compile"})
     return dict(enumerate(shapes.values()))

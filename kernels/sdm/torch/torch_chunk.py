@@ -25,6 +25,8 @@ that are checkpointed (:func:`segment_chunks`): the memory of ~2 sqrt(N) banks r
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -54,6 +56,44 @@ def segment_chunks(num_chunks: int) -> int:
     """Chunks per checkpointed segment when a gradient is wanted: ceil(sqrt(N)), which makes the banks kept at
     segment starts and the banks of the one segment being redone about equal in number."""
     return max(1, math.isqrt(max(num_chunks - 1, 0)) + 1)
+
+
+@contextmanager
+def _deterministic() -> Iterator[None]:
+    """PyTorch's deterministic algorithms for the body (its scatter-add sums repeated indices in a fixed order on a
+    GPU, where the default adds them atomically in whatever order threads arrive); the caller's setting after."""
+    before, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
+class _Gather(torch.autograd.Function):
+    """``src.gather(dim, index)`` with a bitwise reproducible backward: gradients of repeated indices (bank rows
+    that several entries gather, a slot's decay total that all its entries read) are summed in a fixed order."""
+
+    @staticmethod
+    def forward(ctx, src: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.dim, ctx.src_shape = dim, src.shape
+        ctx.save_for_backward(index)
+        return src.gather(dim, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        (index,) = ctx.saved_tensors
+        with _deterministic():
+            d_src = grad.new_zeros(ctx.src_shape).scatter_add_(ctx.dim, index, grad)
+        return d_src, None, None
+
+
+def _gather(src: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``src.gather(dim, index)``, differentiable with the same bits every backward (:class:`_Gather`)."""
+    return _Gather.apply(src, dim, index)
 
 
 def _pad_tokens(x: torch.Tensor, pad: int, value: float = 0.0) -> torch.Tensor:
@@ -92,7 +132,7 @@ def _chunk_slot_decays(
     seg = start.long().cumsum(-1) - 1
     pos = torch.arange(E + P, device=dev).expand_as(seg)
     last = torch.zeros_like(seg).scatter_reduce(-1, seg, pos, reduce="amax", include_self=False)
-    total_sorted = L_sorted.gather(-1, last.gather(-1, seg))
+    total_sorted = _gather(L_sorted, -1, last.gather(-1, seg))
     L = torch.empty_like(L_sorted).scatter(-1, order, L_sorted)
     total = torch.empty_like(L_sorted).scatter(-1, order, total_sorted)
     return L[..., :E], L[..., E:], total[..., :E]
@@ -188,8 +228,8 @@ def sdm_torch_chunk(
         a_qk = (qv[..., :, None] * kv[..., None, :] * _pair_decay(same_r & causal_r, L_r, L_w)).view(B, H, C, R, C, W)
         a_qk = a_qk.sum((3, 5))
         # Phase 2: gather the chunk's bank rows, solve for U, read, then decay-and-write the touched rows.
-        rows_w = bank.gather(2, slot_w[..., None].expand(B, H, C * W, D))
-        rows_r = bank.gather(2, slot_r[..., None].expand(B, H, C * R, D))
+        rows_w = _gather(bank, 2, slot_w[..., None].expand(B, H, C * W, D))
+        rows_r = _gather(bank, 2, slot_r[..., None].expand(B, H, C * R, D))
         k_m0 = ((kv * L_w.exp())[..., None] * rows_w).view(B, H, C, W, D).sum(3)
         q_m0 = ((qv * L_r.exp())[..., None] * rows_r).view(B, H, C, R, D).sum(3)
         system = eye + b_c[..., None] * a_kk

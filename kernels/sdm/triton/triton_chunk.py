@@ -13,9 +13,11 @@ Phase 1, for every chunk at once (it does not depend on the bank):
   ``Z [E, C]``, the weight of token t' in the new row of write entry e's slot;
 - ``solve``: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32.
 
-Phase 2, chunk after chunk (``step``, one launch per chunk, one program per stream and column slice): gather the
-chunk's bank rows into ``Kdec M0`` and ``Qdec M0``, ``U = X beta (V - Kdec M0)``, ``Y = Qdec M0 + QK U``, then each
-slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``.
+Phase 2, chunk after chunk, two launches a chunk: ``gather`` (one program per stream, token and column slice)
+sums each token's decay-weighted chunk-start bank rows into ``Kdec M0`` and ``Qdec M0``; ``update`` (one per stream,
+column slice and group of write entries) computes ``U = X beta (V - Kdec M0)`` and ``Y = Qdec M0 + QK U``, then each
+slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``. The gathers are parallel over the
+chunk's tokens and the writes over its entries; only the chunks follow one another.
 
 Determinism: no atomics; every bank row (column slice) has exactly one writer per launch; every sum runs in a fixed
 order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
@@ -46,7 +48,9 @@ __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
 LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every call runs the same programs
 SUPPORTS_BACKWARD = True
 _BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
-_BLOCK_D = 32  # bank columns per step program
+_BLOCK_D = 32  # bank columns per update program
+_GATHER_D = 128  # bank columns per gather program, at most
+_UPDATE_PROGRAMS = 256  # about two waves of an H100/H200's 132 SMs: the update splits its entries to fill them
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -166,60 +170,82 @@ def solve_kernel(A, beta, X, C: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def step_kernel(
-    bank, slot_w, k_val, L_w, L_tot, first, slot_r, q_val, L_r, v, beta, X, QK, Z, y, rows_w, rows_r, u_out,
-    chunk, N, rows_n, rows_c0, out_n, out_c0,
-    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
-    W: tl.constexpr, R: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
+def gather_kernel(
+    bank, slot_w, k_val, L_w, slot_r, q_val, L_r, km, qm, rows_w, rows_r, chunk, N, rows_n, rows_c0,
+    S: tl.constexpr, D: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
 ):  # fmt: skip
-    """One chunk for one (stream, column slice): gather, solve, read, then decay-and-write the touched rows.
-    With SAVE, also keep the gathered chunk-start rows and U for the backward. The rows buffers hold `rows_n`
-    chunks a stream from chunk `rows_c0` on, y, U and Z `out_n` from `out_c0` (all N from 0 in a forward; one
-    segment where the backward replays it), the other inputs all N."""
+    """One program per (stream, token t, column slice) of one chunk: row t of ``Kdec M0`` and ``Qdec M0``, the
+    decay-weighted sums of the chunk-start bank rows at t's write and read slots (blocks of entries in order, a
+    fixed tree within a block), into `km` and `qm` ``[BH, C, D]``. With SAVE, also the rows themselves for the
+    backward, into buffers holding `rows_n` chunks a stream from chunk `rows_c0` on."""
     st = tl.program_id(0).to(tl.int64)
-    col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    t = tl.program_id(1)
+    col = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     mcol = col < D
     sc = st * N + chunk
     sr = st * rows_n + (chunk - rows_c0)  # this chunk in the rows buffers
-    so = st * out_n + (chunk - out_c0)  # and in y, U and Z
+    base = bank + st * S * D
+    C = E // W
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, W, BLOCK_W):
+        e = t * W + n0 + tl.arange(0, BLOCK_W)
+        me = e < (t + 1) * W
+        s_e = tl.load(slot_w + sc * E + e, mask=me, other=0)
+        wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
+        m2 = me[:, None] & mcol[None, :]
+        rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=m2, other=0.0)
+        if SAVE:
+            tl.store(rows_w + (sr * E + e)[:, None] * D + col[None, :], rows, mask=m2)
+        acc += tl.sum(wt[:, None] * rows, axis=0)
+    tl.store(km + (st * C + t) * D + col, acc, mask=mcol)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for m0 in range(0, R, BLOCK_R):
+        p = t * R + m0 + tl.arange(0, BLOCK_R)
+        mp = p < (t + 1) * R
+        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=0)
+        wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
+        m2 = mp[:, None] & mcol[None, :]
+        rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=m2, other=0.0)
+        if SAVE:
+            tl.store(rows_r + (sr * P + p)[:, None] * D + col[None, :], rows, mask=m2)
+        acc += tl.sum(wt[:, None] * rows, axis=0)
+    tl.store(qm + (st * C + t) * D + col, acc, mask=mcol)
+
+
+@triton.jit
+def update_kernel(
+    bank, slot_w, L_tot, first, v, beta, X, QK, Z, km, qm, y, u_out, chunk, N, out_n, out_c0,
+    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, ENTRIES: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
+):  # fmt: skip
+    """One program per (stream, column slice, group of `ENTRIES` write entries) of one chunk, after
+    :func:`gather_kernel`: ``U = X beta (V - Kdec M0)``; the group-0 program writes ``Y = Qdec M0 + QK U`` (and with
+    SAVE, U), then each program's slot-first write entries write their slots' new rows ``exp(L_total) M0[s] + Z U``.
+    Every group computes the same U from the same inputs; a row is read and written by its one writer alone, so the
+    groups share no row. y, U and Z hold `out_n` chunks a stream from `out_c0` on; the other inputs all N."""
+    st = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    grp = tl.program_id(2)
+    mcol = col < D
+    sc = st * N + chunk
+    so = st * out_n + (chunk - out_c0)  # this chunk in y, U and Z
     base = bank + st * S * D
     c = tl.arange(0, BLOCK_C)
     mc = c < C
-    k_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-    for e0 in range(0, E, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
-        me = e < E
-        s_e = tl.load(slot_w + sc * E + e, mask=me, other=0)
-        wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
-        rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
-        if SAVE:
-            tl.store(rows_w + (sr * E + e)[:, None] * D + col[None, :], rows, mask=me[:, None] & mcol[None, :])
-        gather = tl.where(((e // W)[None, :] == c[:, None]) & me[None, :], wt[None, :], 0.0)  # [BLOCK_C, BLOCK_E]
-        k_m0 += mma(gather, rows, "ieee")
-    q_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_E):
-        p = p0 + tl.arange(0, BLOCK_E)
-        mp = p < P
-        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=0)
-        wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
-        rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
-        if SAVE:
-            tl.store(rows_r + (sr * P + p)[:, None] * D + col[None, :], rows, mask=mp[:, None] & mcol[None, :])
-        gather = tl.where(((p // R)[None, :] == c[:, None]) & mp[None, :], wt[None, :], 0.0)
-        q_m0 += mma(gather, rows, "ieee")
     m2 = mc[:, None] & mcol[None, :]
+    k_m0 = tl.load(km + (st * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
-    qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
     u = mma(x, b_c[:, None] * (v_c - k_m0), "ieee")
-    if SAVE:
-        tl.store(u_out + (so * C + c)[:, None] * D + col[None, :], u, mask=m2)
-    tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
-    # Every gather above must be done before any row is rewritten.
-    tl.debug_barrier()
-    for e0 in range(0, E, BLOCK_E):
+    if grp == 0:
+        if SAVE:
+            tl.store(u_out + (so * C + c)[:, None] * D + col[None, :], u, mask=m2)
+        q_m0 = tl.load(qm + (st * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+        qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
+        tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
+    for e0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
         writer = (tl.load(first + sc * E + e, mask=me, other=0) != 0) & me
@@ -368,17 +394,27 @@ def _step(
     out_at: tuple[int, int],
     save: bool = True,
 ) -> None:
-    """Phase 2 for one chunk (:func:`step_kernel`): `bank` updated in place; y, and with `save` U and the chunk-start
-    `rows` (write, read), written into buffers holding (chunks, first chunk) = `out_at` and `rows_at`; `Z` held as
-    y is."""
+    """Phase 2 for one chunk (:func:`gather_kernel`, then :func:`update_kernel`): `bank` updated in place; y, and
+    with `save` U and the chunk-start `rows` (write, read), written into buffers holding (chunks, first chunk) =
+    `out_at` and `rows_at`; `Z` held as y is."""
     BH, N, E = sv.s_w.shape
     P = sv.s_r.shape[-1]
     C, D = sv.v.shape[-2:]
     S = bank.shape[1]
-    step_kernel[(BH, triton.cdiv(D, _BLOCK_D))](
-        bank, sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.first, sv.s_r, sv.qv, sv.L_r, sv.v, sv.b, sv.X, sv.QK, Z, y,
-        rows[0], rows[1], U, chunk, N, *rows_at, *out_at,
-        S, D, C, E, P, E // C, P // C, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
+    W, R = E // C, P // C
+    km, qm = torch.empty(2, BH, C, D, device=bank.device)
+    block_g = min(_GATHER_D, triton.next_power_of_2(D))
+    gather_kernel[(BH, C, triton.cdiv(D, block_g))](
+        bank, sv.s_w, sv.kv, sv.L_w, sv.s_r, sv.qv, sv.L_r, km, qm, rows[0], rows[1], chunk, N, *rows_at,
+        S, D, E, P, W, R, _pow2(min(W, _BLOCK_ENTRIES), 1), _pow2(min(R, _BLOCK_ENTRIES), 1), block_g, save,
+        **LAUNCH,
+    )  # fmt: skip
+    nd = triton.cdiv(D, _BLOCK_D)
+    blocks = triton.cdiv(E, _BLOCK_ENTRIES)
+    per_group = _BLOCK_ENTRIES * triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(_UPDATE_PROGRAMS, BH * nd))))
+    update_kernel[(BH, nd, triton.cdiv(E, per_group))](
+        bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, chunk, N, *out_at,
+        S, D, C, E, per_group, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The Triton kernels of the SDM backward (and the forward step that feeds it) compile for an H100/H200 (sm_90) on
+"""The Triton kernels of the SDM backward (and the forward steps that feed it) compile for an H100/H200 (sm_90) on
 this CPU machine.
 
 The other SDM tests run the kernels under TRITON_INTERPRET=1, which executes them as NumPy and cannot see what only
@@ -24,9 +24,8 @@ E, P, BC = C * W, C * R, 16
 I64, I32 = {"slot_w", "slot_r"}, {"first", "rep"}
 KERNELS = {
     F.gram_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_W=16, BLOCK_R=16, BLOCK_COL=32, BLOCK_C=BC),
-    F.step_kernel: dict(
-        S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True
-    ),
+    F.gather_kernel: dict(S=40, D=64, E=E, P=P, W=W, R=R, BLOCK_W=4, BLOCK_R=2, BLOCK_D=64, SAVE=True),
+    F.update_kernel: dict(S=40, D=64, C=C, E=E, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True),
     B.gather_weights_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32, BLOCK_C=BC),
     B.step_bwd_kernel: dict(S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32),
     B.solve_bwd_kernel: dict(C=C, BLOCK_C=BC),
@@ -49,11 +48,11 @@ for fn, const in KERNELS.items():
 
 
 def test_every_sdm_kernel_compiles_for_sm90() -> None:
-    """The forward's Gram and step kernels (which the backward's replay runs again) and the backward's five kernels
-    compile to sm_90 code without a GPU."""
+    """The forward's Gram, gather and update kernels (which the backward's replay runs again) and the backward's
+    five kernels compile to sm_90 code without a GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE_ALL], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled ") == 7, done.stdout
+    assert done.stdout.count("compiled ") == 8, done.stdout

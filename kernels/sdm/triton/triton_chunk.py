@@ -81,12 +81,13 @@ def slot_decay_kernel(
         f = f0 + tl.arange(0, BLOCK_COL)
         mf = f < E
         s_f = tl.load(slot_w + sc * E + f, mask=mf, other=-2)
-        ld_f = tl.load(ld + sc * E + f, mask=mf, other=0.0)
         match = (s_row[:, None] == s_f[None, :]) & mf[None, :]
-        before = (f[None, :] // W) <= t_row[:, None]
-        acc += tl.sum(tl.where(match & before, ld_f[None, :], 0.0), axis=1)
-        tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
-        earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
+        if tl.max(match.to(tl.int32)) > 0:  # else exact zeros for every sum: skipped, as in gram_kernel
+            ld_f = tl.load(ld + sc * E + f, mask=mf, other=0.0)
+            before = (f[None, :] // W) <= t_row[:, None]
+            acc += tl.sum(tl.where(match & before, ld_f[None, :], 0.0), axis=1)
+            tot += tl.sum(tl.where(match, ld_f[None, :], 0.0), axis=1)
+            earlier += tl.sum((match & (f[None, :] < row[:, None])).to(tl.int32), axis=1)
     tl.store(L_w + sc * E + rw, acc, mask=is_w)
     tl.store(L_tot + sc * E + rw, tot, mask=is_w)
     tl.store(first + sc * E + rw, (earlier == 0).to(tl.int32), mask=is_w)
@@ -215,15 +216,16 @@ def gather_kernel(
 
 @triton.jit
 def update_kernel(
-    bank, slot_w, L_tot, first, v, beta, X, QK, Z, km, qm, y, u_out, chunk, N, out_n, out_c0,
+    bank, slot_w, L_tot, first, v, beta, X, QK, Z, km, qm, y, u_out, km_out, chunk, N, out_n, out_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, ENTRIES: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
 ):  # fmt: skip
     """One program per (stream, column slice, group of `ENTRIES` write entries) of one chunk, after
     :func:`gather_kernel`: ``U = X beta (V - Kdec M0)``; the group-0 program writes ``Y = Qdec M0 + QK U`` (and with
-    SAVE, U), then each program's slot-first write entries write their slots' new rows ``exp(L_total) M0[s] + Z U``.
+    SAVE, U and Kdec M0 for the backward), then each program's slot-first write entries write their slots' new
+    rows ``exp(L_total) M0[s] + Z U``.
     Every group computes the same U from the same inputs; a row is read and written by its one writer alone, so the
-    groups share no row. y, U and Z hold `out_n` chunks a stream from `out_c0` on; the other inputs all N."""
+    groups share no row. y, U, Kdec M0 and Z hold `out_n` chunks a stream from `out_c0` on; the other inputs all N."""
     st = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     grp = tl.program_id(2)
@@ -242,6 +244,7 @@ def update_kernel(
     if grp == 0:
         if SAVE:
             tl.store(u_out + (so * C + c)[:, None] * D + col[None, :], u, mask=m2)
+            tl.store(km_out + (so * C + c)[:, None] * D + col[None, :], k_m0, mask=m2)
         q_m0 = tl.load(qm + (st * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
         qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
         tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
@@ -321,16 +324,17 @@ def _forward(
     segment = replay_segment(N, BH, S, D, E, P) if save else N
     sv = Saved(
         s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
-        A=A, QK=QK, X=X, Z=Z, U=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment,
+        A=A, QK=QK, X=X, Z=Z, U=torch.empty(BH, N, C, D, device=dev) if save else y,
+        KM=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment,
     )  # fmt: skip
     if not save:
         for i in range(N):
-            _step(sv, bank, y, y, (y, y), Z, i, (N, 0), (N, 0), save=False)  # y stands in for unwritten buffers
+            _step(sv, bank, y, y, y, (y, y), Z, i, (N, 0), (N, 0), save=False)  # y stands in for unwritten buffers
         return y, bank, None
     if segment == N:
         sv.rows_w, sv.rows_r = (torch.empty(BH, N, n, D, device=dev) for n in (E, P))
         for i in range(N):
-            _step(sv, bank, y, sv.U, (sv.rows_w, sv.rows_r), Z, i, (N, 0), (N, 0))
+            _step(sv, bank, y, sv.U, sv.KM, (sv.rows_w, sv.rows_r), Z, i, (N, 0), (N, 0))
         return y, bank, sv
     # The rows of one chunk at a time, into a buffer dropped after: the steps keep the arithmetic of the backward's
     # replay (the same SAVE; only index arguments differ), so the banks it rebuilds are these, bit for bit. Z, as
@@ -339,7 +343,7 @@ def _forward(
     for i in range(N):
         if i % segment == 0:
             sv.checkpoints.append(bank.clone())  # the bank at the segment's start, for the backward's replay
-        _step(sv, bank, y, sv.U, (scratch_w, scratch_r), Z, i, (1, i), (N, 0))
+        _step(sv, bank, y, sv.U, sv.KM, (scratch_w, scratch_r), Z, i, (1, i), (N, 0))
     sv.Z = None
     return y, bank, sv
 
@@ -387,6 +391,7 @@ def _step(
     bank: torch.Tensor,
     y: torch.Tensor,
     U: torch.Tensor,
+    KM: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor],
     Z: torch.Tensor,
     chunk: int,
@@ -395,8 +400,8 @@ def _step(
     save: bool = True,
 ) -> None:
     """Phase 2 for one chunk (:func:`gather_kernel`, then :func:`update_kernel`): `bank` updated in place; y, and
-    with `save` U and the chunk-start `rows` (write, read), written into buffers holding (chunks, first chunk) =
-    `out_at` and `rows_at`; `Z` held as y is."""
+    with `save` U, ``Kdec M0`` (`KM`) and the chunk-start `rows` (write, read), written into buffers holding
+    (chunks, first chunk) = `out_at` and `rows_at`; `Z` held as y is."""
     BH, N, E = sv.s_w.shape
     P = sv.s_r.shape[-1]
     C, D = sv.v.shape[-2:]
@@ -413,7 +418,7 @@ def _step(
     blocks = triton.cdiv(E, _BLOCK_ENTRIES)
     per_group = _BLOCK_ENTRIES * triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(_UPDATE_PROGRAMS, BH * nd))))
     update_kernel[(BH, nd, triton.cdiv(E, per_group))](
-        bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, chunk, N, *out_at,
+        bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, KM, chunk, N, *out_at,
         S, D, C, E, per_group, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
     )  # fmt: skip
 
@@ -434,9 +439,9 @@ def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, to
     Z = torch.empty(BH, n, E, C, device=dev)
     _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, A, QK, Z, c0)
     rows_w, rows_r = (torch.empty(BH, n, m, D, device=dev) for m in (E, P))
-    y, U = (torch.empty(BH, n, C, D, device=dev) for _ in range(2))  # as the forward wrote them: unused
+    y, U, KM = (torch.empty(BH, n, C, D, device=dev) for _ in range(3))  # as the forward wrote them: unused
     for i in range(c0, c1):
-        _step(sv, bank, y, U, (rows_w, rows_r), Z, i, (n, c0), (n, c0))
+        _step(sv, bank, y, U, KM, (rows_w, rows_r), Z, i, (n, c0), (n, c0))
     return rows_w, rows_r, Z
 
 

@@ -52,8 +52,8 @@ class Saved:
     Memory beyond the inputs: ``rows_w, rows_r`` (float32, ``T_pad * BH * (W + R) * D * 4`` bytes) or, where the
     forward chose to replay them (``segment`` < N, triton_chunk.replay_segment), one bank per segment of that many
     chunks in ``checkpoints`` (``BH * S * D * 4`` bytes each), and then no ``Z`` either (made again by segments);
-    ``U`` (``T_pad * BH * D * 4``), ``Z`` (``T_pad * BH * W * C * 4``), ``A, QK, X`` (``3 * T_pad * BH * C * 4``)
-    and the per-entry ``L_w, L_tot, L_r, first`` (``T_pad * BH * (3 W + R) * 4``).
+    ``U`` and ``KM`` (``T_pad * BH * D * 4`` each), ``Z`` (``T_pad * BH * W * C * 4``), ``A, QK, X``
+    (``3 * T_pad * BH * C * 4``) and the per-entry ``L_w, L_tot, L_r, first`` (``T_pad * BH * (3 W + R) * 4``).
     """
 
     s_w: torch.Tensor  # [BH, N, E] int64
@@ -72,6 +72,7 @@ class Saved:
     X: torch.Tensor  # [BH, N, C, C]
     Z: torch.Tensor | None  # [BH, N, E, C] (None where the backward makes it again by segments)
     U: torch.Tensor  # [BH, N, C, D]
+    KM: torch.Tensor  # [BH, N, C, D] Kdec M0: the decay-weighted sums of each token's chunk-start write rows
     segment: int  # chunks per segment of the backward's walk: N when the rows are kept, fewer when replayed
     rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
     rows_r: torch.Tensor | None = None  # [BH, N, P, D] the same at the read slots
@@ -217,7 +218,7 @@ def gather_weights_kernel(
 
 @triton.jit
 def step_bwd_kernel(
-    dbank, slot_w, k_val, L_w, first, slot_r, v, beta, X, QK, Z, U, rows_w, rows_r, dy,
+    dbank, slot_w, first, slot_r, v, beta, X, QK, Z, U, KM, rows_w, rows_r, dy,
     rep, ltot, Gk, Gq, dv, p_dX, p_dQK, p_h, p_mdm, p_dcw, p_dcr, p_db, chunk, N, seg_n, seg_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
     W: tl.constexpr, R: tl.constexpr,
@@ -225,7 +226,8 @@ def step_bwd_kernel(
 ):  # fmt: skip
     """One chunk of the reverse walk for one (stream, column slice): the slice's share of the chunk's scalar
     gradients, dv, then every touched row of the bank gradient rewritten by its slot's representative entry. The
-    rows, Z and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N."""
+    rows, Z and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N. An entry's
+    token rows (of U, G and the gradient of Kdec M0) are loaded at its token, not spread by one-hot products."""
     st = tl.program_id(0).to(tl.int64)
     pd = tl.program_id(1)
     nd = tl.num_programs(1)
@@ -239,13 +241,13 @@ def step_bwd_kernel(
     mcc = mc[:, None] & mc[None, :]
     g = tl.load(dy + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     u = tl.load(U + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    k_m0 = tl.load(KM + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     ss = st * seg_n + (chunk - seg_c0)  # this chunk in the segment's rows and shares
     part = ss * nd + pd  # this program's share in the partial buffers [BH, seg_n, nd, ...]
     # dU = QK^T G + Z^T dM[s] over the slots' first write entries; per write entry <dM[s_e], U[t_e]>, <M0, dM>.
     du = mma(tl.trans(qk), g, "ieee")
-    k_m0 = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
@@ -256,11 +258,9 @@ def step_bwd_kernel(
         m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
         z = tl.load(Z + (ss * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
         du += mma(tl.trans(z), tl.where(writer[:, None], dm, 0.0), "ieee")
-        onehot = (((e // W)[:, None] == c[None, :]) & me[:, None]).to(tl.float32)  # [BLOCK_E, BLOCK_C]
-        tl.store(p_h + part * E + e, tl.sum(dm * mma(onehot, u, "ieee"), axis=1), mask=me)
+        u_e = tl.load(U + (sc * C + e // W)[:, None] * D + col[None, :], mask=me2, other=0.0)
+        tl.store(p_h + part * E + e, tl.sum(dm * u_e, axis=1), mask=me)
         tl.store(p_mdm + part * E + e, tl.sum(m0 * dm, axis=1), mask=me)
-        wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
-        k_m0 += mma(tl.trans(onehot * wt[:, None]), m0, "ieee")
     dw = mma(tl.trans(x), du, "ieee")
     b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
     v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
@@ -270,18 +270,22 @@ def step_bwd_kernel(
     tl.store(p_dX + (part * C + c)[:, None] * C + c[None, :], mma(du, tl.trans(b_c[:, None] * resid), "ieee"), mask=mcc)
     tl.store(p_dQK + (part * C + c)[:, None] * C + c[None, :], mma(g, tl.trans(u), "ieee"), mask=mcc)
     dk = -b_c[:, None] * dw  # the gradient of Kdec M0
+    # The entries read their token's row of dk from dv = -dk, stored above by this program's own threads.
+    tl.debug_barrier()
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
-        m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me[:, None] & mcol[None, :], other=0.0)
-        onehot = (((e // W)[:, None] == c[None, :]) & me[:, None]).to(tl.float32)
-        tl.store(p_dcw + part * E + e, tl.sum(m0 * mma(onehot, dk, "ieee"), axis=1), mask=me)
+        me2 = me[:, None] & mcol[None, :]
+        m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
+        dv_e = tl.load(dv + (sc * C + e // W)[:, None] * D + col[None, :], mask=me2, other=0.0)
+        tl.store(p_dcw + part * E + e, -tl.sum(m0 * dv_e, axis=1), mask=me)
     for p0 in range(0, P, BLOCK_E):
         p = p0 + tl.arange(0, BLOCK_E)
         mp = p < P
-        m0 = tl.load(rows_r + (ss * P + p)[:, None] * D + col[None, :], mask=mp[:, None] & mcol[None, :], other=0.0)
-        onehot = (((p // R)[:, None] == c[None, :]) & mp[:, None]).to(tl.float32)
-        tl.store(p_dcr + part * P + p, tl.sum(m0 * mma(onehot, g, "ieee"), axis=1), mask=mp)
+        mp2 = mp[:, None] & mcol[None, :]
+        m0 = tl.load(rows_r + (ss * P + p)[:, None] * D + col[None, :], mask=mp2, other=0.0)
+        g_p = tl.load(dy + (sc * C + p // R)[:, None] * D + col[None, :], mask=mp2, other=0.0)
+        tl.store(p_dcr + part * P + p, tl.sum(m0 * g_p, axis=1), mask=mp)
     # Every read of the bank gradient above must be done before any row is rewritten.
     tl.debug_barrier()
     for j0 in range(0, E + P, BLOCK_E):
@@ -322,8 +326,8 @@ def _step_backward(
         C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
     )  # fmt: skip
     step_bwd_kernel[(BH, triton.cdiv(D, BLOCK_D))](
-        dbank, sv.s_w, sv.kv, sv.L_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, rows[2],
-        sv.U, rows[0], rows[1], dy, rep, ltot, Gk, Gq, dv,
+        dbank, sv.s_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, rows[2],
+        sv.U, sv.KM, rows[0], rows[1], dy, rep, ltot, Gk, Gq, dv,
         part["dX"], part["dQK"], part["h"], part["mdm"], part["dcw"], part["dcr"], part["db"], chunk, N,
         part["db"].shape[1], seg_c0,
         S, D, C, E, P, W, R, BLOCK_ENTRIES, block_c, _pow2(BLOCK_D), **launch,

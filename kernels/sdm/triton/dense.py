@@ -11,10 +11,12 @@ kernels of :mod:`.triton_chunk` do pairwise work over a chunk's C*W write entrie
 where the dense kernels do C*K; this path runs
 :func:`deltabench.kernels.gdn.triton.chunk_split.chunk_gated_delta_rule_split` instead (its forward, walk and
 outputs apart, measured 2.9x chunk.py's at this limit's shape on the H200: 0.257 against 0.749 ms at
-B1-T8192-H2-K128-V128; the same backward). Both densifications are one deterministic Triton kernel (each
-slot's write weight and summed read weights, in a fixed order; gathers for the backward) that also checks the
-slots, so that the call reads the device back once, after the GDN kernels are queued; the GDN kernels use no
-atomics: the op's bitwise contract holds, and the gate checks it like any run.
+B1-T8192-H2-K128-V128; the same backward). Both densifications are one deterministic Triton kernel, one
+program per (token, head) and O(W + R + S) work where the token's read slots are distinct: each weight is stored
+at its slot, and a row whose read slots repeat sums them in a fixed order instead (:func:`_densify_kernel`;
+gathers for the backward). The same kernel checks the slots, so that the call reads the device back once, after
+the GDN kernels are queued; the GDN kernels use no atomics: the op's bitwise contract holds, and the gate checks it
+like any run.
 Key-weighted decay (a decay per slot) and repeated writes keep the sparse kernels.
 """
 
@@ -59,70 +61,95 @@ def _densify_kernel(
     q_val,
     k_out,
     q_out,
+    seen_w,
+    seen_r,
     bad,
     W: tl.constexpr,
     R: tl.constexpr,
     S: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    SUM_R: tl.constexpr,
+    SUM_S: tl.constexpr,
 ):
-    """One program per (token, head) row and block of slots: ``k_out[s]`` the weight of the write entry naming
-    slot s, ``q_out[s]`` the float32 sum of the read weights naming it (by blocks of m in order and a fixed tree
-    within a block: the same bits every call; rounded to the inputs' dtype by torch, whose rounding is the same on
-    every device, where Triton's interpreter truncates to bfloat16), and the slot checks on the way: unless
-    every slot of the block is written exactly once (W = S: the write slots are a permutation) and every read
-    slot is in ``[0, S)``, ``bad`` becomes nonzero. Indices are only compared, never used as addresses, so bad
-    ones cannot fault."""
+    """One program per (token, head) row, W = S <= BLOCK_W and R <= BLOCK_R: the row's dense key and query and its
+    slot checks, in O(W + R + S) work on the rows that need no sum.
+
+    Writes: each in-range write entry n stores its weight at ``k_out[k_idx[n]]`` and its own n at
+    ``seen_w[k_idx[n]]``; after the barrier (the program's global stores visible to all of its threads) each reads
+    its slot of ``seen_w`` back. Two entries naming one slot cannot both read back their own n, so a repeated write
+    slot shows as a mismatch, and with W = S any slot left unwritten implies a repeat or an out-of-range entry: no
+    initialisation and no pairwise compare. Reads: the same trick with ``seen_r`` finds whether the row repeats a
+    read slot. If not, each read weight is stored at ``q_out[q_idx[m]]`` in a q_out the caller zero-filled (the
+    other slots' sum is 0). If so, the whole row (a uniform branch per program) sums in a fixed order: for each
+    block of slots, blocks of m in order and a fixed tree within a block, the same bits every call. Single
+    weights go out as ``w + 0.0``, the value a sum of one term gives (-0.0 becomes +0.0), so both branches agree
+    with a sum everywhere. The query stays float32: the caller rounds it to the inputs' dtype in torch, whose
+    rounding is the same on every device, where Triton's interpreter truncates to bfloat16.
+
+    ``bad`` becomes nonzero on a repeated or out-of-range write slot or an out-of-range read slot (a repeated read
+    slot is legitimate). Out-of-range indices are masked off every address, so bad ones cannot fault; they leave
+    some of the row's outputs unspecified, and the caller raises."""
     row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
-    in_bank = s < S
-    key = tl.zeros([BLOCK_S], dtype=tl.float32)
-    writes = tl.zeros([BLOCK_S], dtype=tl.int32)
-    for n0 in range(0, W, BLOCK_W):
-        n = n0 + tl.arange(0, BLOCK_W)
-        mask = n < W
-        i = tl.load(k_idx + row * W + n, mask=mask, other=-1)
-        w = tl.load(k_val + row * W + n, mask=mask, other=0.0).to(tl.float32)
-        hit = i[:, None] == s[None, :]
-        key += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0)
-        writes += tl.sum(hit.to(tl.int32), axis=0)
-    query = tl.zeros([BLOCK_S], dtype=tl.float32)
-    outside = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for m0 in range(0, R, BLOCK_R):
-        m = m0 + tl.arange(0, BLOCK_R)
-        mask = m < R
-        i = tl.load(q_idx + row * R + m, mask=mask, other=-1)
-        w = tl.load(q_val + row * R + m, mask=mask, other=0.0).to(tl.float32)
-        query += tl.sum(tl.where(i[:, None] == s[None, :], w[:, None], 0.0), axis=0)
-        outside += (mask & ((i < 0) | (i >= S))).to(tl.int32)
-    tl.store(k_out + row * S + s, key.to(k_out.dtype.element_ty), mask=in_bank)
-    tl.store(q_out + row * S + s, query, mask=in_bank)
-    wrong = tl.sum((in_bank & (writes != 1)).to(tl.int32), axis=0) + tl.sum(outside, axis=0)
+    n = tl.arange(0, BLOCK_W)
+    n_in = n < W
+    i = tl.load(k_idx + row * W + n, mask=n_in, other=-1)
+    w_ok = n_in & (i >= 0) & (i < S)
+    key = tl.load(k_val + row * W + n, mask=w_ok, other=0.0).to(tl.float32) + 0.0
+    tl.store(k_out + row * S + i, key.to(k_out.dtype.element_ty), mask=w_ok)
+    tl.store(seen_w + row * S + i, n, mask=w_ok)
+    m = tl.arange(0, BLOCK_R)
+    m_in = m < R
+    j = tl.load(q_idx + row * R + m, mask=m_in, other=-1)
+    r_ok = m_in & (j >= 0) & (j < S)
+    tl.store(seen_r + row * S + j, m, mask=r_ok)
+    # The read-backs below must see every thread's stores above.
+    tl.debug_barrier()
+    w_back = tl.load(seen_w + row * S + i, mask=w_ok, other=-1)  # -1: an out-of-range entry fails too
+    r_back = tl.load(seen_r + row * S + j, mask=r_ok, other=-1)
+    wrong = tl.sum((n_in & (w_back != n)).to(tl.int32), axis=0) + tl.sum((m_in & ~r_ok).to(tl.int32), axis=0)
+    repeats = tl.sum((r_ok & (r_back != m)).to(tl.int32), axis=0)
+    if repeats == 0:
+        query = tl.load(q_val + row * R + m, mask=r_ok, other=0.0).to(tl.float32) + 0.0
+        tl.store(q_out + row * S + j, query, mask=r_ok)
+    else:
+        for s0 in range(0, S, SUM_S):
+            s = s0 + tl.arange(0, SUM_S)
+            query = tl.zeros([SUM_S], dtype=tl.float32)
+            for m0 in range(0, R, SUM_R):
+                mm = m0 + tl.arange(0, SUM_R)
+                mask = mm < R
+                jj = tl.load(q_idx + row * R + mm, mask=mask, other=-1)
+                ww = tl.load(q_val + row * R + mm, mask=mask, other=0.0).to(tl.float32)
+                query += tl.sum(tl.where(jj[:, None] == s[None, :], ww[:, None], 0.0), axis=0)
+            tl.store(q_out + row * S + s, query, mask=s < S)
     tl.atomic_max(bad, wrong, mask=wrong > 0)  # only a bad row writes: no contention on good input
 
 
 class _Densify(torch.autograd.Function):
     """``(k, q, bad)``: the dense key and query ``[B, T, H, S]`` in k_val's dtype and an int32 flag, nonzero when
-    a write slot is repeated or out of range or a read slot is out of range (one kernel, :func:`_densify_kernel`;
-    a scatter-add on a GPU adds in no fixed order). The backward is two gathers, ``d k_val[n] = d k[k_idx[n]]``
-    and ``d q_val[m] = d q[q_idx[m]]``."""
+    a write slot is repeated or out of range or a read slot is out of range (one kernel, :func:`_densify_kernel`,
+    for W = S <= 256: stores at the slots where a row's slots are distinct, a fixed-order sum where its read slots
+    repeat; a scatter-add on a GPU adds in no fixed order). The backward is two gathers,
+    ``d k_val[n] = d k[k_idx[n]]`` and ``d q_val[m] = d q[q_idx[m]]``."""
 
     @staticmethod
     def forward(ctx, k_idx: torch.Tensor, k_val: torch.Tensor, q_idx: torch.Tensor, q_val: torch.Tensor, S: int):  # type: ignore[override]
         k_idx, q_idx = k_idx.contiguous(), q_idx.contiguous()
         W, R = k_idx.shape[-1], q_idx.shape[-1]
+        if W != S or S > _GDN_MAX_K:  # the kernel's write check needs a permutation, its rows one block
+            raise ValueError(f"the dense path densifies W = S <= {_GDN_MAX_K} write slots, got W={W}, S={S}")
         k = torch.empty(*k_idx.shape[:-1], S, device=k_val.device, dtype=k_val.dtype)  # exact: one weight a slot
-        q = torch.empty(*k.shape, device=k.device, dtype=torch.float32)  # sums: rounded to q_val's dtype by torch
+        q = torch.zeros(*k.shape, device=k.device, dtype=torch.float32)  # unread slots stay 0; torch rounds later
         bad = torch.zeros((), device=k_val.device, dtype=torch.int32)
-        rows = k_idx.numel() // W
+        rows = k_idx.numel() // W if W else 0
         if rows:
-            block_s = min(64, triton.next_power_of_2(S))
-            grid = (rows, triton.cdiv(S, block_s))
-            block_w, block_r = min(32, triton.next_power_of_2(W)), min(32, triton.next_power_of_2(R))
-            _densify_kernel[grid](
-                k_idx, k_val.contiguous(), q_idx, q_val.contiguous(), k, q, bad, W, R, S, block_w, block_r, block_s
-            )
+            # Scratch for the kernel's distinctness checks: every cell a row reads back it first writes.
+            seen = torch.empty(2, rows, S, device=k_val.device, dtype=torch.int32)
+            block_w, block_r = triton.next_power_of_2(W), triton.next_power_of_2(max(R, 1))
+            sum_r, sum_s = min(32, block_r), min(64, triton.next_power_of_2(S))
+            tensors = (k_idx, k_val.contiguous(), q_idx, q_val.contiguous(), k, q, *seen, bad)
+            _densify_kernel[(rows,)](*tensors, W, R, S, block_w, block_r, sum_r, sum_s, num_warps=4)
         ctx.save_for_backward(k_idx, q_idx)
         ctx.mark_non_differentiable(bad)
         return k, q.to(q_val.dtype), bad

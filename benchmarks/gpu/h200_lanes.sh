@@ -179,12 +179,13 @@ lane_solo() {
     shared
 }
 
-# issue 13's two flagship targets first: the 32K fwd+bwd peak memory with the backward's replay (its forward: 512
-# ms, 2.25 GiB at 17:11 on 2026-12-01), then torch_chunk's 8K jobs (the 10x target's baseline; its fwd+bwd ran out
-# of memory then, before its chunks ran in checkpointed segments)
+# issue 13's targets: sdm-h200-short whole (torch_chunk beside triton_chunk at the flagship 8K and the dense limit,
+# fwd and fwd+bwd: the 10x ratio and the dense limit against gdn in one table; torch_chunk's fwd+bwd failed the
+# determinism gate at 20:48 on 2026-12-01, now summed in a fixed order), then the 32K fwd+bwd peak (its gate did
+# not end in 400 s with the one-kernel steps)
 task_sdm_gpu() {
+    run 480 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 400 --gate-workers 2
     run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
-    run 420 sdm-torch-8k --suite benchmarks/gpu/sdm-h200-short.toml --op sdm --impl torch_chunk --timeout 400
 }
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
@@ -280,7 +281,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' speed_cold sdm_gpu sdm_dense_parts sdm_profile gdn2_gpu gdn2_pallas stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' sdm_profile sdm_dense_parts sdm_gpu speed_cold gdn2_gpu gdn2_pallas stages gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &

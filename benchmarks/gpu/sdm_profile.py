@@ -1,13 +1,15 @@
 """Where sdm's Triton forward and backward spend their time at the flagship shape: one process, each kernel's CUDA
-time under ``torch.profiler``, then the step kernel's column block tried at other widths.
+time under ``torch.profiler``, then the column block of the forward's update kernel and of the backward's walk
+tried at other widths.
 
 At B1 x 8K (H=2, D=1024, S=65536, W=R=64, C=64, bf16) the forward took 125 ms and fwd+bwd 497 ms on the H200
 (2026-12-01), against a floor of a few ms: the Gram matrices and the solve run for every chunk at once, the step
 kernel once per chunk (128 launches) on B*H x D/_BLOCK_D programs (64 at the flagship: half the H200's SMs). This
 prints, for one fwd+bwd call, every kernel's total and per-call CUDA time (largest first), so that the next change
-goes where the time is; then the forward's ``do_bench`` median at each ``--block-d`` (the step kernel's bank
-columns per program: more programs at narrower blocks; the same arithmetic per column, so correctness does not
-change; the first is checked against the module's own width, output and bank within float32 rounding).
+goes where the time is; then the ``do_bench`` medians of the forward and of fwd+bwd at each ``--block-d`` (the bank
+columns per program of the update kernel and of the backward's step: more programs at narrower blocks; the same
+arithmetic per column, so correctness does not change; each width's output and bank are checked against the
+first's within float32 rounding).
 
 Usage::
 
@@ -30,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     CUDA device."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--block-d", default="32,16", help="step-kernel column blocks (16 or more: tl.dot's least)")
+    ap.add_argument("--block-d", default="32,16", help="column blocks to try (16 or more: tl.dot's least)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("sdm_profile.py: needs a CUDA device", file=sys.stderr)
         return 2
-    from deltabench.kernels.sdm.triton import triton_chunk
+    from deltabench.kernels.sdm.triton import triton_chunk, triton_chunk_bwd
     from sdm_kernels import FLAGSHIP, flagship_inputs, fwd_bwd
     from torch.profiler import ProfilerActivity, profile
     from triton.testing import do_bench
@@ -51,22 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
     widths = [int(w) for w in args.block_d.split(",") if w]
-    kept = triton_chunk._BLOCK_D
+    kept = triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D
     first: dict[str, torch.Tensor] | None = None
     try:
         for width in widths:
-            triton_chunk._BLOCK_D = width
+            triton_chunk._BLOCK_D = triton_chunk_bwd.BLOCK_D = width
             out = fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=False)
             if first is None:
                 first = out
             worst = max(
                 ((out[n].float() - first[n].float()).norm() / first[n].float().norm()).item() for n in ("y", "bank")
             )
-            ms = do_bench(lambda: triton_chunk.sdm_triton_chunk(**x, chunk_size=C), return_mode="median")
+            fwd_ms = do_bench(lambda: triton_chunk.sdm_triton_chunk(**x, chunk_size=C), return_mode="median")
+            both_ms = do_bench(lambda: fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=True), return_mode="median")
             programs = FLAGSHIP["B"] * FLAGSHIP["H"] * -(-FLAGSHIP["D"] // width)
-            print(f"  block_d {width:3d}: {programs:4d} step programs, fwd {ms:8.2f} ms, vs first {worst:.1e}")
+            print(
+                f"  block_d {width:3d}: {programs:4d} column slices, fwd {fwd_ms:8.2f} ms, fwd+bwd {both_ms:8.2f} ms,"
+                f" vs first {worst:.1e}"
+            )
     finally:
-        triton_chunk._BLOCK_D = kept
+        triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D = kept
     return 0
 
 

@@ -41,16 +41,15 @@ from torch.autograd.function import once_differentiable
 from ....references.sdm import check_sdm_shapes, check_slots, first_write_mask
 from ...common.triton.mma import mma
 from .dense import sdm_dense_gdn, takes_dense_path
-from .triton_chunk_bwd import Saved, sdm_chunk_backward, sum_in_order
+from .triton_chunk_bwd import BLOCK_ENTRIES, Saved, entry_groups, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
 
 LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every call runs the same programs
 SUPPORTS_BACKWARD = True
-_BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
+_BLOCK_ENTRIES = BLOCK_ENTRIES  # entries per block in the loops over a chunk's entries
 _BLOCK_D = 32  # bank columns per update program
 _GATHER_D = 128  # bank columns per gather program, at most
-_UPDATE_PROGRAMS = 256  # about two waves of an H100/H200's 132 SMs: the update splits its entries to fill them
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -415,8 +414,7 @@ def _step(
         **LAUNCH,
     )  # fmt: skip
     nd = triton.cdiv(D, _BLOCK_D)
-    blocks = triton.cdiv(E, _BLOCK_ENTRIES)
-    per_group = _BLOCK_ENTRIES * triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(_UPDATE_PROGRAMS, BH * nd))))
+    per_group = entry_groups(E, BH * nd)
     update_kernel[(BH, nd, triton.cdiv(E, per_group))](
         bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, KM, chunk, N, *out_at,
         S, D, C, E, per_group, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,

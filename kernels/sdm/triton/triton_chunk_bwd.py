@@ -9,14 +9,16 @@ which the walk gathers a segment's rows again just before it walks that segment 
 Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it (the forward's equations are in
 :mod:`.torch_chunk`):
 
-- ``step_bwd_kernel`` (Triton, one launch per chunk, last chunk first; one program per stream and column slice):
-  ``dU = QK^T G + Z_first^T dM[s_e]``, ``dw = X^T dU`` (``dv = beta dw``, ``dKdecM0 = -beta dw``), then every touched
-  row of ``dM`` becomes the gradient before the chunk, ``exp(L_tot) dM[s] + Gk[j] dKdecM0 + Gq[j] G`` (``Gk, Gq`` the
-  gather weights of the slot's entries per token, written by its representative entry ``j``: one writer per row);
-  it also writes the column slice's share of the scalar gradients: ``dQK = G U^T``, ``dX = dU w^T``, per write entry
-  ``<dM[s_e], U[t_e]>``, ``<M0[s_e], dM[s_e]>``, ``<dKdecM0[t_e], M0[s_e]>``, per read entry ``<G[t_p], M0[s_p]>``,
-  per token ``<dw, v - KdecM0>``; the shares of the column slices are then added in slice order
-  (:func:`sum_in_order`).
+- three launches per chunk (Triton, last chunk first), after ``gather_weights_kernel`` (each entry's slot
+  representative, total log-decay and gather weights per token): ``bwd_entries_kernel`` (per stream, column slice
+  and group of write entries: the group's share of ``Z_first^T dM[s_e]``, and per write entry ``<dM[s_e], U[t_e]>``
+  and ``<M0[s_e], dM[s_e]>``), ``bwd_tokens_kernel`` (per stream and column slice: ``dU = QK^T G`` plus the groups'
+  shares, ``dw = X^T dU``, ``dv = beta dw``, ``dKdecM0 = -beta dw``, and ``dQK = G U^T``, ``dX = dU w^T``, per token
+  ``<dw, v - KdecM0>``), ``bwd_rewrite_kernel`` (per stream, column slice and group of entries: per write entry
+  ``<dKdecM0[t_e], M0[s_e]>``, per read entry ``<G[t_p], M0[s_p]>``, then every touched row of ``dM`` becomes the
+  gradient before the chunk, ``exp(L_tot) dM[s] + Gk[j] dKdecM0 + Gq[j] G`` (``Gk, Gq`` the gather weights of the
+  slot's entries per token, written by its representative entry ``j``: one writer per row)). The per-entry and
+  per-token values are each column slice's share; the shares are then added in slice order (:func:`sum_in_order`).
 - Phase 1 backward, every chunk at once (Triton, no bank): ``solve_bwd_kernel`` (``dBm = -X^T dX X^T``, then
   ``dA`` and the solve's share of ``dbeta``), ``gram_bwd_kernel`` (per entry: the gradient of its weight and of its
   log-decay since the chunk start, through A, QK, Z and the gathers; per write entry that of its slot's chunk total)
@@ -39,10 +41,11 @@ import triton.language as tl
 
 from ...common.triton.mma import mma
 
-__all__ = ["BLOCK_D", "BLOCK_ENTRIES", "Saved", "sdm_chunk_backward", "sum_in_order"]
+__all__ = ["BLOCK_D", "BLOCK_ENTRIES", "PROGRAMS", "Saved", "entry_groups", "sdm_chunk_backward", "sum_in_order"]
 
 BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
 BLOCK_D = 32  # bank columns per program of the reverse walk
+PROGRAMS = 256  # about two waves of an H100/H200's 132 SMs: the walk's per-entry steps split their entries to fill them
 
 
 @dataclasses.dataclass
@@ -217,38 +220,29 @@ def gather_weights_kernel(
 
 
 @triton.jit
-def step_bwd_kernel(
-    dbank, slot_w, first, slot_r, v, beta, X, QK, Z, U, KM, rows_w, rows_r, dy,
-    rep, ltot, Gk, Gq, dv, p_dX, p_dQK, p_h, p_mdm, p_dcw, p_dcr, p_db, chunk, N, seg_n, seg_c0,
-    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
-    W: tl.constexpr, R: tl.constexpr,
+def bwd_entries_kernel(
+    dbank, slot_w, first, Z, U, rows_w, p_du, p_h, p_mdm, chunk, N, seg_n, seg_c0,
+    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, W: tl.constexpr, ENTRIES: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One chunk of the reverse walk for one (stream, column slice): the slice's share of the chunk's scalar
-    gradients, dv, then every touched row of the bank gradient rewritten by its slot's representative entry. The
-    rows, Z and the shares hold `seg_n` chunks a stream from chunk `seg_c0` on, the other tensors all N. An entry's
-    token rows (of U, G and the gradient of Kdec M0) are loaded at its token, not spread by one-hot products."""
+    """Step 1 of a chunk of the reverse walk, one program per (stream, column slice, group of `ENTRIES` write
+    entries), reading the bank gradient after the chunk: the group's share of ``Z^T dM[s]`` over the slots' first
+    write entries (into `p_du` ``[BH, groups, C, D]``), and per write entry the slice's share of
+    ``<dM[s_e], U[t_e]>`` and ``<M0[s_e], dM[s_e]>``."""
     st = tl.program_id(0).to(tl.int64)
     pd = tl.program_id(1)
     nd = tl.num_programs(1)
+    grp = tl.program_id(2)
     col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
     mcol = col < D
     sc = st * N + chunk
     base = dbank + st * S * D
     c = tl.arange(0, BLOCK_C)
     mc = c < C
-    m2 = mc[:, None] & mcol[None, :]
-    mcc = mc[:, None] & mc[None, :]
-    g = tl.load(dy + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
-    u = tl.load(U + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
-    k_m0 = tl.load(KM + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
-    qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
-    x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     ss = st * seg_n + (chunk - seg_c0)  # this chunk in the segment's rows and shares
     part = ss * nd + pd  # this program's share in the partial buffers [BH, seg_n, nd, ...]
-    # dU = QK^T G + Z^T dM[s] over the slots' first write entries; per write entry <dM[s_e], U[t_e]>, <M0, dM>.
-    du = mma(tl.trans(qk), g, "ieee")
-    for e0 in range(0, E, BLOCK_E):
+    du = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
+    for e0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
         me2 = me[:, None] & mcol[None, :]
@@ -261,6 +255,37 @@ def step_bwd_kernel(
         u_e = tl.load(U + (sc * C + e // W)[:, None] * D + col[None, :], mask=me2, other=0.0)
         tl.store(p_h + part * E + e, tl.sum(dm * u_e, axis=1), mask=me)
         tl.store(p_mdm + part * E + e, tl.sum(m0 * dm, axis=1), mask=me)
+    groups = tl.num_programs(2)
+    tl.store(p_du + ((st * groups + grp) * C + c)[:, None] * D + col[None, :], du, mask=mc[:, None] & mcol[None, :])
+
+
+@triton.jit
+def bwd_tokens_kernel(
+    beta, v, X, QK, U, KM, dy, p_du, dv, p_dX, p_dQK, p_db, chunk, N, seg_n, seg_c0, groups,
+    D: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Step 2, one program per (stream, column slice): ``dU = QK^T G + the groups' shares of Z^T dM`` (added in
+    group order), ``dw = X^T dU``, dv = beta dw (which step 3 reads back as the gradient of Kdec M0, -dv), and the
+    slice's shares of dX, dQK and dbeta."""
+    st = tl.program_id(0).to(tl.int64)
+    pd = tl.program_id(1)
+    nd = tl.num_programs(1)
+    col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
+    mcol = col < D
+    sc = st * N + chunk
+    c = tl.arange(0, BLOCK_C)
+    mc = c < C
+    m2 = mc[:, None] & mcol[None, :]
+    mcc = mc[:, None] & mc[None, :]
+    part = (st * seg_n + (chunk - seg_c0)) * nd + pd
+    g = tl.load(dy + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    u = tl.load(U + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    k_m0 = tl.load(KM + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
+    x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
+    du = mma(tl.trans(qk), g, "ieee")
+    for grp in range(0, groups):
+        du += tl.load(p_du + ((st * groups + grp) * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     dw = mma(tl.trans(x), du, "ieee")
     b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
     v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
@@ -269,31 +294,51 @@ def step_bwd_kernel(
     tl.store(p_db + part * C + c, tl.sum(dw * resid, axis=1), mask=mc)
     tl.store(p_dX + (part * C + c)[:, None] * C + c[None, :], mma(du, tl.trans(b_c[:, None] * resid), "ieee"), mask=mcc)
     tl.store(p_dQK + (part * C + c)[:, None] * C + c[None, :], mma(g, tl.trans(u), "ieee"), mask=mcc)
-    dk = -b_c[:, None] * dw  # the gradient of Kdec M0
-    # The entries read their token's row of dk from dv = -dk, stored above by this program's own threads.
-    tl.debug_barrier()
-    for e0 in range(0, E, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
-        me = e < E
-        me2 = me[:, None] & mcol[None, :]
-        m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
-        dv_e = tl.load(dv + (sc * C + e // W)[:, None] * D + col[None, :], mask=me2, other=0.0)
-        tl.store(p_dcw + part * E + e, -tl.sum(m0 * dv_e, axis=1), mask=me)
-    for p0 in range(0, P, BLOCK_E):
-        p = p0 + tl.arange(0, BLOCK_E)
-        mp = p < P
-        mp2 = mp[:, None] & mcol[None, :]
-        m0 = tl.load(rows_r + (ss * P + p)[:, None] * D + col[None, :], mask=mp2, other=0.0)
-        g_p = tl.load(dy + (sc * C + p // R)[:, None] * D + col[None, :], mask=mp2, other=0.0)
-        tl.store(p_dcr + part * P + p, tl.sum(m0 * g_p, axis=1), mask=mp)
-    # Every read of the bank gradient above must be done before any row is rewritten.
-    tl.debug_barrier()
-    for j0 in range(0, E + P, BLOCK_E):
+
+
+@triton.jit
+def bwd_rewrite_kernel(
+    dbank, slot_w, slot_r, rows_w, rows_r, dy, dv, rep, ltot, Gk, Gq, p_dcw, p_dcr, chunk, N, seg_n, seg_c0,
+    S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
+    W: tl.constexpr, R: tl.constexpr, ENTRIES: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Step 3, one program per (stream, column slice, group of `ENTRIES` entries, writes then reads): per entry
+    the slice's share of ``<dKdecM0[t_e], M0[s_e]>`` (writes) or ``<G[t_p], M0[s_p]>`` (reads), then each touched
+    row of the bank gradient becomes the gradient before the chunk, ``exp(L_tot) dM[s] + Gk[j] dKdecM0 + Gq[j] G``,
+    written by its slot's representative entry j (one writer a row: a program reads and writes only its own
+    representatives' rows). An entry's token row is loaded at its token, not spread by one-hot products."""
+    st = tl.program_id(0).to(tl.int64)
+    pd = tl.program_id(1)
+    nd = tl.num_programs(1)
+    grp = tl.program_id(2)
+    col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
+    mcol = col < D
+    sc = st * N + chunk
+    base = dbank + st * S * D
+    c = tl.arange(0, BLOCK_C)
+    mc = c < C
+    m2 = mc[:, None] & mcol[None, :]
+    ss = st * seg_n + (chunk - seg_c0)
+    part = ss * nd + pd
+    g = tl.load(dy + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
+    dk = -tl.load(dv + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)  # the gradient of Kdec M0
+    for j0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):
         j = j0 + tl.arange(0, BLOCK_E)
         is_w = j < E
         is_r = (j >= E) & (j < E + P)
-        s_j = tl.load(slot_w + sc * E + tl.where(is_w, j, 0), mask=is_w, other=0)
-        s_j = tl.where(is_r, tl.load(slot_r + sc * P + tl.where(is_r, j - E, 0), mask=is_r, other=0), s_j)
+        jw = tl.where(is_w, j, 0)
+        jr = tl.where(is_r, j - E, 0)
+        mw2 = is_w[:, None] & mcol[None, :]
+        mr2 = is_r[:, None] & mcol[None, :]
+        m0 = tl.load(rows_w + (ss * E + jw)[:, None] * D + col[None, :], mask=mw2, other=0.0)
+        dk_e = tl.load(dv + (sc * C + jw // W)[:, None] * D + col[None, :], mask=mw2, other=0.0)
+        tl.store(p_dcw + part * E + jw, -tl.sum(m0 * dk_e, axis=1), mask=is_w)
+        m0 = tl.load(rows_r + (ss * P + jr)[:, None] * D + col[None, :], mask=mr2, other=0.0)
+        g_p = tl.load(dy + (sc * C + jr // R)[:, None] * D + col[None, :], mask=mr2, other=0.0)
+        tl.store(p_dcr + part * P + jr, tl.sum(m0 * g_p, axis=1), mask=is_r)
+        s_j = tl.load(slot_w + sc * E + jw, mask=is_w, other=0)
+        s_j = tl.where(is_r, tl.load(slot_r + sc * P + jr, mask=is_r, other=0), s_j)
         out = st * (E + P) + j
         writer = (tl.load(rep + out, mask=is_w | is_r, other=0) != 0) & (is_w | is_r)
         ptr = base + s_j.to(tl.int64)[:, None] * D + col[None, :]
@@ -304,6 +349,14 @@ def step_bwd_kernel(
         decay = tl.exp(tl.load(ltot + out, mask=is_w | is_r, other=0.0))
         new = decay[:, None] * dm + mma(gk, dk, "ieee") + mma(gq, g, "ieee")
         tl.store(ptr, new, mask=writer[:, None] & mcol[None, :])
+
+
+def entry_groups(entries: int, slices: int) -> int:
+    """Entries per program (a multiple of :data:`BLOCK_ENTRIES`) when `entries` are split over programs beside
+    `slices` (stream, column slice) pairs: enough groups for about :data:`PROGRAMS` programs, at least one block a
+    group. The split changes no bit: every entry's work is done whole by one program."""
+    blocks = triton.cdiv(entries, BLOCK_ENTRIES)
+    return BLOCK_ENTRIES * triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(PROGRAMS, slices))))
 
 
 def _step_backward(
@@ -317,7 +370,9 @@ def _step_backward(
     P, C = sv.s_r.shape[-1], sv.b.shape[-1]
     S, D = dbank.shape[1:]
     dev = dbank.device
-    block_c = _pow2(C)
+    block_c, block_d = _pow2(C), _pow2(BLOCK_D)
+    nd = triton.cdiv(D, BLOCK_D)
+    seg_n = part["db"].shape[1]
     rep = torch.empty(BH, E + P, device=dev, dtype=torch.int32)
     ltot = torch.empty(BH, E + P, device=dev)
     Gk, Gq = (torch.empty(BH, E + P, C, device=dev) for _ in range(2))
@@ -325,12 +380,21 @@ def _step_backward(
         sv.s_w, sv.kv, sv.L_w, sv.ld, sv.s_r, sv.qv, sv.L_r, rep, ltot, Gk, Gq, chunk, N,
         C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
     )  # fmt: skip
-    step_bwd_kernel[(BH, triton.cdiv(D, BLOCK_D))](
-        dbank, sv.s_w, sv.first, sv.s_r, sv.v, sv.b, sv.X, sv.QK, rows[2],
-        sv.U, sv.KM, rows[0], rows[1], dy, rep, ltot, Gk, Gq, dv,
-        part["dX"], part["dQK"], part["h"], part["mdm"], part["dcw"], part["dcr"], part["db"], chunk, N,
-        part["db"].shape[1], seg_c0,
-        S, D, C, E, P, W, R, BLOCK_ENTRIES, block_c, _pow2(BLOCK_D), **launch,
+    per_group = entry_groups(E, BH * nd)
+    groups = triton.cdiv(E, per_group)
+    p_du = torch.empty(BH, groups, C, D, device=dev)
+    bwd_entries_kernel[(BH, nd, groups)](
+        dbank, sv.s_w, sv.first, rows[2], sv.U, rows[0], p_du, part["h"], part["mdm"], chunk, N, seg_n, seg_c0,
+        S, D, C, E, W, per_group, BLOCK_ENTRIES, block_c, block_d, **launch,
+    )  # fmt: skip
+    bwd_tokens_kernel[(BH, nd)](
+        sv.b, sv.v, sv.X, sv.QK, sv.U, sv.KM, dy, p_du, dv, part["dX"], part["dQK"], part["db"], chunk, N,
+        seg_n, seg_c0, groups, D, C, block_c, block_d, **launch,
+    )  # fmt: skip
+    per_group = entry_groups(E + P, BH * nd)
+    bwd_rewrite_kernel[(BH, nd, triton.cdiv(E + P, per_group))](
+        dbank, sv.s_w, sv.s_r, rows[0], rows[1], dy, dv, rep, ltot, Gk, Gq, part["dcw"], part["dcr"], chunk, N,
+        seg_n, seg_c0, S, D, C, E, P, W, R, per_group, BLOCK_ENTRIES, block_c, block_d, **launch,
     )  # fmt: skip
 
 

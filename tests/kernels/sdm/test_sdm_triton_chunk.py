@@ -208,6 +208,20 @@ def test_the_replay_is_taken_where_it_at_least_halves_the_memory() -> None:
     assert replay_segment(2, 2, 65536, 1024, E, P) == 2  # two chunks: one bank costs more than their rows
 
 
+@pytest.mark.parametrize("regime", ["typical", "key_weighted"])
+def test_entry_groups_split_the_work_of_a_chunk(regime: str) -> None:
+    """A chunk of 256 write entries with its slots' first writes all through it (S = 2048): the forward's update
+    and the backward's two per-entry steps each split the chunk over several programs (8, 8 and 12 groups of 32),
+    and the backward adds the groups' shares of Z^T dM. y, the bank and every gradient against the oracle; with
+    the shares of all but the first group dropped, or one group's writes skipped, this fails."""
+    C, W, R = 64, 4, 2
+    assert bwd_module.entry_groups(C * W, 1) == 32 and bwd_module.entry_groups(C * (W + R), 1) == 32
+    x = make_inputs(1, 100, 1, 2048, 4, W, R, seed=13, regime=regime, initial_bank=True)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64)
+    errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=C), ref)
+    assert max(errs.values()) < BOUND, errs
+
+
 class _Edited:
     """A Triton kernel whose launches apply `edit` to the launch's arguments, before or after it runs."""
 
@@ -229,9 +243,9 @@ MUTANTS = {  # (kernel, edit of its arguments, before the launch)
     # The carried bank gradient misses the chunk's decay of its row (exp(L_total) taken as 1).
     "no-decay-on-carried-bank-grad": ("gather_weights_kernel", lambda args: args[8].zero_(), False),
     # The gradient through each write's share of its slot's new row (<dM[s_e], U[t_e]>) is dropped.
-    "no-new-row-share": ("step_bwd_kernel", lambda args: args[22].zero_(), False),
+    "no-new-row-share": ("bwd_entries_kernel", lambda args: args[7].zero_(), False),
     # The gradient of each read's gather of the chunk-start bank (<G[t_p], M0[s_p]>) is dropped.
-    "no-read-gather": ("step_bwd_kernel", lambda args: args[25].zero_(), False),
+    "no-read-gather": ("bwd_rewrite_kernel", lambda args: args[12].zero_(), False),
     # The segmented scans' backward forgets the slot's chunk total (its decay of the slot's new row).
     "no-slot-total-in-scan": ("decay_bwd_kernel", lambda args: args[4].zero_(), True),
 }

@@ -27,7 +27,11 @@ KERNELS = {
     F.gather_kernel: dict(S=40, D=64, E=E, P=P, W=W, R=R, BLOCK_W=4, BLOCK_R=2, BLOCK_D=64, SAVE=True),
     F.update_kernel: dict(S=40, D=64, C=C, E=E, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True),
     B.gather_weights_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32, BLOCK_C=BC),
-    B.step_bwd_kernel: dict(S=40, D=64, C=C, E=E, P=P, W=W, R=R, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32),
+    B.bwd_entries_kernel: dict(S=40, D=64, C=C, E=E, W=W, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32),
+    B.bwd_tokens_kernel: dict(D=64, C=C, BLOCK_C=BC, BLOCK_D=32),
+    B.bwd_rewrite_kernel: dict(
+        S=40, D=64, C=C, E=E, P=P, W=W, R=R, ENTRIES=64, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32
+    ),
     B.solve_bwd_kernel: dict(C=C, BLOCK_C=BC),
     B.gram_bwd_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
     B.decay_bwd_kernel: dict(E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
@@ -37,7 +41,7 @@ for fn, const in KERNELS.items():
     for a in fn.arg_names:
         if a in const:
             sig[a] = "constexpr"
-        elif a in ("chunk", "N", "rows_n", "rows_c0", "out_n", "out_c0", "seg_n", "seg_c0"):
+        elif a in ("chunk", "N", "rows_n", "rows_c0", "out_n", "out_c0", "seg_n", "seg_c0", "groups"):
             sig[a] = "i32"
         else:
             sig[a] = "*i64" if a in I64 else "*i32" if a in I32 else "*fp32"
@@ -49,10 +53,10 @@ for fn, const in KERNELS.items():
 
 def test_every_sdm_kernel_compiles_for_sm90() -> None:
     """The forward's Gram, gather and update kernels (which the backward's replay runs again) and the backward's
-    five kernels compile to sm_90 code without a GPU."""
+    seven kernels compile to sm_90 code without a GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE_ALL], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled ") == 8, done.stdout
+    assert done.stdout.count("compiled ") == 10, done.stdout

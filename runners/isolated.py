@@ -466,6 +466,24 @@ def _gate_stage(job: JobSpec) -> JobSpec:
     return job if job.stage == "compile" else job.model_copy(update={"stage": "gate"})
 
 
+def _gate_allocators(given: Mapping[str, str]) -> dict[str, str]:
+    """The allocator settings a gate process gets, each unless the user chose its own (in `given`).
+
+    A gate holds an impl's buffers and PyTorch's float32 reference in one process, the reference's backward sized
+    to half the memory free when it is decided (harness/verify.py): JAX's pool would keep what a JAX impl's
+    largest call took from the reference that follows it (the platform allocator gives each buffer back when it
+    dies), and PyTorch's caching allocator can strand tens of GiB between a reference's large blocks
+    (expandable segments grow and reuse one mapping instead: 26.5 GiB reserved but unallocated when jax_chunk's
+    fwd+bwd gate at B4-T8192-H16 ran out of memory on the H200). Gates are not timed: slower allocations cost
+    nothing that is measured."""
+    chosen: dict[str, str] = {}
+    if "XLA_PYTHON_CLIENT_ALLOCATOR" not in given:
+        chosen["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    if not any(n in given for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")):
+        chosen["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return chosen
+
+
 def run_gates(
     jobs: Mapping[int, JobSpec],
     workers: int,
@@ -502,12 +520,7 @@ def run_gates(
     # The gates first: the compiles then fill the places left, so no gate waits behind a compile for a place.
     now = sorted((keys for keys in chains.values() if keys not in waiting), key=lambda ks: _compiles(jobs, ks))
     given = {**os.environ, **(env or {})}
-    if "XLA_PYTHON_CLIENT_ALLOCATOR" not in given:
-        # A gate holds a JAX impl's buffers and PyTorch's float32 reference in one process: JAX's pool would keep
-        # what the impl's largest call took (up to most of the device) from the reference that follows it. The
-        # platform allocator gives each buffer back when it dies; the gate is not timed, so its slower
-        # allocations cost nothing that is measured.
-        env = {**(env or {}), "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    env = {**(env or {}), **_gate_allocators(given)}
     alone_env = env
     if side_by_side > 1:
         # Chains side by side share the device: each sizes what it may allocate for itself by this share, and each

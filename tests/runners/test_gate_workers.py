@@ -268,7 +268,9 @@ def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monke
 
 def test_gates_give_jax_buffers_back_unless_the_user_chose_an_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gate alone or beside others runs JAX on its platform allocator (a JAX impl's pool would starve the float32
-    reference of the same gate: jax_chunk's fwd+bwd gate at B4-T8192-H16 on the H200); the user's choice stays."""
+    reference of the same gate: jax_chunk's fwd+bwd gate at B4-T8192-H16 on the H200) and PyTorch on expandable
+    segments (its cache stranded 26.5 GiB in that gate); the user's choice of either stays, by either of PyTorch's
+    names."""
     from deltabench.runners import isolated
 
     envs: list[dict] = []
@@ -278,12 +280,18 @@ def test_gates_give_jax_buffers_back_unless_the_user_chose_an_allocator(monkeypa
         return JobResult.model_construct(status="ok")
 
     _fake_gates(monkeypatch, fake_gate)
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    for name in ("XLA_PYTHON_CLIENT_ALLOCATOR", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
     for workers in (1, 4):
         isolated.run_gates({k: _ImplJob(f"impl{k}") for k in range(4)}, workers, python="python3")
         assert envs[-1]["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
+        assert envs[-1]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     isolated.run_gates({0: _ImplJob("impl0")}, 1, python="python3", env={"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"})
     assert envs[-1]["XLA_PYTHON_CLIENT_ALLOCATOR"] == "bfc"
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        isolated.run_gates({0: _ImplJob("impl0")}, 1, python="python3", env={name: "max_split_size_mb:512"})
+        assert envs[-1][name] == "max_split_size_mb:512"
+        assert {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(envs[-1]) == {name}
 
 
 def test_a_process_sharing_a_gpu_holds_its_allocator_to_its_share(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,6 +220,20 @@ def gather_weights_kernel(
 
 
 @triton.jit
+def _walk_program(dbank, chunk, N, seg_n, seg_c0, S, D, C, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Where a program of the reverse walk's per-entry steps works, grid (stream, column slice, entry group):
+    ``(stream, group, columns, their mask, the chunk's index in the inputs, the stream's bank gradient, token
+    offsets, their mask, the chunk's index in the segment's buffers, the program's share index)``."""
+    st = tl.program_id(0).to(tl.int64)
+    pd = tl.program_id(1)
+    col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
+    c = tl.arange(0, BLOCK_C)
+    ss = st * seg_n + (chunk - seg_c0)  # this chunk in the segment's rows and shares
+    part = ss * tl.num_programs(1) + pd  # this program's share in the partial buffers [BH, seg_n, nd, ...]
+    return st, tl.program_id(2), col, col < D, st * N + chunk, dbank + st * S * D, c, c < C, ss, part
+
+
+@triton.jit
 def bwd_entries_kernel(
     dbank, slot_w, first, Z, U, rows_w, p_du, p_h, p_mdm, chunk, N, seg_n, seg_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, W: tl.constexpr, ENTRIES: tl.constexpr,
@@ -229,18 +243,9 @@ def bwd_entries_kernel(
     entries), reading the bank gradient after the chunk: the group's share of ``Z^T dM[s]`` over the slots' first
     write entries (into `p_du` ``[BH, groups, C, D]``), and per write entry the slice's share of
     ``<dM[s_e], U[t_e]>`` and ``<M0[s_e], dM[s_e]>``."""
-    st = tl.program_id(0).to(tl.int64)
-    pd = tl.program_id(1)
-    nd = tl.num_programs(1)
-    grp = tl.program_id(2)
-    col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
-    mcol = col < D
-    sc = st * N + chunk
-    base = dbank + st * S * D
-    c = tl.arange(0, BLOCK_C)
-    mc = c < C
-    ss = st * seg_n + (chunk - seg_c0)  # this chunk in the segment's rows and shares
-    part = ss * nd + pd  # this program's share in the partial buffers [BH, seg_n, nd, ...]
+    st, grp, col, mcol, sc, base, c, mc, ss, part = _walk_program(
+        dbank, chunk, N, seg_n, seg_c0, S, D, C, BLOCK_C, BLOCK_D
+    )
     du = tl.zeros([BLOCK_C, BLOCK_D], dtype=tl.float32)
     for e0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
@@ -308,19 +313,10 @@ def bwd_rewrite_kernel(
     row of the bank gradient becomes the gradient before the chunk, ``exp(L_tot) dM[s] + Gk[j] dKdecM0 + Gq[j] G``,
     written by its slot's representative entry j (one writer a row: a program reads and writes only its own
     representatives' rows). An entry's token row is loaded at its token, not spread by one-hot products."""
-    st = tl.program_id(0).to(tl.int64)
-    pd = tl.program_id(1)
-    nd = tl.num_programs(1)
-    grp = tl.program_id(2)
-    col = pd * BLOCK_D + tl.arange(0, BLOCK_D)
-    mcol = col < D
-    sc = st * N + chunk
-    base = dbank + st * S * D
-    c = tl.arange(0, BLOCK_C)
-    mc = c < C
+    st, grp, col, mcol, sc, base, c, mc, ss, part = _walk_program(
+        dbank, chunk, N, seg_n, seg_c0, S, D, C, BLOCK_C, BLOCK_D
+    )
     m2 = mc[:, None] & mcol[None, :]
-    ss = st * seg_n + (chunk - seg_c0)
-    part = ss * nd + pd
     g = tl.load(dy + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     dk = -tl.load(dv + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)  # the gradient of Kdec M0
     for j0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):

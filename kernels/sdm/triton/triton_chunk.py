@@ -47,7 +47,6 @@ __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
 
 LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every call runs the same programs
 SUPPORTS_BACKWARD = True
-_BLOCK_ENTRIES = BLOCK_ENTRIES  # entries per block in the loops over a chunk's entries
 _BLOCK_D = 32  # bank columns per update program
 _GATHER_D = 128  # bank columns per gather program, at most
 
@@ -170,15 +169,38 @@ def solve_kernel(A, beta, X, C: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
+def _token_sum(
+    base, slot, val, L, rows_out, sc, sr, t, col, mcol,
+    D: tl.constexpr, TOTAL: tl.constexpr, PER: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+    SAVE: tl.constexpr,
+):  # fmt: skip
+    """Token t's decay-weighted sum of the bank rows (`base`, a stream's bank) at its `PER` entries of a chunk of
+    `TOTAL`: ``sum_n val[n] exp(L[n]) M0[slot[n]]`` over the columns `col` (blocks of entries in order, a fixed tree
+    within a block); with SAVE, the rows also go to `rows_out` at the chunk's place `sr`."""
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, PER, BLOCK):
+        e = t * PER + n0 + tl.arange(0, BLOCK)
+        me = e < (t + 1) * PER
+        s_e = tl.load(slot + sc * TOTAL + e, mask=me, other=0)
+        wt = tl.load(val + sc * TOTAL + e, mask=me, other=0.0) * tl.exp(tl.load(L + sc * TOTAL + e, mask=me, other=0.0))
+        m2 = me[:, None] & mcol[None, :]
+        rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=m2, other=0.0)
+        if SAVE:
+            tl.store(rows_out + (sr * TOTAL + e)[:, None] * D + col[None, :], rows, mask=m2)
+        acc += tl.sum(wt[:, None] * rows, axis=0)
+    return acc
+
+
+@triton.jit
 def gather_kernel(
     bank, slot_w, k_val, L_w, slot_r, q_val, L_r, km, qm, rows_w, rows_r, chunk, N, rows_n, rows_c0,
     S: tl.constexpr, D: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
     BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
 ):  # fmt: skip
     """One program per (stream, token t, column slice) of one chunk: row t of ``Kdec M0`` and ``Qdec M0``, the
-    decay-weighted sums of the chunk-start bank rows at t's write and read slots (blocks of entries in order, a
-    fixed tree within a block), into `km` and `qm` ``[BH, C, D]``. With SAVE, also the rows themselves for the
-    backward, into buffers holding `rows_n` chunks a stream from chunk `rows_c0` on."""
+    decay-weighted sums of the chunk-start bank rows at t's write and read slots (:func:`_token_sum`), into `km`
+    and `qm` ``[BH, C, D]``. With SAVE, also the rows themselves for the backward, into buffers holding `rows_n`
+    chunks a stream from chunk `rows_c0` on."""
     st = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     col = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -187,30 +209,10 @@ def gather_kernel(
     sr = st * rows_n + (chunk - rows_c0)  # this chunk in the rows buffers
     base = bank + st * S * D
     C = E // W
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, W, BLOCK_W):
-        e = t * W + n0 + tl.arange(0, BLOCK_W)
-        me = e < (t + 1) * W
-        s_e = tl.load(slot_w + sc * E + e, mask=me, other=0)
-        wt = tl.load(k_val + sc * E + e, mask=me, other=0.0) * tl.exp(tl.load(L_w + sc * E + e, mask=me, other=0.0))
-        m2 = me[:, None] & mcol[None, :]
-        rows = tl.load(base + s_e.to(tl.int64)[:, None] * D + col[None, :], mask=m2, other=0.0)
-        if SAVE:
-            tl.store(rows_w + (sr * E + e)[:, None] * D + col[None, :], rows, mask=m2)
-        acc += tl.sum(wt[:, None] * rows, axis=0)
-    tl.store(km + (st * C + t) * D + col, acc, mask=mcol)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for m0 in range(0, R, BLOCK_R):
-        p = t * R + m0 + tl.arange(0, BLOCK_R)
-        mp = p < (t + 1) * R
-        s_p = tl.load(slot_r + sc * P + p, mask=mp, other=0)
-        wt = tl.load(q_val + sc * P + p, mask=mp, other=0.0) * tl.exp(tl.load(L_r + sc * P + p, mask=mp, other=0.0))
-        m2 = mp[:, None] & mcol[None, :]
-        rows = tl.load(base + s_p.to(tl.int64)[:, None] * D + col[None, :], mask=m2, other=0.0)
-        if SAVE:
-            tl.store(rows_r + (sr * P + p)[:, None] * D + col[None, :], rows, mask=m2)
-        acc += tl.sum(wt[:, None] * rows, axis=0)
-    tl.store(qm + (st * C + t) * D + col, acc, mask=mcol)
+    k_m0 = _token_sum(base, slot_w, k_val, L_w, rows_w, sc, sr, t, col, mcol, D, E, W, BLOCK_W, BLOCK_D, SAVE)
+    tl.store(km + (st * C + t) * D + col, k_m0, mask=mcol)
+    q_m0 = _token_sum(base, slot_r, q_val, L_r, rows_r, sc, sr, t, col, mcol, D, P, R, BLOCK_R, BLOCK_D, SAVE)
+    tl.store(qm + (st * C + t) * D + col, q_m0, mask=mcol)
 
 
 @triton.jit
@@ -313,8 +315,8 @@ def _forward(
     A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
     Z = torch.empty(BH, N, E, C, device=dev)
     block_c = _pow2(C)
-    slot_decay_kernel[(BH * N, triton.cdiv(E + P, _BLOCK_ENTRIES))](
-        s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, _BLOCK_ENTRIES, _BLOCK_ENTRIES, **LAUNCH
+    slot_decay_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
+        s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **LAUNCH
     )
     _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
     solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
@@ -381,7 +383,7 @@ def _gram(
     W, R = E // C, P // C
     gram_kernel[(BH * seg_n, C)](
         s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, N, seg_n, seg_c0,
-        C, E, P, W, R, _pow2(W), _pow2(R), _BLOCK_ENTRIES, _pow2(C), **LAUNCH,
+        C, E, P, W, R, _pow2(W), _pow2(R), BLOCK_ENTRIES, _pow2(C), **LAUNCH,
     )  # fmt: skip
 
 
@@ -410,14 +412,14 @@ def _step(
     block_g = min(_GATHER_D, triton.next_power_of_2(D))
     gather_kernel[(BH, C, triton.cdiv(D, block_g))](
         bank, sv.s_w, sv.kv, sv.L_w, sv.s_r, sv.qv, sv.L_r, km, qm, rows[0], rows[1], chunk, N, *rows_at,
-        S, D, E, P, W, R, _pow2(min(W, _BLOCK_ENTRIES), 1), _pow2(min(R, _BLOCK_ENTRIES), 1), block_g, save,
+        S, D, E, P, W, R, _pow2(min(W, BLOCK_ENTRIES), 1), _pow2(min(R, BLOCK_ENTRIES), 1), block_g, save,
         **LAUNCH,
     )  # fmt: skip
     nd = triton.cdiv(D, _BLOCK_D)
     per_group = entry_groups(E, BH * nd)
     update_kernel[(BH, nd, triton.cdiv(E, per_group))](
         bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, KM, chunk, N, *out_at,
-        S, D, C, E, per_group, _BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
+        S, D, C, E, per_group, BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
     )  # fmt: skip
 
 

@@ -161,6 +161,8 @@ lane_solo() {
     dir=$L/a
     local warm
     # the train table is in session-1357/ (100 jobs in 537 s): again only when asked for, the queue first otherwise
+    # SDM 2.0.0's CUDA extensions build on the CPU beside the GPU work (6 of 16 cores), for task sdm_pkg
+    [[ ${LANE_SDM_PKG:-1} == 1 ]] && { sdm_pkg_build 1500 & }
     [[ ${LANE_TRAIN:-0} == 1 ]] || { shared; return; }
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
@@ -186,6 +188,17 @@ lane_solo() {
 task_sdm_gpu() {
     run 480 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 400 --gate-workers 2
     run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
+}
+
+# SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
+task_sdm_pkg() {
+    for _ in $(seq 36); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
+    if ! grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null; then
+        echo "sdm_pkg: build $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished'); skipped"
+        tail -5 "$dir/sdm-pkg-build.log"
+        return
+    fi
+    run 480 sdm-pkg --suite benchmarks/gpu/sdm-h200-pkg.toml --timeout 400
 }
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
@@ -281,7 +294,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' sdm_profile sdm_dense_parts sdm_gpu speed_cold gdn2_gpu gdn2_pallas stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' sdm_profile sdm_gpu sdm_dense_parts speed_cold sdm_pkg gdn2_gpu stages gdn2_pallas gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
@@ -298,6 +311,11 @@ call() {
         [[ -f $L/$name/lane.log ]] && grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
     done
     tar czf "$OUT/lanes.tgz" -C "$L" .
+    # SDM 2.0.0's built extensions, to carry into a later session (.gpucache/torch_extensions), when they fit a file
+    if grep -q "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f $OUT/sdm-ext.tgz ]]; then
+        tar czf "$OUT/sdm-ext.tgz" -C "$TORCH_EXTENSIONS_DIR" --exclude=lock . &&
+            (($(stat -c %s "$OUT/sdm-ext.tgz") < 16000000)) || rm -f "$OUT/sdm-ext.tgz"
+    fi
     echo "archived $(du -h "$OUT/lanes.tgz" | cut -f1) at $(date -u +%H:%M:%S)"
 }
 

@@ -14,14 +14,17 @@ outputs apart, measured 2.9x chunk.py's at this limit's shape on the H200: 0.257
 B1-T8192-H2-K128-V128; the same backward). Both densifications are one deterministic Triton kernel, one
 program per (token, head) and O(W + R + S) work where the token's read slots are distinct: each weight is stored
 at its slot, and a row whose read slots repeat sums them in a fixed order instead (:func:`_densify_kernel`;
-gathers for the backward). The same kernel checks the slots, so that the call reads the device back once, after
-the GDN kernels are queued; the GDN kernels use no atomics: the op's bitwise contract holds, and the gate checks it
+gathers for the backward). The same kernel checks the slots; on a GPU its flag is copied to the host behind the
+kernel and read once the GDN kernels are queued, so the host waits on the densify alone, never on the GDN work
+(a read back after them left the GPU idle while the next call's kernels were launched); the GDN kernels use no
+atomics: the op's bitwise contract holds, and the gate checks it
 like any run.
 Key-weighted decay (a decay per slot) and repeated writes keep the sparse kernels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -162,6 +165,23 @@ class _Densify(torch.autograd.Function):
         return None, dk_val, None, dq_val, None
 
 
+def _flag_reader(flag: torch.Tensor) -> Callable[[], int]:
+    """A function that returns `flag`'s value, its copy to the host queued now: on a GPU into pinned memory
+    behind the work queued so far, so that reading it waits for that work alone and not for what is queued after."""
+    if flag.device.type != "cuda":
+        return lambda: int(flag.item())
+    host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+    host.copy_(flag, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> int:
+        copied.synchronize()
+        return int(host.item())
+
+    return read
+
+
 def sdm_dense_gdn(
     k_idx: torch.Tensor,
     k_val: torch.Tensor,
@@ -179,12 +199,13 @@ def sdm_dense_gdn(
     a repeated or out-of-range write slot or an out-of-range read slot raises :func:`check_slots`' ValueError."""
     check_slot_tensors(k_idx, q_idx, S)
     k, q, bad = _Densify.apply(k_idx, k_val, q_idx, q_val, S)
+    read_bad = _flag_reader(bad)
     y, bank = chunk_gated_delta_rule_split(
         q, k, v, g, beta, scale=1.0, initial_state=initial_bank, output_final_state=True
     )
-    # The flag is read once the GDN kernels are queued: its one synchronisation then waits on the work, not
-    # ahead of it. Bad indices only made k and q wrong (never an address), and nothing wrong is returned.
-    if bad.item():
+    # The flag is read once the GDN kernels are queued (the module docstring). Bad indices only made k and q
+    # wrong (never an address), and nothing wrong is returned.
+    if read_bad():
         check_slots(k_idx, q_idx, S, allow_repeated_writes=False)  # raises the one-line error that applies
         raise RuntimeError("sdm's dense-path slot check flagged indices that check_slots accepts")
     return y, cast(torch.Tensor, bank)  # output_final_state=True: always a tensor

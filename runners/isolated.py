@@ -40,7 +40,7 @@ from deltabench.harness.document import GATE_ONLY, JobResult
 from deltabench.harness.suites import ISOLATIONS
 
 from .base import JobSpec
-from .job import PHASE_MARK, case_spec
+from .job import PHASE_MARK, case_spec, parse_phase_mark
 
 __all__ = ["IsolatedRunner", "SharedProcessRunner", "job_environment", "make_runner", "run_gates", "run_isolated"]
 
@@ -86,9 +86,28 @@ def _log_tail(log: str) -> str:
     return " | ".join(lines[-4:])[-_LOG_TAIL:]
 
 
+def _phases(log: str) -> list[tuple[str, float | None]]:
+    return [parse_phase_mark(ln) for ln in log.splitlines() if ln.startswith(PHASE_MARK)]
+
+
 def _last_phase(log: str) -> str:
-    phases = [ln[len(PHASE_MARK) :].strip() for ln in log.splitlines() if ln.startswith(PHASE_MARK)]
-    return phases[-1] if phases else "startup"
+    phases = _phases(log)
+    return phases[-1][0] if phases else "startup"
+
+
+def _phase_times(log: str, now: float) -> str:
+    """The job's last phase with how long it had run by `now` and how long each phase before it took, e.g.
+    ``timing for 12 s, after setup 3 s, first call 1 s, gate 350 s, memory 30 s`` (the last phase's name alone
+    where the marks carry no times)."""
+    phases = _phases(log)
+    starts = [at for _, at in phases if at is not None]
+    if not phases or len(starts) < len(phases):
+        return _last_phase(log)
+    names = [name for name, _ in phases]
+    ends = [*starts[1:], now]
+    spans = [f"{name} {end - start:.0f} s" for name, start, end in zip(names, starts, ends, strict=True)]
+    text = f"{names[-1]} for {ends[-1] - starts[-1]:.0f} s"
+    return text + (", after " + ", ".join(spans[:-1]) if len(spans) > 1 else "")
 
 
 def _kill_group(pid: int, fallback) -> None:
@@ -190,7 +209,8 @@ def _lost_result(job: JobSpec, started: _dt.datetime, *, timed_out: bool, rc: in
     phase = _last_phase(log_text)
     if timed_out:
         result.status = "timeout"
-        result.reason = f"no result after {job.timeout_s:g} s (in {phase}); process group killed"
+        where = _phase_times(log_text, time.time())
+        result.reason = f"no result after {job.timeout_s:g} s (in {where}); process group killed"
     else:
         if rc < 0:
             try:
@@ -313,7 +333,7 @@ class _Worker:
                     for mark in marks:  # every phase, in order: a short one may share a poll with the next
                         if mark != phase:
                             phase = mark
-                            on_phase(job, phase[len(PHASE_MARK) :].strip())
+                            on_phase(job, parse_phase_mark(phase)[0])
                 if result_path.exists():
                     result = _read_result(result_path, job)
                     result_path.unlink()

@@ -41,7 +41,7 @@ from deltabench.harness.errors import is_out_of_memory
 from .base import JobSpec
 from .timing import Timed, TimerRequest, timer_for
 
-__all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary"]
+__all__ = ["InProcessRunner", "case_spec", "execute", "failing_summary", "parse_phase_mark"]
 
 PHASE_MARK = "deltabench-job: phase "  # written to stderr so a parent can say where a hang happened
 _imported: set[str] = set()  # user modules this process has loaded (a shared worker runs many jobs)
@@ -69,7 +69,19 @@ def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:
 
 
 def _phase(name: str) -> None:
-    print(PHASE_MARK + name, file=sys.stderr, flush=True)
+    # With the wall clock: a parent that finds the job hung can say how long each phase took.
+    print(f"{PHASE_MARK}{name} @{time.time():.3f}", file=sys.stderr, flush=True)
+
+
+def parse_phase_mark(line: str) -> tuple[str, float | None]:
+    """The phase a mark line of :func:`_phase` names and the wall-clock time it began (None for a mark without
+    one, as an older deltabench's worker writes)."""
+    text = line[len(PHASE_MARK) :].strip()
+    name, sep, at = text.rpartition(" @")
+    try:
+        return (name, float(at)) if sep else (text, None)
+    except ValueError:
+        return text, None
 
 
 def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> Timed:

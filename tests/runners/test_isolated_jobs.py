@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from deltabench.harness.cases import Case
 from deltabench.runners.base import GateSettings, JobSpec, TimingSettings
-from deltabench.runners.isolated import run_isolated
+from deltabench.runners.isolated import _phase_times, run_isolated
+from deltabench.runners.job import PHASE_MARK
 
 PLANTED = str(Path(__file__).with_name("planted_impls.py"))
 CASE = Case("gdn", B=1, T=20, H=1, K=8, V=8, dtype="fp32", mode="fwd")
@@ -43,3 +44,15 @@ def test_process_that_exits_without_a_result_fails_with_its_exit_code(python):
     assert "exited with code 3 without a result" in result.reason
     assert "first call" in result.reason  # the phase it died in
     assert result.timing is None
+
+
+def test_a_timeout_says_how_long_each_phase_took():
+    log = "\n".join([
+        f"{PHASE_MARK}setup @1000.0", "some output", f"{PHASE_MARK}first call @1003.2",
+        f"{PHASE_MARK}gate @1004.0", f"{PHASE_MARK}memory @1354.4", f"{PHASE_MARK}timing @1384.0",
+    ])  # fmt: skip
+    assert _phase_times(log, now=1400.0) == "timing for 16 s, after setup 3 s, first call 1 s, gate 350 s, memory 30 s"
+    assert _phase_times(f"{PHASE_MARK}setup @1000.0", now=1008.0) == "setup for 8 s"
+    # an older worker's marks carry no times: the phase's name alone
+    assert _phase_times(f"{PHASE_MARK}setup\n{PHASE_MARK}gate", now=0.0) == "gate"
+    assert _phase_times("no marks at all", now=0.0) == "startup"

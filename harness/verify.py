@@ -49,10 +49,12 @@ record, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -117,6 +119,16 @@ class VerifyReport:
     seeds: list[int]
     drawn_seed: int | None
     reference: str
+    stage_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each stage of the gate
+
+    @property
+    def time_record(self) -> CheckRecord:
+        """``gate time``, a non-gating note: the gate's seconds, then each stage's, the longest first (where a gate
+        that takes minutes at a large shape spends them). Not among :attr:`records`, which two identical gates
+        reproduce exactly."""
+        stages = sorted(self.stage_s.items(), key=lambda kv: -kv[1])
+        detail = f"{sum(self.stage_s.values()):.1f} s: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages)
+        return note_record("gate time", detail, passed=True, gating=False)
 
     @property
     def passed(self) -> bool:
@@ -138,7 +150,23 @@ class VerifyReport:
             "drawn_seed": self.drawn_seed,
             "reference": self.reference,
             "records": [json.loads(r.model_dump_json()) for r in self.records],
+            "stage_s": dict(self.stage_s),
         }
+
+
+class _StageClock:
+    """Seconds spent in each stage of a gate: ``with clock(stage):`` adds the block's time to `stage`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
 @dataclasses.dataclass
@@ -1042,28 +1070,38 @@ def verify_case(
     first_run: _Item | None = None
     variants = _variants(spec, chosen_regimes)
     runs = [(s, v) for s in seed_list for v in variants]
+    clock = _StageClock()
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there
     if use_oracle:
         # every run at once: the oracle stacks them along B, at the cost of about one (_oracle_runs)
-        items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s, v in runs]
-        records += _compare_items(items, _oracle_runs(spec, items, limit), "oracle", grads=grads, profile=profile)
+        with clock("impl at full shape"):
+            items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s, v in runs]
+        with clock("oracle at full shape"):
+            oracle = _oracle_runs(spec, items, limit)
+        records += _compare_items(items, oracle, "oracle", grads=grads, profile=profile)
+        del oracle
     else:
         if grads:
-            grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
+            with clock("reference's backward T"):
+                grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
         # Where grad_t < T, forward only at the full shape: the reference's backward there would run the device out
         # of memory.
         label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
         items = []
         for s, v in runs:  # one run at a time against its reference, so that a gate may stop at its first failure
-            it = _run_impl(impl, spec, case, v, seed=s, grads=grads)
+            with clock("impl at full shape"):
+                it = _run_impl(impl, spec, case, v, seed=s, grads=grads)
             items.append(it)
             if grad_t < case.T:
-                ref = _chunk_run(case, spec, dataclasses.replace(it, cot=None))
+                with clock("reference at full shape"):
+                    ref = _chunk_run(case, spec, dataclasses.replace(it, cot=None))
                 found = _compare_items([it], [ref], label, grads=False, profile=profile)
                 del ref  # the reference's device memory, before the gate's next allocations
-                found += _grad_at(impl, spec, case.replace(T=grad_t), [(s, v)], profile=profile)
+                with clock(f"impl and reference fwd+bwd at T={grad_t}"):
+                    found += _grad_at(impl, spec, case.replace(T=grad_t), [(s, v)], profile=profile)
             else:
-                ref = _chunk_run(case, spec, it)
+                with clock("reference at full shape"):
+                    ref = _chunk_run(case, spec, it)
                 found = _compare_items([it], [ref], "torch_chunk_fp32", grads=grads, profile=profile)
                 del ref
             records += found
@@ -1076,9 +1114,10 @@ def verify_case(
         records.append(note_record("gate", why, passed=True, gating=False))
     elif not use_oracle:
         key = _memo_key("oracle", impl, short, runs, grads, profile, limit)
-        records += reduced(
-            key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)
-        )
+        with clock(f"oracle at {short.shape_id}"):
+            records += reduced(
+                key, lambda: _reduced_oracle(impl, spec, short, runs, grads=grads, profile=profile, limit=limit)
+            )
     if use_oracle:
         sentence = "float64 oracle"
     else:
@@ -1092,25 +1131,35 @@ def verify_case(
         # compiling impl keeps to the shapes and static arguments it already has.
         stream, stream_calls = [], []
         if it.variant.h0 and spec.streaming:
-            stream, stream_calls = _streaming(
-                impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
-                scale=it.variant.scale(spec, case.dims),
-            )  # fmt: skip
+            with clock("streaming"):
+                stream, stream_calls = _streaming(
+                    impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
+                    scale=it.variant.scale(spec, case.dims),
+                )  # fmt: skip
         where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
         records += [*stream, _unchanged_record([it.run, *stream_calls], **where)]
         if first_run is None and it.variant.h0:
             first_run = it
     if not stopped:
         key = _memo_key("sweep", impl, lengths, seed_list[0], grads, profile, limit)
-        records += reduced(
-            key,
-            lambda: _length_sweep(impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit),
-        )
+        with clock("length sweep"):
+            records += reduced(
+                key,
+                lambda: _length_sweep(
+                    impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit
+                ),
+            )
     if first_run is not None:
-        again = _call(impl, spec, first_run.inputs, first_run.cot, scale=first_run.variant.scale(spec, case.dims))
-        gating = gate_determinism or spec.deterministic
-        where = {"gating": gating, "seed": first_run.seed, "regime": first_run.variant.regime}
-        records.append(_determinism(first_run.run, again.tensors(), **where))
+        with clock("determinism"):
+            scale = first_run.variant.scale(spec, case.dims)
+            again = _call(impl, spec, first_run.inputs, first_run.cot, scale=scale)
+            gating = gate_determinism or spec.deterministic
+            where = {"gating": gating, "seed": first_run.seed, "regime": first_run.variant.regime}
+            records.append(_determinism(first_run.run, again.tensors(), **where))
         if gating and fresh_process:
-            records.append(_fresh_process_determinism(impl, case, first_run, imports, **where))
-    return VerifyReport(case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence)
+            with clock("fresh process"):
+                records.append(_fresh_process_determinism(impl, case, first_run, imports, **where))
+    return VerifyReport(
+        case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence,
+        stage_s=clock.seconds,
+    )  # fmt: skip

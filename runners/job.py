@@ -237,7 +237,7 @@ def execute(job: JobSpec) -> JobResult:
                     memo=_memo_for(job),
                     stop_at_failure=True,  # the job is incorrect at its first failure: the rest would only cost
                 )
-            result.verification = list(report.records)
+            result.verification = [*report.records, report.time_record]
             result.gate_reference = report.reference
             if not report.passed:
                 result.status, result.reason = "incorrect", failing_summary(result.verification)

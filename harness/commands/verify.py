@@ -295,6 +295,8 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
         seeds[-1] = f"{report.drawn_seed} (drawn)"
     console.print(f"seeds: {', '.join(seeds)}", highlight=False)
     console.print(f"reference: {report.reference}", highlight=False)
+    if report.stage_s:
+        console.print(f"gate time: {report.time_record.detail}", highlight=False)
     if not all_records:
         console.print("each row shows its worst seed (--all-records: every seed; --json: every record)")
     if report.passed:

@@ -32,7 +32,8 @@ def test_verify_passes_and_prints_the_table(capsys: pytest.CaptureFixture[str]) 
         "--device", "cpu", "--regime", "long",
     )  # fmt: skip
     assert code == 0, out
-    for text in ("grad:beta", "stream:output", "rel err", "bound", "worst at", "(drawn)", "PASS", "float64 oracle"):
+    texts = ("grad:beta", "stream:output", "rel err", "bound", "worst at", "(drawn)", "PASS", "float64 oracle")
+    for text in (*texts, "gate time: ", "impl at full shape"):
         assert text in out
     assert "seeds: 0, 1, " in out
     assert "regimes long;" in out  # --regime narrowed the gate to one regime

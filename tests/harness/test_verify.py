@@ -200,6 +200,23 @@ def test_auto_reference_leaves_the_oracle_at_large_shapes() -> None:
     assert small.reference.startswith("float64 oracle;")
 
 
+def test_the_gate_says_where_its_time_went() -> None:
+    """Each stage's seconds (the reference's and the oracle's apart), in a non-gating note outside the records."""
+    case = Case("gdn", B=2, T=300, H=2, K=8, V=8, dtype="bf16", mode="fwd+bwd")
+    report = verify_case(get_impl("gdn", "torch_chunk"), case, seeds=1, extra_seed=False, oracle_max_elements=5e4)
+    stages = set(report.stage_s)
+    assert {"impl at full shape", "reference at full shape", "oracle at B1-T256-H2-K8-V8", "streaming"} <= stages
+    assert {"length sweep", "determinism"} <= stages and all(s >= 0 for s in report.stage_s.values())
+    note = report.time_record
+    assert note.check == "gate time" and not note.gating and note.passed and note not in report.records
+    total, _, parts = note.detail.partition(" s: ")
+    assert float(total) == pytest.approx(sum(report.stage_s.values()), abs=0.1)
+    longest = max(report.stage_s, key=report.stage_s.__getitem__)
+    assert parts.startswith(longest) and report.to_dict()["stage_s"] == report.stage_s
+    oracle = verify_case(oracle_cast("gdn"), Case("gdn", **TINY), seeds=1, extra_seed=False)
+    assert {"impl at full shape", "oracle at full shape"} <= set(oracle.stage_s)
+
+
 def test_unknown_reference_is_bad_input() -> None:
     with pytest.raises(BadInput, match="unknown reference"):
         verify_case(oracle_cast("gdn"), Case("gdn", **TINY), reference="fla")

@@ -127,6 +127,7 @@ def test_parallel_gates_give_the_statuses_and_records_of_serial_ones(runs) -> No
     for j in parallel.jobs:
         if j.verification:
             assert pd in {r.seed for r in j.verification}
+            assert j.verification[-1].check == "gate time"  # where the gate's seconds went, last
 
 
 def test_the_gate_phase_reports_its_progress(runs) -> None:

@@ -37,6 +37,21 @@ class ProgressLines:
             took = f" in {(result.finished_at - result.started_at).total_seconds():.1f} s"
         if result.status == "ok":
             median = f", median {result.timing.median_ms:.3g} ms" if result.timing is not None else ""
-            return f"ok{median}{took}"
+            return f"ok{median}{took}{ProgressLines.gate_stages(result)}"
         reason = result.reason.splitlines()[0][:160] if result.reason else ""
         return f"{result.status}{took}" + (f": {reason}" if reason else "")
+
+    @staticmethod
+    def gate_stages(result: JobResult, *, at_least_s: float = 30.0, stages: int = 3) -> str:
+        """`result`'s longest gate stages (its ``gate time`` record), as `` [gate: stage 12.0 s, ...]``, where its
+        gate took `at_least_s` or more; empty otherwise."""
+        note = next((r for r in reversed(result.verification) if r.check == "gate time"), None)
+        if note is None:
+            return ""
+        total, _, parts = note.detail.partition(" s: ")
+        try:
+            if float(total) < at_least_s:
+                return ""
+        except ValueError:
+            return ""
+        return " [gate: " + ", ".join(parts.split(", ")[:stages]) + "]"

@@ -1,0 +1,32 @@
+"""`deltabench run`'s progress lines: a gate's outcome names its longest stages when it took a while."""
+
+from __future__ import annotations
+
+from deltabench.harness.cases import Case
+from deltabench.harness.checks import note_record
+from deltabench.harness.commands.progress_lines import ProgressLines
+from deltabench.harness.document import GATE_ONLY, JobResult
+from deltabench.runners.job import case_spec
+
+
+def _gate_result(detail: str) -> JobResult:
+    record = note_record("gate time", detail, passed=True, gating=False)
+    data = {
+        "case": case_spec(Case("gdn", B=1, T=64, H=2, K=8, V=8)).model_dump(),
+        "impl": "torch_chunk",
+        "status": "ok",
+        "verification": [record.model_dump()],
+    }
+    return JobResult.model_validate(data, context={GATE_ONLY: True})
+
+
+def test_a_long_gate_names_its_three_longest_stages() -> None:
+    long = _gate_result("62.0 s: reference at full shape 30.0 s, fresh process 15.0 s, streaming 10.0 s, sweep 7.0 s")
+    assert ProgressLines.outcome(long).endswith(
+        " [gate: reference at full shape 30.0 s, fresh process 15.0 s, streaming 10.0 s]"
+    )
+
+
+def test_a_short_gate_or_none_adds_nothing() -> None:
+    assert "[gate" not in ProgressLines.outcome(_gate_result("4.0 s: impl at full shape 3.0 s, determinism 1.0 s"))
+    assert "[gate" not in ProgressLines.outcome(_gate_result("not a time"))

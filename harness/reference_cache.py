@@ -18,9 +18,10 @@ costliest part of a job. Here they are kept on disk:
   read together with the key stored inside: a corrupt, truncated or foreign entry is recomputed and
   rewritten, never trusted;
 * only when worth it: an entry is written when computing it took longer than reading it back would
-  (:data:`_READ_BYTES_PER_S`), so a reference that a GPU computes in milliseconds is not traded for a
-  gigabyte of disk; the whole cache is kept under :data:`MAX_CACHE_BYTES`, the least recently used entries
-  going first.
+  (:data:`_READ_BYTES_PER_S`: the file read, its SHA-256 and ``torch.load`` together), so a reference that a
+  GPU computes in a second is not traded for a gigabyte of disk, and never when it is over
+  :data:`MAX_ENTRY_BYTES`, which would evict the entries the run is about to reuse; the whole cache is kept
+  under :data:`MAX_CACHE_BYTES`, the least recently used entries going first.
 """
 
 from __future__ import annotations
@@ -42,11 +43,22 @@ import torch
 
 from .cases import Case
 
-__all__ = ["CACHE_ENV", "MAX_CACHE_BYTES", "cache_dir", "cached_reference", "reference_key", "reference_version"]
+__all__ = [
+    "CACHE_ENV",
+    "MAX_CACHE_BYTES",
+    "MAX_ENTRY_BYTES",
+    "cache_dir",
+    "cached_reference",
+    "reference_key",
+    "reference_version",
+]
 
 CACHE_ENV = "DELTABENCH_REFERENCE_CACHE"
 MAX_CACHE_BYTES = 4 * 2**30  # least recently used entries are dropped beyond this
-_READ_BYTES_PER_S = 1e9  # a local disk's read rate, to judge whether an entry is worth keeping
+MAX_ENTRY_BYTES = MAX_CACHE_BYTES // 16  # larger entries are not kept: a few would evict the run's others
+# Reading an entry back (the file, its SHA-256, torch.load) runs at ~0.2 GB/s on a 2-core host (604 MB in 2.9 s;
+# writing it, 6.6 s): a reference a GPU computes at 1 GB/s is cheaper to compute again.
+_READ_BYTES_PER_S = 2e8
 _MAGIC = b"deltabench-reference-1\n"
 
 Tensors = dict[str, torch.Tensor | None]
@@ -190,7 +202,8 @@ def cached_reference(case: Case, *, kind: str, grads: bool, compute: Callable[[]
     t0 = time.perf_counter()
     tensors = _detached(compute())
     elapsed = time.perf_counter() - t0
-    if elapsed >= _nbytes(tensors) / _READ_BYTES_PER_S:
+    size = _nbytes(tensors)
+    if size <= MAX_ENTRY_BYTES and elapsed >= size / _READ_BYTES_PER_S:
         with contextlib.suppress(OSError):  # a full or read-only disk costs the next job a recomputation only
             _write(path, key, tensors)
     return tensors

@@ -101,6 +101,18 @@ def test_off_and_quick_entries_write_nothing(tmp_path: Path, monkeypatch: pytest
     assert not list(tmp_path.glob("*.pt"))
 
 
+def test_an_entry_too_large_for_its_share_of_the_cache_is_not_kept(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compute, _ = _counting(VALUES)
+    monkeypatch.setattr(rc, "MAX_ENTRY_BYTES", rc._nbytes(VALUES) - 1)  # worth keeping by time, too large
+    rc.cached_reference(CASE, kind="oracle", grads=True, compute=compute)
+    assert not list(cache.glob("*.pt"))
+    monkeypatch.setattr(rc, "MAX_ENTRY_BYTES", rc._nbytes(VALUES))  # just fits
+    rc.cached_reference(CASE, kind="oracle", grads=True, compute=compute)
+    assert len(list(cache.glob("*.pt"))) == 1
+
+
 def test_the_gate_shares_references_across_impls_with_identical_records(cache: Path) -> None:
     case = Case("gdn", B=1, T=70, H=2, K=8, V=12, dtype="fp32", mode="fwd+bwd")
     cold = verify_case(get_impl("gdn", "torch_chunk"), case, seeds=2, extra_seed=False)

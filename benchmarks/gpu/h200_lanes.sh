@@ -11,7 +11,9 @@
 #   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/atomic, .whl/sdm, .gpucache/qla1,
 #       .deltabench-commit]:
 #       bash benchmarks/gpu/h200_lanes.sh call 0          (installs; about 40 s)
-#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 540
+#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit] (and .gpucache/torch_extensions, SDM 2.0.0's build
+#       from an earlier call's sdm-ext.tgz.part-* files: cat them | tar xz -C .gpucache/torch_extensions, when
+#       the carry stays under 64 MiB):  bash benchmarks/gpu/h200_lanes.sh call 540
 #   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 540
 # "At once" is literal: the machine is given back after 30 s idle and the lanes with it. Fire the next call before
 # reading the last one's archive (2026-12-01: a fourth call sent after a minute's reading found a bare machine).
@@ -186,7 +188,8 @@ lane_solo() {
 # determinism gate at 20:48 on 2026-12-01, now summed in a fixed order), then the 32K fwd+bwd peak (its gate did
 # not end in 400 s with the one-kernel steps)
 task_sdm_gpu() {
-    run 480 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 400 --gate-workers 2
+    # four gates at once: the four flagship gates were the long pole, two at a time (2026-12-02 00:37)
+    run 600 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 500 --gate-workers 4
     run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
 }
 
@@ -286,6 +289,10 @@ call() {
     mkdir -p "$OUT" "$L/a" "$L/b" "$L/solo"
     bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
+    # SDM 2.0.0's extensions built in an earlier session (sdm-ext.tgz.part-* joined and unpacked there), if carried
+    if [[ -d .gpucache/torch_extensions && ! -d $TORCH_EXTENSIONS_DIR ]]; then
+        cp -r .gpucache/torch_extensions "$TORCH_EXTENSIONS_DIR" && find "$TORCH_EXTENSIONS_DIR" -name lock -delete
+    fi
     if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
         tail -4 "$L/install.log"
@@ -294,7 +301,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' sdm_profile sdm_gpu sdm_dense_parts speed_cold sdm_pkg gdn2_gpu stages gdn2_pallas gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' sdm_dense_parts sdm_profile sdm_gpu sdm_pkg speed_cold gdn2_gpu stages gdn2_pallas gdn2_tpu \
             >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
@@ -311,10 +318,13 @@ call() {
         [[ -f $L/$name/lane.log ]] && grep -vE "^\|" "$L/$name/lane.log" | tail -12 | cut -c1-170
     done
     tar czf "$OUT/lanes.tgz" -C "$L" .
-    # SDM 2.0.0's built extensions, to carry into a later session (.gpucache/torch_extensions), when they fit a file
-    if grep -q "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f $OUT/sdm-ext.tgz ]]; then
-        tar czf "$OUT/sdm-ext.tgz" -C "$TORCH_EXTENSIONS_DIR" --exclude=lock . &&
-            (($(stat -c %s "$OUT/sdm-ext.tgz") < 16000000)) || rm -f "$OUT/sdm-ext.tgz"
+    # SDM 2.0.0's built extensions, to carry into a later session (.gpucache/torch_extensions): in parts of at most
+    # 15 MB (a file that comes back holds 16 MB), when six parts hold them (8 files come back, lanes.tgz is one)
+    if grep -q "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f /tmp/sdm-ext.tgz ]]; then
+        tar czf /tmp/sdm-ext.tgz -C "$TORCH_EXTENSIONS_DIR" --exclude=lock . &&
+            (($(stat -c %s /tmp/sdm-ext.tgz) <= 6 * 15000000)) &&
+            split -b 15000000 /tmp/sdm-ext.tgz "$OUT/sdm-ext.tgz.part-"
+        ls -l /tmp/sdm-ext.tgz
     fi
     echo "archived $(du -h "$OUT/lanes.tgz" | cut -f1) at $(date -u +%H:%M:%S)"
 }

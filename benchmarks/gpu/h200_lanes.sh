@@ -241,7 +241,7 @@ task_sdm_dense_parts() {
 # 132 SMs; 16: 128): where the forward's 125 ms and fwd+bwd's 497 ms at 8K go
 task_sdm_profile() {
     stamp sdm_profile
-    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py >"$dir/sdm-profile.log" 2>&1
+    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py --block-d 32 >"$dir/sdm-profile.log" 2>&1
     echo "sdm_profile exit=$?"; tail -40 "$dir/sdm-profile.log" | cut -c1-170
 }
 task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers 2; }

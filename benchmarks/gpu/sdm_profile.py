@@ -1,20 +1,19 @@
 """Where sdm's Triton forward and backward spend their time at the flagship shape: one process, each kernel's CUDA
-time under ``torch.profiler``, then the column block of the forward's update kernel and of the backward's walk
-tried at other widths.
+time under ``torch.profiler``, then the forward and fwd+bwd at other launch choices, then the chunked PyTorch
+reference beside them.
 
-At B1 x 8K (H=2, D=1024, S=65536, W=R=64, C=64, bf16) the forward took 125 ms and fwd+bwd 497 ms on the H200
-(2026-12-01), against a floor of a few ms: the Gram matrices and the solve run for every chunk at once, the step
-kernel once per chunk (128 launches) on B*H x D/_BLOCK_D programs (64 at the flagship: half the H200's SMs). This
-prints, for one fwd+bwd call, every kernel's total and per-call CUDA time (largest first), so that the next change
-goes where the time is; then the ``do_bench`` medians of the forward and of fwd+bwd at each ``--block-d`` (the bank
-columns per program of the update kernel and of the backward's step: more programs at narrower blocks; the same
-arithmetic per column, so correctness does not change; each width's output and bank are checked against the
-first's within float32 rounding). Last, the chunked PyTorch reference (``sdm_torch_chunk``, the suite's baseline) by
-the same timer, forward and fwd+bwd, with Triton's speed-up over it (``--no-torch`` skips it: ~4 s a call).
+At B1 x 8K (H=2, D=1024, S=65536, W=R=64, C=64, bf16) this prints, for one fwd+bwd call, every kernel's total and
+per-call CUDA time (largest first), so that the next change goes where the time is; then the ``do_bench`` medians of
+the forward and of fwd+bwd at each ``--precision`` (tl.dot's input precision in the update and the backward's walk,
+triton_chunk_bwd.DOT_PRECISION: IEEE float32 on CUDA cores, or TF32 x 3 on tensor cores) and ``--block-d`` (the
+bank columns per program of the update and of the walk: more programs at narrower blocks, the same arithmetic per
+column), each run's output and bank checked against the first's (float32 rounding apart); last, the chunked
+PyTorch reference (``sdm_torch_chunk``, the suite's baseline) by the same timer, forward and fwd+bwd, with
+Triton's speed-up over it (``--no-torch`` skips it: ~2 s a fwd+bwd call).
 
 Usage::
 
-    python benchmarks/gpu/sdm_profile.py [--tokens 8192] [--block-d 32,16] [--no-torch]
+    python benchmarks/gpu/sdm_profile.py [--tokens 8192] [--block-d 32,16] [--precision ieee,tf32x3] [--no-torch]
 """
 
 from __future__ import annotations
@@ -34,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--block-d", default="32,16", help="column blocks to try (16 or more: tl.dot's least)")
+    ap.add_argument(
+        "--precision", default="ieee,tf32x3", help="tl.dot input precisions of the update and the walk to try"
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip the chunked PyTorch reference's timings")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -56,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
     widths = [int(w) for w in args.block_d.split(",") if w]
+    precisions = [p for p in args.precision.split(",") if p]
     medians: dict[str, float] = {}
-    kept = triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D
+    kept = triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D, triton_chunk_bwd.DOT_PRECISION
     first: dict[str, torch.Tensor] | None = None
     try:
-        for width in widths:
+        for precision, width in [(p, w) for p in precisions for w in widths]:
             triton_chunk._BLOCK_D = triton_chunk_bwd.BLOCK_D = width
+            triton_chunk_bwd.DOT_PRECISION = precision
             out = fwd_bwd(triton_chunk.sdm_triton_chunk, x, C, grads=False)
             if first is None:
                 first = out
@@ -74,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             medians.setdefault("fwd+bwd", both_ms)
             programs = FLAGSHIP["B"] * FLAGSHIP["H"] * -(-FLAGSHIP["D"] // width)
             print(
-                f"  block_d {width:3d}: {programs:4d} column slices, fwd {fwd_ms:8.2f} ms, fwd+bwd {both_ms:8.2f} ms,"
-                f" vs first {worst:.1e}"
+                f"  {precision:6s} block_d {width:3d}: {programs:4d} column slices, fwd {fwd_ms:8.2f} ms,"
+                f" fwd+bwd {both_ms:8.2f} ms, vs first {worst:.1e}"
             )
     finally:
-        triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D = kept
+        triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D, triton_chunk_bwd.DOT_PRECISION = kept
     if not args.no_torch and medians:
         # ~8 calls each (do_bench: one, five to estimate, one warm-up, one timed at these 1 ms budgets)
         torch_fwd = do_bench(lambda: sdm_torch_chunk(**x, chunk_size=C), warmup=1, rep=1, return_mode="median")
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         torch_both = do_bench(both, warmup=1, rep=1, return_mode="median")
         print(
             f"  torch_chunk: fwd {torch_fwd:8.2f} ms, fwd+bwd {torch_both:8.2f} ms; triton_chunk at block_d"
-            f" {widths[0]} is {torch_fwd / medians['fwd']:.1f}x and {torch_both / medians['fwd+bwd']:.1f}x faster"
+            f" {widths[0]}, {precisions[0]}, is {torch_fwd / medians['fwd']:.1f}x and"
+            f" {torch_both / medians['fwd+bwd']:.1f}x faster"
         )
     return 0
 

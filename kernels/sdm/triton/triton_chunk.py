@@ -20,8 +20,9 @@ slot's first write entry writes its new row ``exp(L_total) M0[s] + Z U``. The ga
 chunk's tokens and the writes over its entries; only the chunks follow one another.
 
 Determinism: no atomics; every bank row (column slice) has exactly one writer per launch; every sum runs in a fixed
-order (a loop over fixed blocks, a fixed reduction tree, IEEE float32 products with ``input_precision="ieee"``); the
-launch configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
+order (a loop over fixed blocks, a fixed reduction tree, float32 products: IEEE, or in the update and the walk
+:data:`.triton_chunk_bwd.DOT_PRECISION`'s three TF32 products when set so, a fixed tensor-core order); the launch
+configuration is pinned (:data:`LAUNCH`, block sizes a function of the shapes). Two calls give the same bits.
 The backward (:mod:`.triton_chunk_bwd`, the same rules) walks the chunks in reverse from what the forward keeps:
 the chunk-start bank rows it gathered and U, with the Phase 1 tensors (:class:`.triton_chunk_bwd.Saved`). Where
 those rows would outweigh the bank many times over (the flagship op: 8 GiB of rows at 8K tokens, 32 GiB at 32K), it
@@ -40,6 +41,7 @@ from torch.autograd.function import once_differentiable
 
 from ....references.sdm import check_sdm_shapes, check_slots, first_write_mask
 from ...common.triton.mma import mma
+from . import triton_chunk_bwd as _bwd
 from .dense import sdm_dense_gdn, takes_dense_path
 from .triton_chunk_bwd import BLOCK_ENTRIES, Saved, entry_groups, sdm_chunk_backward, sum_in_order
 
@@ -220,6 +222,7 @@ def update_kernel(
     bank, slot_w, L_tot, first, v, beta, X, QK, Z, km, qm, y, u_out, km_out, chunk, N, out_n, out_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, ENTRIES: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SAVE: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """One program per (stream, column slice, group of `ENTRIES` write entries) of one chunk, after
     :func:`gather_kernel`: ``U = X beta (V - Kdec M0)``; the group-0 program writes ``Y = Qdec M0 + QK U`` (and with
@@ -241,14 +244,14 @@ def update_kernel(
     v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
-    u = mma(x, b_c[:, None] * (v_c - k_m0), "ieee")
+    u = mma(x, b_c[:, None] * (v_c - k_m0), PREC)
     if grp == 0:
         if SAVE:
             tl.store(u_out + (so * C + c)[:, None] * D + col[None, :], u, mask=m2)
             tl.store(km_out + (so * C + c)[:, None] * D + col[None, :], k_m0, mask=m2)
         q_m0 = tl.load(qm + (st * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
         qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
-        tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, "ieee"), mask=m2)
+        tl.store(y + (so * C + c)[:, None] * D + col[None, :], q_m0 + mma(qk, u, PREC), mask=m2)
     for e0 in range(grp * ENTRIES, grp * ENTRIES + ENTRIES, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         me = e < E
@@ -258,7 +261,7 @@ def update_kernel(
         rows = tl.load(ptr, mask=writer[:, None] & mcol[None, :], other=0.0)
         z = tl.load(Z + (so * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
         decay = tl.exp(tl.load(L_tot + sc * E + e, mask=me, other=0.0))
-        tl.store(ptr, decay[:, None] * rows + mma(z, u, "ieee"), mask=writer[:, None] & mcol[None, :])
+        tl.store(ptr, decay[:, None] * rows + mma(z, u, PREC), mask=writer[:, None] & mcol[None, :])
 
 
 def _streams(x: torch.Tensor, N: int, C: int) -> torch.Tensor:
@@ -419,7 +422,7 @@ def _step(
     per_group = entry_groups(E, BH * nd)
     update_kernel[(BH, nd, triton.cdiv(E, per_group))](
         bank, sv.s_w, sv.L_tot, sv.first, sv.v, sv.b, sv.X, sv.QK, Z, km, qm, y, U, KM, chunk, N, *out_at,
-        S, D, C, E, per_group, BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, **LAUNCH,
+        S, D, C, E, per_group, BLOCK_ENTRIES, _pow2(C), _pow2(_BLOCK_D), save, _bwd.DOT_PRECISION, **LAUNCH,
     )  # fmt: skip
 
 

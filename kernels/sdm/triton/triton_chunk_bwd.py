@@ -41,11 +41,24 @@ import triton.language as tl
 
 from ...common.triton.mma import mma
 
-__all__ = ["BLOCK_D", "BLOCK_ENTRIES", "PROGRAMS", "Saved", "entry_groups", "sdm_chunk_backward", "sum_in_order"]
+__all__ = [
+    "BLOCK_D",
+    "BLOCK_ENTRIES",
+    "DOT_PRECISION",
+    "PROGRAMS",
+    "Saved",
+    "entry_groups",
+    "sdm_chunk_backward",
+    "sum_in_order",
+]
 
 BLOCK_ENTRIES = 32  # entries per block in the loops over a chunk's entries
 BLOCK_D = 32  # bank columns per program of the reverse walk
 PROGRAMS = 256  # about two waves of an H100/H200's 132 SMs: the walk's per-entry steps split their entries to fill them
+# tl.dot's input precision in the forward's update and the walk's three kernels, read at each launch: "ieee" (IEEE
+# float32 products on CUDA cores) or "tf32x3" (three TF32 tensor-core products, float32 to within ~1e-6 relative;
+# benchmarks/gpu/sdm_profile.py --precision times both). The same bits from call to call either way.
+DOT_PRECISION = "ieee"
 
 
 @dataclasses.dataclass
@@ -237,7 +250,7 @@ def _walk_program(dbank, chunk, N, seg_n, seg_c0, S, D, C, BLOCK_C: tl.constexpr
 def bwd_entries_kernel(
     dbank, slot_w, first, Z, U, rows_w, p_du, p_h, p_mdm, chunk, N, seg_n, seg_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, W: tl.constexpr, ENTRIES: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Step 1 of a chunk of the reverse walk, one program per (stream, column slice, group of `ENTRIES` write
     entries), reading the bank gradient after the chunk: the group's share of ``Z^T dM[s]`` over the slots' first
@@ -256,7 +269,7 @@ def bwd_entries_kernel(
         dm = tl.load(base + s_e[:, None] * D + col[None, :], mask=me2, other=0.0)
         m0 = tl.load(rows_w + (ss * E + e)[:, None] * D + col[None, :], mask=me2, other=0.0)
         z = tl.load(Z + (ss * E + e)[:, None] * C + c[None, :], mask=me[:, None] & mc[None, :], other=0.0)
-        du += mma(tl.trans(z), tl.where(writer[:, None], dm, 0.0), "ieee")
+        du += mma(tl.trans(z), tl.where(writer[:, None], dm, 0.0), PREC)
         u_e = tl.load(U + (sc * C + e // W)[:, None] * D + col[None, :], mask=me2, other=0.0)
         tl.store(p_h + part * E + e, tl.sum(dm * u_e, axis=1), mask=me)
         tl.store(p_mdm + part * E + e, tl.sum(m0 * dm, axis=1), mask=me)
@@ -267,7 +280,7 @@ def bwd_entries_kernel(
 @triton.jit
 def bwd_tokens_kernel(
     beta, v, X, QK, U, KM, dy, p_du, dv, p_dX, p_dQK, p_db, chunk, N, seg_n, seg_c0, groups,
-    D: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    D: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Step 2, one program per (stream, column slice): ``dU = QK^T G + the groups' shares of Z^T dM`` (added in
     group order), ``dw = X^T dU``, dv = beta dw (which step 3 reads back as the gradient of Kdec M0, -dv), and the
@@ -288,17 +301,17 @@ def bwd_tokens_kernel(
     k_m0 = tl.load(KM + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     qk = tl.load(QK + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
     x = tl.load(X + (sc * C + c)[:, None] * C + c[None, :], mask=mcc, other=0.0)
-    du = mma(tl.trans(qk), g, "ieee")
+    du = mma(tl.trans(qk), g, PREC)
     for grp in range(0, groups):
         du += tl.load(p_du + ((st * groups + grp) * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
-    dw = mma(tl.trans(x), du, "ieee")
+    dw = mma(tl.trans(x), du, PREC)
     b_c = tl.load(beta + sc * C + c, mask=mc, other=0.0)
     v_c = tl.load(v + (sc * C + c)[:, None] * D + col[None, :], mask=m2, other=0.0)
     resid = v_c - k_m0
     tl.store(dv + (sc * C + c)[:, None] * D + col[None, :], b_c[:, None] * dw, mask=m2)
     tl.store(p_db + part * C + c, tl.sum(dw * resid, axis=1), mask=mc)
-    tl.store(p_dX + (part * C + c)[:, None] * C + c[None, :], mma(du, tl.trans(b_c[:, None] * resid), "ieee"), mask=mcc)
-    tl.store(p_dQK + (part * C + c)[:, None] * C + c[None, :], mma(g, tl.trans(u), "ieee"), mask=mcc)
+    tl.store(p_dX + (part * C + c)[:, None] * C + c[None, :], mma(du, tl.trans(b_c[:, None] * resid), PREC), mask=mcc)
+    tl.store(p_dQK + (part * C + c)[:, None] * C + c[None, :], mma(g, tl.trans(u), PREC), mask=mcc)
 
 
 @triton.jit
@@ -306,7 +319,7 @@ def bwd_rewrite_kernel(
     dbank, slot_w, slot_r, rows_w, rows_r, dy, dv, rep, ltot, Gk, Gq, p_dcw, p_dcr, chunk, N, seg_n, seg_c0,
     S: tl.constexpr, D: tl.constexpr, C: tl.constexpr, E: tl.constexpr, P: tl.constexpr,
     W: tl.constexpr, R: tl.constexpr, ENTRIES: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Step 3, one program per (stream, column slice, group of `ENTRIES` entries, writes then reads): per entry
     the slice's share of ``<dKdecM0[t_e], M0[s_e]>`` (writes) or ``<G[t_p], M0[s_p]>`` (reads), then each touched
@@ -343,7 +356,7 @@ def bwd_rewrite_kernel(
         gk = tl.load(Gk + out[:, None] * C + c[None, :], mask=mj, other=0.0)
         gq = tl.load(Gq + out[:, None] * C + c[None, :], mask=mj, other=0.0)
         decay = tl.exp(tl.load(ltot + out, mask=is_w | is_r, other=0.0))
-        new = decay[:, None] * dm + mma(gk, dk, "ieee") + mma(gq, g, "ieee")
+        new = decay[:, None] * dm + mma(gk, dk, PREC) + mma(gq, g, PREC)
         tl.store(ptr, new, mask=writer[:, None] & mcol[None, :])
 
 
@@ -381,16 +394,16 @@ def _step_backward(
     p_du = torch.empty(BH, groups, C, D, device=dev)
     bwd_entries_kernel[(BH, nd, groups)](
         dbank, sv.s_w, sv.first, rows[2], sv.U, rows[0], p_du, part["h"], part["mdm"], chunk, N, seg_n, seg_c0,
-        S, D, C, E, W, per_group, BLOCK_ENTRIES, block_c, block_d, **launch,
+        S, D, C, E, W, per_group, BLOCK_ENTRIES, block_c, block_d, DOT_PRECISION, **launch,
     )  # fmt: skip
     bwd_tokens_kernel[(BH, nd)](
         sv.b, sv.v, sv.X, sv.QK, sv.U, sv.KM, dy, p_du, dv, part["dX"], part["dQK"], part["db"], chunk, N,
-        seg_n, seg_c0, groups, D, C, block_c, block_d, **launch,
+        seg_n, seg_c0, groups, D, C, block_c, block_d, DOT_PRECISION, **launch,
     )  # fmt: skip
     per_group = entry_groups(E + P, BH * nd)
     bwd_rewrite_kernel[(BH, nd, triton.cdiv(E + P, per_group))](
         dbank, sv.s_w, sv.s_r, rows[0], rows[1], dy, dv, rep, ltot, Gk, Gq, part["dcw"], part["dcr"], chunk, N,
-        seg_n, seg_c0, S, D, C, E, P, W, R, per_group, BLOCK_ENTRIES, block_c, block_d, **launch,
+        seg_n, seg_c0, S, D, C, E, P, W, R, per_group, BLOCK_ENTRIES, block_c, block_d, DOT_PRECISION, **launch,
     )  # fmt: skip
 
 

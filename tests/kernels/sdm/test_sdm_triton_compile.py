@@ -25,18 +25,23 @@ I64, I32 = {"slot_w", "slot_r"}, {"first", "rep"}
 KERNELS = {
     F.gram_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_W=16, BLOCK_R=16, BLOCK_COL=32, BLOCK_C=BC),
     F.gather_kernel: dict(S=40, D=64, E=E, P=P, W=W, R=R, BLOCK_W=4, BLOCK_R=2, BLOCK_D=64, SAVE=True),
-    F.update_kernel: dict(S=40, D=64, C=C, E=E, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True),
+    F.update_kernel: dict(S=40, D=64, C=C, E=E, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, SAVE=True, PREC=0),
     B.gather_weights_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32, BLOCK_C=BC),
-    B.bwd_entries_kernel: dict(S=40, D=64, C=C, E=E, W=W, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32),
-    B.bwd_tokens_kernel: dict(D=64, C=C, BLOCK_C=BC, BLOCK_D=32),
+    B.bwd_entries_kernel: dict(S=40, D=64, C=C, E=E, W=W, ENTRIES=32, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, PREC=0),
+    B.bwd_tokens_kernel: dict(D=64, C=C, BLOCK_C=BC, BLOCK_D=32, PREC=0),
     B.bwd_rewrite_kernel: dict(
-        S=40, D=64, C=C, E=E, P=P, W=W, R=R, ENTRIES=64, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32
+        S=40, D=64, C=C, E=E, P=P, W=W, R=R, ENTRIES=64, BLOCK_E=32, BLOCK_C=BC, BLOCK_D=32, PREC=0
     ),
     B.solve_bwd_kernel: dict(C=C, BLOCK_C=BC),
     B.gram_bwd_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
     B.decay_bwd_kernel: dict(E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
 }
+# the kernels with a dot precision (triton_chunk_bwd.DOT_PRECISION) compile at each one
+CASES = []
 for fn, const in KERNELS.items():
+    precisions = ("ieee", "tf32x3") if "PREC" in const else (None,)
+    CASES += [(fn, const if p is None else {**const, "PREC": p}) for p in precisions]
+for fn, const in CASES:
     sig = {}
     for a in fn.arg_names:
         if a in const:
@@ -47,16 +52,16 @@ for fn, const in KERNELS.items():
             sig[a] = "*i64" if a in I64 else "*i32" if a in I32 else "*fp32"
     options = dict(F.LAUNCH)
     triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options=options)
-    print("compiled", fn.__name__, flush=True)
+    print("compiled", fn.__name__, const.get("PREC", ""), flush=True)
 """
 
 
 def test_every_sdm_kernel_compiles_for_sm90() -> None:
     """The forward's Gram, gather and update kernels (which the backward's replay runs again) and the backward's
-    seven kernels compile to sm_90 code without a GPU."""
+    seven kernels compile to sm_90 code without a GPU, the four with a dot precision at both of theirs."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE_ALL], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled ") == 10, done.stdout
+    assert done.stdout.count("compiled ") == 14 and done.stdout.count(" tf32x3") == 4, done.stdout

@@ -237,8 +237,8 @@ task_sdm_dense_parts() {
     PYTHONPATH=$(pypath) timeout 180 python3 benchmarks/gpu/sdm_dense_parts.py >"$dir/sdm-dense-parts.log" 2>&1
     echo "sdm_dense_parts exit=$?"; cat "$dir/sdm-dense-parts.log"
 }
-# sdm's flagship kernels by CUDA time under torch.profiler, and the step kernel's column block (32: 64 programs on
-# 132 SMs; 16: 128): where the forward's 125 ms and fwd+bwd's 497 ms at 8K go
+# sdm's flagship kernels by CUDA time under torch.profiler, the dot precision of the update and the walk (IEEE
+# against TF32 x 3: 28.2 / 157 ms at IEEE, 2026-12-02), and torch_chunk's fwd and fwd+bwd beside (the 10x ratio)
 task_sdm_profile() {
     stamp sdm_profile
     PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py --block-d 32 >"$dir/sdm-profile.log" 2>&1

@@ -481,6 +481,46 @@ def _compiles(jobs: Mapping[int, JobSpec], keys: list[int]) -> bool:
     return jobs[keys[0]].stage == "compile"
 
 
+def _split_chains(chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int) -> list[list[int]]:
+    """`chains` (each impl's gates, one process each) split until there are `workers` of them, where places would
+    otherwise stay empty: the chain with the most gates is halved, keeping together the gates that share reduced
+    cases (the same impl, dims but B and T, dtype and mode: harness/gate_memo.py reuses their records within a
+    process; of the longest, the one with the most families first), until every chain holds one gate. A compile is
+    never split or joined."""
+    chains = [list(keys) for keys in chains]
+    while len(chains) < workers:
+        splittable = [keys for keys in chains if len(keys) > 1 and not _compiles(jobs, keys)]
+        if not splittable:
+            break
+        longest = max(splittable, key=lambda keys: (len(keys), len(_families(keys, jobs))))
+        chains.remove(longest)
+        chains += _halves(longest, jobs)
+    return chains
+
+
+def _families(keys: list[int], jobs: Mapping[int, JobSpec]) -> dict[tuple[object, ...], list[int]]:
+    """`keys` by the reduced cases their gates share: the case's dims but B and T, its dtype and mode."""
+    families: dict[tuple[object, ...], list[int]] = {}
+    for key in keys:
+        case = jobs[key].to_case()
+        dims = tuple((n, d) for n, d in case.dims.items() if n not in ("B", "T"))
+        families.setdefault((dims, case.dtype, case.mode), []).append(key)
+    return families
+
+
+def _halves(keys: list[int], jobs: Mapping[int, JobSpec]) -> list[list[int]]:
+    """`keys` in two chains, each in the order given: whole families of gates that share reduced cases, the largest
+    first into the shorter chain; one family alone is cut in alternate gates."""
+    families = _families(keys, jobs)
+    if len(families) == 1:
+        return [keys[0::2], keys[1::2]]
+    a: list[int] = []
+    b: list[int] = []
+    for family in sorted(families.values(), key=len, reverse=True):
+        (a if len(a) <= len(b) else b).extend(family)
+    return [sorted(a, key=keys.index), sorted(b, key=keys.index)]
+
+
 def _gate_stage(job: JobSpec) -> JobSpec:
     """`job` as :func:`run_gates` runs it: its compile stage where that is its stage, its gate otherwise."""
     return job if job.stage == "compile" else job.model_copy(update={"stage": "gate"})
@@ -516,29 +556,31 @@ def run_gates(
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
-    costs its own job, the next gets a fresh process), up to `workers` such chains at once; a job whose key is in
-    `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its own, so that its
-    compiles overlap those of the impl's other jobs. Chains side by side are told their share of the device
-    (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free device memory
-    (its fwd+bwd reference length on a GPU, harness/verify.py) and what its allocators hold. A gate that ran out of
-    memory beside others is run again once all the others have ended, alone and with the whole device: its job ends
-    ``oom`` only when it does so alone too (the others' allocations are not its fault). `on_gated` (key, result) is
-    called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the gates still running before it
-    lets the exception through. A job of ``stage = "compile"`` (``JobSpec.stage``) runs that stage, any other its
-    gate; the chains of the keys in `after_compiles` start once every compile has ended, and the compiles start
-    after the other chains have taken their places."""
+    costs its own job, the next gets a fresh process), up to `workers` such chains at once, an impl's chain split
+    in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`); a job
+    whose key is in `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its
+    own, so that its compiles overlap those of the impl's other jobs. Chains side by side are told their share of
+    the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free
+    device memory (its fwd+bwd reference length on a GPU, harness/verify.py) and what its allocators hold. A gate
+    that ran out of memory beside others is run again once all the others have ended, alone and with the whole
+    device: its job ends ``oom`` only when it does so alone too (the others' allocations are not its fault).
+    `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the
+    gates still running before it lets the exception through. A job of ``stage = "compile"`` (``JobSpec.stage``)
+    runs that stage, any other its gate; the chains of the keys in `after_compiles` start once every compile has
+    ended, and the compiles start after the other chains have taken their places."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
     if python is None:
         _forkserver()  # made once here: the threads then share it
-    chains: dict[tuple[str, int], list[int]] = {}  # by impl (or impl and job), in the order given
+    by_impl: dict[tuple[str, int], list[int]] = {}  # by impl (or impl and job), in the order given
     for key, job in jobs.items():
-        chains.setdefault((job.impl, key if key in own_process else -1), []).append(key)
+        by_impl.setdefault((job.impl, key if key in own_process else -1), []).append(key)
+    chains = _split_chains(list(by_impl.values()), jobs, workers)
     side_by_side = min(workers, len(chains))
-    waiting = [keys for keys in chains.values() if any(k in after_compiles for k in keys)]
+    waiting = [keys for keys in chains if any(k in after_compiles for k in keys)]
     # The gates first: the compiles then fill the places left, so no gate waits behind a compile for a place.
-    now = sorted((keys for keys in chains.values() if keys not in waiting), key=lambda ks: _compiles(jobs, ks))
+    now = sorted((keys for keys in chains if keys not in waiting), key=lambda ks: _compiles(jobs, ks))
     given = {**os.environ, **(env or {})}
     env = {**(env or {}), **_gate_allocators(given)}
     alone_env = env

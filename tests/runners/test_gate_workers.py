@@ -9,8 +9,10 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from deltabench.harness.cases import Case
 from deltabench.harness.cli import main
 from deltabench.harness.document import JobResult, ResultDocument
 from deltabench.harness.registry import load_module
@@ -81,15 +83,19 @@ class _FakeRunner:
 
 
 class _ImplJob:
-    """A stand-in job for run_gates: its impl name, and itself as its gate-stage copy."""
+    """A stand-in job for run_gates: its impl name, its case, and itself as its gate-stage copy."""
 
     stage = "all"
 
-    def __init__(self, impl: str) -> None:
+    def __init__(self, impl: str, **case: Any) -> None:
         self.impl = impl
+        self.case = Case("gdn", **{"B": 1, "T": 64, "H": 2, "K": 8, "V": 8, **case})
 
     def model_copy(self, update: dict) -> _ImplJob:
         return self
+
+    def to_case(self) -> Case:
+        return self.case
 
 
 def _fake_gates(monkeypatch: pytest.MonkeyPatch, fn) -> None:
@@ -238,10 +244,31 @@ def test_gates_side_by_side_are_told_their_share_of_the_device(
     _fake_gates(monkeypatch, fake_gate)
     isolated.run_gates({k: _ImplJob(f"impl{k % 4}") for k in range(8)}, workers, python="python3", env={"X": "1"})
     assert seen == [share] * 8
-    # the share is of the impls side by side: two impls under four workers get half the device each
+    # the share is of the chains side by side: three impls of one gate each under four workers get a third each
     seen.clear()
-    isolated.run_gates({k: _ImplJob(f"impl{k % 2}") for k in range(4)}, workers, python="python3")
-    assert seen == [None if workers == 1 else "0.5"] * 4
+    isolated.run_gates({k: _ImplJob(f"impl{k}") for k in range(3)}, workers, python="python3")
+    assert seen == [None if workers == 1 else "0.333333"] * 3
+
+
+def test_places_left_empty_are_filled_by_splitting_an_impls_chain() -> None:
+    """Fewer impls than workers: the longest chain is halved, gates that share reduced cases (dims but B and T,
+    dtype, mode) kept together, until the places are filled or every chain holds one gate; compiles stay alone."""
+    from deltabench.runners.isolated import _split_chains
+
+    jobs = {
+        0: _ImplJob("a", T=64), 1: _ImplJob("a", T=128), 2: _ImplJob("a", K=16, V=16),  # 0 and 1: one family
+        3: _ImplJob("a", mode="fwd+bwd"), 4: _ImplJob("b"), 5: _ImplJob("b", H=4),
+    }  # fmt: skip
+    a, b = [0, 1, 2, 3], [4, 5]
+    assert _split_chains([a, b], jobs, 1) == [a, b]  # never joined, never split when places are full
+    assert _split_chains([a, b], jobs, 2) == [a, b]
+    three = _split_chains([a, b], jobs, 3)
+    assert sorted(map(sorted, three)) == [[0, 1], [2, 3], [4, 5]]  # the family {0, 1} stays whole
+    assert sorted(map(sorted, _split_chains([a, b], jobs, 4))) == [[0, 1], [2, 3], [4], [5]]  # families first
+    assert sorted(map(sorted, _split_chains([a, b], jobs, 9))) == [[0], [1], [2], [3], [4], [5]]
+    compile_job = _ImplJob("c")
+    compile_job.stage = "compile"
+    assert _split_chains([[6]], {6: compile_job}, 4) == [[6]]
 
 
 def test_gates_side_by_side_hold_jax_to_their_share_unless_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -365,9 +392,10 @@ def _recorded_gates(monkeypatch: pytest.MonkeyPatch, order: list[str], workers: 
 
 def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: pytest.MonkeyPatch) -> None:
     # one process per impl (its compiles and the gate's reduced-case records made once): an impl's gates never
-    # overlap and keep their order, while other impls' gates run beside them
+    # overlap and keep their order, while other impls' gates run beside them (as many workers as impls: no place
+    # is left to fill by splitting a chain)
     order = ["a", "b", "a", "c", "b", "a", "c"]
-    events = _recorded_gates(monkeypatch, order, 4)
+    events = _recorded_gates(monkeypatch, order, 3)
     for impl in "abc":
         mine = [(what, key) for what, i, key in events if i == impl]
         keys = [k for k, i in enumerate(order) if i == impl]
@@ -381,8 +409,8 @@ def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: py
 
 def test_an_impl_that_compiles_per_shape_gates_its_jobs_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     # each job of such an impl (own_process) is a chain of its own, so its compiles overlap; the other impls keep
-    # one chain each
-    events = _recorded_gates(monkeypatch, ["a", "b", "a", "c", "b", "a", "c"], 8, own_process={0, 2, 5})
+    # one chain each (five workers: one place a chain)
+    events = _recorded_gates(monkeypatch, ["a", "b", "a", "c", "b", "a", "c"], 5, own_process={0, 2, 5})
     running: dict[str, int] = {"a": 0, "b": 0, "c": 0}
     most = dict(running)
     for what, impl, _ in events:

@@ -60,6 +60,7 @@ class Impl:
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
     state_grad: bool = True  # the final state carries a gradient (kernels/declare.ImplDecl.state_grad)
     compiles_per_shape: bool = False  # gated job by job side by side (kernels/declare.ImplDecl.compiles_per_shape)
+    autotunes: bool = False  # its gates kept in one process (kernels/declare.ImplDecl.autotunes)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
 
@@ -117,6 +118,7 @@ def register_impl(
     notes: str = "",
     state_grad: bool = True,
     compiles_per_shape: bool = False,
+    autotunes: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -131,7 +133,9 @@ def register_impl(
     `state_grad=False` declares a final state returned without a gradient (the gate's cotangent then goes on the output
     alone). `compiles_per_shape=True` declares a kernel that compiles each new shape for a long time without autotuning:
     a run with ``--gate-workers`` N > 1 gates each of its jobs in a process of its own, side by side with the others,
-    rather than all of them in one process. Registering a name twice replaces the earlier entry (a user's file may be
+    rather than all of them in one process. `autotunes=True` declares a kernel that picks its launch configurations by
+    timing them (``triton.autotune``): its gates stay in one process even where places are free, since autotuning side
+    by side would skew its picks. Registering a name twice replaces the earlier entry (a user's file may be
     re-imported).
     """
     get_op(op)
@@ -152,6 +156,7 @@ def register_impl(
             requires=tuple(requires),
             state_grad=state_grad,
             compiles_per_shape=compiles_per_shape,
+            autotunes=autotunes,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -175,6 +180,7 @@ def register_impls(decls: Any) -> None:
             notes=d.notes,
             state_grad=d.state_grad,
             compiles_per_shape=d.compiles_per_shape,
+            autotunes=d.autotunes,
         )(lazy(d.target))
 
 

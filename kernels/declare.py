@@ -37,6 +37,8 @@ class ImplDecl:
         compiles_per_shape: it compiles each new shape it is called at, for tens of seconds or more and without
             autotuning (TileLang, Pallas): a run gating jobs side by side (``--gate-workers``) gates each of its jobs
             in a process of its own, so that those compiles overlap, instead of one after another.
+        autotunes: it picks launch configurations by timing them (``triton.autotune``): its gates stay in one process
+            even where a run's gate workers have places free, since autotuning side by side would skew its picks.
         notes: shown by ``deltabench list`` and stored with results.
     """
 
@@ -51,4 +53,5 @@ class ImplDecl:
     constraint: Callable[[Any], str | None] | None = None
     state_grad: bool = True
     compiles_per_shape: bool = False
+    autotunes: bool = False
     notes: str = ""

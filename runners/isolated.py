@@ -481,15 +481,21 @@ def _compiles(jobs: Mapping[int, JobSpec], keys: list[int]) -> bool:
     return jobs[keys[0]].stage == "compile"
 
 
-def _split_chains(chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int) -> list[list[int]]:
+def _split_chains(
+    chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int, keep_whole: Collection[int] = ()
+) -> list[list[int]]:
     """`chains` (each impl's gates, one process each) split until there are `workers` of them, where places would
     otherwise stay empty: the chain with the most gates is halved, keeping together the gates that share reduced
     cases (the same impl, dims but B and T, dtype and mode: harness/gate_memo.py reuses their records within a
-    process; of the longest, the one with the most families first), until every chain holds one gate. A compile is
-    never split or joined."""
+    process; of the longest, the one with the most families first), until every chain holds one gate. A compile, or
+    a chain holding a key of `keep_whole` (an impl that autotunes), is never split; no chain is joined."""
     chains = [list(keys) for keys in chains]
     while len(chains) < workers:
-        splittable = [keys for keys in chains if len(keys) > 1 and not _compiles(jobs, keys)]
+        splittable = [
+            keys
+            for keys in chains
+            if len(keys) > 1 and not _compiles(jobs, keys) and not any(k in keep_whole for k in keys)
+        ]
         if not splittable:
             break
         longest = max(splittable, key=lambda keys: (len(keys), len(_families(keys, jobs))))
@@ -553,11 +559,13 @@ def run_gates(
     on_gated: Callable[[int, JobResult], None] | None = None,
     own_process: Collection[int] = (),
     after_compiles: Collection[int] = (),
+    keep_whole: Collection[int] = (),
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
     costs its own job, the next gets a fresh process), up to `workers` such chains at once, an impl's chain split
-    in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`); a job
+    in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`; never
+    one holding a key of `keep_whole`: an impl that autotunes); a job
     whose key is in `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its
     own, so that its compiles overlap those of the impl's other jobs. Chains side by side are told their share of
     the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free
@@ -576,7 +584,7 @@ def run_gates(
     by_impl: dict[tuple[str, int], list[int]] = {}  # by impl (or impl and job), in the order given
     for key, job in jobs.items():
         by_impl.setdefault((job.impl, key if key in own_process else -1), []).append(key)
-    chains = _split_chains(list(by_impl.values()), jobs, workers)
+    chains = _split_chains(list(by_impl.values()), jobs, workers, keep_whole)
     side_by_side = min(workers, len(chains))
     waiting = [keys for keys in chains if any(k in after_compiles for k in keys)]
     # The gates first: the compiles then fill the places left, so no gate waits behind a compile for a place.

@@ -303,6 +303,7 @@ class RunState:
 
         todo: dict[int, JobSpec] = {}
         own_process: set[int] = set()  # jobs of impls that compile each shape: gated side by side, not in a chain
+        keep_whole: set[int] = set()  # jobs of impls that autotune: their chain is never split
         for index in order:
             job = self._for_run(self.plan.jobs[index])
             case = job.to_case()
@@ -311,6 +312,8 @@ class RunState:
                 todo[index] = job
                 if impl.compiles_per_shape:
                     own_process.add(index)
+                if impl.autotunes:
+                    keep_whole.add(index)
         if on_gated:
             on_gated(0, len(todo), None)
 
@@ -346,6 +349,7 @@ class RunState:
             on_gated=ended,
             own_process={*own_process, *compiles},
             after_compiles=own_process if compiles else (),
+            keep_whole=keep_whole,
         )
 
     def step(

@@ -189,7 +189,9 @@ def fla_chunk_case(case: Any) -> str | None:
 # Declarations (kernels/declare.py). FLA's chunk kernels hold a whole key row in one tile: chunk_gdn2/chunk_kda assert
 # K <= 256. Its fused recurrent kernel has no tensor-core products: it keeps fp32.
 _NOTE = "FLA 0.6.0's Triton path: FlashQLA and TileLang dispatch off (FLA_FLASH_QLA=0, FLA_TILELANG=0)"
-_FLA_IMPL = dict(backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=fla_chunk_case, requires=("fla",))
+_FLA_IMPL = dict(
+    backend="triton", devices=("cuda",), dtypes=ALL_DTYPES, constraint=fla_chunk_case, requires=("fla",), autotunes=True
+)
 IMPLS = (
     ImplDecl(
         "gdn",

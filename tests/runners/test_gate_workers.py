@@ -266,6 +266,8 @@ def test_places_left_empty_are_filled_by_splitting_an_impls_chain() -> None:
     assert sorted(map(sorted, three)) == [[0, 1], [2, 3], [4, 5]]  # the family {0, 1} stays whole
     assert sorted(map(sorted, _split_chains([a, b], jobs, 4))) == [[0, 1], [2, 3], [4], [5]]  # families first
     assert sorted(map(sorted, _split_chains([a, b], jobs, 9))) == [[0], [1], [2], [3], [4], [5]]
+    # an impl that autotunes keeps its one process
+    assert sorted(map(sorted, _split_chains([a, b], jobs, 9, keep_whole={4}))) == [[0], [1], [2], [3], [4, 5]]
     compile_job = _ImplJob("c")
     compile_job.stage = "compile"
     assert _split_chains([[6]], {6: compile_job}, 4) == [[6]]
@@ -429,23 +431,37 @@ def test_the_gate_phase_gives_each_job_of_an_impl_that_compiles_per_shape_a_proc
     register_impl(
         "gdn", "planted_compiles", backend="torch", devices=("cpu",), dtypes=("fp32",), compiles_per_shape=True
     )(chunk.fn)
+    register_impl("gdn", "planted_autotunes", backend="torch", devices=("cpu",), dtypes=("fp32",), autotunes=True)(
+        chunk.fn
+    )
     seen: dict[str, object] = {}
 
-    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=()):
+    def fake_run_gates(
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=()
+    ):
         seen["own"] = sorted(todo[k].impl for k in own_process)
+        seen["whole"] = sorted(todo[k].impl for k in keep_whole)
         seen["all"] = sorted(j.impl for j in todo.values())
         return {}
 
     monkeypatch.setattr(isolated, "run_gates", fake_run_gates)
     suite = tmp_path / "pargate.toml"
-    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_compiles"'))
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_compiles", "planted_autotunes"'))
     plan = plan_run(load_suite(str(suite)), device="cpu", gate_workers=3)
     from deltabench.runners.environment import collect_environment
     from deltabench.runners.session import RunState, execution_order
 
     RunState(plan, collect_environment("cpu"), tmp_path / "o.json", None).gate_all(execution_order(plan), 3)
     assert seen["own"] == ["planted_compiles"] * 2
-    assert seen["all"] == sorted(["planted_compiles"] * 2 + ["torch_chunk"] * 2 + ["torch_recurrent"] * 2)
+    assert seen["whole"] == ["planted_autotunes"] * 2  # an impl that autotunes keeps one process
+    impls = ["planted_compiles", "planted_autotunes", "torch_chunk", "torch_recurrent"]
+    assert seen["all"] == sorted(impls * 2)
+
+
+def test_flas_impls_are_declared_to_autotune() -> None:
+    from deltabench.kernels.external.fla import IMPLS
+
+    assert IMPLS and all(d.autotunes for d in IMPLS)
 
 
 def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> None:
@@ -598,7 +614,9 @@ def test_compiles_run_beside_the_other_gates_and_before_their_impls_gates(
     )(chunk.fn)
     calls: list[dict] = []
 
-    def fake_run_gates(todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=()):
+    def fake_run_gates(
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=()
+    ):
         calls.append({"jobs": {k: (j.impl, j.stage) for k, j in todo.items()}, "own": set(own_process)})
         calls[-1]["after"] = set(after_compiles)
         for key, job in todo.items():

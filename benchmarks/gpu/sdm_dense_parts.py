@@ -7,7 +7,8 @@ B1-T8192-H2 and S = D = W = R = 128 in bf16 by default:
 - ``whole``: ``sdm_triton_chunk`` forward, as the suite times it;
 - ``densify``: the one kernel that writes the dense key and query and checks the slots on the way (no read back);
 - ``gdn``: ``chunk_gated_delta_rule_split`` on those dense tensors;
-- ``parts``: densify, gdn, then the flag's one read back, as the call orders them;
+- ``parts``: densify, gdn, then the flag's one read back, as the call orders them (its copy queued behind the
+  densify, read after the GDN kernels are queued);
 - ``torch checks``: ``check_slots``, the references' slot checks (a sort, reductions and one read back), for
   the cost the fused kernel's checks replace on this path.
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sdm_dense_parts.py: needs a CUDA device (do_bench times GPU work)", file=sys.stderr)
         return 2
     from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
-    from deltabench.kernels.sdm.triton.dense import _Densify
+    from deltabench.kernels.sdm.triton.dense import _Densify, _flag_reader
     from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
     from deltabench.references.sdm import check_slots, make_inputs
     from triton.testing import do_bench
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def parts() -> object:
         kk, qq, bad = densify()
+        read_bad = _flag_reader(bad)
         out = chunk_gated_delta_rule_split(qq, kk, x["v"], x["g"], x["beta"], scale=1.0, output_final_state=True)
-        return out, bad.item()
+        return out, read_bad()
 
     def whole() -> object:
         return sdm_triton_chunk(**x)

@@ -320,10 +320,10 @@ call() {
     done
     tar czf "$OUT/lanes.tgz" -C "$L" .
     # SDM 2.0.0's built extensions, to carry into a later session (.gpucache/torch_extensions): in parts of at most
-    # 15 MB (a file that comes back holds 16 MB), when six parts hold them (8 files come back, lanes.tgz is one)
+    # 15 MB (a file that comes back holds 16 MB), when four parts hold them (64 MiB come back in all, lanes.tgz too)
     if grep -q "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f /tmp/sdm-ext.tgz ]]; then
         tar czf /tmp/sdm-ext.tgz -C "$TORCH_EXTENSIONS_DIR" --exclude=lock . &&
-            (($(stat -c %s /tmp/sdm-ext.tgz) <= 6 * 15000000)) &&
+            (($(stat -c %s /tmp/sdm-ext.tgz) <= 4 * 15000000)) &&
             split -b 15000000 /tmp/sdm-ext.tgz "$OUT/sdm-ext.tgz.part-"
         ls -l /tmp/sdm-ext.tgz
     fi

@@ -11,10 +11,11 @@
 #   call 1, kind nvidia-h200-x2, carry [.whl/base, .whl/fla, .whl/opengdn, .whl/atomic, .whl/sdm, .gpucache/qla1,
 #       .deltabench-commit]:
 #       bash benchmarks/gpu/h200_lanes.sh call 0          (installs; about 40 s)
-#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit] (and .gpucache/torch_extensions, SDM 2.0.0's build
-#       from an earlier call's sdm-ext.tgz.part-* files: cat them | tar xz -C .gpucache/torch_extensions, when
-#       the carry stays under 64 MiB):  bash benchmarks/gpu/h200_lanes.sh call 540
+#   call 2 at once, carry [.gpucache/qla2, .deltabench-commit]:  bash benchmarks/gpu/h200_lanes.sh call 540
+#       (LANE_SDM_PKG=0 bash ... when call 3 brings SDM 2.0.0's build: then the lane does not build it)
 #   calls 3.., each at once, carry [.deltabench-commit]:          bash benchmarks/gpu/h200_lanes.sh call 540
+#       (call 3 may carry .gpucache/sdm-ext too: the sdm-ext.tgz.part-* files an earlier session's call brought
+#       back, SDM 2.0.0's built extensions, unpacked before the lane reaches task sdm_pkg)
 # "At once" is literal: the machine is given back after 30 s idle and the lanes with it. Fire the next call before
 # reading the last one's archive (2026-12-01: a fourth call sent after a minute's reading found a bare machine).
 #
@@ -164,7 +165,7 @@ lane_solo() {
     local warm
     # the train table is in session-1357/ (100 jobs in 537 s): again only when asked for, the queue first otherwise
     # SDM 2.0.0's CUDA extensions build on the CPU beside the GPU work (6 of 16 cores), for task sdm_pkg
-    [[ ${LANE_SDM_PKG:-1} == 1 ]] && { sdm_pkg_build 1500 & }
+    [[ ${LANE_SDM_PKG:-1} == 1 && ! -f $dir/sdm-pkg-build.done ]] && { sdm_pkg_build 1500 & }
     [[ ${LANE_TRAIN:-0} == 1 ]] || { shared; return; }
     stamp qla-prewarm
     qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
@@ -290,9 +291,10 @@ call() {
     mkdir -p "$OUT" "$L/a" "$L/b" "$L/solo"
     bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
-    # SDM 2.0.0's extensions built in an earlier session (sdm-ext.tgz.part-* joined and unpacked there), if carried
-    if [[ -d .gpucache/torch_extensions && ! -d $TORCH_EXTENSIONS_DIR ]]; then
-        cp -r .gpucache/torch_extensions "$TORCH_EXTENSIONS_DIR" && find "$TORCH_EXTENSIONS_DIR" -name lock -delete
+    # SDM 2.0.0's extensions built in an earlier session, if carried: its parts joined and unpacked
+    if compgen -G ".gpucache/sdm-ext/sdm-ext.tgz.part-*" >/dev/null && [[ ! -f $L/a/sdm-pkg-build.done ]]; then
+        mkdir -p "$TORCH_EXTENSIONS_DIR" && cat .gpucache/sdm-ext/sdm-ext.tgz.part-* | tar xz -C "$TORCH_EXTENSIONS_DIR" &&
+            echo "exit=0 (carried)" >"$L/a/sdm-pkg-build.done"
     fi
     if [[ ! -f $L/started ]] && qla_staged; then
         touch "$L/started"
@@ -321,7 +323,7 @@ call() {
     tar czf "$OUT/lanes.tgz" -C "$L" .
     # SDM 2.0.0's built extensions, to carry into a later session (.gpucache/torch_extensions): in parts of at most
     # 15 MB (a file that comes back holds 16 MB), when four parts hold them (64 MiB come back in all, lanes.tgz too)
-    if grep -q "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f /tmp/sdm-ext.tgz ]]; then
+    if grep -qx "exit=0" "$L"/a/sdm-pkg-build.done 2>/dev/null && [[ ! -f /tmp/sdm-ext.tgz ]]; then
         tar czf /tmp/sdm-ext.tgz -C "$TORCH_EXTENSIONS_DIR" --exclude=lock . &&
             (($(stat -c %s /tmp/sdm-ext.tgz) <= 4 * 15000000)) &&
             split -b 15000000 /tmp/sdm-ext.tgz "$OUT/sdm-ext.tgz.part-"

@@ -664,17 +664,9 @@ def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
     to the longest with identity tokens (zero inputs and gates, a zero cotangent).
     """
     groups: list[list[int]] = []
-    limit = _stack_limit(items[0].case, limit) if items else limit
     for i, it in enumerate(items):
-        g = groups[-1] if groups else None
-        fits = g is not None and _stack_key(items[g[0]]) == _stack_key(it)
-        if fits and not spec.zero_token_is_identity:
-            fits = items[g[0]].case.T == it.case.T
-        if fits:
-            T = max(items[j].case.T for j in [*g, i])
-            fits = _cost(it.case.replace(B=sum(items[j].case.B for j in [*g, i]), T=T)) <= limit
-        if fits:
-            g.append(i)
+        if groups and _stacks_onto(spec, [items[j] for j in groups[-1]], it, limit):
+            groups[-1].append(i)
         else:
             groups.append([i])
     runs: list[_Run | None] = [None] * len(items)
@@ -685,6 +677,17 @@ def _oracle_runs(spec: OpSpec, items: list[_Item], limit: float) -> list[_Run]:
         ):
             runs[i] = run
     return [r for r in runs if r is not None]
+
+
+def _stacks_onto(spec: OpSpec, group: list[_Item], it: _Item, limit: float) -> bool:
+    """Whether `it` joins `group` in one stacked oracle call (:func:`_oracle_runs`; `limit` as given there)."""
+    if _stack_key(group[0]) != _stack_key(it):
+        return False
+    if not spec.zero_token_is_identity and group[0].case.T != it.case.T:
+        return False
+    T = max(x.case.T for x in [*group, it])
+    stacked = it.case.replace(B=sum(x.case.B for x in [*group, it]), T=T)
+    return _cost(stacked) <= _stack_limit(group[0].case, limit)
 
 
 def _stack_limit(case: Case, limit: float) -> float:
@@ -908,15 +911,28 @@ def _reduced_oracle(
     limit: float,
 ) -> list[CheckRecord]:
     """The impl at the reduced case `short` for every (seed, variant) of `runs`, against the oracle, each with a
-    record that the call left its inputs unchanged."""
-    shorts = [_run_impl(impl, spec, short, variant, seed=seed, grads=grads) for seed, variant in runs]
+    record that the call left its inputs unchanged. The runs are made and checked a stacked oracle call at a time
+    (:func:`_stacks_onto`), so that only those runs' tensors are held at once: an op whose state is large (sdm's
+    flagship bank, 512 MiB a run and as much again for its gradient) held a gate's every run otherwise."""
     label = f"oracle at {short.shape_id}"
-    records = _compare_items(shorts, _oracle_runs(spec, shorts, limit), label, grads=grads, profile=profile)
-    for it in shorts:
-        where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
-        records.append(
-            _unchanged_record([it.run], reference=f"the inputs before the call at {short.shape_id}", **where)
-        )
+    records: list[CheckRecord] = []
+    group: list[_Item] = []
+
+    def check(group: list[_Item]) -> None:
+        records.extend(_compare_items(group, _oracle_runs(spec, group, limit), label, grads=grads, profile=profile))
+        for it in group:
+            where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
+            reference = f"the inputs before the call at {short.shape_id}"
+            records.append(_unchanged_record([it.run], reference=reference, **where))
+
+    for seed, variant in runs:
+        it = _run_impl(impl, spec, short, variant, seed=seed, grads=grads)
+        if group and not _stacks_onto(spec, group, it, limit):
+            check(group)
+            group = []
+        group.append(it)
+    if group:
+        check(group)
     return records
 
 
@@ -1072,10 +1088,25 @@ def verify_case(
     runs = [(s, v) for s in seed_list for v in variants]
     clock = _StageClock()
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there
+
+    def streamed(it: _Item) -> list[CheckRecord]:
+        """`it` streamed where it has an initial state (the resumed half has one anyway), at the default scale (a
+        compiling impl keeps to the shapes and static arguments it already has), and its inputs-unchanged record."""
+        stream, stream_calls = [], []
+        if it.variant.h0 and spec.streaming:
+            with clock("streaming"):
+                stream, stream_calls = _streaming(
+                    impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
+                    scale=it.variant.scale(spec, case.dims),
+                )  # fmt: skip
+        where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
+        return [*stream, _unchanged_record([it.run, *stream_calls], **where)]
+
     if use_oracle:
         # every run at once: the oracle stacks them along B, at the cost of about one (_oracle_runs)
         with clock("impl at full shape"):
             items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s, v in runs]
+        full_runs = len(items)
         with clock("oracle at full shape"):
             oracle = _oracle_runs(spec, items, limit)
         records += _compare_items(items, oracle, "oracle", grads=grads, profile=profile)
@@ -1086,12 +1117,15 @@ def verify_case(
                 grad_t = min(case.T, grad_reference_T or _chunk_grad_T(case, spec))
         # Where grad_t < T, forward only at the full shape: the reference's backward there would run the device out
         # of memory.
+        full_runs = 0
         label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
-        items = []
-        for s, v in runs:  # one run at a time against its reference, so that a gate may stop at its first failure
+        items = []  # the runs streamed later: none here, each is streamed as it is checked, then let go
+        # One run at a time against its reference, so that a gate may stop at its first failure and holds one run's
+        # tensors at a time (and the first with an initial state, for the determinism check).
+        for s, v in runs:
             with clock("impl at full shape"):
                 it = _run_impl(impl, spec, case, v, seed=s, grads=grads)
-            items.append(it)
+            full_runs += 1
             if grad_t < case.T:
                 with clock("reference at full shape"):
                     ref = _chunk_run(case, spec, dataclasses.replace(it, cot=None))
@@ -1107,9 +1141,13 @@ def verify_case(
             records += found
             if stop_at_failure and _failed(found):
                 break
+            records += streamed(it)
+            if first_run is None and it.variant.h0:
+                first_run = it
+            del it
     stopped = stop_at_failure and _failed(records)
     if stopped:
-        done = f"{len(items)} of {len(runs)} runs at the full shape"
+        done = f"{full_runs} of {len(runs)} runs at the full shape"
         why = f"stopped at its first failure ({done}); the reduced-case, streaming and length checks not run"
         records.append(note_record("gate", why, passed=True, gating=False))
     elif not use_oracle:
@@ -1127,17 +1165,7 @@ def verify_case(
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
     for it in [] if stopped else items:
-        # Streamed where the run has an initial state (the resumed half has one anyway), at the default scale: a
-        # compiling impl keeps to the shapes and static arguments it already has.
-        stream, stream_calls = [], []
-        if it.variant.h0 and spec.streaming:
-            with clock("streaming"):
-                stream, stream_calls = _streaming(
-                    impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,
-                    scale=it.variant.scale(spec, case.dims),
-                )  # fmt: skip
-        where = {"seed": it.seed, "regime": it.variant.regime, "initial_state": it.variant.h0}
-        records += [*stream, _unchanged_record([it.run, *stream_calls], **where)]
+        records += streamed(it)
         if first_run is None and it.variant.h0:
             first_run = it
     if not stopped:
@@ -1149,7 +1177,7 @@ def verify_case(
                     impl, spec, lengths, seed=seed_list[0], grads=grads, profile=profile, limit=limit
                 ),
             )
-    if first_run is not None:
+    if first_run is not None and not stopped:
         with clock("determinism"):
             scale = first_run.variant.scale(spec, case.dims)
             again = _call(impl, spec, first_run.inputs, first_run.cot, scale=scale)

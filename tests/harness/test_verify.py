@@ -217,6 +217,38 @@ def test_the_gate_says_where_its_time_went() -> None:
     assert {"impl at full shape", "oracle at full shape"} <= set(oracle.stage_s)
 
 
+def test_a_gate_against_the_chunked_reference_holds_one_run_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the full shape each run is checked and streamed, then let go (the first with an initial state is kept for
+    the determinism check); at the reduced case the runs are held a stacked oracle call at a time. An op whose
+    state is large (sdm's flagship bank) otherwise held every run of the gate at once."""
+    import gc
+    import weakref
+
+    from deltabench.harness import verify
+
+    made: list[tuple[int, weakref.ref]] = []
+    most_alive: dict[int, int] = {}
+    run_impl = verify._run_impl
+
+    def tracked(impl, spec, case, variant, **kw):  # type: ignore[no-untyped-def]
+        gc.collect()
+        alive = sum(1 for T, ref in made if T == case.T and ref() is not None)
+        most_alive[case.T] = max(most_alive.get(case.T, 0), alive)
+        item = run_impl(impl, spec, case, variant, **kw)
+        made.append((case.T, weakref.ref(item)))
+        return item
+
+    monkeypatch.setattr(verify, "_run_impl", tracked)
+    case = Case("gdn", B=2, T=300, H=2, K=8, V=8, dtype="bf16", mode="fwd+bwd")
+    report = verify_case(get_impl("gdn", "torch_chunk"), case, seeds=2, extra_seed=False, oracle_max_elements=5e4)
+    assert report.passed
+    assert sum(1 for T, _ in made if T == 300) == 12  # two seeds, three regimes, without and with an initial state
+    assert most_alive[300] <= 1  # the first run with an initial state, kept for the determinism check
+    # at the reduced case (B1-T256; the length sweep's longest length too) a stacked oracle call's runs, not all:
+    # one a call here (B1-T256-H2-K8-V8 is 32768 of the 5e4 elements a call may hold)
+    assert sum(1 for T, _ in made if T == 256) >= 12 and most_alive[256] <= 1, most_alive
+
+
 def test_unknown_reference_is_bad_input() -> None:
     with pytest.raises(BadInput, match="unknown reference"):
         verify_case(oracle_cast("gdn"), Case("gdn", **TINY), reference="fla")

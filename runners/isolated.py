@@ -560,6 +560,7 @@ def run_gates(
     own_process: Collection[int] = (),
     after_compiles: Collection[int] = (),
     keep_whole: Collection[int] = (),
+    on_again: Callable[[int, JobResult], None] | None = None,
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
@@ -571,7 +572,8 @@ def run_gates(
     the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free
     device memory (its fwd+bwd reference length on a GPU, harness/verify.py) and what its allocators hold. A gate
     that ran out of memory beside others is run again once all the others have ended, alone and with the whole
-    device: its job ends ``oom`` only when it does so alone too (the others' allocations are not its fault).
+    device: its job ends ``oom`` only when it does so alone too (the others' allocations are not its fault);
+    `on_again` (key, that first result) hears of each such gate as it is put back.
     `on_gated` (key, result) is called, in this thread, as each ends. Interrupted (Ctrl-C, SIGTERM), it kills the
     gates still running before it lets the exception through. A job of ``stage = "compile"`` (``JobSpec.stage``)
     runs that stage, any other its gate; the chains of the keys in `after_compiles` start once every compile has
@@ -635,6 +637,8 @@ def run_gates(
                 compiling -= _compiles(jobs, [key]) if not alone else 0
             elif side_by_side > 1 and not alone and result.status == "oom" and jobs[key].stage != "compile":
                 again.append(key)
+                if on_again is not None:
+                    on_again(key, result)
             else:
                 results[key] = result
                 if on_gated is not None:

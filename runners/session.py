@@ -324,6 +324,12 @@ class RunState:
             if on_gated:
                 on_gated(len(self.gated), len(todo), result)
 
+        def put_back(index: int, result: JobResult) -> None:
+            """A gate out of memory beside others, said as it is put back to run alone at the end (not yet final)."""
+            why = "out of memory beside other gates: again alone once they end"
+            if on_gated:
+                on_gated(len(self.gated), len(todo), result.model_copy(update={"reason": f"{why} ({result.reason})"}))
+
         compiles = {-1 - k: job for k, job in compile_jobs([todo[i] for i in sorted(own_process)]).items()}
         compiled: list[int] = []
 
@@ -350,6 +356,7 @@ class RunState:
             own_process={*own_process, *compiles},
             after_compiles=own_process if compiles else (),
             keep_whole=keep_whole,
+            on_again=put_back if on_gated else None,
         )
 
     def step(

@@ -437,7 +437,7 @@ def test_the_gate_phase_gives_each_job_of_an_impl_that_compiles_per_shape_a_proc
     seen: dict[str, object] = {}
 
     def fake_run_gates(
-        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=()
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=(), **_
     ):
         seen["own"] = sorted(todo[k].impl for k in own_process)
         seen["whole"] = sorted(todo[k].impl for k in keep_whole)
@@ -471,11 +471,19 @@ def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> 
     suite.write_text(SUITE.replace('"planted_wrong", "planted_gate_crash"', '"planted_oom_when_shared"'))
     load_module(PLANTED)
     for workers, status in ((2, "ok"), (1, "ok")):
+        heard: list[tuple[int, str]] = []  # (jobs gated, the reason) of each gate put back: not yet counted
+
+        def on_gated(done: int, total: int, result: JobResult | None, heard: list = heard) -> None:
+            if result is not None and result.status == "oom":
+                heard.append((done, result.reason))
+
         plan = plan_run(load_suite(str(suite)), device="cpu", imports=[PLANTED], gate_workers=workers)
-        doc = run_plan(plan, out=tmp_path / f"oom-{workers}.json")
+        doc = run_plan(plan, out=tmp_path / f"oom-{workers}.json", on_gated=on_gated if workers > 1 else None)
         planted = [j for j in doc.jobs if j.impl == "planted_oom_when_shared"]
         assert [j.status for j in planted] == [status, status], [j.reason for j in planted]
         assert all(j.timing is not None for j in planted)
+        if workers > 1:  # each said as it was put back, where a log would otherwise show nothing of it
+            assert len(heard) == 2 and all("beside other gates: again alone once they end" in r for _, r in heard)
 
 
 def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -615,7 +623,7 @@ def test_compiles_run_beside_the_other_gates_and_before_their_impls_gates(
     calls: list[dict] = []
 
     def fake_run_gates(
-        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=()
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=(), **_
     ):
         calls.append({"jobs": {k: (j.impl, j.stage) for k, j in todo.items()}, "own": set(own_process)})
         calls[-1]["after"] = set(after_compiles)

@@ -189,9 +189,9 @@ lane_solo() {
 # determinism gate at 20:48 on 2026-12-01, now summed in a fixed order), then the 32K fwd+bwd peak (its gate did
 # not end in 400 s with the one-kernel steps)
 task_sdm_gpu() {
-    # six gates at once: three impls' chains, each split to fill the places (an impl's four gates one after another
-    # were the long pole at 00:37 on 2026-12-02: torch_chunk's flagship fwd+bwd gate alone ran ~290 s)
-    run 600 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 500 --gate-workers 6
+    # five gates at once: three impls' chains, the two sdm ones halved to fill the places (an impl's four gates one
+    # after another were the long pole at 00:37 on 2026-12-02), each gate held to a fifth of the GPU's memory
+    run 600 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 500 --gate-workers 5
     run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
 }
 

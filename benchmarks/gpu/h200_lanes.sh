@@ -192,7 +192,7 @@ task_sdm_gpu() {
     # five gates at once: three impls' chains, the two sdm ones halved to fill the places (an impl's four gates one
     # after another were the long pole at 00:37 on 2026-12-02), each gate held to a fifth of the GPU's memory
     run 600 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 500 --gate-workers 5
-    run 420 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 400
+    run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520  # 400 s ran out in timing, 2026-12-02
 }
 
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it

@@ -481,6 +481,11 @@ def _compiles(jobs: Mapping[int, JobSpec], keys: list[int]) -> bool:
     return jobs[keys[0]].stage == "compile"
 
 
+def _mode_rank(job: JobSpec) -> int:
+    """0 for a gate that runs a backward (its calls build the forward's kernels too), 1 for a forward-only one."""
+    return 1 if job.to_case().mode == "fwd" else 0
+
+
 def _split_chains(
     chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int, keep_whole: Collection[int] = ()
 ) -> list[list[int]]:
@@ -564,7 +569,8 @@ def run_gates(
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
-    costs its own job, the next gets a fresh process), up to `workers` such chains at once, an impl's chain split
+    costs its own job, the next gets a fresh process; those with a backward first), up to `workers` such chains at
+    once, an impl's chain split
     in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`; never
     one holding a key of `keep_whole`: an impl that autotunes); a job
     whose key is in `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its
@@ -586,6 +592,9 @@ def run_gates(
     by_impl: dict[tuple[str, int], list[int]] = {}  # by impl (or impl and job), in the order given
     for key, job in jobs.items():
         by_impl.setdefault((job.impl, key if key in own_process else -1), []).append(key)
+    # Within a chain the gates with a backward first: their calls compile and autotune the forward's kernels too,
+    # which the forward-only gates after then find done (FLA's forward gate: 84 s first, seconds after).
+    by_impl = {impl: sorted(keys, key=lambda k: _mode_rank(jobs[k])) for impl, keys in by_impl.items()}
     chains = _split_chains(list(by_impl.values()), jobs, workers, keep_whole)
     side_by_side = min(workers, len(chains))
     waiting = [keys for keys in chains if any(k in after_compiles for k in keys)]

@@ -354,16 +354,12 @@ def test_device_share_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> Non
             device_share()
 
 
-class _GateJob:
-    """A job as run_gates sees it: an impl and a key."""
+class _GateJob(_ImplJob):
+    """A job as run_gates sees it: an impl, a key and a case (forward only unless told)."""
 
-    stage = "all"
-
-    def __init__(self, impl: str, key: int) -> None:
-        self.impl, self.key = impl, key
-
-    def model_copy(self, update):
-        return self
+    def __init__(self, impl: str, key: int, **case: Any) -> None:
+        super().__init__(impl, **case)
+        self.key = key
 
 
 def _recorded_gates(monkeypatch: pytest.MonkeyPatch, order: list[str], workers: int, own_process=()) -> list[tuple]:
@@ -407,6 +403,23 @@ def test_an_impls_gates_run_one_after_another_beside_other_impls(monkeypatch: py
         running += 1 if what == "start" else -1
         most = max(most, running)
     assert most == 3  # the three impls side by side
+
+
+def test_an_impls_gates_with_a_backward_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # their calls compile and autotune the forward's kernels too, which the forward-only gates after find done
+    from deltabench.runners import isolated
+
+    seen: list[int] = []
+
+    def fake_gate(job, env):
+        seen.append(job.key)
+        return JobResult.model_construct(status="ok")
+
+    _fake_gates(monkeypatch, fake_gate)
+    modes = ["fwd", "fwd+bwd", "fwd", "fwd+bwd", "bwd"]
+    jobs = {k: _GateJob("a", k, mode=mode, T=64 + k) for k, mode in enumerate(modes)}
+    isolated.run_gates(jobs, 1, python="python3")
+    assert seen == [1, 3, 4, 0, 2]  # the others in the order given
 
 
 def test_an_impl_that_compiles_per_shape_gates_its_jobs_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -497,14 +510,9 @@ def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypat
     running: set[int] = set()
     calls: list[tuple[int, str | None, frozenset[int]]] = []
 
-    class Job:
-        stage = "all"
-
+    class Job(_GateJob):
         def __init__(self, key: int) -> None:
-            self.impl, self.key = f"impl{key}", key
-
-        def model_copy(self, update):
-            return self
+            super().__init__(f"impl{key}", key)
 
     def fake_gate(job, env):
         share = (env or {}).get(DEVICE_SHARE_ENV)

@@ -1111,6 +1111,10 @@ def verify_case(
             oracle = _oracle_runs(spec, items, limit)
         records += _compare_items(items, oracle, "oracle", grads=grads, profile=profile)
         del oracle
+        for it in [] if stop_at_failure and _failed(records) else items:
+            records += streamed(it)
+            if first_run is None and it.variant.h0:
+                first_run = it
     else:
         if grads:
             with clock("reference's backward T"):
@@ -1119,7 +1123,6 @@ def verify_case(
         # of memory.
         full_runs = 0
         label = f"torch_chunk_fp32 forward only (its backward fits at T={grad_t}, not T={case.T})"
-        items = []  # the runs streamed later: none here, each is streamed as it is checked, then let go
         # One run at a time against its reference, so that a gate may stop at its first failure and holds one run's
         # tensors at a time (and the first with an initial state, for the determinism check).
         for s, v in runs:
@@ -1164,10 +1167,6 @@ def verify_case(
     sentence += f"; regimes {', '.join(chosen_regimes)}; lengths " + ", ".join(f"T={c.T}" for c, _ in lengths)
     if interpreted and case.dtype == "bf16":
         sentence += " (bf16 bounds of the Triton interpreter, whose casts truncate)"
-    for it in [] if stopped else items:
-        records += streamed(it)
-        if first_run is None and it.variant.h0:
-            first_run = it
     if not stopped:
         key = _memo_key("sweep", impl, lengths, seed_list[0], grads, profile, limit)
         with clock("length sweep"):

@@ -356,7 +356,7 @@ class RunState:
             own_process={*own_process, *compiles},
             after_compiles=own_process if compiles else (),
             keep_whole=keep_whole,
-            on_again=put_back if on_gated else None,
+            on_again=put_back,
         )
 
     def step(

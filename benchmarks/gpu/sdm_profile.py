@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-torch", action="store_true", help="skip the chunked PyTorch reference's timings")
     args = ap.parse_args(argv)
+    precisions = [p for p in args.precision.split(",") if p]
+    unknown = sorted(set(precisions) - {"ieee", "tf32", "tf32x3"})
+    if unknown or not precisions:
+        ap.error(f"--precision {args.precision!r}: use ieee, tf32 or tf32x3 (comma-separated)")
     if not torch.cuda.is_available():
         print("sdm_profile.py: needs a CUDA device", file=sys.stderr)
         return 2
@@ -58,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
     widths = [int(w) for w in args.block_d.split(",") if w]
-    precisions = [p for p in args.precision.split(",") if p]
     medians: dict[str, float] = {}
     kept = triton_chunk._BLOCK_D, triton_chunk_bwd.BLOCK_D, triton_chunk_bwd.DOT_PRECISION
     first: dict[str, torch.Tensor] | None = None

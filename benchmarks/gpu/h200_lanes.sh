@@ -39,6 +39,8 @@ export PATH=/tmp/site/bin:$PATH  # the sdm set's ninja, for SDM 2.0.0's extensio
 
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 qla_staged() { [[ -f $QLA/.deltabench-sets/qla1 && -f $QLA/.deltabench-sets/qla2 ]]; }
+# LANE_QLA=0: a session that needs no FlashQLA starts its lanes in call 1, without the two calls that stage it
+lanes_ready() { [[ ${LANE_QLA:-1} == 0 ]] || qla_staged; }
 # FlashQLA's folder joins the path only once both halves are in (a half-installed TileLang breaks FLA's import).
 pypath() { if qla_staged; then echo "/tmp/site:$QLA"; else echo /tmp/site; fi; }
 db() { PYTHONPATH=$(pypath) python3 -m deltabench.harness.cli "$@"; }
@@ -296,7 +298,7 @@ call() {
         mkdir -p "$TORCH_EXTENSIONS_DIR" && cat .gpucache/sdm-ext/sdm-ext.tgz.part-* | tar xz -C "$TORCH_EXTENSIONS_DIR" &&
             echo "exit=0 (carried)" >"$L/a/sdm-pkg-build.done"
     fi
-    if [[ ! -f $L/started ]] && qla_staged; then
+    if [[ ! -f $L/started ]] && lanes_ready; then
         touch "$L/started"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
@@ -306,6 +308,8 @@ call() {
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
         [[ $lanes == solo ]] && printf '%s\n' sdm_dense_parts sdm_profile sdm_gpu sdm_pkg speed_cold gdn2_gpu stages gdn2_pallas gdn2_tpu \
             >"$L/queue"
+        # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
+        [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"
         for name in $lanes; do
             setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done

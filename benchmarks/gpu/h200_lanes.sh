@@ -197,6 +197,8 @@ task_sdm_gpu() {
     run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520  # 400 s ran out in timing, 2026-12-02
 }
 
+task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520; }
+
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
 task_sdm_pkg() {
     for _ in $(seq 36); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done

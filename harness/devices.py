@@ -21,6 +21,7 @@ __all__ = [
     "PLATFORMS",
     "Device",
     "absent_reason",
+    "allocator_fraction",
     "default_device",
     "device_for_kind",
     "device_share",
@@ -34,6 +35,10 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 # Set by whoever runs several processes on one device at once (`deltabench run --gate-workers N`: 1/N): the share
 # of the device's memory this process may size its own allocations by.
 DEVICE_SHARE_ENV = "DELTABENCH_DEVICE_SHARE"
+# What a process on a GPU holds outside PyTorch's allocator: its CUDA context, loaded kernels (Triton's, cuBLAS's),
+# library workspaces. Shares of 1/N summing to the whole device left nothing for these: five gates at a fifth each
+# filled an H200 and ran each other out of memory below their own shares.
+OUTSIDE_ALLOCATOR_BYTES = 2 * 2**30
 NO_TPU = "no TPU visible to JAX"
 NO_CUDA = "no CUDA device on this machine"
 
@@ -151,11 +156,12 @@ def device_share() -> float:
 
 
 def keep_to_share(device: Device | str) -> float:
-    """Hold this process's PyTorch allocator on `device` to :func:`device_share` of the device's memory (its live
-    tensors and the blocks it keeps cached together), when the share is below 1 and `device` is a CUDA GPU; returns
-    the fraction set (1.0: none). Without this, processes sharing a GPU each keep what their largest allocation took
-    and run the others out (nine of a hundred gates on one H200, eight gates at once); with it, a process at its
-    share frees its own cached blocks first and runs out only when its live tensors exceed it."""
+    """Hold this process's PyTorch allocator on `device` (its live tensors and the blocks it keeps cached, together)
+    to :func:`device_share` of the device's memory less what the process holds outside the allocator
+    (:func:`allocator_fraction`), when the share is below 1 and `device` is a CUDA GPU; returns the fraction set
+    (1.0: none). Without this, processes sharing a GPU each keep what their largest allocation took and run the
+    others out (nine of a hundred gates on one H200, eight gates at once); with it, a process at its share frees its
+    own cached blocks first and runs out only when its live tensors exceed it."""
     device = parse_device(device) if isinstance(device, str) else device
     share = device_share()
     if share >= 1.0 or device.platform != "cuda":
@@ -164,5 +170,22 @@ def keep_to_share(device: Device | str) -> float:
 
     if not torch.cuda.is_available():
         return 1.0
-    torch.cuda.set_per_process_memory_fraction(share, device.index or 0)
-    return share
+    index = device.index or 0
+    fraction = allocator_fraction(share, torch.cuda.get_device_properties(index).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
+
+
+def allocator_fraction(share: float, total_bytes: int) -> float:
+    """The fraction of a device of `total_bytes` that a process's allocator may hold when the process has `share`
+    of it: the share less :data:`OUTSIDE_ALLOCATOR_BYTES` (what it holds outside the allocator), never below half
+    the share; the whole share when it is 1 (the device alone).
+
+    Example::
+
+        >>> round(allocator_fraction(0.2, 140 * 2**30), 4)
+        0.1857
+    """
+    if share >= 1.0:
+        return 1.0
+    return max(share - OUTSIDE_ALLOCATOR_BYTES / total_bytes, share / 2)

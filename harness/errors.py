@@ -11,7 +11,17 @@
 
 from __future__ import annotations
 
-__all__ = ["BadInput", "DeltabenchError", "ImplUnavailable", "UnknownImpl", "UnknownOp", "is_out_of_memory"]
+import re
+
+__all__ = [
+    "BadInput",
+    "DeltabenchError",
+    "ImplUnavailable",
+    "UnknownImpl",
+    "UnknownOp",
+    "is_out_of_memory",
+    "oom_figures",
+]
 
 
 class DeltabenchError(Exception):
@@ -47,3 +57,20 @@ def is_out_of_memory(error: BaseException | str) -> bool:
         or "can't allocate memory" in text
         or ("resource_exhausted" in text and "memory" in text and "shared memory" not in text)
     )
+
+
+_SIZE = r"([0-9.]+ [KMGT]?i?B)"
+_OOM_FIGURES = (
+    ("tried {}", re.compile(r"Tried to allocate " + _SIZE)),
+    ("{} free", re.compile(r"of which " + _SIZE + " is free")),
+    ("of {}", re.compile(r"total capacity of " + _SIZE)),
+    ("this process held {}", re.compile(r"this process has " + _SIZE + " memory in use")),
+)
+
+
+def oom_figures(reason: str) -> str:
+    """The figures of a CUDA out-of-memory message in a few words, e.g. ``tried 512.00 MiB, 323.06 MiB free, of
+    139.80 GiB, this process held 27.46 GiB`` (those torch's message gives; empty when it gives none): whether a
+    process ran out at its own share or the device was full of others'."""
+    found = [fmt.format(m.group(1)) for fmt, pattern in _OOM_FIGURES if (m := pattern.search(reason))]
+    return ", ".join(found)

@@ -62,7 +62,7 @@ from deltabench.references._inputs import draw_device, draw_origin, generator, r
 
 from .cases import Case
 from .checks import compare, finite_record, note_record
-from .devices import device_share
+from .devices import allocator_fraction, device_share
 from .document import CheckRecord
 from .errors import BadInput
 from .gate_memo import GateMemo
@@ -576,7 +576,7 @@ def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
 
     On a GPU its peak (what autograd keeps grows with T, one set per chunk) is measured at two and four chunks of
     the case's other dims and extrapolated along T, against :data:`GRAD_REFERENCE_MEMORY_SHARE` of the free memory
-    (at most of this process's share of the device, :func:`deltabench.harness.devices.device_share`):
+    (at most of this process's share of the device, :func:`deltabench.harness.devices.allocator_fraction`):
     sdm's flagship (S = 65536, D = 1024) keeps about 1.75 GiB a chunk, 220 GiB at T = 8192. On the CPU the host
     memory check (harness/memory_need.py) has judged the case already: the full T."""
     if not case.torch_device.startswith("cuda") or case.T <= 4 * LARGEST_CHUNK:
@@ -596,7 +596,7 @@ def _chunk_grad_T(case: Case, spec: OpSpec) -> int:
     free, total = torch.cuda.mem_get_info(dev)
     mine = free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
     # gates side by side (--gate-workers) would each see the same free memory: each takes its share of the device
-    budget = GRAD_REFERENCE_MEMORY_SHARE * min(mine, device_share() * total)
+    budget = GRAD_REFERENCE_MEMORY_SHARE * min(mine, allocator_fraction(device_share(), total) * total)
     return fitting_T(case.T, peaks[0], peaks[1], 2 * LARGEST_CHUNK, 4 * LARGEST_CHUNK, budget)
 
 

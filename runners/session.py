@@ -38,6 +38,7 @@ from pathlib import Path
 
 from deltabench.harness.cases import Case
 from deltabench.harness.document import Environment, JobResult, ResultDocument, TimingStats
+from deltabench.harness.errors import oom_figures
 from deltabench.harness.registry import get_impl
 from deltabench.harness.suites import GateSettings, Suite, TimingSettings
 
@@ -327,6 +328,8 @@ class RunState:
         def put_back(index: int, result: JobResult) -> None:
             """A gate out of memory beside others, said as it is put back to run alone at the end (not yet final)."""
             why = "out of memory beside other gates: again alone once they end"
+            figures = oom_figures(result.reason or "")
+            why = f"{why}; {figures}" if figures else why
             if on_gated:
                 on_gated(len(self.gated), len(todo), result.model_copy(update={"reason": f"{why} ({result.reason})"}))
 

@@ -110,5 +110,9 @@ def planted_oom_when_shared(q, k, v, g, beta, scale=None, initial_state=None):
     """Right when its process has the whole device; runs out of memory when told it shares the device with other
     gates (``DELTABENCH_DEVICE_SHARE`` below 1): a kernel that fits alone and not beside others."""
     if float(os.environ.get("DELTABENCH_DEVICE_SHARE", "1")) < 1:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB (planted: the device is shared)")
+        raise torch.OutOfMemoryError(  # torch's own wording (2.11 on an H200), planted: the device is shared
+            "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which "
+            "323.06 MiB is free. Including non-PyTorch memory, this process has 27.46 GiB memory in use. Of the "
+            "allocated memory 26.10 GiB is allocated by PyTorch, and 830.00 MiB is reserved by PyTorch but unallocated."
+        )
     return gdn_torch_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import types
 from pathlib import Path
 from typing import Any
 
@@ -333,8 +334,10 @@ def test_a_process_sharing_a_gpu_holds_its_allocator_to_its_share(monkeypatch: p
     calls: list[tuple[float, int]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, d)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=64 * 2**30))
     monkeypatch.setenv(DEVICE_SHARE_ENV, "0.125")
-    assert keep_to_share("cuda:1") == 0.125 and calls == [(0.125, 1)]
+    # 8 GiB of a 64 GiB device, less the 2 GiB a process holds outside its allocator
+    assert keep_to_share("cuda:1") == 0.09375 and calls == [(0.09375, 1)]
     assert keep_to_share("cpu") == 1.0 and keep_to_share("tpu") == 1.0 and len(calls) == 1
     monkeypatch.delenv(DEVICE_SHARE_ENV)
     assert keep_to_share("cuda") == 1.0 and len(calls) == 1
@@ -497,6 +500,22 @@ def test_a_gate_out_of_memory_beside_others_runs_again_alone(tmp_path: Path) -> 
         assert all(j.timing is not None for j in planted)
         if workers > 1:  # each said as it was put back, where a log would otherwise show nothing of it
             assert len(heard) == 2 and all("beside other gates: again alone once they end" in r for _, r in heard)
+            # first, where a progress line cut at 160 characters keeps them: the device full, or the process at its own
+            figures = "tried 20.00 MiB, 323.06 MiB free, of 139.80 GiB, this process held 27.46 GiB"
+            assert all(figures in r[:160] for _, r in heard), heard
+
+
+def test_oom_figures_read_torchs_message_and_nothing_else() -> None:
+    from deltabench.harness.errors import oom_figures
+
+    assert (
+        oom_figures(
+            "CUDA out of memory. Tried to allocate 5.00 GiB. GPU 0 has a total capacity of 139.80 GiB of "
+            "which 1.02 GiB is free."
+        )
+        == "tried 5.00 GiB, 1.02 GiB free, of 139.80 GiB"
+    )
+    assert oom_figures("RESOURCE_EXHAUSTED: out of memory while trying to allocate") == ""
 
 
 def test_the_alone_rerun_waits_for_the_others_and_has_the_whole_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -696,3 +715,16 @@ def test_gates_after_compiles_start_once_every_compile_ended(monkeypatch: pytest
     assert min(starts[2], starts[3]) > last_compile  # qla's gates after every compile
     assert starts[0] < min(starts[k] for k in range(-5, 0))  # fla's chain took its place first
     assert starts[0] < last_compile  # and ran beside the compiles
+
+
+def test_shares_side_by_side_leave_room_outside_the_allocators() -> None:
+    # Five gates on an H200 each held to a fifth filled the device: their CUDA contexts and kernels came on top.
+    from deltabench.harness.devices import OUTSIDE_ALLOCATOR_BYTES, allocator_fraction
+
+    total = 140 * 2**30
+    for n in (2, 4, 5, 8):
+        fraction = allocator_fraction(1 / n, total)
+        assert n * (fraction * total + OUTSIDE_ALLOCATOR_BYTES) <= total
+        assert fraction >= 1 / (2 * n)
+    assert allocator_fraction(1.0, total) == 1.0  # the device alone: all of it
+    assert allocator_fraction(0.01, total) == 0.005  # a sliver still gets half its share

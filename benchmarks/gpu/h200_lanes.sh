@@ -197,6 +197,9 @@ task_sdm_gpu() {
     run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520  # 400 s ran out in timing, 2026-12-02
 }
 
+# the flagship table alone, its gates one at a time (five at once ran out of memory, 2026-12-02 03:41): ~8-9 minutes
+task_sdm_flagship() { run 600 sdm-flagship --suite benchmarks/gpu/sdm-h200-flagship.toml --timeout 500; }
+task_sdm_dense() { run 400 sdm-dense --suite benchmarks/gpu/sdm-h200-dense.toml --timeout 380 --gate-workers 2; }
 task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520; }
 
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
@@ -308,7 +311,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' sdm_dense_parts sdm_profile sdm_gpu sdm_pkg speed_cold gdn2_gpu stages gdn2_pallas gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' sdm_flagship sdm_pkg sdm_dense sdm_dense_parts speed_cold gdn2_gpu stages gdn2_pallas gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

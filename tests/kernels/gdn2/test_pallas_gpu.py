@@ -164,7 +164,10 @@ def planted_impl(monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
 def test_planted_kernel_bug_is_rejected(planted_impl, bug: str, dtype: str) -> None:
     planted_impl(bug)
     case = Case("gdn2", B, 100, H, K, V, dtype=dtype, mode="fwd")
-    report = verify_case(get_impl("gdn2", "pallas_gpu_planted"), case, seeds=1, extra_seed=False)
+    # stopped at its first failure, as a job's gate is: the dropped block leaves a sweep length under one chunk with
+    # no chunk at all, which the per-chunk kernels cannot even be called with (a crash, after the wrong answers)
+    impl = get_impl("gdn2", "pallas_gpu_planted")
+    report = verify_case(impl, case, seeds=1, extra_seed=False, stop_at_failure=True)
     assert not report.passed
     failed = {r.check for r in report.records if r.gating and not r.passed}
     assert {"output", "final_state"} & failed, failed
@@ -209,11 +212,14 @@ def test_lowers_for_cuda(dtype: str, options: dict) -> None:
         return jax.grad(loss, argnums=tuple(range(7)))(*a)
 
     text = _cuda_export(fwd, *shapes)
-    assert text.count("__gpu$xla.gpu.triton") == 1 and 'name = "gdn2_gpu_forward"' in text
+    assert text.count("__gpu$xla.gpu.triton") == 2, "the chunks' parallel part and the state's walk expected"
+    assert 'name = "gdn2_gpu_prepare"' in text and 'name = "gdn2_gpu_forward"' in text
     assert "interpret" not in text and "tpu_custom_call" not in text
     text = _cuda_export(train_step, *shapes)
-    assert text.count("__gpu$xla.gpu.triton") == 2, "the fused forward and the fused backward expected"
-    assert 'name = "gdn2_gpu_forward"' in text and 'name = "gdn2_gpu_backward"' in text
+    # the forward's two kernels, then the backward's three (its own prepare, the cotangent's walk, the gradients)
+    assert text.count("__gpu$xla.gpu.triton") == 5
+    for name in ("prepare", "forward", "dstate", "backward"):
+        assert f'name = "gdn2_gpu_{name}"' in text, name
 
 
 def test_kda_and_odd_widths_lower_for_cuda() -> None:

@@ -1,11 +1,14 @@
-"""The fused forward and backward of GDN-2 as Pallas kernels for a GPU (Pallas' Triton lowering).
+"""The forward and backward of GDN-2 as Pallas kernels for a GPU (Pallas' Triton lowering).
 
-The TPU kernels (:mod:`.forward`, :mod:`.fused_backward`) walk the chunks as a sequential grid axis with the state
-in a VMEM scratch; GPU grid programs share no scratch and run in no set order, so here the chunk loop runs inside
-the program (``lax.fori_loop``) and the state is its loop carry, in registers. Grid ``(B, H, V / BV)``: one program
-per (batch, head, block of BV value columns), each reading its head's whole sequence through ``[C, K]`` and
-``[C, BV]`` tiles. The algebra is the TPU kernels', per chunk of C tokens (:mod:`.forward`'s docstring); the
-helpers that do not slice values (cumulative decay, WY solve, the backward's pairwise-score gradients) are shared.
+A chunk's work splits into what does not depend on the state (the pairwise scores, the WY solve, the decayed keys
+and queries: most of its arithmetic) and the few products that carry the state from one chunk to the next. The
+first runs for every chunk at once, a program per (batch, head, chunk): :func:`_prepare_kernel` in the forward,
+:func:`_grads_kernel` for the gradients. Only the second walks the chunks in order, a program per (batch, head,
+block of BV value columns) with the state as its loop carry in registers (GPU grid programs share no scratch and
+run in no set order, so the walk is a ``lax.fori_loop`` inside the program): :func:`_walk_kernel` forward,
+storing the state at every chunk start; :func:`_dstate_walk_kernel` backward, storing the state's cotangent at
+every chunk end. The algebra is the TPU kernels' (:mod:`.forward`'s docstring); the helpers that do not slice
+values (cumulative decay, WY solve, the backward's pairwise-score gradients) are shared.
 
 What differs, and why:
 
@@ -15,9 +18,8 @@ What differs, and why:
   (:func:`.fused_backward._diagonal_block_backward` on the whole chunk);
 * every tensor a Triton program holds has power-of-two dimensions: the caller pads K and V to powers of two
   (at least 16, the smallest dot), with zero q, k, b, g, v, w, which leaves the padded channels inert;
-* value blocks: the forward's writes, outputs and state split by value columns, so BV < V runs more programs (the
-  scores and the WY solve are recomputed per block). In the backward the key-side gradients are sums over the value
-  columns; each block writes its share to its own slice of a ``[V / BV, ...]`` buffer, summed by the caller.
+* value blocks split only the walks (BV < V runs more of them); the per-chunk kernels hold all of V, so the
+  key-side gradients, sums over the value columns, are whole in one program.
 
 Float32 math: by default every product is Triton's IEEE float32 dot; ``dots="bf16x3"`` runs them as three bf16
 tensor-core products with float32 accumulation (:data:`DOTS`). o in v's dtype, gradients float32.
@@ -121,82 +123,111 @@ def _chunk_forward(q, k, g, b, mm):
     return G, bk, P, T, expG, g_last
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots):
-    """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry."""
+def _prepare_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, wm_ref, um_ref, qd_ref, kd_ref, p_ref, *, dots):
+    """One (batch, head, chunk): what the walk needs of the chunk that does not depend on the state, all chunks at
+    once. ``W = T (b*k*exp G)``, ``U = T (w*v)`` (the WY form), ``q*exp G``, ``k*exp(G_last - G)`` and the scores
+    ``P``; the pairwise scores and the WY solve, most of a chunk's work, leave the sequential walk."""
+    mm, _ = _products(dots)
+    q, k, v, g, b, w = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref))
+    G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
+    wm_ref[...] = mm(T, bk * expG)
+    um_ref[...] = mm(T, w * v)
+    qd_ref[...] = q * expG
+    kd_ref[...] = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
+    p_ref[...] = P
+
+
+def _walk_kernel(
+    wm_ref, um_ref, qd_ref, kd_ref, p_ref, g_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots
+):  # fmt: skip
+    """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry; four
+    products a chunk on what :func:`_prepare_kernel` left (``u = U - W S``, ``o = q_d S + P u``, the update)."""
     hs_ref = hs[0] if hs else None
     C = chunk
     mm, mm_t = _products(dots)
 
     def step(n, St):
-        q, k, v, g, b, w = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref), n, C)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
+        wm, qd, kd, g = _chunk((wm_ref, qd_ref, kd_ref, g_ref), n, C)
+        (um,) = _chunk((um_ref,), n, C)
         if hs_ref is not None:
             hs_ref[n] = St
-        u = mm(T, w * v) - mm_t(mm(T, bk * expG), St)
-        o = scale * (mm_t(q * expG, St) + mm(P, u))
+        u = um - mm_t(wm, St)
+        o = scale * (mm_t(qd, St) + mm(p_ref[n], u))
         o_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = o.astype(o_ref.dtype)
-        kd = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
+        g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
         return St * jnp.exp(g_last) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
 
 
-def _backward_kernel(
-    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dht_ref,
-    dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref, dh0_ref,
-    *, scale, chunk, n_chunks, dots,
+def _dstate_walk_kernel(
+    wm_ref, qd_ref, kd_ref, p_ref, g_ref, do_ref, dht_ref, dhs_ref, dh0_ref, *, scale, chunk, n_chunks, dots
 ):  # fmt: skip
-    """One (batch, head, value block): chunks last to first, the state's cotangent ``dS^T`` the loop's carry; the
-    algebra of :func:`.fused_backward._fused_backward_kernel`, key-side gradients as this block's share."""
+    """One (batch, head, value block): chunks last to first, the state's cotangent ``dS^T`` ``[BV, K]`` the loop's
+    carry, stored at each chunk's end (what :func:`_grads_kernel` reads); four products a chunk on what
+    :func:`_prepare_kernel` left."""
     C = chunk
     mm, mm_t = _products(dots)
 
     def step(i, dSt):
         n = n_chunks - 1 - i
-        q, k, v, g, b, w, do = _chunk((q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref), n, C)
-        ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-        G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
-        decay = jnp.exp(g_last)
-        r_v, r_k = w * v, bk * expG
-        w_mat = mm(T, r_k)
-        qd = q * expG
-        e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
-        kd = k * e_kd
-        St = hs_ref[n]  # S^T at the chunk start
-        u = mm(T, r_v) - mm_t(w_mat, St)
-
-        du = scale * mm(P.T, do) + mm_t(kd, dSt)
-        dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
-        dqd = scale * mm(do, St)
-        dkd = mm(u, dSt)
-        dD = jnp.sum(St * dSt, axis=0, keepdims=True)
-        dW = -mm(du, St)
-        dSt_prev = scale * mm(do.T, qd) + dSt * decay - mm(du.T, w_mat)
-        T_t = T.T
-        dr_v = mm(T_t, du)
-        dr_k = mm(T_t, dW)
-        dT = mm_t(du, r_v) + mm_t(dW, r_k)
-        dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
-        dbk = dr_k * expG
-        dG = dr_k * r_k + dqd * qd - dkd * kd
-        dq = dqd * expG
-        dk = dkd * e_kd
-        dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + dD * decay
-        s_dq, s_dk, s_dbk, s_dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP)  # every pair i >= j
-        dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
-        dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
-        dg = mm(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
-
-        rows = pl.ds(pl.multiple_of(n * C, C), C)
-        dq_ref[rows, :] = dq
-        dk_ref[rows, :] = dk + dbk * b
-        db_ref[rows, :] = dbk * k
-        dg_ref[rows, :] = dg
-        dv_ref[rows, :] = dr_v * w
-        dw_ref[rows, :] = dr_v * v
-        return dSt_prev
+        wm, qd, kd, g = _chunk((wm_ref, qd_ref, kd_ref, g_ref), n, C)
+        (do,) = _chunk((do_ref,), n, C)
+        dhs_ref[n] = dSt
+        du = scale * mm(p_ref[n].T, do) + mm_t(kd, dSt)
+        decay = jnp.exp(jnp.sum(g, axis=0, keepdims=True))
+        return scale * mm(do.T, qd) + dSt * decay - mm(du.T, wm)
 
     dh0_ref[...] = lax.fori_loop(0, n_chunks, step, dht_ref[...].astype(_F32))
+
+
+def _grads_kernel(
+    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref,
+    dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref,
+    *, scale, dots,
+):  # fmt: skip
+    """One (batch, head, chunk), all chunks at once: every input's gradient from the chunk's start state and its
+    end cotangent (the two walks'), all of V in one program; the algebra of
+    :func:`.fused_backward._fused_backward_kernel`."""
+    mm, mm_t = _products(dots)
+    q, k, v, g, b, w, do = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref))
+    St, dSt = hs_ref[...], dhs_ref[...]  # S^T at the chunk start, dS^T at its end
+    C = q.shape[0]
+    ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
+    G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
+    decay = jnp.exp(g_last)
+    r_v, r_k = w * v, bk * expG
+    w_mat = mm(T, r_k)
+    qd = q * expG
+    e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
+    kd = k * e_kd
+    u = mm(T, r_v) - mm_t(w_mat, St)
+
+    du = scale * mm(P.T, do) + mm_t(kd, dSt)
+    dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
+    dqd = scale * mm(do, St)
+    dkd = mm(u, dSt)
+    dD = jnp.sum(St * dSt, axis=0, keepdims=True)
+    dW = -mm(du, St)
+    T_t = T.T
+    dr_v = mm(T_t, du)
+    dr_k = mm(T_t, dW)
+    dT = mm_t(du, r_v) + mm_t(dW, r_k)
+    dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
+    dbk = dr_k * expG
+    dG = dr_k * r_k + dqd * qd - dkd * kd
+    dq = dqd * expG
+    dk = dkd * e_kd
+    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + dD * decay
+    s_dq, s_dk, s_dbk, s_dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP)  # every pair i >= j
+    dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
+    dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
+    dq_ref[...] = dq
+    dk_ref[...] = dk + dbk * b
+    db_ref[...] = dbk * k
+    dg_ref[...] = mm(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
+    dv_ref[...] = dr_v * w
+    dw_ref[...] = dr_v * v
 
 
 def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | None):
@@ -211,7 +242,12 @@ def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | N
         "value": pl.BlockSpec((None, T_pad, BV), lambda bi, hi, vj: (bi, 0, hi * NV + vj)),
         "state": pl.BlockSpec((None, None, BV, Kp), lambda bi, hi, vj: (bi, hi, vj, 0)),
         "states": pl.BlockSpec((None, None, N, BV, Kp), lambda bi, hi, vj: (bi, hi, 0, vj, 0)),
-        "key_share": pl.BlockSpec((None, None, T_pad, Kp), lambda bi, hi, vj: (vj, bi, 0, hi)),
+        "scores": pl.BlockSpec((None, None, N, chunk, chunk), lambda bi, hi, vj: (bi, hi, 0, 0, 0)),
+        # grid (B, H, N): a chunk a program
+        "key_chunk": pl.BlockSpec((None, chunk, Kp), lambda bi, hi, n: (bi, n, hi)),
+        "value_chunk": pl.BlockSpec((None, chunk, Vp), lambda bi, hi, n: (bi, n, hi)),
+        "scores_chunk": pl.BlockSpec((None, None, None, chunk, chunk), lambda bi, hi, n: (bi, hi, n, 0, 0)),
+        "state_chunk": pl.BlockSpec((None, None, None, Vp, Kp), lambda bi, hi, n: (bi, hi, n, 0, 0)),
     }
     return Kp, Vp, NV, N, T_pad, specs
 
@@ -230,6 +266,30 @@ def _flatten(xs, T_pad: int, width: int) -> list[jax.Array]:
 def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
     """``[B, H, V, K]`` float32 -> ``[B, H, Vp, Kp]``, zero-padded."""
     return jnp.pad(s.astype(_F32), [(0, 0), (0, 0), (0, Vp - s.shape[2]), (0, Kp - s.shape[3])])
+
+
+def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret: bool) -> list[jax.Array]:
+    """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P]``, float32 (W, q_d,
+    k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P ``[B, H, N, C, C]``)."""
+    B, H, N, T_pad, Kp, Vp = sizes
+    key_c, value_c = spec["key_chunk"], spec["value_chunk"]
+    key_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
+    return pl.pallas_call(
+        functools.partial(_prepare_kernel, dots=dots),
+        grid=(B, H, N),
+        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c],
+        out_specs=[key_c, value_c, key_c, key_c, spec["scores_chunk"]],
+        out_shape=[
+            key_f32,
+            jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32),
+            key_f32,
+            key_f32,
+            jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _F32),
+        ],
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn2_gpu_prepare",
+    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1])
 
 
 _STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "dots", "interpret")
@@ -253,7 +313,8 @@ def gdn2_gpu_forward(
     dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
-    """Run the fused forward kernel for a GPU.
+    """Run the forward for a GPU: the chunks' state-free work in parallel (``gdn2_gpu_prepare``, a program per
+    chunk), then the state's walk over them in order (``gdn2_gpu_forward``, a program per value block of a head).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (any T, K, V: padded here).
@@ -275,6 +336,9 @@ def gdn2_gpu_forward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w), T_pad, Vp)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    wm, um, qd, kd, p = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
+    # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
     out_specs = [spec["value"], spec["state"]]
     if store_states:
@@ -282,15 +346,15 @@ def gdn2_gpu_forward(
         out_specs.append(spec["states"])
     key, value = spec["key"], spec["value"]
     outs = pl.pallas_call(
-        functools.partial(_forward_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
+        functools.partial(_walk_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
-        in_specs=[key, key, value, key, key, value, spec["state"]],
+        in_specs=[key, value, key, key, spec["scores"], key, spec["state"]],
         out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_forward",
-    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], _pad_state(h0_t, Vp, Kp))
+    )(wm, um, qd, kd, p, flat[2], _pad_state(h0_t, Vp, Kp))
     o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
     return (o, outs[1][:, :, :V, :K], *outs[2:])
 
@@ -314,7 +378,9 @@ def gdn2_gpu_backward(
     dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
-    """Run the fused backward kernel for a GPU.
+    """Run the backward for a GPU: the chunks' state-free work again (``gdn2_gpu_prepare``, a program per chunk),
+    the state's cotangent walked back over them (``gdn2_gpu_dstate``, a program per value block of a head), then
+    every chunk's gradients at once (``gdn2_gpu_backward``, a program per chunk, all of V).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
@@ -330,31 +396,39 @@ def gdn2_gpu_backward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w, do), T_pad, Vp)
-    key, value, share = spec["key"], spec["value"], spec["key_share"]
-    key_out = jax.ShapeDtypeStruct((NV, B, T_pad, H * Kp), _F32)
-    value_out = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
-    dq, dk, dg, db, dv, dw, dh0_t = pl.pallas_call(
-        functools.partial(_backward_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    sizes = (B, H, N, T_pad, Kp, Vp)
+    wm, _, qd, kd, p = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
+    # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
+    key, value, state = spec["key"], spec["value"], spec["state"]
+    dstates_t, dh0_t = pl.pallas_call(
+        functools.partial(_dstate_walk_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
-        in_specs=[key, key, value, key, key, value, value, spec["states"], spec["state"]],
-        out_specs=[share, share, share, share, value, value, spec["state"]],
-        out_shape=[
-            key_out,
-            key_out,
-            key_out,
-            key_out,
-            value_out,
-            value_out,
-            jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32),
-        ],
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        in_specs=[key, key, key, spec["scores"], key, value, state],
+        out_specs=[spec["states"], state],
+        out_shape=[jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _F32), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)],
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn2_gpu_dstate",
+    )(wm, qd, kd, p, flat[2], flat_v[2], _pad_state(d_final_t, Vp, Kp))
+    # every chunk's gradients at once, grid (B, H, N)
+    key_c, value_c, state_c = spec["key_chunk"], spec["value_chunk"], spec["state_chunk"]
+    key_out = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
+    value_out = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
+    dq, dk, dg, db, dv, dw = pl.pallas_call(
+        functools.partial(_grads_kernel, scale=float(scale), dots=dots),
+        grid=(B, H, N),
+        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c],
+        out_specs=[key_c, key_c, key_c, key_c, value_c, value_c],
+        out_shape=[key_out, key_out, key_out, key_out, value_out, value_out],
+        compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_backward",
-    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, _pad_state(d_final_t, Vp, Kp))
+    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t)
 
     def unflat(x: jax.Array, width: int, keep: int) -> jax.Array:
         return x.reshape(B, T_pad, H, width)[:, :T, :, :keep]
 
-    dq, dk, dg, db = (unflat(x.sum(axis=0), Kp, K) for x in (dq, dk, dg, db))
+    dq, dk, dg, db = (unflat(x, Kp, K) for x in (dq, dk, dg, db))
     dv, dw = (unflat(x, Vp, V) for x in (dv, dw))
     return dq, dk, dv, dg, db, dw, dh0_t[:, :, :V, :K]

@@ -1,4 +1,4 @@
-"""deltabench's Pallas GDN-2 for a GPU (and KDA through it): the two kernels of :mod:`.gpu` under one
+"""deltabench's Pallas GDN-2 for a GPU (and KDA through it): the kernels of :mod:`.gpu` under one
 ``jax.custom_vjp``; the forward stores the state at every chunk start, which the backward reads back.
 
 Where it runs: compiled by Pallas' Triton lowering on a GPU; in Pallas' interpreter on the CPU (the same kernel

@@ -216,9 +216,9 @@ task_sdm_pkg() {
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {
     stamp gdn2_pallas
-    # 48 programs (B x H) walked the whole sequence at block_v = 128 (31 / 136 ms, 2026-12-01): narrower value
-    # blocks first, 4x and 2x the programs
-    PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/gdn2_pallas.py --block-v 32,64 --dots bf16x3 \
+    # the per-chunk kernels and the walks (2026-12-02; the one-kernel form took 31 / 136 ms): value blocks split
+    # only the walks now
+    PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128,64 --dots bf16x3 \
         >"$dir/gdn2-pallas.log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -14 "$dir/gdn2-pallas.log" | cut -c1-170
 }
@@ -311,7 +311,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' sdm_flagship sdm_pkg sdm_dense sdm_dense_parts speed_cold gdn2_gpu stages gdn2_pallas gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_flagship sdm_pkg sdm_dense sdm_dense_parts speed_cold gdn2_gpu stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

@@ -153,15 +153,24 @@ class Suite:
         return {p.op: p.baseline for p in self.ops}
 
     def jobs(
-        self, *, device: str, impls: list[str] | None = None, ops: list[str] | None = None
+        self,
+        *,
+        device: str,
+        impls: list[str] | None = None,
+        ops: list[str] | None = None,
+        shapes: list[str] | None = None,
+        modes: list[str] | None = None,
     ) -> list[tuple[Case, str]]:
-        """The suite's (case, impl) jobs on `device`, optionally only some impls (in the order of `impls`) and ops.
+        """The suite's (case, impl) jobs on `device`, optionally only some impls (in the order of `impls`), ops,
+        shapes (as a suite writes them, e.g. ``B=1,T=8192,H=2,K=128``, read by each op's dims) and modes: a suite
+        run in parts, each part's document then merged (``benchmarks/merge_runs.py``).
 
         Raises BadInput when a filter names nothing in the suite.
         """
         for name, wanted, known in (
             ("op", ops, {p.op for p in self.ops}),
             ("impl", impls, {i for p in self.ops for i in p.impls}),
+            ("mode", modes, {m for p in self.ops for m in p.modes}),
         ):
             unknown = sorted(set(wanted or ()) - known)
             if unknown:
@@ -169,6 +178,7 @@ class Suite:
                     f"suite {self.name!r} has no {name} {', '.join(map(repr, unknown))}: "
                     f"it has {', '.join(sorted(known))}"
                 )
+        wanted_shapes = self._wanted_shapes(shapes) if shapes else None
         out = []
         for plan in self.ops:
             if ops and plan.op not in ops:
@@ -176,8 +186,12 @@ class Suite:
             # impls named by the caller run in the caller's order (a run cut short then has the first ones)
             order = [i for i in dict.fromkeys(impls) if i in plan.impls] if impls else list(plan.impls)
             for dims in plan.shapes:
+                if wanted_shapes is not None and dims not in wanted_shapes[plan.op]:
+                    continue
                 for dtype in plan.dtypes:
                     for mode in plan.modes:
+                        if modes and mode not in modes:
+                            continue
                         for impl in order:
                             case = Case(
                                 op=plan.op,
@@ -191,6 +205,25 @@ class Suite:
                             )
                             out.append((case, impl))
         return out
+
+    def _wanted_shapes(self, shapes: list[str]) -> dict[str, list[dict[str, int]]]:
+        """Per op, the suite's shapes among `shapes` (each read by that op's dims; one an op cannot read is not
+        its). Raises BadInput for a shape no op of the suite has, naming the suite's shapes."""
+        wanted: dict[str, list[dict[str, int]]] = {p.op: [] for p in self.ops}
+        for text in shapes:
+            found = False
+            for plan in self.ops:
+                try:
+                    dims = parse_shape(text, plan.op)
+                except BadInput:
+                    continue
+                if dims in plan.shapes:
+                    wanted[plan.op].append(dims)
+                    found = True
+            if not found:
+                known = sorted({",".join(f"{k}={v}" for k, v in d.items()) for p in self.ops for d in p.shapes})
+                raise BadInput(f"suite {self.name!r} has no shape {text!r}: it has {'; '.join(known)}")
+        return wanted
 
 
 def shipped_suites() -> list[str]:

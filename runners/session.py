@@ -107,10 +107,12 @@ def plan_run(
     imports: list[str] | None = None,
     repeat: int = 1,
     gate_workers: int | None = None,
+    shapes: list[str] | None = None,
+    modes: list[str] | None = None,
 ) -> RunPlan:
-    """Expand `suite` into jobs on `device` (optionally filtered), each with the suite's settings, each to be run
-    `repeat` times, gated `gate_workers` at a time before any is timed (None: the suite's ``[gate] workers``; 1: each
-    job gated just before its timing; module docstring)."""
+    """Expand `suite` into jobs on `device` (optionally filtered: ``Suite.jobs``), each with the suite's settings,
+    each to be run `repeat` times, gated `gate_workers` at a time before any is timed (None: the suite's ``[gate]
+    workers``; 1: each job gated just before its timing; module docstring)."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     workers = suite.gate_workers if gate_workers is None else gate_workers
@@ -121,7 +123,7 @@ def plan_run(
     timeout = timeout_s or suite.timeout_s or DEFAULT_TIMEOUT_S
     jobs = [
         JobSpec.for_case(case, impl, imports=list(imports or ()), timing=timing, gate=gate, timeout_s=timeout)
-        for case, impl in suite.jobs(device=device, impls=impls, ops=ops)
+        for case, impl in suite.jobs(device=device, impls=impls, ops=ops, shapes=shapes, modes=modes)
     ]
     return RunPlan(suite=suite, device=device, jobs=jobs, repeat=repeat, gate_workers=workers)
 

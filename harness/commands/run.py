@@ -87,6 +87,10 @@ def register(app: typer.Typer) -> None:
         suite: str = typer.Option(..., "--suite", help="A shipped suite's name (smoke, train, ...) or a .toml path."),
         impl: list[str] = typer.Option([], "--impl", help="Only these impls (repeatable), run in the order given."),
         op: list[str] = typer.Option([], "--op", help="Only these ops (repeatable)."),
+        shape: list[str] = typer.Option(
+            [], "--shape", help="Only these shapes of the suite, e.g. B=1,T=8192,H=2,K=128 (repeatable)."
+        ),
+        mode: list[str] = typer.Option([], "--mode", help="Only these modes: fwd, bwd, fwd+bwd (repeatable)."),
         device: str = typer.Option(
             None, "--device", help="cpu, cuda or tpu (default: the suite's, else cuda if present)."
         ),
@@ -179,6 +183,8 @@ def register(app: typer.Typer) -> None:
             device=dev,
             impls=impl or None,
             ops=op or None,
+            shapes=shape or None,
+            modes=mode or None,
             timeout_s=timeout,
             imports=imports,
             repeat=repeat,

@@ -124,3 +124,19 @@ def test_invalid_toml_is_bad_input(tmp_path):
     path.write_text("shapes = [\n")
     with pytest.raises(BadInput, match="invalid TOML"):
         load_suite(str(path))
+
+
+def test_a_suite_runs_in_parts_by_shape_and_mode():
+    # sdm-gpu whole takes more than a device session; its parts, one document each, merge into its table
+    suite = load_suite("sdm-gpu")
+    flagship_32k = "B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64"
+    jobs = suite.jobs(device="cuda", shapes=[flagship_32k], modes=["fwd+bwd"], impls=["triton_chunk"])
+    assert [(c.op, c.T, c.mode, impl) for c, impl in jobs] == [("sdm", 32768, "fwd+bwd", "triton_chunk")]
+    # a gdn shape read by gdn's dims (V defaulted to K), and only gdn's jobs at it; every mode when none is named
+    jobs = suite.jobs(device="cuda", shapes=["B=1,T=8192,H=2,K=128"])
+    assert {c.op for c, _ in jobs} == {"gdn"} and len(jobs) == 2 * 2  # two impls, two modes
+    assert len(suite.jobs(device="cuda", modes=["fwd"])) == len(suite.jobs(device="cuda")) // 2
+    with pytest.raises(BadInput, match=r"has no shape 'B=1,T=8192,H=2,K=64'.*B=1,T=32768"):
+        suite.jobs(device="cuda", shapes=["B=1,T=8192,H=2,K=64"])
+    with pytest.raises(BadInput, match="has no mode 'bwd'"):
+        suite.jobs(device="cuda", modes=["bwd"])

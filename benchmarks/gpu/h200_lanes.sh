@@ -200,6 +200,25 @@ task_sdm_gpu() {
 # the flagship table alone, its gates one at a time (five at once ran out of memory, 2026-12-02 03:41): ~8-9 minutes
 task_sdm_flagship() { run 600 sdm-flagship --suite benchmarks/gpu/sdm-h200-flagship.toml --timeout 500; }
 task_sdm_dense() { run 400 sdm-dense --suite benchmarks/gpu/sdm-h200-dense.toml --timeout 380 --gate-workers 2; }
+# the sdm-gpu suite whole, in parts by shape (each a document of its own, a part cut by its cap costs only its own
+# jobs), then merged into one table (benchmarks/merge_runs.py): the flagship at 8K, the dense limit beside gdn, the
+# 32K fwd+bwd peak. SDM 2.0.0's op in each part once its build has ended well.
+task_sdm_gpu_parts() {
+    local impls=(--impl torch_chunk --impl triton_chunk --impl triton_chunk_split) parts=()
+    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && impls+=(--impl sdm_pkg_chunk)
+    run 600 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 "${impls[@]}" \
+        --timeout 560 --gate-workers 2
+    run 500 sdm-gpu-dense --suite sdm-gpu --shape B=1,T=8192,H=2,S=128,D=128,W=128,R=128 \
+        --shape B=1,T=8192,H=2,K=128,V=128 "${impls[@]}" --timeout 440 --gate-workers 3
+    run 600 sdm-gpu-32k --suite sdm-gpu --shape B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
+        --timeout 560
+    for part in 8k dense 32k; do [[ -f $dir/sdm-gpu-$part.json ]] && parts+=("$dir/sdm-gpu-$part.json"); done
+    PYTHONPATH=$(pypath) python3 benchmarks/merge_runs.py "${parts[@]}" --out "$dir/sdm-gpu.json" &&
+        db ingest "$dir/sdm-gpu.json" --db "$dir/sdm-gpu.db" >/dev/null &&
+        db results --db "$dir/sdm-gpu.db" --format markdown >"$dir/sdm-gpu.md" 2>&1
+    echo "sdm-gpu merged from ${#parts[@]} parts: exit=$?"; grep -E "^\|" "$dir/sdm-gpu.md" | cut -c1-170
+}
+
 task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520; }
 
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
@@ -311,7 +330,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_flagship sdm_pkg sdm_dense sdm_dense_parts speed_cold gdn2_gpu stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_gpu_parts sdm_pkg sdm_dense_parts speed_cold gdn2_gpu stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

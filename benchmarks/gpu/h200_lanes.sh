@@ -194,7 +194,7 @@ task_sdm_gpu() {
     # five gates at once: three impls' chains, the two sdm ones halved to fill the places (an impl's four gates one
     # after another were the long pole at 00:37 on 2026-12-02), each gate held to a fifth of the GPU's memory
     run 600 sdm-short --suite benchmarks/gpu/sdm-h200-short.toml --timeout 500 --gate-workers 5
-    run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520  # 400 s ran out in timing, 2026-12-02
+    task_sdm_32k
 }
 
 # the flagship table alone, its gates one at a time (five at once ran out of memory, 2026-12-02 03:41): ~8-9 minutes
@@ -219,7 +219,7 @@ task_sdm_gpu_parts() {
     echo "sdm-gpu merged from ${#parts[@]} parts: exit=$?"; grep -E "^\|" "$dir/sdm-gpu.md" | cut -c1-170
 }
 
-task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520; }
+task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --timeout 520; }  # 400 s ran out
 
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
 task_sdm_pkg() {

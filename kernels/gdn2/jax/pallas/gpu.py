@@ -321,15 +321,17 @@ def gdn2_gpu_forward(
         h0_t: ``[B, H, V, K]`` float32, the initial state transposed.
         scale: query scale.
         chunk: tokens per chunk (a power of two, >= 16).
-        store_states: also return the state at each chunk start, ``[B, H, N, Vp, Kp]`` (transposed, padded).
+        store_states: also return the state at each chunk start, ``[B, H, N, Vp, Kp]`` (transposed, padded), and
+            what the chunks' prepare made that the backward's walk reads (``prepared``, :func:`_prepare`'s W, q_d,
+            k_d and P), so that the backward need not make it again.
         block_v: value columns per program (a power of two; None: all of V in one program).
         num_warps: Triton warps per program.
         dots: how the matrix products run, ``"fp32"`` or ``"bf16x3"`` (see :data:`DOTS`).
         interpret: run in Pallas' interpreter (any backend) instead of compiling with Triton.
 
     Returns:
-        ``(o [B, T, H, V] in v's dtype, final_state^T [B, H, V, K] float32)``, then the chunk-start states if
-        `store_states`.
+        ``(o [B, T, H, V] in v's dtype, final_state^T [B, H, V, K] float32)``, then the chunk-start states and
+        ``prepared`` if `store_states`.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -356,7 +358,9 @@ def gdn2_gpu_forward(
         name="gdn2_gpu_forward",
     )(wm, um, qd, kd, p, flat[2], _pad_state(h0_t, Vp, Kp))
     o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
-    return (o, outs[1][:, :, :V, :K], *outs[2:])
+    if not store_states:
+        return o, outs[1][:, :, :V, :K]
+    return o, outs[1][:, :, :V, :K], outs[2], (wm, qd, kd, p)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "dots", "interpret"))
@@ -370,6 +374,7 @@ def gdn2_gpu_backward(
     do: jax.Array,
     states_t: jax.Array,
     d_final_t: jax.Array,
+    prepared: tuple[jax.Array, ...] | None = None,
     *,
     scale: float,
     chunk: int = fw.CHUNK,
@@ -378,14 +383,16 @@ def gdn2_gpu_backward(
     dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
-    """Run the backward for a GPU: the chunks' state-free work again (``gdn2_gpu_prepare``, a program per chunk),
-    the state's cotangent walked back over them (``gdn2_gpu_dstate``, a program per value block of a head), then
-    every chunk's gradients at once (``gdn2_gpu_backward``, a program per chunk, all of V).
+    """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
+    (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`, else
+    ``gdn2_gpu_prepare`` makes it again), then every chunk's gradients at once (``gdn2_gpu_backward``, a program
+    per chunk, all of V).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
         states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
+        prepared: the forward's ``prepared`` (with `store_states`); None makes it here.
         scale, chunk, block_v, num_warps, dots, interpret: as the forward's (the same chunk and padding).
 
     Returns:
@@ -398,7 +405,10 @@ def gdn2_gpu_backward(
     flat_v = _flatten((v, w, do), T_pad, Vp)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
     sizes = (B, H, N, T_pad, Kp, Vp)
-    wm, _, qd, kd, p = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
+    if prepared is None:
+        wm, _, qd, kd, p = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
+    else:
+        wm, qd, kd, p = prepared
     # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
     key, value, state = spec["key"], spec["value"], spec["state"]
     dstates_t, dh0_t = pl.pallas_call(

@@ -1,5 +1,6 @@
 """deltabench's Pallas GDN-2 for a GPU (and KDA through it): the kernels of :mod:`.gpu` under one
-``jax.custom_vjp``; the forward stores the state at every chunk start, which the backward reads back.
+``jax.custom_vjp``; the forward stores the state at every chunk start and its chunks' prepared work, which the
+backward reads back.
 
 Where it runs: compiled by Pallas' Triton lowering on a GPU; in Pallas' interpreter on the CPU (the same kernel
 body as XLA operations: for checking, not for speed); ``interpret=None`` picks per platform when the program is
@@ -35,18 +36,18 @@ def _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling):
 
 def _gdn2_gpu_fwd(q, k, v, g, b, w, h0, scale, interpret, tiling):
     h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
-    o, ht_t, states_t = _run(
+    o, ht_t, states_t, prepared = _run(
         gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=tiling, scale=scale, store_states=True
     )
-    return (o, jnp.swapaxes(ht_t, -1, -2)), ((q, k, v, g, b, w), states_t, h0)
+    return (o, jnp.swapaxes(ht_t, -1, -2)), ((q, k, v, g, b, w), states_t, prepared, h0)
 
 
 def _gdn2_gpu_bwd(scale, interpret, tiling, residuals, cotangents):
-    inputs, states_t, h0 = residuals
+    inputs, states_t, prepared, h0 = residuals
     do, d_final = cotangents
     d_final_t = jnp.swapaxes(d_final.astype(jnp.float32), -1, -2)
     *grads, dh0_t = _run(
-        gdn2_gpu_backward, *inputs, do, states_t, d_final_t, interpret=interpret, tiling=tiling, scale=scale
+        gdn2_gpu_backward, *inputs, do, states_t, d_final_t, prepared, interpret=interpret, tiling=tiling, scale=scale
     )
     grads = tuple(gr.astype(x.dtype) for gr, x in zip(grads, inputs, strict=True))
     return (*grads, jnp.swapaxes(dh0_t, -1, -2).astype(h0.dtype))

@@ -4,7 +4,11 @@ A device session often runs a suite in parts (``deltabench run --impl A``, then 
 that a part cut short costs only its own jobs). This joins the parts into one document, which ``deltabench ingest``
 and ``deltabench results`` then show as one table with every impl beside the op's baseline::
 
-    python benchmarks/merge_runs.py train-ours.json train-fla.json train-flashqla.json --out train.json [--gzip]
+    python benchmarks/merge_runs.py train-ours.json train-fla.json train-flashqla.json --out train.json [--gzip] \
+        [--format markdown]
+
+``--format`` also prints the merged table as ``deltabench run`` would (table, csv, json, markdown), with no database:
+what a GPU host without the ``db`` extra renders.
 
 The parts must share the suite, the machine (kind, device, driver, torch, Triton) and the deltabench commit; the
 merged document takes the first part's environment and ceilings, the jobs in the order given, and names every part
@@ -22,6 +26,7 @@ from pathlib import Path
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.documents_io import load_documents
 from deltabench.harness.errors import BadInput
+from deltabench.harness.report import FORMATS, render_results
 
 # What must agree for the parts' timings to sit in one table.
 SAME_ENVIRONMENT = ("machine_kind", "device_name", "driver", "cuda", "torch", "triton", "git_commit", "kernel_hash")
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--gzip", action="store_true", help="also write OUT.gz (what a repository keeps)")
+    parser.add_argument("--format", choices=FORMATS, help="also print the merged table in this format")
     args = parser.parse_args(argv)
     try:
         parts = [doc for path in args.files for doc in load_documents(path)]
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         with gzip.open(f"{args.out}.gz", "wt", encoding="utf-8") as fh:
             fh.write(text)
     print(f"{args.out}: run {merged.run_id}, {len(merged.jobs)} jobs from {len(parts)} runs")
+    if args.format:
+        print(render_results(merged, args.format))
     return 0
 
 

@@ -172,6 +172,11 @@ def _environment_lines(doc: ResultDocument) -> list[str]:
     refs = sorted({j.gate_reference for j in doc.jobs if j.verification})
     if refs:
         lines.append("gate reference: " + "; ".join(refs))
+    parts = doc.meta.get("merged_from") or []
+    if parts:
+        lines.append(f"merged from {len(parts)} runs: " + ", ".join(f"`{p['run_id'][:12]}`" for p in parts))
+    if doc.meta.get("complete") is False:  # a run cut short keeps only the jobs that ended
+        lines.append("incomplete: the run was cut before its end; the suite's jobs not shown here did not run")
     return lines
 
 

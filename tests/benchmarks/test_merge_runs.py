@@ -51,3 +51,13 @@ def test_parts_from_different_commits_are_refused(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert "differs in git_commit" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "merged.json").exists()
+
+
+def test_the_merged_table_prints_without_a_database(tmp_path: Path) -> None:
+    pa, pb, doc = _parts(tmp_path)
+    run = _merge(pa, pb, "--out", tmp_path / "merged.json", "--format", "markdown")
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and " ms " not in line]
+    jobs = {(j["impl"], j["case"]["mode"]) for j in doc["jobs"]}
+    assert len(rows) >= len(jobs) > 1  # every impl and mode of both parts, one row each at least
+    assert all(any(f"| {impl} |" in r for r in rows) for impl, _ in jobs)

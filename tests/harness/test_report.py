@@ -78,6 +78,17 @@ def test_markdown_has_environment_block_and_a_table_per_op(doc):
     assert "incorrect: failed the gate" in md
 
 
+def test_a_cut_or_merged_run_says_so_and_a_whole_one_does_not(doc):
+    assert "incomplete" not in render_results(doc, "markdown")  # no "complete" key: a document from before it
+    whole = doc.model_copy(update={"meta": {"complete": True}})
+    assert "incomplete" not in render_results(whole, "markdown") and "merged from" not in render_results(whole)
+    parts = [{"run_id": "a" * 32, "created_at": "2026-12-02T07:16:00"}, {"run_id": "b" * 32, "created_at": "x"}]
+    cut = doc.model_copy(update={"meta": {"complete": False, "merged_from": parts}})
+    md = render_results(cut, "markdown")
+    assert "- incomplete: the run was cut before its end" in md
+    assert f"- merged from 2 runs: `{'a' * 12}`, `{'b' * 12}`" in md
+
+
 def test_csv_and_json_are_machine_readable(doc):
     rows = list(csv.DictReader(io.StringIO(render_results(doc, "csv"))))
     assert [r["impl"] for r in rows] == ["base", "fast", "wrong", "gpu_only"]

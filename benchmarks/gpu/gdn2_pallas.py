@@ -6,7 +6,7 @@ when installed), checked then timed in one process. A diagnostic script: the gat
 Run on the GPU host (JAX with CUDA)::
 
     python benchmarks/gpu/gdn2_pallas.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16] [--reps 20]
-        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--no-fla]
+        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--no-fla] [--stages]
 
 For each path: (1) can it lower and compile for the GPU (if not, the reason is printed and the path is skipped);
 (2) a check at a small shape (B1 T200 H2 K=V=128) against deltabench's float64 oracle (o, the final state and
@@ -17,7 +17,8 @@ k, v, g, b, w), each call synchronised, after warm-up. ``pallas_gpu_chunk`` runs
 program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32 or three bf16 tensor-core
 passes) and Triton warps (``--warps``). The TPU kernel (``pallas_chunk``) is Mosaic code: on a GPU its compiled
 path is expected to fail to lower; ``--interpret`` also checks both Pallas bodies in Pallas' interpreter (XLA
-operations: correct, not fast, so it is not timed).
+operations: correct, not fast, so it is not timed). ``--stages`` times ``pallas_gpu_chunk``'s kernels one by one
+(prepare, walk, the cotangent's walk, the gradients), tiling by tiling: where its time goes.
 """
 
 from __future__ import annotations
@@ -304,6 +305,37 @@ def run_path(name: str, core, args, h0, do, dtype, reference, reps: int, backend
     return row
 
 
+def stage_times(args, h0, do, tiling: dict, reps: int, interpret: bool = False) -> dict[str, float]:
+    """Milliseconds of each Pallas GPU kernel at the timed shape, one `tiling` of ``pallas_gpu_chunk``: the prepare
+    alone, the forward (prepare, walk, states stored), the cotangent's walk alone, the whole backward; the walk and
+    the gradient kernel are the differences. `interpret`: Pallas' interpreter (the plumbing on a CPU)."""
+    import jax
+    import jax.numpy as jnp
+    from deltabench.kernels.gdn2.jax.pallas import gpu
+
+    q = args[0]
+    options = {"chunk": 64, "num_warps": tiling.get("num_warps", 4), "dots": tiling.get("dots", "fp32")}
+    options["interpret"] = interpret
+    walk_options = {**options, "block_v": tiling.get("block_v")}
+    scale = q.shape[-1] ** -0.5
+    h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
+    d_final_t = jnp.zeros_like(h0_t)
+    _, _, states_t, prepared = gpu.gdn2_gpu_forward(*args, h0_t, scale=scale, store_states=True, **walk_options)
+    jax.block_until_ready(prepared)
+    backward = functools.partial(gpu.gdn2_gpu_backward, *args, do, states_t, d_final_t, prepared, scale=scale)
+    out = {
+        "prepare": timed(lambda: gpu.gdn2_gpu_prepare(*args, **options), reps),
+        "forward": timed(
+            lambda: gpu.gdn2_gpu_forward(*args, h0_t, scale=scale, store_states=True, **walk_options), reps
+        ),
+        "dstate walk": timed(lambda: backward(dstate_only=True, **walk_options), reps),
+        "backward": timed(lambda: backward(**walk_options), reps),
+    }
+    out["walk"] = out["forward"] - out["prepare"]
+    out["gradients"] = out["backward"] - out["dstate walk"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="B=8,T=4096,H=6,K=128,V=128")
@@ -315,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dots", default="fp32,bf16x3", help="pallas_gpu_chunk: products, fp32 and/or bf16x3")
     parser.add_argument("--warps", default="4", help="pallas_gpu_chunk: Triton warps a program (comma list)")
     parser.add_argument("--no-fla", action="store_true", help="leave out FLA's chunk_gdn2 (PyTorch)")
+    parser.add_argument("--stages", action="store_true", help="also time each Pallas GPU kernel, tiling by tiling")
     opts = parser.parse_args(argv)
 
     import jax
@@ -346,6 +379,15 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, core in paths(opts.interpret, tilings(opts.block_v, opts.dots, opts.warps, dims["V"])).items():
         done(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
+    stages = {}
+    for tiling in tilings(opts.block_v, opts.dots, opts.warps, dims["V"]) if opts.stages else []:
+        label = ", ".join(f"{k}={v}" for k, v in tiling.items())
+        step(f"stages ({label})", "timing each kernel")
+        try:
+            stages[label] = stage_times(args, h0, do, tiling, opts.reps, interpret=backend != "gpu")
+            print(f"stages ({label}): " + ", ".join(f"{k} {v:.3f} ms" for k, v in stages[label].items()), flush=True)
+        except Exception as exc:
+            print(f"stages ({label}): did not run: {first_line(exc)}", flush=True)
     if not opts.no_fla:
         import numpy as np
 
@@ -362,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    if stages:
+        names = ("prepare", "walk", "dstate walk", "gradients", "forward", "backward")
+        print("\npallas_gpu_chunk by kernel (ms; walk = forward - prepare, gradients = backward - dstate walk)\n")
+        print("| tiling | " + " | ".join(names) + " |")
+        print("|" + "---|" * (len(names) + 1))
+        for label, times in stages.items():
+            print(f"| {label} | " + " | ".join(f"{times[n]:.3f}" for n in names) + " |")
     return 0
 
 

@@ -136,6 +136,28 @@ def test_strong_decay_stays_finite() -> None:
     assert max(rel_err(grads[n], grads_ref[n]) for n in args) < 2e-5
 
 
+def test_stage_entry_points_give_what_the_whole_kernels_use() -> None:
+    """gdn2_gpu_prepare alone makes the forward's prepared chunks, and the backward stopped after the cotangent's
+    walk gives its initial-state cotangent: the stage timings (benchmarks/gpu/gdn2_pallas.py --stages) time the
+    same work."""
+    t = gdn2.make_inputs(B, 100, H, K, V, seed=3, initial_state=True)
+    args = [jnp.asarray(t[n].numpy()) for n in OPS["gdn2"][0]]
+    h0_t = jnp.swapaxes(jnp.asarray(t["initial_state"].numpy()), -1, -2)
+    do = jnp.asarray(torch.randn(B, 100, H, V, generator=torch.Generator().manual_seed(4)).numpy())
+    kw = {"interpret": True, "dots": "fp32"}
+    _, _, states_t, prepared = pallas_gpu.gdn2_gpu_forward(*args, h0_t, scale=0.25, store_states=True, **kw)
+    alone = pallas_gpu.gdn2_gpu_prepare(*args, **kw)
+    assert len(prepared) == 5 and len(alone) == 6
+    for got, want in zip([alone[i] for i in (0, 2, 3, 4, 5)], prepared, strict=True):  # W, q_d, k_d, P, T
+        assert jnp.array_equal(got, want)
+    whole = pallas_gpu.gdn2_gpu_backward(*args, do, states_t, h0_t, prepared, scale=0.25, **kw)
+    dstates_t, dh0_t = pallas_gpu.gdn2_gpu_backward(
+        *args, do, states_t, h0_t, prepared, scale=0.25, dstate_only=True, **kw
+    )
+    assert dstates_t.shape == states_t.shape
+    assert jnp.array_equal(dh0_t[:, :, :V, :K], whole[-1])
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_passes_the_verification_gate(op: str) -> None:
     """The harness's gate (oracle, every gradient, streaming, both initial-state variants) accepts the kernels."""

@@ -39,7 +39,7 @@ from ....common.jax.jax_wy import pad_time
 from . import forward as fw
 from . import fused_backward as fb
 
-__all__ = ["DOTS", "gdn2_gpu_backward", "gdn2_gpu_forward", "padded_width"]
+__all__ = ["DOTS", "gdn2_gpu_backward", "gdn2_gpu_forward", "gdn2_gpu_prepare", "padded_width"]
 
 _F32 = jnp.float32
 
@@ -123,10 +123,14 @@ def _chunk_forward(q, k, g, b, mm):
     return G, bk, P, T, expG, g_last
 
 
-def _prepare_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, wm_ref, um_ref, qd_ref, kd_ref, p_ref, *, dots):
+def _prepare_kernel(
+    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, wm_ref, um_ref, qd_ref, kd_ref, p_ref, t_ref, *, dots
+):  # fmt: skip
     """One (batch, head, chunk): what the walk needs of the chunk that does not depend on the state, all chunks at
     once. ``W = T (b*k*exp G)``, ``U = T (w*v)`` (the WY form), ``q*exp G``, ``k*exp(G_last - G)`` and the scores
-    ``P``; the pairwise scores and the WY solve, most of a chunk's work, leave the sequential walk."""
+    ``P``; the pairwise scores and the WY solve, most of a chunk's work, leave the sequential walk. The WY inverse
+    ``T`` too, for the gradients (:func:`_grads_kernel`), so that they need neither the scores' loop nor the solve
+    again."""
     mm, _ = _products(dots)
     q, k, v, g, b, w = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref))
     G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
@@ -135,6 +139,7 @@ def _prepare_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, wm_ref, um_ref, qd
     qd_ref[...] = q * expG
     kd_ref[...] = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
     p_ref[...] = P
+    t_ref[...] = T
 
 
 def _walk_kernel(
@@ -182,19 +187,23 @@ def _dstate_walk_kernel(
 
 
 def _grads_kernel(
-    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref,
+    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref,
     dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref,
     *, scale, dots,
 ):  # fmt: skip
     """One (batch, head, chunk), all chunks at once: every input's gradient from the chunk's start state and its
-    end cotangent (the two walks'), all of V in one program; the algebra of
-    :func:`.fused_backward._fused_backward_kernel`."""
+    end cotangent (the two walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all
+    of V in one program; the algebra of :func:`.fused_backward._fused_backward_kernel`."""
     mm, mm_t = _products(dots)
     q, k, v, g, b, w, do = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref))
     St, dSt = hs_ref[...], dhs_ref[...]  # S^T at the chunk start, dS^T at its end
+    P, T = p_ref[...], t_ref[...]
     C = q.shape[0]
     ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-    G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
+    G = fw._cumulative_decay(g)
+    bk = b * k
+    expG = jnp.exp(G)
+    g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
     decay = jnp.exp(g_last)
     r_v, r_k = w * v, bk * expG
     w_mat = mm(T, r_k)
@@ -269,23 +278,18 @@ def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
 
 
 def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret: bool) -> list[jax.Array]:
-    """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P]``, float32 (W, q_d,
-    k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P ``[B, H, N, C, C]``)."""
+    """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P, T]``, float32 (W,
+    q_d, k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P and T ``[B, H, N, C, C]``)."""
     B, H, N, T_pad, Kp, Vp = sizes
-    key_c, value_c = spec["key_chunk"], spec["value_chunk"]
+    key_c, value_c, scores_c = spec["key_chunk"], spec["value_chunk"], spec["scores_chunk"]
     key_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
+    scores_f32 = jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _F32)
     return pl.pallas_call(
         functools.partial(_prepare_kernel, dots=dots),
         grid=(B, H, N),
         in_specs=[key_c, key_c, value_c, key_c, key_c, value_c],
-        out_specs=[key_c, value_c, key_c, key_c, spec["scores_chunk"]],
-        out_shape=[
-            key_f32,
-            jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32),
-            key_f32,
-            key_f32,
-            jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _F32),
-        ],
+        out_specs=[key_c, value_c, key_c, key_c, scores_c, scores_c],
+        out_shape=[key_f32, jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32), key_f32, key_f32, scores_f32, scores_f32],
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_prepare",
@@ -293,6 +297,31 @@ def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret
 
 
 _STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "dots", "interpret")
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "dots", "interpret"))
+def gdn2_gpu_prepare(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    b: jax.Array,
+    w: jax.Array,
+    *,
+    chunk: int = fw.CHUNK,
+    num_warps: int = 4,
+    dots: str = "fp32",
+    interpret: bool = False,
+) -> list[jax.Array]:
+    """The forward's first kernel alone (``gdn2_gpu_prepare``, a program per chunk): ``[W, U, q_d, k_d, P, T]``
+    as :func:`gdn2_gpu_forward` makes them, padded and flattened. For timing the kernels one by one
+    (``benchmarks/gpu/gdn2_pallas.py --stages``); the arguments are the forward's."""
+    B, T, H, K = q.shape
+    Kp, Vp, _, N, T_pad, spec = _layout(B, T, H, K, v.shape[-1], chunk, None)
+    flat = _flatten((q, k, g, b), T_pad, Kp)
+    flat_v = _flatten((v, w), T_pad, Vp)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    return _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -322,8 +351,8 @@ def gdn2_gpu_forward(
         scale: query scale.
         chunk: tokens per chunk (a power of two, >= 16).
         store_states: also return the state at each chunk start, ``[B, H, N, Vp, Kp]`` (transposed, padded), and
-            what the chunks' prepare made that the backward's walk reads (``prepared``, :func:`_prepare`'s W, q_d,
-            k_d and P), so that the backward need not make it again.
+            what the chunks' prepare made that the backward reads (``prepared``, :func:`_prepare`'s W, q_d, k_d, P
+            and T), so that the backward need not make it again.
         block_v: value columns per program (a power of two; None: all of V in one program).
         num_warps: Triton warps per program.
         dots: how the matrix products run, ``"fp32"`` or ``"bf16x3"`` (see :data:`DOTS`).
@@ -339,7 +368,7 @@ def gdn2_gpu_forward(
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w), T_pad, Vp)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
-    wm, um, qd, kd, p = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
+    wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
     out_specs = [spec["value"], spec["state"]]
@@ -360,10 +389,12 @@ def gdn2_gpu_forward(
     o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
     if not store_states:
         return o, outs[1][:, :, :V, :K]
-    return o, outs[1][:, :, :V, :K], outs[2], (wm, qd, kd, p)
+    return o, outs[1][:, :, :V, :K], outs[2], (wm, qd, kd, p, t)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "dots", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "dots", "interpret", "dstate_only")
+)
 def gdn2_gpu_backward(
     q: jax.Array,
     k: jax.Array,
@@ -382,6 +413,7 @@ def gdn2_gpu_backward(
     num_warps: int = 4,
     dots: str = "fp32",
     interpret: bool = False,
+    dstate_only: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
     (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`, else
@@ -392,8 +424,10 @@ def gdn2_gpu_backward(
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
         states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
-        prepared: the forward's ``prepared`` (with `store_states`); None makes it here.
+        prepared: the forward's ``prepared`` (with `store_states`: W, q_d, k_d, P, T); None makes it here.
         scale, chunk, block_v, num_warps, dots, interpret: as the forward's (the same chunk and padding).
+        dstate_only: stop after the cotangent's walk and return ``(dstates^T, d_initial_state^T)`` padded: for
+            timing the kernels one by one (``benchmarks/gpu/gdn2_pallas.py --stages``).
 
     Returns:
         ``(dq, dk, dv, dg, db, dw, d_initial_state^T)``, float32; the first six ``[B, T, H, *]``.
@@ -406,9 +440,9 @@ def gdn2_gpu_backward(
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
     sizes = (B, H, N, T_pad, Kp, Vp)
     if prepared is None:
-        wm, _, qd, kd, p = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
+        wm, _, qd, kd, p, t = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
     else:
-        wm, qd, kd, p = prepared
+        wm, qd, kd, p, t = prepared
     # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
     key, value, state = spec["key"], spec["value"], spec["state"]
     dstates_t, dh0_t = pl.pallas_call(
@@ -421,20 +455,27 @@ def gdn2_gpu_backward(
         interpret=interpret,
         name="gdn2_gpu_dstate",
     )(wm, qd, kd, p, flat[2], flat_v[2], _pad_state(d_final_t, Vp, Kp))
+    if dstate_only:
+        return dstates_t, dh0_t
     # every chunk's gradients at once, grid (B, H, N)
-    key_c, value_c, state_c = spec["key_chunk"], spec["value_chunk"], spec["state_chunk"]
+    key_c, value_c, state_c, scores_c = (
+        spec["key_chunk"],
+        spec["value_chunk"],
+        spec["state_chunk"],
+        spec["scores_chunk"],
+    )
     key_out = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
     value_out = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
     dq, dk, dg, db, dv, dw = pl.pallas_call(
         functools.partial(_grads_kernel, scale=float(scale), dots=dots),
         grid=(B, H, N),
-        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c],
+        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c],
         out_specs=[key_c, key_c, key_c, key_c, value_c, value_c],
         out_shape=[key_out, key_out, key_out, key_out, value_out, value_out],
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_backward",
-    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t)
+    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t)
 
     def unflat(x: jax.Array, width: int, keep: int) -> jax.Array:
         return x.reshape(B, T_pad, H, width)[:, :T, :, :keep]

@@ -35,10 +35,11 @@ __all__ = ["gdn2_fused_backward"]
 _F32 = jnp.float32
 
 
-def _diagonal_block_backward(G, q, k, bk, dA, dP):
+def _diagonal_block_backward(G, q, k, bk, dA, dP, init=None):
     """The gradients of one ``rows x rows`` diagonal block of the scores (`dA`, `dP` its ``[rows, rows]`` part), one
-    key row ``j`` at a time on ``[rows, K]`` tiles: ``(dq, dk, d(b*k), dG)`` for the block's rows. Rows ``i < j``
-    carry ``dA = dP = 0``; ``exp(min(G_i - G_j, 0))`` as in the forward."""
+    key row ``j`` at a time on ``[rows, K]`` tiles: ``(dq, dk, d(b*k), dG)`` for the block's rows, added onto
+    `init` (four ``[rows, K]`` tiles; zeros when None). Rows ``i < j`` carry ``dA = dP = 0``;
+    ``exp(min(G_i - G_j, 0))`` as in the forward."""
     R, K = G.shape
     rows_rk = fw._iota((R, K), 0)
     cols_rr = fw._iota((R, R), 1)
@@ -61,8 +62,10 @@ def _diagonal_block_backward(G, q, k, bk, dA, dP):
         dk = dk + jnp.where(at_row, jnp.sum(n, axis=0, keepdims=True), 0.0)
         return dq, dk, dbk, dG
 
-    zero = jnp.zeros((R, K), _F32)
-    return lax.fori_loop(0, R, one_key, (zero, zero, zero, zero))
+    if init is None:
+        zero = jnp.zeros((R, K), _F32)
+        init = (zero, zero, zero, zero)
+    return lax.fori_loop(0, R, one_key, tuple(init))
 
 
 def _scores_backward(G, q, k, bk, dA, dP, rows: int):

@@ -132,14 +132,16 @@ def _prepare_kernel(
     ``T`` too, for the gradients (:func:`_grads_kernel`), so that they need neither the scores' loop nor the solve
     again."""
     mm, _ = _products(dots)
-    q, k, v, g, b, w = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref))
+    # each input loaded where it is first used and each output stored once made: a [C, K] float32 tile is 64
+    # registers a thread at 4 warps, so what is live at once decides whether the program spills
+    q, k, g, b = (r[...].astype(_F32) for r in (q_ref, k_ref, g_ref, b_ref))
     G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
-    wm_ref[...] = mm(T, bk * expG)
-    um_ref[...] = mm(T, w * v)
-    qd_ref[...] = q * expG
-    kd_ref[...] = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
     p_ref[...] = P
     t_ref[...] = T
+    qd_ref[...] = q * expG
+    kd_ref[...] = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
+    wm_ref[...] = mm(T, bk * expG)
+    um_ref[...] = mm(T, w_ref[...].astype(_F32) * v_ref[...].astype(_F32))
 
 
 def _walk_kernel(
@@ -195,8 +197,9 @@ def _grads_kernel(
     end cotangent (the two walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all
     of V in one program; the algebra of :func:`.fused_backward._fused_backward_kernel`."""
     mm, mm_t = _products(dots)
-    q, k, v, g, b, w, do = (r[...].astype(_F32) for r in (q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref))
-    St, dSt = hs_ref[...], dhs_ref[...]  # S^T at the chunk start, dS^T at its end
+    # loads where first used and the value-side gradients stored as soon as made (as in _prepare_kernel: fewer
+    # tiles live at once, the [V, K] states 128 registers a thread each at 4 warps)
+    q, k, g, b = (r[...].astype(_F32) for r in (q_ref, k_ref, g_ref, b_ref))
     P, T = p_ref[...], t_ref[...]
     C = q.shape[0]
     ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
@@ -204,39 +207,36 @@ def _grads_kernel(
     bk = b * k
     expG = jnp.exp(G)
     g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
-    decay = jnp.exp(g_last)
-    r_v, r_k = w * v, bk * expG
-    w_mat = mm(T, r_k)
-    qd = q * expG
+    r_k = bk * expG
     e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
     kd = k * e_kd
-    u = mm(T, r_v) - mm_t(w_mat, St)
+    v, w = v_ref[...].astype(_F32), w_ref[...].astype(_F32)
+    r_v = w * v
+    St = hs_ref[...]  # S^T at the chunk start
+    u = mm(T, r_v) - mm_t(mm(T, r_k), St)
 
+    do, dSt = do_ref[...].astype(_F32), dhs_ref[...]  # dS^T at the chunk's end
     du = scale * mm(P.T, do) + mm_t(kd, dSt)
     dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
     dqd = scale * mm(do, St)
     dkd = mm(u, dSt)
-    dD = jnp.sum(St * dSt, axis=0, keepdims=True)
+    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + jnp.sum(St * dSt, axis=0, keepdims=True) * jnp.exp(g_last)
     dW = -mm(du, St)
     T_t = T.T
     dr_v = mm(T_t, du)
+    dv_ref[...] = dr_v * w
+    dw_ref[...] = dr_v * v
     dr_k = mm(T_t, dW)
     dT = mm_t(du, r_v) + mm_t(dW, r_k)
     dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
-    dbk = dr_k * expG
-    dG = dr_k * r_k + dqd * qd - dkd * kd
-    dq = dqd * expG
-    dk = dkd * e_kd
-    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + dD * decay
-    s_dq, s_dk, s_dbk, s_dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP)  # every pair i >= j
-    dq, dk, dbk, dG = dq + s_dq, dk + s_dk, dbk + s_dbk, dG + s_dG
+    direct = (dqd * expG, dkd * e_kd, dr_k * expG, dr_k * r_k + dqd * q * expG - dkd * kd)  # dq, dk, dbk, dG
+    # every pair i >= j of the scores, added onto the direct terms in the loop's carry
+    dq, dk, dbk, dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP, init=direct)
     dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
     dq_ref[...] = dq
     dk_ref[...] = dk + dbk * b
     db_ref[...] = dbk * k
     dg_ref[...] = mm(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
-    dv_ref[...] = dr_v * w
-    dw_ref[...] = dr_v * v
 
 
 def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | None):

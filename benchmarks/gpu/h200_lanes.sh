@@ -238,7 +238,7 @@ task_sdm_pkg() {
 task_gdn2_pallas() {
     stamp gdn2_pallas
     # the per-chunk kernels and the walks (10.5 / 85.2 ms at 07:10 on 2026-12-02), then each kernel's time at 4
-    # and 8 warps (value blocks of 64 changed nothing: the walks are not what costs)
+    # and 8 warps (value blocks of 64 changed nothing then: not the walks' arithmetic, maybe their steps' latency)
     PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --warps 4,8 --dots bf16x3 \
         --stages --no-fla >"$dir/gdn2-pallas.log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -20 "$dir/gdn2-pallas.log" | cut -c1-170

@@ -214,7 +214,8 @@ def _gdn2_shapes(T: int, dtype, K_: int = 128, V_: int = 128, Bh: int = 2, Hh: i
 
 
 @pytest.mark.parametrize(
-    ("dtype", "options"), [("bf16", {}), ("fp32", {}), ("bf16", {"block_v": 64}), ("bf16", {"dots": "bf16x3"})]
+    ("dtype", "options"),
+    [("bf16", {}), ("fp32", {}), ("bf16", {"block_v": 64}), ("bf16", {"dots": "bf16x3", "num_stages": 3})],
 )
 def test_lowers_for_cuda(dtype: str, options: dict) -> None:
     """Forward alone and forward+backward (the training step) lower to Triton kernel calls for CUDA, with
@@ -243,6 +244,8 @@ def test_lowers_for_cuda(dtype: str, options: dict) -> None:
     assert text.count("__gpu$xla.gpu.triton") == 4
     for name in ("prepare", "forward", "dstate", "backward"):
         assert f'name = "gdn2_gpu_{name}"' in text, name
+    stages = options.get("num_stages", 1)  # the pipelining depth asked for reaches every kernel's Triton call
+    assert text.count(f"num_stages = {stages} : i32") == 4
 
 
 def test_kda_and_odd_widths_lower_for_cuda() -> None:

@@ -296,10 +296,10 @@ def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1])
 
 
-_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "dots", "interpret")
+_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "num_stages", "dots", "interpret")
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "dots", "interpret"))
+@functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "num_stages", "dots", "interpret"))
 def gdn2_gpu_prepare(
     q: jax.Array,
     k: jax.Array,
@@ -310,6 +310,7 @@ def gdn2_gpu_prepare(
     *,
     chunk: int = fw.CHUNK,
     num_warps: int = 4,
+    num_stages: int = 1,
     dots: str = "fp32",
     interpret: bool = False,
 ) -> list[jax.Array]:
@@ -320,7 +321,7 @@ def gdn2_gpu_prepare(
     Kp, Vp, _, N, T_pad, spec = _layout(B, T, H, K, v.shape[-1], chunk, None)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w), T_pad, Vp)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     return _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
 
 
@@ -339,6 +340,7 @@ def gdn2_gpu_forward(
     store_states: bool = False,
     block_v: int | None = None,
     num_warps: int = 4,
+    num_stages: int = 1,
     dots: str = "fp32",
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
@@ -355,6 +357,8 @@ def gdn2_gpu_forward(
             and T), so that the backward need not make it again.
         block_v: value columns per program (a power of two; None: all of V in one program).
         num_warps: Triton warps per program.
+        num_stages: Triton's software pipelining depth (1: none): at 2 or more the walks' loads of a chunk can be
+            issued while the chunk before it computes (their loads do not depend on the state they carry).
         dots: how the matrix products run, ``"fp32"`` or ``"bf16x3"`` (see :data:`DOTS`).
         interpret: run in Pallas' interpreter (any backend) instead of compiling with Triton.
 
@@ -367,7 +371,7 @@ def gdn2_gpu_forward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w), T_pad, Vp)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
@@ -393,7 +397,8 @@ def gdn2_gpu_forward(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("scale", "chunk", "block_v", "num_warps", "dots", "interpret", "dstate_only")
+    jax.jit,
+    static_argnames=("scale", "chunk", "block_v", "num_warps", "num_stages", "dots", "interpret", "dstate_only"),
 )
 def gdn2_gpu_backward(
     q: jax.Array,
@@ -411,6 +416,7 @@ def gdn2_gpu_backward(
     chunk: int = fw.CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
+    num_stages: int = 1,
     dots: str = "fp32",
     interpret: bool = False,
     dstate_only: bool = False,
@@ -425,7 +431,8 @@ def gdn2_gpu_backward(
         states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
         prepared: the forward's ``prepared`` (with `store_states`: W, q_d, k_d, P, T); None makes it here.
-        scale, chunk, block_v, num_warps, dots, interpret: as the forward's (the same chunk and padding).
+        scale, chunk, block_v, num_warps, num_stages, dots, interpret: as the forward's (the same chunk and
+            padding).
         dstate_only: stop after the cotangent's walk and return ``(dstates^T, d_initial_state^T)`` padded: for
             timing the kernels one by one (``benchmarks/gpu/gdn2_pallas.py --stages``).
 
@@ -437,7 +444,7 @@ def gdn2_gpu_backward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat = _flatten((q, k, g, b), T_pad, Kp)
     flat_v = _flatten((v, w, do), T_pad, Vp)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     sizes = (B, H, N, T_pad, Kp, Vp)
     if prepared is None:
         wm, _, qd, kd, p, t = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)

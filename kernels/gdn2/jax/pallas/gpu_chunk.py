@@ -69,6 +69,7 @@ def chunk_gdn2_pallas_gpu(
     chunk_size: int = CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
+    num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -85,6 +86,7 @@ def chunk_gdn2_pallas_gpu(
         chunk_size: tokens per chunk (default 64; a power of two, >= 16).
         block_v: value columns per program (a power of two; default all of V: one program per (batch, head)).
         num_warps: Triton warps per program.
+        num_stages: Triton's software pipelining depth (1: none; see :func:`.gpu.gdn2_gpu_forward`).
         dots: how the kernels' matrix products run: ``"fp32"`` (Triton's IEEE float32 dot) or ``"bf16x3"``
             (three bf16 tensor-core products, float32 accumulation; :data:`.gpu.DOTS`). Default: ``"bf16x3"`` for
             bf16 and fp16 inputs (about 16 significant bits a product, twice what the inputs carry), ``"fp32"`` for
@@ -109,7 +111,8 @@ def chunk_gdn2_pallas_gpu(
         raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
     scale = K**-0.5 if scale is None else float(scale)
     h0 = jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None else initial_state
-    tiling = (("chunk", chunk_size), ("block_v", block_v), ("num_warps", num_warps), ("dots", dots))
+    tiling = (("chunk", chunk_size), ("block_v", block_v), ("num_warps", num_warps), ("num_stages", num_stages))
+    tiling += (("dots", dots),)
     return _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling)
 
 
@@ -125,6 +128,7 @@ def chunk_kda_pallas_gpu(
     chunk_size: int = CHUNK,
     block_v: int | None = None,
     num_warps: int = 4,
+    num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -132,7 +136,8 @@ def chunk_kda_pallas_gpu(
 
     Args:
         q, k, g: ``[B, T, H, K]`` (g a per-channel log-decay <= 0); v ``[B, T, H, V]``; beta ``[B, T, H]``.
-        scale, initial_state, chunk_size, block_v, num_warps, dots, interpret: as :func:`chunk_gdn2_pallas_gpu`.
+        scale, initial_state, chunk_size, block_v, num_warps, num_stages, dots, interpret: as
+            :func:`chunk_gdn2_pallas_gpu`.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
@@ -144,7 +149,8 @@ def chunk_kda_pallas_gpu(
     w = jnp.broadcast_to(beta32[..., None], v.shape)
     return chunk_gdn2_pallas_gpu(
         q, k, v, g, b, w, scale, initial_state,
-        chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, dots=dots, interpret=interpret,
+        chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, num_stages=num_stages, dots=dots,
+        interpret=interpret,
     )  # fmt: skip
 
 

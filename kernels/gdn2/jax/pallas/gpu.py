@@ -112,14 +112,17 @@ def _chunk(refs, n, C: int):
     return tuple(r[rows, :].astype(_F32) for r in refs)
 
 
+def _chunk_decays(k, g, b):
+    """The chunk's cumulative decay ``G``, ``b*k``, ``exp G`` and ``G`` at its last token (``[1, K]``)."""
+    G = fw._cumulative_decay(g)
+    return G, b * k, jnp.exp(G), jnp.sum(g, axis=0, keepdims=True)
+
+
 def _chunk_forward(q, k, g, b, mm):
     """The chunk's state-free forward quantities (the TPU kernel's, :mod:`.forward`), products by `mm`."""
-    G = fw._cumulative_decay(g)
-    bk = b * k
+    G, bk, expG, g_last = _chunk_decays(k, g, b)
     A, P = _pairwise_scores(G, q, k, bk)
     T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
-    expG = jnp.exp(G)
-    g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
     return G, bk, P, T, expG, g_last
 
 
@@ -203,10 +206,7 @@ def _grads_kernel(
     P, T = p_ref[...], t_ref[...]
     C = q.shape[0]
     ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-    G = fw._cumulative_decay(g)
-    bk = b * k
-    expG = jnp.exp(G)
-    g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
+    G, bk, expG, g_last = _chunk_decays(k, g, b)
     r_k = bk * expG
     e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
     kd = k * e_kd
@@ -315,7 +315,7 @@ def gdn2_gpu_prepare(
     interpret: bool = False,
 ) -> list[jax.Array]:
     """The forward's first kernel alone (``gdn2_gpu_prepare``, a program per chunk): ``[W, U, q_d, k_d, P, T]``
-    as :func:`gdn2_gpu_forward` makes them, padded and flattened. For timing the kernels one by one
+    padded and flattened: the forward's first step, callable alone to time the kernels one by one
     (``benchmarks/gpu/gdn2_pallas.py --stages``); the arguments are the forward's."""
     B, T, H, K = q.shape
     Kp, Vp, _, N, T_pad, spec = _layout(B, T, H, K, v.shape[-1], chunk, None)
@@ -369,10 +369,10 @@ def gdn2_gpu_forward(
     B, T, H, K = q.shape
     V = v.shape[-1]
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
-    flat = _flatten((q, k, g, b), T_pad, Kp)
-    flat_v = _flatten((v, w), T_pad, Vp)
+    tiling = {"chunk": chunk, "num_warps": num_warps, "num_stages": num_stages, "dots": dots, "interpret": interpret}
+    wm, um, qd, kd, p, t = gdn2_gpu_prepare(q, k, v, g, b, w, **tiling)
+    (g_flat,) = _flatten((g,), T_pad, Kp)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
     out_specs = [spec["value"], spec["state"]]
@@ -389,7 +389,7 @@ def gdn2_gpu_forward(
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_forward",
-    )(wm, um, qd, kd, p, flat[2], _pad_state(h0_t, Vp, Kp))
+    )(wm, um, qd, kd, p, g_flat, _pad_state(h0_t, Vp, Kp))
     o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
     if not store_states:
         return o, outs[1][:, :, :V, :K]

@@ -201,19 +201,23 @@ task_sdm_gpu() {
 task_sdm_flagship() { run 600 sdm-flagship --suite benchmarks/gpu/sdm-h200-flagship.toml --timeout 500; }
 task_sdm_dense() { run 400 sdm-dense --suite benchmarks/gpu/sdm-h200-dense.toml --timeout 380 --gate-workers 2; }
 # the sdm-gpu suite whole, in parts by shape (each a document of its own, a part cut by its cap costs only its own
-# jobs), then merged into one table (benchmarks/merge_runs.py): the flagship at 8K, the dense limit beside gdn, the
-# 32K fwd+bwd peak. SDM 2.0.0's op in each part once its build has ended well.
+# jobs), then merged into one table (benchmarks/merge_runs.py): the dense limit beside gdn, the 32K fwd+bwd peak,
+# then the flagship at 8K with SDM 2.0.0's op beside ours, last so that its build (~13 minutes beside) has ended.
 task_sdm_gpu_parts() {
-    local impls=(--impl torch_chunk --impl triton_chunk --impl triton_chunk_split) parts=()
-    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && impls+=(--impl sdm_pkg_chunk)
-    run 600 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 "${impls[@]}" \
-        --timeout 560 --gate-workers 2
+    local impls=(--impl torch_chunk --impl triton_chunk --impl triton_chunk_split) parts=() part
     # the dense limit against gdn without torch_chunk: its fwd+bwd gate (198 s, 45 GiB) ran the others out of memory
     # and the part out of its cap before sdm's rows were timed (2026-12-02 07:23)
-    run 500 sdm-gpu-dense --suite sdm-gpu --shape B=1,T=8192,H=2,S=128,D=128,W=128,R=128 \
-        --shape B=1,T=8192,H=2,K=128,V=128 "${impls[@]:2}" --timeout 440 --gate-workers 3
+    run 420 sdm-gpu-dense --suite sdm-gpu --shape B=1,T=8192,H=2,S=128,D=128,W=128,R=128 \
+        --shape B=1,T=8192,H=2,K=128,V=128 "${impls[@]:2}" --timeout 380 --gate-workers 3
     run 600 sdm-gpu-32k --suite sdm-gpu --shape B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
         --timeout 560
+    for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
+    echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
+    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && impls+=(--impl sdm_pkg_chunk)
+    # three gates at once: each fwd+bwd gate takes ~285 s (2026-12-02 07:16, two at once), one after another the
+    # part would outlast its cap
+    run 600 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 "${impls[@]}" \
+        --timeout 560 --gate-workers 3
     for part in 8k dense 32k; do [[ -f $dir/sdm-gpu-$part.json ]] && parts+=("$dir/sdm-gpu-$part.json"); done
     # the table straight from the merged document: the GPU host has no database layer (sqlalchemy)
     PYTHONPATH=$(pypath) python3 benchmarks/merge_runs.py "${parts[@]}" --out "$dir/sdm-gpu.json" \
@@ -237,12 +241,15 @@ task_sdm_pkg() {
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {
     stamp gdn2_pallas
-    # the per-chunk kernels and the walks (10.5 / 85.2 ms at 07:10 on 2026-12-02), then each kernel's time at 4
-    # and 8 warps (value blocks of 64 changed nothing then: not the walks' arithmetic, maybe their steps' latency)
-    PYTHONPATH=$(pypath) timeout 420 python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 --warps 4,8 --dots bf16x3 \
-        --stages --no-fla >"$dir/gdn2-pallas.log" 2>&1
-    echo "gdn2_pallas exit=$?"; tail -20 "$dir/gdn2-pallas.log" | cut -c1-170
+    # the per-chunk kernels and the walks (10.5 / 85.2 ms at 07:10 on 2026-12-02), each kernel's time apart
+    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name
+    local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
+    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
+        --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --dots bf16x3 --stages --no-fla >"$log" 2>&1
+    echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
+# the wider tilings after the queue's first pass: 8 warps, pipelining depth 1 and 3
+task_gdn2_pallas_wide() { GDN2_WARPS=8 GDN2_NUM_STAGES=1,3 GDN2_LOG=gdn2-pallas-wide task_gdn2_pallas; }
 
 task_speed_cold() {
     # from empty caches: Triton's (FLA's autotuning with it), TileLang's, JAX's and the references'
@@ -332,7 +339,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_gpu_parts sdm_pkg gdn2_gpu sdm_dense_parts speed_cold stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_gpu_parts gdn2_pallas_wide sdm_dense_parts gdn2_gpu speed_cold stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

@@ -214,10 +214,10 @@ task_sdm_gpu_parts() {
     for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
     echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
     grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && impls+=(--impl sdm_pkg_chunk)
-    # three gates at once: each fwd+bwd gate takes ~285 s (2026-12-02 07:16, two at once), one after another the
-    # part would outlast its cap
+    # two gates at once: a fwd+bwd gate here holds ~42 GiB (three at once ran out of memory, 2026-12-02 13:10) and
+    # takes ~285 s beside another (07:16)
     run 600 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 "${impls[@]}" \
-        --timeout 560 --gate-workers 3
+        --timeout 560 --gate-workers 2
     for part in 8k dense 32k; do [[ -f $dir/sdm-gpu-$part.json ]] && parts+=("$dir/sdm-gpu-$part.json"); done
     # the table straight from the merged document: the GPU host has no database layer (sqlalchemy)
     PYTHONPATH=$(pypath) python3 benchmarks/merge_runs.py "${parts[@]}" --out "$dir/sdm-gpu.json" \
@@ -235,7 +235,10 @@ task_sdm_pkg() {
         tail -5 "$dir/sdm-pkg-build.log"
         return
     fi
-    run 480 sdm-pkg --suite benchmarks/gpu/sdm-h200-pkg.toml --timeout 400
+    # SDM_PKG_ARGS: filters for a short session (e.g. "--mode fwd+bwd --impl sdm_pkg_chunk"), SDM_PKG_CAP its cap
+    # shellcheck disable=SC2086
+    run "${SDM_PKG_CAP:-480}" sdm-pkg --suite benchmarks/gpu/sdm-h200-pkg.toml --timeout $((${SDM_PKG_CAP:-480} - 20)) \
+        ${SDM_PKG_ARGS:-}
 }
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).

@@ -342,7 +342,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas sdm_gpu_parts gdn2_pallas_wide sdm_dense_parts gdn2_gpu speed_cold stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas_wide sdm_profile gdn2_pallas sdm_gpu_parts gdn2_gpu speed_cold stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

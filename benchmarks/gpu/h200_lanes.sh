@@ -122,6 +122,15 @@ sdm_pkg_build() {
     echo "exit=$?" >"$dir/sdm-pkg-build.done"
 }
 
+# sdm_pkg_ready WAIT_S: waits up to WAIT_S seconds for that build to end and says how it ended; true when it ended
+# well (SDM 2.0.0's jobs only then: otherwise each job would build it again, into its timeout)
+sdm_pkg_ready() {
+    local marker=$dir/sdm-pkg-build.done
+    for _ in $(seq $(($1 / 5))); do [[ -f $marker ]] && break; sleep 5; done
+    echo "sdm_pkg build: $(cat "$marker" 2>/dev/null || echo 'not finished')"
+    grep -q "exit=0" "$marker" 2>/dev/null
+}
+
 lane_b() {
     dir=$L/b
     sdm_pkg_build &
@@ -130,7 +139,6 @@ lane_b() {
     touch "$dir/qla-prewarm.done"
     sweep 900
     stamp "waiting for SDM 2.0.0's build"
-    for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
     sdm_gpu 900 2
     shared
 }
@@ -146,12 +154,10 @@ sweep() {
 }
 
 # sdm_gpu CAP WORKERS: the sdm-gpu suite, its gates WORKERS at once (on one GPU two gates of the flagship ended
-# none in 420 s; one at a time, seven jobs in 280 s); SDM 2.0.0's jobs only when its build finished (otherwise
-# each job would build it again, into its timeout)
+# none in 420 s; one at a time, seven jobs in 280 s); SDM 2.0.0's jobs once its build ended well
 sdm_gpu() {
-    echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
     local pkg=()
-    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && pkg=(--impl sdm_pkg_chunk)
+    sdm_pkg_ready 300 && pkg=(--impl sdm_pkg_chunk)
     run_gated "$1" sdm-gpu "$2" --suite sdm-gpu --timeout $(($1 - 60)) --impl triton_chunk --impl torch_chunk \
         "${pkg[@]}" --impl triton_chunk_split
 }
@@ -211,9 +217,7 @@ task_sdm_gpu_parts() {
         --shape B=1,T=8192,H=2,K=128,V=128 "${impls[@]:2}" --timeout 380 --gate-workers 3
     run 600 sdm-gpu-32k --suite sdm-gpu --shape B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
         --timeout 560
-    for _ in $(seq 60); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
-    echo "sdm_pkg build: $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished')"
-    grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null && impls+=(--impl sdm_pkg_chunk)
+    sdm_pkg_ready 300 && impls+=(--impl sdm_pkg_chunk)
     # two gates at once: a fwd+bwd gate here holds ~42 GiB (three at once ran out of memory, 2026-12-02 13:10) and
     # takes ~285 s beside another (07:16)
     run 600 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 "${impls[@]}" \
@@ -229,9 +233,8 @@ task_sdm_32k() { run 540 sdm-32k --suite benchmarks/gpu/sdm-h200-32k.toml --time
 
 # SDM 2.0.0's own op beside ours at the flagship, once its build (sdm_pkg_build) has ended well; a while's wait for it
 task_sdm_pkg() {
-    for _ in $(seq 36); do [[ -f $dir/sdm-pkg-build.done ]] && break; sleep 5; done
-    if ! grep -q "exit=0" "$dir/sdm-pkg-build.done" 2>/dev/null; then
-        echo "sdm_pkg: build $(cat "$dir/sdm-pkg-build.done" 2>/dev/null || echo 'not finished'); skipped"
+    if ! sdm_pkg_ready 180; then
+        echo "sdm_pkg: skipped"
         tail -5 "$dir/sdm-pkg-build.log"
         return
     fi
@@ -245,7 +248,7 @@ task_sdm_pkg() {
 task_gdn2_pallas() {
     stamp gdn2_pallas
     # the per-chunk kernels and the walks (10.5 / 85.2 ms at 07:10 on 2026-12-02), each kernel's time apart
-    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name
+    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name, GDN2_CAP: its cap
     local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
         --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --dots bf16x3 --stages --no-fla >"$log" 2>&1

@@ -249,10 +249,14 @@ task_gdn2_pallas() {
     stamp gdn2_pallas
     # the per-chunk kernels and the walks (10.5 / 85.2 ms at 07:10 on 2026-12-02), each kernel's time apart
     # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name, GDN2_CAP: its cap
-    local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
-    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
+    local log=$dir/${GDN2_LOG:-gdn2-pallas}.log dump=/tmp/xla-dump-${GDN2_LOG:-gdn2-pallas}
+    # XLA's PTX of the kernels' modules kept for ptxas -v: registers and spills per kernel (ptx_registers.py)
+    XLA_FLAGS="--xla_dump_to=$dump --xla_dump_hlo_module_re=.*gdn2_gpu.*" PYTHONPATH=$(pypath) \
+        timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
         --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --dots bf16x3 --stages --no-fla >"$log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
+    timeout 120 python3 benchmarks/gpu/ptx_registers.py "$dump" --match gdn2 >"$log.ptxas" 2>&1
+    echo "ptx_registers exit=$?"; cut -c1-170 "$log.ptxas"
 }
 # the wider tilings after the queue's first pass: 8 warps, pipelining depth 1 and 3
 task_gdn2_pallas_wide() { GDN2_WARPS=8 GDN2_NUM_STAGES=1,3 GDN2_LOG=gdn2-pallas-wide task_gdn2_pallas; }

@@ -8,14 +8,16 @@ block of BV value columns) with the state as its loop carry in registers (GPU gr
 run in no set order, so the walk is a ``lax.fori_loop`` inside the program): :func:`_walk_kernel` forward,
 storing the state at every chunk start; :func:`_dstate_walk_kernel` backward, storing the state's cotangent at
 every chunk end. The algebra is the TPU kernels' (:mod:`.forward`'s docstring); the helpers that do not slice
-values (cumulative decay, WY solve, the backward's pairwise-score gradients) are shared.
+values (cumulative decay, WY solve) are shared.
 
 What differs, and why:
 
-* Triton has no slicing or concatenation of register tensors, so the pairwise scores are formed one key row ``j``
-  at a time over the whole ``[C, K]`` tile (``exp(min(G_i - G_j, 0))`` for every ``i >= j``: exact, no factoring
-  through a reference row), columns put in place by masks; the backward runs the same loop
-  (:func:`.fused_backward._diagonal_block_backward` on the whole chunk);
+* Triton has no slicing or concatenation of register tensors, so the pairwise scores are formed over the whole
+  ``[C, K]`` tile with masks: the pairs in different sub-blocks of ``SUB`` rows through a reference row, a
+  product per sub-block; the pairs inside one sub-block exactly, ``SUB`` steps each over every sub-block at once,
+  their key rows gathered from the chunk's blocks in memory (:func:`_pairwise_scores`; the backward's
+  :func:`_scores_backward` the same way). So the chunk's cumulative decay ``G`` comes in as an input, made by
+  XLA before the kernels (:func:`_chunk_cumulative_decay`);
 * every tensor a Triton program holds has power-of-two dimensions: the caller pads K and V to powers of two
   (at least 16, the smallest dot), with zero q, k, b, g, v, w, which leaves the padded channels inert;
 * value blocks split only the walks (BV < V runs more of them); the per-chunk kernels hold all of V, so the
@@ -37,7 +39,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from ....common.jax.jax_wy import pad_time
 from . import forward as fw
-from . import fused_backward as fb
 
 __all__ = ["DOTS", "gdn2_gpu_backward", "gdn2_gpu_forward", "gdn2_gpu_prepare", "padded_width"]
 
@@ -49,6 +50,9 @@ _F32 = jnp.float32
 # dropped) accumulated in float32: about 16 significant bits a product instead of 24, for a fraction of the time.
 # The cumulative decay stays IEEE float32 in both (the decays amplify its error).
 DOTS = ("fp32", "bf16x3")
+# Rows of a sub-block of the chunk: pairs of tokens in one sub-block form their decays exactly, pairs across
+# sub-blocks factor through a reference row (:func:`_far_factors`).
+SUB = fw.SOLVE_BLOCK
 
 
 def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -69,12 +73,13 @@ def _matmul(x: jax.Array, y: jax.Array, dims, dots: str) -> jax.Array:
 
 
 def _products(dots: str):
-    """``(x @ y, x @ y^T)`` by the `dots` scheme."""
+    """``(x @ y, x @ y^T, x^T @ y)`` by the `dots` scheme."""
     if dots not in DOTS:
         raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
     mm = functools.partial(_matmul, dims=(((1,), (0,)), ((), ())), dots=dots)
     mm_t = functools.partial(_matmul, dims=(((1,), (1,)), ((), ())), dots=dots)
-    return mm, mm_t
+    mm_tn = functools.partial(_matmul, dims=(((0,), (0,)), ((), ())), dots=dots)
+    return mm, mm_t, mm_tn
 
 
 def padded_width(d: int) -> int:
@@ -82,28 +87,133 @@ def padded_width(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
-def _pairwise_scores(G: jax.Array, q: jax.Array, k: jax.Array, bk: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``A`` (strictly lower) and ``P`` (lower, diagonal included), ``[C, C]``, one key row ``j`` per step:
-    column ``j`` is ``sum_c x_i[c] exp(min(G_i[c] - G_j[c], 0)) k_j[c]`` for ``x = b*k`` and ``x = q``."""
-    C = G.shape[0]
-    rows = fw._iota(G.shape, 0)
-    cols = fw._iota((C, C), 1)
+def _sub_starts(shape: tuple[int, int]) -> jax.Array:
+    """For each row ``i`` of a ``[C, *]`` tile, the first row of its sub-block (``SUB`` rows), broadcast."""
+    return lax.div(fw._iota(shape, 0), SUB) * SUB
 
-    def one_key(j, carry):
+
+def _key_rows(ref, at: jax.Array) -> jax.Array:
+    """``ref[at[i], :]`` for every row ``i``: a gather of whole rows from the chunk's block (``at`` ``[C]``)."""
+    return ref[at, :].astype(_F32)
+
+
+def _far_factors(G: jax.Array, G_ref):
+    """The sub-blocks' reference decays: the left factor ``f_i = exp(G_i - G_{r(i)-1})`` (``r(i)`` the first row of
+    row ``i``'s sub-block; ``[C, K]``) and, for each sub-block ``m >= 1``, ``(m, right_m)`` with
+    ``right_m[j] = exp(G_{mS-1} - G_j)`` for the rows ``j < mS`` before it, zero from there on. Both factors are
+    <= 1 where they are used (``G`` does not increase along the chunk), so the far pairs ``i``, ``j < r(i)`` are
+    products: ``exp(G_i - G_j) = f_i right_m[j]``."""
+    C, K = G.shape
+    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    f = jnp.exp(jnp.minimum(G - _key_rows(G_ref, jnp.maximum(start - 1, 0)), 0.0))
+    rows = fw._iota((C, K), 0)
+    right = []
+    for m in range(1, C // SUB):
+        ref_row = G_ref[pl.ds(m * SUB - 1, 1), :]  # [1, K]
+        right.append((m, jnp.where(rows < m * SUB, jnp.exp(jnp.minimum(ref_row - G, 0.0)), 0.0)))
+    return f, right
+
+
+def _pairwise_scores(G, q, k, bk, G_ref, k_ref, mm_t) -> tuple[jax.Array, jax.Array]:
+    """``A`` (strictly lower) and ``P`` (lower, diagonal included), ``[C, C]``, where
+    ``A_ij = sum_c bk_i[c] exp(G_i[c] - G_j[c]) k_j[c]`` and ``P`` the same with ``q`` for ``bk``.
+
+    Pairs in different sub-blocks (``SUB`` rows) through the reference factors of :func:`_far_factors`, a
+    product per sub-block; pairs inside one sub-block exactly (``exp(min(G_i - G_j, 0))``), ``SUB`` steps, each
+    over every sub-block at once: step ``s`` takes key row ``r(i) + s`` for row ``i``, gathered from the refs
+    (rows read from memory, not reduced out of register tiles)."""
+    C, K = G.shape
+    rows_cc, cols = fw._iota((C, C), 0), fw._iota((C, C), 1)
+    f, right = _far_factors(G, G_ref)
+    left_a, left_q = bk * f, q * f
+    in_sub = lax.div(fw._iota((C, K), 0), SUB)
+    A = jnp.zeros((C, C), _F32)
+    P = jnp.zeros((C, C), _F32)
+    for m, r_m in right:
+        r_m = r_m * k
+        A = A + mm_t(jnp.where(in_sub == m, left_a, 0.0), r_m)
+        P = P + mm_t(jnp.where(in_sub == m, left_q, 0.0), r_m)
+    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    start_cc = _sub_starts((C, C))
+
+    def one_key(s, carry):
         A, P = carry
-        at_row = rows == j
-        G_j = jnp.sum(jnp.where(at_row, G, 0.0), axis=0, keepdims=True)  # [1, K]
-        k_j = jnp.sum(jnp.where(at_row, k, 0.0), axis=0, keepdims=True)
-        decay_k = jnp.exp(jnp.minimum(G - G_j, 0.0)) * k_j  # [C, K]
-        at_col = cols == j
+        at = start + s
+        decay_k = jnp.exp(jnp.minimum(G - _key_rows(G_ref, at), 0.0)) * _key_rows(k_ref, at)
+        at_col = cols == start_cc + s
         A = jnp.where(at_col, jnp.sum(bk * decay_k, axis=1, keepdims=True), A)
         P = jnp.where(at_col, jnp.sum(q * decay_k, axis=1, keepdims=True), P)
         return A, P
 
-    zero = jnp.zeros((C, C), _F32)
-    A, P = lax.fori_loop(0, C, one_key, (zero, zero))
-    i, j = fw._iota((C, C), 0), cols
-    return jnp.where(i > j, A, 0.0), jnp.where(i >= j, P, 0.0)
+    A, P = lax.fori_loop(0, SUB, one_key, (A, P))
+    return jnp.where(rows_cc > cols, A, 0.0), jnp.where(rows_cc >= cols, P, 0.0)
+
+
+def _scores_backward(G, q, k, bk, dA, dP, refs, products, init):
+    """The gradients of ``A`` and ``P`` (:func:`_pairwise_scores`; cotangents `dA`, `dP`, ``[C, C]``, zero off
+    their triangles) with respect to ``q``, ``k``, ``b*k`` and ``G``, added onto `init` (four ``[C, K]`` tiles).
+
+    With ``M_ij = (dA_ij bk_i + dP_ij q_i) exp(G_i - G_j) k_j``: ``dG_i += sum_j M_ij`` and ``dG_j -= sum_i M_ij``.
+    The far pairs through the factors of :func:`_far_factors` as products (their reference rows get nothing: the
+    two factors' shares cancel); the near pairs in two loops of ``SUB`` steps over every sub-block at once, one
+    for the rows' side (key rows gathered), one for the columns' side (query rows gathered, the cotangents
+    transposed), so that no step sums across rows. `refs`: the chunk's ``(G, q, k, b)`` blocks."""
+    G_ref, q_ref, k_ref, b_ref = refs
+    mm, mm_tn = products
+    C, K = G.shape
+    dq, dk, dbk, dG = init
+    f, right = _far_factors(G, G_ref)
+    left_a, left_q = bk * f, q * f
+    rows_cc, cols = fw._iota((C, C), 0), fw._iota((C, C), 1)
+    in_sub_cc = lax.div(rows_cc, SUB)
+    d_left_a = jnp.zeros((C, K), _F32)
+    d_left_q = jnp.zeros((C, K), _F32)
+    for m, r_m in right:
+        far = (in_sub_cc == m) & (cols < m * SUB)
+        dA_m, dP_m = jnp.where(far, dA, 0.0), jnp.where(far, dP, 0.0)
+        kr = k * r_m
+        d_left_a = d_left_a + mm(dA_m, kr)
+        d_left_q = d_left_q + mm(dP_m, kr)
+        d_right = (mm_tn(dA_m, left_a) + mm_tn(dP_m, left_q)) * r_m  # rows j < mS, zero after
+        dk = dk + d_right
+        dG = dG - d_right * k
+    dbk = dbk + d_left_a * f
+    dq = dq + d_left_q * f
+    dG = dG + (d_left_a * bk + d_left_q * q) * f
+
+    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    start_cc = _sub_starts((C, C))
+    near = in_sub_cc == lax.div(cols, SUB)
+    dA_near, dP_near = jnp.where(near, dA, 0.0), jnp.where(near, dP, 0.0)
+
+    def rows_side(s, carry):  # row i, key row j = r(i) + s
+        dq, dbk, dG = carry
+        at = start + s
+        decay_k = jnp.exp(jnp.minimum(G - _key_rows(G_ref, at), 0.0)) * _key_rows(k_ref, at)
+        at_col = cols == start_cc + s
+        dA_j = jnp.sum(jnp.where(at_col, dA_near, 0.0), axis=1, keepdims=True)  # [C, 1]
+        dP_j = jnp.sum(jnp.where(at_col, dP_near, 0.0), axis=1, keepdims=True)
+        dbk = dbk + dA_j * decay_k
+        dq = dq + dP_j * decay_k
+        return dq, dbk, dG + (dA_j * bk + dP_j * q) * decay_k
+
+    dq, dbk, dG = lax.fori_loop(0, SUB, rows_side, (dq, dbk, dG))
+    dA_t, dP_t = dA_near.T, dP_near.T  # [j, i]
+
+    def columns_side(s, carry):  # row j, query row i = r(j) + s
+        dk, dG = carry
+        at = start + s
+        k_i = _key_rows(k_ref, at)
+        bk_i = _key_rows(b_ref, at) * k_i
+        decay = jnp.exp(jnp.minimum(_key_rows(G_ref, at) - G, 0.0))
+        at_col = cols == start_cc + s
+        dA_i = jnp.sum(jnp.where(at_col, dA_t, 0.0), axis=1, keepdims=True)  # dA[r(j) + s, j], [C, 1]
+        dP_i = jnp.sum(jnp.where(at_col, dP_t, 0.0), axis=1, keepdims=True)
+        n = (dA_i * bk_i + dP_i * _key_rows(q_ref, at)) * decay
+        return dk + n, dG - n * k
+
+    dk, dG = lax.fori_loop(0, SUB, columns_side, (dk, dG))
+    return dq, dk, dbk, dG
 
 
 def _chunk(refs, n, C: int):
@@ -112,101 +222,94 @@ def _chunk(refs, n, C: int):
     return tuple(r[rows, :].astype(_F32) for r in refs)
 
 
-def _chunk_decays(k, g, b):
-    """The chunk's cumulative decay ``G``, ``b*k``, ``exp G`` and ``G`` at its last token (``[1, K]``)."""
-    G = fw._cumulative_decay(g)
-    return G, b * k, jnp.exp(G), jnp.sum(g, axis=0, keepdims=True)
-
-
-def _chunk_forward(q, k, g, b, mm):
-    """The chunk's state-free forward quantities (the TPU kernel's, :mod:`.forward`), products by `mm`."""
-    G, bk, expG, g_last = _chunk_decays(k, g, b)
-    A, P = _pairwise_scores(G, q, k, bk)
-    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
-    return G, bk, P, T, expG, g_last
+def _last_row(G_ref, row0: int | jax.Array, C: int) -> jax.Array:
+    """``G`` at the chunk's last token, ``[1, K]``: the row ``row0 + C - 1`` of the cumulative decay's block."""
+    return G_ref[pl.ds(row0 + C - 1, 1), :]
 
 
 def _prepare_kernel(
-    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, wm_ref, um_ref, qd_ref, kd_ref, p_ref, t_ref, *, dots
+    q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, wm_ref, um_ref, qd_ref, kd_ref, p_ref, t_ref, *, dots
 ):  # fmt: skip
     """One (batch, head, chunk): what the walk needs of the chunk that does not depend on the state, all chunks at
     once. ``W = T (b*k*exp G)``, ``U = T (w*v)`` (the WY form), ``q*exp G``, ``k*exp(G_last - G)`` and the scores
     ``P``; the pairwise scores and the WY solve, most of a chunk's work, leave the sequential walk. The WY inverse
-    ``T`` too, for the gradients (:func:`_grads_kernel`), so that they need neither the scores' loop nor the solve
-    again."""
-    mm, _ = _products(dots)
+    ``T`` too, for the gradients (:func:`_grads_kernel`), so that they need neither the scores nor the solve
+    again. ``G`` is the chunk's cumulative decay (:func:`_chunk_cumulative_decay`)."""
+    mm, mm_t, _ = _products(dots)
     # each input loaded where it is first used and each output stored once made: a [C, K] float32 tile is 64
     # registers a thread at 4 warps, so what is live at once decides whether the program spills
-    q, k, g, b = (r[...].astype(_F32) for r in (q_ref, k_ref, g_ref, b_ref))
-    G, bk, P, T, expG, g_last = _chunk_forward(q, k, g, b, mm)
+    q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
+    C = q.shape[0]
+    bk = b * k
+    A, P = _pairwise_scores(G, q, k, bk, G_ref, k_ref, mm_t)
+    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
     p_ref[...] = P
     t_ref[...] = T
+    expG = jnp.exp(G)
     qd_ref[...] = q * expG
-    kd_ref[...] = k * jnp.exp(jnp.minimum(g_last - G, 0.0))
+    kd_ref[...] = k * jnp.exp(jnp.minimum(_last_row(G_ref, 0, C) - G, 0.0))
     wm_ref[...] = mm(T, bk * expG)
     um_ref[...] = mm(T, w_ref[...].astype(_F32) * v_ref[...].astype(_F32))
 
 
 def _walk_kernel(
-    wm_ref, um_ref, qd_ref, kd_ref, p_ref, g_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots
+    wm_ref, um_ref, qd_ref, kd_ref, p_ref, G_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots
 ):  # fmt: skip
     """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry; four
     products a chunk on what :func:`_prepare_kernel` left (``u = U - W S``, ``o = q_d S + P u``, the update)."""
     hs_ref = hs[0] if hs else None
     C = chunk
-    mm, mm_t = _products(dots)
+    mm, mm_t, _ = _products(dots)
 
     def step(n, St):
-        wm, qd, kd, g = _chunk((wm_ref, qd_ref, kd_ref, g_ref), n, C)
-        (um,) = _chunk((um_ref,), n, C)
+        wm, qd, kd, um = _chunk((wm_ref, qd_ref, kd_ref, um_ref), n, C)
         if hs_ref is not None:
             hs_ref[n] = St
         u = um - mm_t(wm, St)
         o = scale * (mm_t(qd, St) + mm(p_ref[n], u))
         o_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = o.astype(o_ref.dtype)
-        g_last = jnp.sum(g, axis=0, keepdims=True)  # G at the chunk's last token, [1, K]
-        return St * jnp.exp(g_last) + mm(u.T, kd)
+        return St * jnp.exp(_last_row(G_ref, n * C, C)) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
 
 
 def _dstate_walk_kernel(
-    wm_ref, qd_ref, kd_ref, p_ref, g_ref, do_ref, dht_ref, dhs_ref, dh0_ref, *, scale, chunk, n_chunks, dots
+    wm_ref, qd_ref, kd_ref, p_ref, G_ref, do_ref, dht_ref, dhs_ref, dh0_ref, *, scale, chunk, n_chunks, dots
 ):  # fmt: skip
     """One (batch, head, value block): chunks last to first, the state's cotangent ``dS^T`` ``[BV, K]`` the loop's
     carry, stored at each chunk's end (what :func:`_grads_kernel` reads); four products a chunk on what
     :func:`_prepare_kernel` left."""
     C = chunk
-    mm, mm_t = _products(dots)
+    mm, mm_t, _ = _products(dots)
 
     def step(i, dSt):
         n = n_chunks - 1 - i
-        wm, qd, kd, g = _chunk((wm_ref, qd_ref, kd_ref, g_ref), n, C)
-        (do,) = _chunk((do_ref,), n, C)
+        wm, qd, kd, do = _chunk((wm_ref, qd_ref, kd_ref, do_ref), n, C)
         dhs_ref[n] = dSt
         du = scale * mm(p_ref[n].T, do) + mm_t(kd, dSt)
-        decay = jnp.exp(jnp.sum(g, axis=0, keepdims=True))
+        decay = jnp.exp(_last_row(G_ref, n * C, C))
         return scale * mm(do.T, qd) + dSt * decay - mm(du.T, wm)
 
     dh0_ref[...] = lax.fori_loop(0, n_chunks, step, dht_ref[...].astype(_F32))
 
 
 def _grads_kernel(
-    q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref,
+    q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref,
     dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref,
     *, scale, dots,
 ):  # fmt: skip
     """One (batch, head, chunk), all chunks at once: every input's gradient from the chunk's start state and its
     end cotangent (the two walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all
     of V in one program; the algebra of :func:`.fused_backward._fused_backward_kernel`."""
-    mm, mm_t = _products(dots)
+    mm, mm_t, mm_tn = _products(dots)
     # loads where first used and the value-side gradients stored as soon as made (as in _prepare_kernel: fewer
     # tiles live at once, the [V, K] states 128 registers a thread each at 4 warps)
-    q, k, g, b = (r[...].astype(_F32) for r in (q_ref, k_ref, g_ref, b_ref))
+    q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
     P, T = p_ref[...], t_ref[...]
     C = q.shape[0]
     ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
-    G, bk, expG, g_last = _chunk_decays(k, g, b)
+    g_last = _last_row(G_ref, 0, C)
+    bk, expG = b * k, jnp.exp(G)
     r_k = bk * expG
     e_kd = jnp.exp(jnp.minimum(g_last - G, 0.0))
     kd = k * e_kd
@@ -216,22 +319,23 @@ def _grads_kernel(
     u = mm(T, r_v) - mm_t(mm(T, r_k), St)
 
     do, dSt = do_ref[...].astype(_F32), dhs_ref[...]  # dS^T at the chunk's end
-    du = scale * mm(P.T, do) + mm_t(kd, dSt)
+    du = scale * mm_tn(P, do) + mm_t(kd, dSt)
     dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
     dqd = scale * mm(do, St)
     dkd = mm(u, dSt)
     dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + jnp.sum(St * dSt, axis=0, keepdims=True) * jnp.exp(g_last)
     dW = -mm(du, St)
-    T_t = T.T
-    dr_v = mm(T_t, du)
+    dr_v = mm_tn(T, du)
     dv_ref[...] = dr_v * w
     dw_ref[...] = dr_v * v
-    dr_k = mm(T_t, dW)
+    dr_k = mm_tn(T, dW)
     dT = mm_t(du, r_v) + mm_t(dW, r_k)
+    T_t = T.T
     dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
     direct = (dqd * expG, dkd * e_kd, dr_k * expG, dr_k * r_k + dqd * q * expG - dkd * kd)  # dq, dk, dbk, dG
-    # every pair i >= j of the scores, added onto the direct terms in the loop's carry
-    dq, dk, dbk, dG = fb._diagonal_block_backward(G, q, k, bk, dA, dP, init=direct)
+    # every pair i >= j of the scores, added onto the direct terms
+    refs = (G_ref, q_ref, k_ref, b_ref)
+    dq, dk, dbk, dG = _scores_backward(G, q, k, bk, dA, dP, refs, (mm, mm_tn), init=direct)
     dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
     dq_ref[...] = dq
     dk_ref[...] = dk + dbk * b
@@ -272,6 +376,14 @@ def _flatten(xs, T_pad: int, width: int) -> list[jax.Array]:
     return out
 
 
+def _chunk_cumulative_decay(g_flat: jax.Array, chunk: int) -> jax.Array:
+    """``[B, T_pad, W]`` log-decays -> float32 ``G``, each chunk's own cumulative sum (:func:`.forward.
+    _cumulative_decay`, a batched product): the kernels read its rows, not only its tiles."""
+    B, T_pad, W = g_flat.shape
+    per_chunk = g_flat.astype(_F32).reshape(B * (T_pad // chunk), chunk, W)
+    return jax.vmap(fw._cumulative_decay)(per_chunk).reshape(B, T_pad, W)
+
+
 def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
     """``[B, H, V, K]`` float32 -> ``[B, H, Vp, Kp]``, zero-padded."""
     return jnp.pad(s.astype(_F32), [(0, 0), (0, 0), (0, Vp - s.shape[2]), (0, Kp - s.shape[3])])
@@ -279,7 +391,8 @@ def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
 
 def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret: bool) -> list[jax.Array]:
     """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P, T]``, float32 (W,
-    q_d, k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P and T ``[B, H, N, C, C]``)."""
+    q_d, k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P and T ``[B, H, N, C, C]``). `flat`: q, k, G
+    (:func:`_chunk_cumulative_decay`), b; `flat_v`: v, w."""
     B, H, N, T_pad, Kp, Vp = sizes
     key_c, value_c, scores_c = spec["key_chunk"], spec["value_chunk"], spec["scores_chunk"]
     key_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
@@ -294,6 +407,14 @@ def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret
         interpret=interpret,
         name="gdn2_gpu_prepare",
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1])
+
+
+def _flatten_inputs(keys, values, T_pad: int, Kp: int, Vp: int, chunk: int):
+    """The kernels' flat inputs: q, k, g, b (``keys``) with g's place taken by its chunks' cumulative decay ``G``;
+    ``values`` (v, w, and do in the backward) flattened alone."""
+    flat = _flatten(keys, T_pad, Kp)
+    flat[2] = _chunk_cumulative_decay(flat[2], chunk)
+    return flat, _flatten(values, T_pad, Vp)
 
 
 _STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "num_stages", "dots", "interpret")
@@ -319,8 +440,7 @@ def gdn2_gpu_prepare(
     (``benchmarks/gpu/gdn2_pallas.py --stages``); the arguments are the forward's."""
     B, T, H, K = q.shape
     Kp, Vp, _, N, T_pad, spec = _layout(B, T, H, K, v.shape[-1], chunk, None)
-    flat = _flatten((q, k, g, b), T_pad, Kp)
-    flat_v = _flatten((v, w), T_pad, Vp)
+    flat, flat_v = _flatten_inputs((q, k, g, b), (v, w), T_pad, Kp, Vp, chunk)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     return _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
 
@@ -369,10 +489,10 @@ def gdn2_gpu_forward(
     B, T, H, K = q.shape
     V = v.shape[-1]
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
-    tiling = {"chunk": chunk, "num_warps": num_warps, "num_stages": num_stages, "dots": dots, "interpret": interpret}
-    wm, um, qd, kd, p, t = gdn2_gpu_prepare(q, k, v, g, b, w, **tiling)
-    (g_flat,) = _flatten((g,), T_pad, Kp)
+    flat, flat_v = _flatten_inputs((q, k, g, b), (v, w), T_pad, Kp, Vp, chunk)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    # 1. every chunk's state-free work at once, grid (B, H, N)
+    wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
     out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
     out_specs = [spec["value"], spec["state"]]
@@ -389,7 +509,7 @@ def gdn2_gpu_forward(
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_forward",
-    )(wm, um, qd, kd, p, g_flat, _pad_state(h0_t, Vp, Kp))
+    )(wm, um, qd, kd, p, flat[2], _pad_state(h0_t, Vp, Kp))
     o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
     if not store_states:
         return o, outs[1][:, :, :V, :K]
@@ -442,8 +562,7 @@ def gdn2_gpu_backward(
     B, T, H, K = q.shape
     V = v.shape[-1]
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
-    flat = _flatten((q, k, g, b), T_pad, Kp)
-    flat_v = _flatten((v, w, do), T_pad, Vp)
+    flat, flat_v = _flatten_inputs((q, k, g, b), (v, w, do), T_pad, Kp, Vp, chunk)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     sizes = (B, H, N, T_pad, Kp, Vp)
     if prepared is None:

@@ -151,14 +151,18 @@ def _pairwise_scores(G, q, k, bk, G_ref, k_ref, mm_t) -> tuple[jax.Array, jax.Ar
 
 def _scores_backward(G, q, k, bk, dA, dP, refs, products, init):
     """The gradients of ``A`` and ``P`` (:func:`_pairwise_scores`; cotangents `dA`, `dP`, ``[C, C]``, zero off
-    their triangles) with respect to ``q``, ``k``, ``b*k`` and ``G``, added onto `init` (four ``[C, K]`` tiles).
+    their triangles) with respect to ``q``, ``k``, ``b*k`` and ``G``, added onto `init` (four ``[C, K]`` tiles):
+    the far pairs (:func:`_far_pairs_backward`), then the near ones (:func:`_near_pairs_backward`).
 
     With ``M_ij = (dA_ij bk_i + dP_ij q_i) exp(G_i - G_j) k_j``: ``dG_i += sum_j M_ij`` and ``dG_j -= sum_i M_ij``.
-    The far pairs through the factors of :func:`_far_factors` as products (their reference rows get nothing: the
-    two factors' shares cancel); the near pairs in two loops of ``SUB`` steps over every sub-block at once, one
-    for the rows' side (key rows gathered), one for the columns' side (query rows gathered, the cotangents
-    transposed), so that no step sums across rows. `refs`: the chunk's ``(G, q, k, b)`` blocks."""
-    G_ref, q_ref, k_ref, b_ref = refs
+    `refs`: the chunk's ``(G, q, k, b)`` blocks; `products`: ``(x @ y, x^T @ y)``."""
+    grads = _far_pairs_backward(G, q, k, bk, dA, dP, refs[0], products, init)
+    return _near_pairs_backward(G, q, k, bk, dA, dP, refs, grads)
+
+
+def _far_pairs_backward(G, q, k, bk, dA, dP, G_ref, products, init):
+    """The pairs in different sub-blocks through the factors of :func:`_far_factors`, as products (their reference
+    rows get nothing: the two factors' shares cancel), added onto `init` ``(dq, dk, dbk, dG)``."""
     mm, mm_tn = products
     C, K = G.shape
     dq, dk, dbk, dG = init
@@ -179,11 +183,20 @@ def _scores_backward(G, q, k, bk, dA, dP, refs, products, init):
         dG = dG - d_right * k
     dbk = dbk + d_left_a * f
     dq = dq + d_left_q * f
-    dG = dG + (d_left_a * bk + d_left_q * q) * f
+    return dq, dk, dbk, dG + (d_left_a * bk + d_left_q * q) * f
 
+
+def _near_pairs_backward(G, q, k, bk, dA, dP, refs, init):
+    """The pairs inside one sub-block, added onto `init` ``(dq, dk, dbk, dG)``: two loops of ``SUB`` steps over
+    every sub-block at once, one for the rows' side (key rows gathered), one for the columns' side (query rows
+    gathered, the cotangents transposed), so that no step sums across rows."""
+    G_ref, q_ref, k_ref, b_ref = refs
+    C = G.shape[0]
+    dq, dk, dbk, dG = init
+    rows_cc, cols = fw._iota((C, C), 0), fw._iota((C, C), 1)
     start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
     start_cc = _sub_starts((C, C))
-    near = in_sub_cc == lax.div(cols, SUB)
+    near = lax.div(rows_cc, SUB) == lax.div(cols, SUB)
     dA_near, dP_near = jnp.where(near, dA, 0.0), jnp.where(near, dP, 0.0)
 
     def rows_side(s, carry):  # row i, key row j = r(i) + s

@@ -1,0 +1,162 @@
+"""Where the time of deltabench's Pallas GDN-2 GPU kernels goes: each per-chunk kernel timed whole, then with one
+part of its work taken out (a diagnostic: the parts taken out make the results wrong, so nothing here is gated).
+
+    python benchmarks/gpu/gdn2_pallas_parts.py [--shape B=8,T=4096,H=6,K=128,V=128] [--warps 4] [--reps 20]
+        [--only prepare,gradients]
+
+Rows (bf16 inputs, bf16x3 products, all of V a program):
+
+* ``prepare``: whole; without the pairwise scores (``A = P = 0``); without the WY solve (``T = I``);
+* ``gradients`` (the backward less the cotangent's walk, as ``gdn2_pallas.py --stages``): whole; without the
+  scores' gradients; with only their far pairs (products); with only their near pairs (the two 16-step loops).
+
+A part that costs little when taken out was not where the time went. Each row compiles its kernels afresh
+(``jax.clear_caches``), so a row costs its compile (tens of seconds) beside its timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(__file__))
+
+from gdn2_pallas import ARGS, make_inputs, parse_shape, timed
+
+
+@contextlib.contextmanager
+def patched(module, **replacements):
+    """`module`'s attributes replaced for the block (the kernels look their helpers up when traced), JAX's caches
+    cleared on the way in and out so that no compiled kernel of the other form is replayed."""
+    import jax
+
+    saved = {name: getattr(module, name) for name in replacements}
+    jax.clear_caches()
+    for name, value in replacements.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+        jax.clear_caches()
+
+
+def variants():
+    """``{kernel: {row: replacements of gpu's helpers}}``."""
+    import jax.numpy as jnp
+    from deltabench.kernels.gdn2.jax.pallas import gpu
+
+    def no_scores(G, q, k, bk, *_args):
+        C = G.shape[0]
+        zero = jnp.zeros((C, C), jnp.float32)
+        return zero, zero
+
+    def identity_solve(A, *_args, **_kw):
+        C = A.shape[0]
+        return (lax_iota(C, 0) == lax_iota(C, 1)).astype(jnp.float32)
+
+    def lax_iota(C, axis):
+        from jax import lax
+
+        return lax.broadcasted_iota(jnp.int32, (C, C), axis)
+
+    forward = gpu.fw
+
+    class _NoSolve:
+        """forward's namespace with the WY solve replaced (the kernels reach it as ``fw._unit_lower_inverse``)."""
+
+        def __getattr__(self, name):
+            return identity_solve if name == "_unit_lower_inverse" else getattr(forward, name)
+
+    def far_only(G, q, k, bk, dA, dP, refs, products, init):
+        return gpu._far_pairs_backward(G, q, k, bk, dA, dP, refs[0], products, init)
+
+    def near_only(G, q, k, bk, dA, dP, refs, products, init):
+        return gpu._near_pairs_backward(G, q, k, bk, dA, dP, refs, init)
+
+    def no_grads(G, q, k, bk, dA, dP, refs, products, init):
+        return init
+
+    return {
+        "prepare": {
+            "whole": {},
+            "no pairwise scores": {"_pairwise_scores": no_scores},
+            "no WY solve": {"fw": _NoSolve()},
+        },
+        "gradients": {
+            "whole": {},
+            "no scores gradients": {"_scores_backward": no_grads},
+            "far pairs only": {"_scores_backward": far_only},
+            "near pairs only": {"_scores_backward": near_only},
+        },
+    }
+
+
+def time_kernel(kernel: str, args, h0, do, options: dict, reps: int) -> tuple[float, float]:
+    """(ms, compile s) of the prepare alone, or of the gradient kernel (backward less the cotangent's walk)."""
+    import jax
+    import jax.numpy as jnp
+    from deltabench.kernels.gdn2.jax.pallas import gpu
+
+    t0 = time.perf_counter()
+    if kernel == "prepare":
+        fn = functools.partial(gpu.gdn2_gpu_prepare, *args, **options)
+        jax.block_until_ready(fn())
+        compile_s = time.perf_counter() - t0
+        return timed(fn, reps), compile_s
+    scale = args[0].shape[-1] ** -0.5
+    h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
+    _, _, states_t, prepared = gpu.gdn2_gpu_forward(*args, h0_t, scale=scale, store_states=True, **options)
+    backward = functools.partial(gpu.gdn2_gpu_backward, *args, do, states_t, jnp.zeros_like(h0_t), prepared)
+    jax.block_until_ready(backward(scale=scale, **options))
+    compile_s = time.perf_counter() - t0
+    whole = timed(lambda: backward(scale=scale, **options), reps)
+    walk = timed(lambda: backward(scale=scale, dstate_only=True, **options), reps)
+    return whole - walk, compile_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="B=8,T=4096,H=6,K=128,V=128")
+    parser.add_argument("--warps", default="4", help="Triton warps a program (comma list)")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--only", default="prepare,gradients", help="kernels to take apart (comma list)")
+    parser.add_argument("--allow-cpu", action="store_true", help="Pallas' interpreter on the CPU (plumbing only)")
+    opts = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    from deltabench.kernels.gdn2.jax.pallas import gpu
+
+    backend = jax.default_backend()
+    print(f"jax {jax.__version__}, backend {backend}, devices {[d.device_kind for d in jax.devices()]}", flush=True)
+    if backend != "gpu" and not opts.allow_cpu:
+        print("gdn2_pallas_parts: no GPU visible to JAX (--allow-cpu runs the plumbing in the interpreter)")
+        return 2
+    dims = parse_shape(opts.shape)
+    _, a = make_inputs(dims, jnp.bfloat16)
+    args = tuple(a[n] for n in ARGS)
+    do = jax.random.normal(jax.random.PRNGKey(0), (dims["B"], dims["T"], dims["H"], dims["V"])).astype(jnp.bfloat16)
+    kernels = [k for k in opts.only.split(",") if k]
+    print("| kernel | warps | row | ms | compile s |\n|---|---|---|---|---|", flush=True)
+    for warps in (int(w) for w in opts.warps.split(",")):
+        options = {"chunk": 64, "dots": "bf16x3", "num_warps": warps, "interpret": backend != "gpu"}
+        for kernel in kernels:
+            for row, replacements in variants()[kernel].items():
+                try:
+                    with patched(gpu, **replacements):
+                        ms, compile_s = time_kernel(kernel, args, a["initial_state"], do, options, opts.reps)
+                    print(f"| {kernel} | {warps} | {row} | {ms:.3f} | {compile_s:.1f} |", flush=True)
+                except Exception as exc:  # a row that does not compile says so and the rest still run
+                    print(f"| {kernel} | {warps} | {row} | failed: {str(exc).splitlines()[0][:120]} | |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -245,31 +245,22 @@ task_sdm_pkg() {
 }
 
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
-# ptxas_report NAME CMD...: CMD with XLA's PTX dumped, then ptxas -v's registers and spills per gdn2 kernel
-ptxas_report() {
-    local name=$1 dump=/tmp/xla-dump-$1
-    shift
-    XLA_FLAGS="--xla_dump_to=$dump" "$@"
-    echo "$name exit=$?"
-    timeout 120 python3 benchmarks/gpu/ptx_registers.py "$dump" --match gdn2 >"$dir/$name.ptxas" 2>&1
-    echo "ptx_registers exit=$?"; cut -c1-170 "$dir/$name.ptxas"
-}
 task_gdn2_pallas() {
     stamp gdn2_pallas
     # the per-chunk kernels and the walks (6.4 / 30.3 ms at 16:26 on 2026-12-02), each kernel's time apart
     # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name, GDN2_CAP: its cap
     local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
-    PYTHONPATH=$(pypath) ptxas_report "${GDN2_LOG:-gdn2-pallas}" timeout "${GDN2_CAP:-420}" python3 \
-        benchmarks/gpu/gdn2_pallas.py --block-v 128 --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" \
-        --dots bf16x3 --stages --no-fla >"$log" 2>&1
-    tail -20 "$log" | cut -c1-170
+    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
+        --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --dots bf16x3 --stages --no-fla >"$log" 2>&1
+    echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
-# the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above
+# the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above,
+# GDN2_PARTS: the kernels to take apart
 task_gdn2_parts() {
     stamp gdn2_parts
-    PYTHONPATH=$(pypath) ptxas_report gdn2-parts timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
-        --warps "${GDN2_WARPS:-4}" >"$dir/gdn2-parts.log" 2>&1
-    cat "$dir/gdn2-parts.log"
+    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
+        --warps "${GDN2_WARPS:-4}" --only "${GDN2_PARTS:-prepare,gradients}" >"$dir/gdn2-parts.log" 2>&1
+    echo "gdn2_parts exit=$?"; cat "$dir/gdn2-parts.log"
 }
 # the wider tilings after the queue's first pass: 8 warps, pipelining depth 1 and 3
 task_gdn2_pallas_wide() { GDN2_WARPS=8 GDN2_NUM_STAGES=1,3 GDN2_LOG=gdn2-pallas-wide task_gdn2_pallas; }

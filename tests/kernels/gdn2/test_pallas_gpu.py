@@ -60,7 +60,9 @@ def _grads(fn, args, inputs, do, ds):
     return o, s, dict(zip(names, grads, strict=True))
 
 
-def _check_against_oracle(fn, op: str, T: int, dtype: str, h0: bool, regime: str, where: str) -> None:
+def _check_against_oracle(
+    fn, op: str, T: int, dtype: str, h0: bool, regime: str, where: str, K: int = K, V: int = V
+) -> None:
     args, oracle, make_inputs = OPS[op]
     inputs = make_inputs(B, T, H, K, V, dtype=DTYPES[dtype], seed=T, regime=regime, initial_state=h0)
     gen = torch.Generator().manual_seed(T + 1)
@@ -112,6 +114,15 @@ def test_value_blocks_match_float64_oracle(dtype: str) -> None:
     backward's key-side gradient shares."""
     for regime in ("typical", "long"):
         _check_against_oracle(_configured(block_v=16), "gdn2", 100, dtype, True, regime, f"block_v=16 {regime}")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_key_blocks_match_float64_oracle(dtype: str) -> None:
+    """K = 80 padded to 128: the pairwise scores summed over four blocks of 32 key columns in the prepare, and the
+    scores' gradients a program per block of 32 (the last one all padding)."""
+    assert pallas_gpu.SCORES_BLOCK_K == 32
+    for regime in ("typical", "long"):
+        _check_against_oracle(get_impl("gdn2", IMPL), "gdn2", 100, dtype, True, regime, f"K=80 {regime}", K=80, V=40)
 
 
 def test_bf16x3_products_pass_at_bf16() -> None:
@@ -239,13 +250,13 @@ def test_lowers_for_cuda(dtype: str, options: dict) -> None:
     assert 'name = "gdn2_gpu_prepare"' in text and 'name = "gdn2_gpu_forward"' in text
     assert "interpret" not in text and "tpu_custom_call" not in text
     text = _cuda_export(train_step, *shapes)
-    # the forward's two kernels, then the backward's two (the cotangent's walk over the forward's prepared work,
-    # the gradients): the chunks are prepared once
-    assert text.count("__gpu$xla.gpu.triton") == 4
-    for name in ("prepare", "forward", "dstate", "backward"):
+    # the forward's two kernels, then the backward's three (the cotangent's walk over the forward's prepared work,
+    # the gradients, the scores' gradients by key blocks): the chunks are prepared once
+    assert text.count("__gpu$xla.gpu.triton") == 5
+    for name in ("prepare", "forward", "dstate", "backward", "scores_backward"):
         assert f'name = "gdn2_gpu_{name}"' in text, name
     stages = options.get("num_stages", 1)  # the pipelining depth asked for reaches every kernel's Triton call
-    assert text.count(f"num_stages = {stages} : i32") == 4
+    assert text.count(f"num_stages = {stages} : i32") == 5
 
 
 def test_kda_and_odd_widths_lower_for_cuda() -> None:

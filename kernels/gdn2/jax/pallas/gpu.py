@@ -53,6 +53,9 @@ DOTS = ("fp32", "bf16x3")
 # Rows of a sub-block of the chunk: pairs of tokens in one sub-block form their decays exactly, pairs across
 # sub-blocks factor through a reference row (:func:`_far_factors`).
 SUB = fw.SOLVE_BLOCK
+# Key columns the pairwise scores (:func:`_pairwise_scores`) and their gradients (a program of
+# :func:`_scores_grads_kernel`) take at a time: [C, 32] float32 tiles are 16 registers a thread at 4 warps.
+SCORES_BLOCK_K = 32
 
 
 def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -92,61 +95,71 @@ def _sub_starts(shape: tuple[int, int]) -> jax.Array:
     return lax.div(fw._iota(shape, 0), SUB) * SUB
 
 
-def _key_rows(ref, at: jax.Array) -> jax.Array:
-    """``ref[at[i], :]`` for every row ``i``: a gather of whole rows from the chunk's block (``at`` ``[C]``)."""
-    return ref[at, :].astype(_F32)
+_ALL = slice(None)
 
 
-def _far_factors(G: jax.Array, G_ref):
+def _key_rows(ref, at: jax.Array, cols=_ALL) -> jax.Array:
+    """``ref[at[i], cols]`` for every row ``i``: a gather of rows from the chunk's block (``at`` ``[C]``)."""
+    return ref[at, cols].astype(_F32)
+
+
+def _far_factors(G: jax.Array, G_ref, cols=_ALL):
     """The sub-blocks' reference decays: the left factor ``f_i = exp(G_i - G_{r(i)-1})`` (``r(i)`` the first row of
     row ``i``'s sub-block; ``[C, K]``) and, for each sub-block ``m >= 1``, ``(m, right_m)`` with
     ``right_m[j] = exp(G_{mS-1} - G_j)`` for the rows ``j < mS`` before it, zero from there on. Both factors are
     <= 1 where they are used (``G`` does not increase along the chunk), so the far pairs ``i``, ``j < r(i)`` are
-    products: ``exp(G_i - G_j) = f_i right_m[j]``."""
+    products: ``exp(G_i - G_j) = f_i right_m[j]``. `G` is ``G_ref[:, cols]``."""
     C, K = G.shape
     start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
-    f = jnp.exp(jnp.minimum(G - _key_rows(G_ref, jnp.maximum(start - 1, 0)), 0.0))
+    f = jnp.exp(jnp.minimum(G - _key_rows(G_ref, jnp.maximum(start - 1, 0), cols), 0.0))
     rows = fw._iota((C, K), 0)
     right = []
     for m in range(1, C // SUB):
-        ref_row = G_ref[pl.ds(m * SUB - 1, 1), :]  # [1, K]
+        ref_row = G_ref[pl.ds(m * SUB - 1, 1), cols]  # [1, K]
         right.append((m, jnp.where(rows < m * SUB, jnp.exp(jnp.minimum(ref_row - G, 0.0)), 0.0)))
     return f, right
 
 
-def _pairwise_scores(G, q, k, bk, G_ref, k_ref, mm_t) -> tuple[jax.Array, jax.Array]:
+def _pairwise_scores(refs, mm_t, block_k: int) -> tuple[jax.Array, jax.Array]:
     """``A`` (strictly lower) and ``P`` (lower, diagonal included), ``[C, C]``, where
-    ``A_ij = sum_c bk_i[c] exp(G_i[c] - G_j[c]) k_j[c]`` and ``P`` the same with ``q`` for ``bk``.
+    ``A_ij = sum_c bk_i[c] exp(G_i[c] - G_j[c]) k_j[c]`` and ``P`` the same with ``q`` for ``bk``; `refs` the
+    chunk's ``(G, q, k, b)`` blocks.
 
-    Pairs in different sub-blocks (``SUB`` rows) through the reference factors of :func:`_far_factors`, a
-    product per sub-block; pairs inside one sub-block exactly (``exp(min(G_i - G_j, 0))``), ``SUB`` steps, each
-    over every sub-block at once: step ``s`` takes key row ``r(i) + s`` for row ``i``, gathered from the refs
-    (rows read from memory, not reduced out of register tiles)."""
-    C, K = G.shape
-    rows_cc, cols = fw._iota((C, C), 0), fw._iota((C, C), 1)
-    f, right = _far_factors(G, G_ref)
-    left_a, left_q = bk * f, q * f
-    in_sub = lax.div(fw._iota((C, K), 0), SUB)
-    A = jnp.zeros((C, C), _F32)
-    P = jnp.zeros((C, C), _F32)
-    for m, r_m in right:
-        r_m = r_m * k
-        A = A + mm_t(jnp.where(in_sub == m, left_a, 0.0), r_m)
-        P = P + mm_t(jnp.where(in_sub == m, left_q, 0.0), r_m)
+    `block_k` key columns at a time (their sums added up: the tiles a program holds are ``[C, block_k]``). Pairs
+    in different sub-blocks (``SUB`` rows) through the reference factors of :func:`_far_factors`, a product per
+    sub-block; pairs inside one sub-block exactly (``exp(min(G_i - G_j, 0))``), ``SUB`` steps, each over every
+    sub-block at once: step ``s`` takes key row ``r(i) + s`` for row ``i``, gathered from the refs (rows read from
+    memory, not reduced out of register tiles)."""
+    G_ref, q_ref, k_ref = refs[:3]
+    C, width = q_ref.shape
+    rows_cc, cols_cc = fw._iota((C, C), 0), fw._iota((C, C), 1)
+    in_sub = lax.div(fw._iota((C, block_k), 0), SUB)
     start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
     start_cc = _sub_starts((C, C))
+    A = jnp.zeros((C, C), _F32)
+    P = jnp.zeros((C, C), _F32)
+    for c0 in range(0, width, block_k):
+        cols = pl.ds(c0, block_k)
+        G, q, k, b = (r[:, cols].astype(_F32) for r in refs)
+        bk = b * k
+        f, right = _far_factors(G, G_ref, cols)
+        left_a, left_q = bk * f, q * f
+        for m, r_m in right:
+            r_m = r_m * k
+            A = A + mm_t(jnp.where(in_sub == m, left_a, 0.0), r_m)
+            P = P + mm_t(jnp.where(in_sub == m, left_q, 0.0), r_m)
 
-    def one_key(s, carry):
-        A, P = carry
-        at = start + s
-        decay_k = jnp.exp(jnp.minimum(G - _key_rows(G_ref, at), 0.0)) * _key_rows(k_ref, at)
-        at_col = cols == start_cc + s
-        A = jnp.where(at_col, jnp.sum(bk * decay_k, axis=1, keepdims=True), A)
-        P = jnp.where(at_col, jnp.sum(q * decay_k, axis=1, keepdims=True), P)
-        return A, P
+        def one_key(s, carry, G=G, q=q, bk=bk, cols=cols):
+            A, P = carry
+            at = start + s
+            decay_k = jnp.exp(jnp.minimum(G - _key_rows(G_ref, at, cols), 0.0)) * _key_rows(k_ref, at, cols)
+            at_col = cols_cc == start_cc + s
+            A = A + jnp.where(at_col, jnp.sum(bk * decay_k, axis=1, keepdims=True), 0.0)
+            P = P + jnp.where(at_col, jnp.sum(q * decay_k, axis=1, keepdims=True), 0.0)
+            return A, P
 
-    A, P = lax.fori_loop(0, SUB, one_key, (A, P))
-    return jnp.where(rows_cc > cols, A, 0.0), jnp.where(rows_cc >= cols, P, 0.0)
+        A, P = lax.fori_loop(0, SUB, one_key, (A, P))
+    return jnp.where(rows_cc > cols_cc, A, 0.0), jnp.where(rows_cc >= cols_cc, P, 0.0)
 
 
 def _scores_backward(G, q, k, bk, dA, dP, refs, products, init):
@@ -251,11 +264,11 @@ def _prepare_kernel(
     mm, mm_t, _ = _products(dots)
     # each input loaded where it is first used and each output stored once made: a [C, K] float32 tile is 64
     # registers a thread at 4 warps, so what is live at once decides whether the program spills
+    A, P = _pairwise_scores((G_ref, q_ref, k_ref, b_ref), mm_t, min(SCORES_BLOCK_K, q_ref.shape[1]))
+    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
     q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
     C = q.shape[0]
     bk = b * k
-    A, P = _pairwise_scores(G, q, k, bk, G_ref, k_ref, mm_t)
-    T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
     p_ref[...] = P
     t_ref[...] = T
     expG = jnp.exp(G)
@@ -308,12 +321,14 @@ def _dstate_walk_kernel(
 
 def _grads_kernel(
     q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref,
-    dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref,
+    dv_ref, dw_ref, dA_ref, dP_ref, dq_ref, dk_ref, dbk_ref, dG_ref,
     *, scale, dots,
 ):  # fmt: skip
-    """One (batch, head, chunk), all chunks at once: every input's gradient from the chunk's start state and its
-    end cotangent (the two walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all
-    of V in one program; the algebra of :func:`.fused_backward._fused_backward_kernel`."""
+    """One (batch, head, chunk), all chunks at once: from the chunk's start state and its end cotangent (the two
+    walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all of V in one program
+    (the algebra of :func:`.fused_backward._fused_backward_kernel`): v's and w's gradients, the cotangents of the
+    scores ``dA``, ``dP`` and the direct terms of q's, k's, (b*k)'s and G's, which
+    :func:`_scores_grads_kernel` finishes."""
     mm, mm_t, mm_tn = _products(dots)
     # loads where first used and the value-side gradients stored as soon as made (as in _prepare_kernel: fewer
     # tiles live at once, the [V, K] states 128 registers a thread each at 4 warps)
@@ -344,16 +359,35 @@ def _grads_kernel(
     dr_k = mm_tn(T, dW)
     dT = mm_t(du, r_v) + mm_t(dW, r_k)
     T_t = T.T
-    dA = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
-    direct = (dqd * expG, dkd * e_kd, dr_k * expG, dr_k * r_k + dqd * q * expG - dkd * kd)  # dq, dk, dbk, dG
-    # every pair i >= j of the scores, added onto the direct terms
+    dA_ref[...] = jnp.where(ii > jj, -mm(mm(T_t, dT), T_t), 0.0)
+    dP_ref[...] = dP
+    # the direct terms; the scores' own gradients are added by _scores_grads_kernel
+    dq_ref[...] = dqd * expG
+    dk_ref[...] = dkd * e_kd
+    dbk_ref[...] = dr_k * expG
+    dG = dr_k * r_k + dqd * q * expG - dkd * kd
+    dG_ref[...] = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
+
+
+def _scores_grads_kernel(
+    q_ref, k_ref, G_ref, b_ref, dA_ref, dP_ref, dq_ref, dk_ref, dbk_ref, dG_ref,
+    dq_out, dk_out, dg_out, db_out, *, dots,
+):  # fmt: skip
+    """One (batch, chunk, head and block of key columns): the scores' gradients (:func:`_scores_backward`) added
+    onto the direct terms :func:`_grads_kernel` stored, then the chain rule to k, b and g. Every step of it is
+    column by column in K (the products contract over the chunk's rows), so a program holds ``[C, BK]`` tiles:
+    a few registers a thread where the whole ``[C, K]`` chunk spilled."""
+    mm, _, mm_tn = _products(dots)
+    q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
+    bk = b * k
+    init = tuple(r[...] for r in (dq_ref, dk_ref, dbk_ref, dG_ref))
     refs = (G_ref, q_ref, k_ref, b_ref)
-    dq, dk, dbk, dG = _scores_backward(G, q, k, bk, dA, dP, refs, (mm, mm_tn), init=direct)
-    dG = dG + jnp.where(fw._iota(dG.shape, 0) == C - 1, dG_last, 0.0)
-    dq_ref[...] = dq
-    dk_ref[...] = dk + dbk * b
-    db_ref[...] = dbk * k
-    dg_ref[...] = mm(jnp.where(ii <= jj, 1.0, 0.0).astype(_F32), dG)
+    dq, dk, dbk, dG = _scores_backward(G, q, k, bk, dA_ref[...], dP_ref[...], refs, (mm, mm_tn), init=init)
+    C = q.shape[0]
+    dq_out[...] = dq
+    dk_out[...] = dk + dbk * b
+    db_out[...] = dbk * k
+    dg_out[...] = mm(jnp.where(fw._iota((C, C), 0) <= fw._iota((C, C), 1), 1.0, 0.0).astype(_F32), dG)
 
 
 def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | None):
@@ -605,16 +639,33 @@ def gdn2_gpu_backward(
     )
     key_out = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
     value_out = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
-    dq, dk, dg, db, dv, dw = pl.pallas_call(
+    scores_out = jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _F32)
+    dv, dw, dA, dP, *direct = pl.pallas_call(
         functools.partial(_grads_kernel, scale=float(scale), dots=dots),
         grid=(B, H, N),
         in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c],
-        out_specs=[key_c, key_c, key_c, key_c, value_c, value_c],
-        out_shape=[key_out, key_out, key_out, key_out, value_out, value_out],
+        out_specs=[value_c, value_c, scores_c, scores_c, key_c, key_c, key_c, key_c],
+        out_shape=[value_out, value_out, scores_out, scores_out, key_out, key_out, key_out, key_out],
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_backward",
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t)
+    # the scores' gradients, grid (B, H * K / BK, N): a program per block of BK key columns of a chunk
+    BK = min(SCORES_BLOCK_K, Kp)
+    NK = Kp // BK
+    key_kb = pl.BlockSpec((None, chunk, BK), lambda bi, hk, n: (bi, n, hk))
+    scores_kb = pl.BlockSpec((None, None, None, chunk, chunk), lambda bi, hk, n: (bi, hk // NK, n, 0, 0))
+    dq, dk, dg, db = pl.pallas_call(
+        functools.partial(_scores_grads_kernel, dots=dots),
+        grid=(B, H * NK, N),
+        in_specs=[key_kb] * 4 + [scores_kb] * 2 + [key_kb] * 4,
+        out_specs=[key_kb] * 4,
+        out_shape=[key_out] * 4,
+        input_output_aliases={6: 0, 7: 1, 9: 2, 8: 3},  # each program reads its direct terms' block, then writes it
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn2_gpu_scores_backward",
+    )(flat[0], flat[1], flat[2], flat[3], dA, dP, *direct)
 
     def unflat(x: jax.Array, width: int, keep: int) -> jax.Array:
         return x.reshape(B, T_pad, H, width)[:, :T, :, :keep]

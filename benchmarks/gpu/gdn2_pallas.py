@@ -6,7 +6,7 @@ when installed), checked then timed in one process. A diagnostic script: the gat
 Run on the GPU host (JAX with CUDA)::
 
     python benchmarks/gpu/gdn2_pallas.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16] [--reps 20]
-        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--num-stages 1] [--no-fla] [--stages]
+        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--num-stages 1] [--grads-warps 8] [--no-fla] [--stages]
 
 For each path: (1) can it lower and compile for the GPU (if not, the reason is printed and the path is skipped);
 (2) a check at a small shape (B1 T200 H2 K=V=128) against deltabench's float64 oracle (o, the final state and
@@ -15,7 +15,8 @@ float32; (4) times: compile (lower + compile, apart; for FLA the first calls, Tr
 the median of `--reps` calls of the forward and of the forward+backward (the gradient of ``sum(o * do)`` w.r.t. q,
 k, v, g, b, w), each call synchronised, after warm-up. ``pallas_gpu_chunk`` runs once per tiling: value columns per
 program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32 or three bf16 tensor-core
-passes), Triton warps (``--warps``) and pipelining depth (``--num-stages``). The TPU kernel (``pallas_chunk``) is
+passes), Triton warps (``--warps``; ``--grads-warps``: the gradient kernel's own) and pipelining depth
+(``--num-stages``). The TPU kernel (``pallas_chunk``) is
 Mosaic code: on a GPU its compiled path is expected to fail to lower; ``--interpret`` also checks both Pallas
 bodies in Pallas' interpreter (XLA operations: correct, not fast, so it is not timed). ``--stages`` times
 ``pallas_gpu_chunk``'s kernels one by one (prepare, walk, the cotangent's walk, the gradients), tiling by tiling:
@@ -106,14 +107,16 @@ def paths(interpret: bool, tilings: list[dict] | None = None):
     return out
 
 
-def tilings(block_v: str, dots: str, warps: str, V: int, num_stages: str = "1") -> list[dict]:
-    """The cross product of the ``pallas_gpu_chunk`` options given as comma lists (block_v >= V: all of V)."""
+def tilings(block_v: str, dots: str, warps: str, V: int, num_stages: str = "1", grads_warps: str = "") -> list[dict]:
+    """The cross product of the ``pallas_gpu_chunk`` options given as comma lists (block_v >= V: all of V;
+    `grads_warps` empty: the gradient kernel at `warps` too)."""
     out = []
     for bv in (int(x) for x in block_v.split(",")):
         for d in dots.split(","):
             for nw in (int(x) for x in warps.split(",")):
                 for ns in (int(x) for x in num_stages.split(",")):
-                    out.append({"block_v": None if bv >= V else bv, "dots": d, "num_warps": nw, "num_stages": ns})
+                    tiling = {"block_v": None if bv >= V else bv, "dots": d, "num_warps": nw, "num_stages": ns}
+                    out += [{**tiling, "grads_warps": int(gw)} for gw in grads_warps.split(",") if gw] or [tiling]
     return out
 
 
@@ -325,7 +328,10 @@ def stage_times(args, h0, do, tiling: dict, reps: int, interpret: bool = False) 
     d_final_t = jnp.zeros_like(h0_t)
     _, _, states_t, prepared = gpu.gdn2_gpu_forward(*args, h0_t, scale=scale, store_states=True, **walk_options)
     jax.block_until_ready(prepared)
-    backward = functools.partial(gpu.gdn2_gpu_backward, *args, do, states_t, d_final_t, prepared, scale=scale)
+    backward = functools.partial(
+        gpu.gdn2_gpu_backward, *args, do, states_t, d_final_t, prepared, scale=scale,
+        grads_warps=tiling.get("grads_warps"),
+    )  # fmt: skip
     out = {
         "prepare": timed(lambda: gpu.gdn2_gpu_prepare(*args, **options), reps),
         "forward": timed(
@@ -350,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dots", default="fp32,bf16x3", help="pallas_gpu_chunk: products, fp32 and/or bf16x3")
     parser.add_argument("--warps", default="4", help="pallas_gpu_chunk: Triton warps a program (comma list)")
     parser.add_argument("--num-stages", default="1", help="pallas_gpu_chunk: Triton pipelining depth (comma list)")
+    parser.add_argument(
+        "--grads-warps",
+        default="",
+        help="pallas_gpu_chunk: the gradient kernel's own warps (comma list; default: --warps)",
+    )
     parser.add_argument("--no-fla", action="store_true", help="leave out FLA's chunk_gdn2 (PyTorch)")
     parser.add_argument("--stages", action="store_true", help="also time each Pallas GPU kernel, tiling by tiling")
     opts = parser.parse_args(argv)
@@ -381,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"[{time.perf_counter() - started:.0f} s] " + " | ".join(str(v) for v in row.values()), flush=True)
 
-    chosen = tilings(opts.block_v, opts.dots, opts.warps, dims["V"], opts.num_stages)
+    chosen = tilings(opts.block_v, opts.dots, opts.warps, dims["V"], opts.num_stages, opts.grads_warps)
     for name, core in paths(opts.interpret, chosen).items():
         done(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
     stages = {}

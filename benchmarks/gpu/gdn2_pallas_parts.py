@@ -2,13 +2,16 @@
 part of its work taken out (a diagnostic: the parts taken out make the results wrong, so nothing here is gated).
 
     python benchmarks/gpu/gdn2_pallas_parts.py [--shape B=8,T=4096,H=6,K=128,V=128] [--warps 4] [--reps 20]
-        [--only prepare,gradients]
+        [--grads-warps 8] [--only prepare,gradients,walks]
+        [--walk-tilings block_v=128,64,32:num_warps=4,8:num_stages=1,3]
 
 Rows (bf16 inputs, bf16x3 products, all of V a program):
 
 * ``prepare``: whole; without the pairwise scores (``A = P = 0``); without the WY solve (``T = I``);
 * ``gradients`` (the backward less the cotangent's walk, as ``gdn2_pallas.py --stages``): whole; without the
-  scores' gradients; with only their far pairs (products); with only their near pairs (the two 16-step loops).
+  scores' gradients; with only their far pairs (products); with only their near pairs (the two 16-step loops);
+* ``walks``: the forward's walk (the forward less its prepare) and the cotangent's walk, in every tiling of
+  ``--walk-tilings`` (value columns a program, warps, pipelining depth; the walks compile in seconds).
 
 A part that costs little when taken out was not where the time went. Each row compiles its kernels afresh
 (``jax.clear_caches``), so a row costs its compile (tens of seconds) beside its timing.
@@ -98,8 +101,9 @@ def variants():
     }
 
 
-def time_kernel(kernel: str, args, h0, do, options: dict, reps: int) -> tuple[float, float]:
-    """(ms, compile s) of the prepare alone, or of the gradient kernel (backward less the cotangent's walk)."""
+def time_kernel(kernel: str, args, h0, do, options: dict, reps: int, grads: dict) -> tuple[float, float]:
+    """(ms, compile s) of the prepare alone, or of the gradient kernels (backward less the cotangent's walk; `grads`:
+    the backward's own options)."""
     import jax
     import jax.numpy as jnp
     from deltabench.kernels.gdn2.jax.pallas import gpu
@@ -114,19 +118,53 @@ def time_kernel(kernel: str, args, h0, do, options: dict, reps: int) -> tuple[fl
     h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
     _, _, states_t, prepared = gpu.gdn2_gpu_forward(*args, h0_t, scale=scale, store_states=True, **options)
     backward = functools.partial(gpu.gdn2_gpu_backward, *args, do, states_t, jnp.zeros_like(h0_t), prepared)
-    jax.block_until_ready(backward(scale=scale, **options))
+    jax.block_until_ready(backward(scale=scale, **options, **grads))
     compile_s = time.perf_counter() - t0
-    whole = timed(lambda: backward(scale=scale, **options), reps)
+    whole = timed(lambda: backward(scale=scale, **options, **grads), reps)
     walk = timed(lambda: backward(scale=scale, dstate_only=True, **options), reps)
     return whole - walk, compile_s
+
+
+def walk_tilings(text: str) -> list[dict[str, int]]:
+    """``"block_v=128,64:num_warps=4,8"`` -> every combination, as tiling dicts."""
+    import itertools
+
+    axes = []
+    for part in text.split(":"):
+        name, _, values = part.partition("=")
+        axes.append([(name, int(v)) for v in values.split(",")])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def time_walks(args, h0, do, options: dict, reps: int) -> tuple[float, float]:
+    """(forward walk ms, cotangent walk ms) in the tiling `options`: the forward less its prepare, and the backward
+    stopped after the cotangent's walk."""
+    import jax.numpy as jnp
+    from deltabench.kernels.gdn2.jax.pallas import gpu
+
+    scale = args[0].shape[-1] ** -0.5
+    h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
+    prepare_options = {k: v for k, v in options.items() if k != "block_v"}
+    forward = functools.partial(gpu.gdn2_gpu_forward, *args, h0_t, scale=scale, store_states=True, **options)
+    _, _, states_t, prepared = forward()
+    prepare = timed(lambda: gpu.gdn2_gpu_prepare(*args, **prepare_options), reps)
+    walk = timed(forward, reps) - prepare
+    dstate = functools.partial(gpu.gdn2_gpu_backward, *args, do, states_t, jnp.zeros_like(h0_t), prepared)
+    return walk, timed(lambda: dstate(scale=scale, dstate_only=True, **options), reps)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="B=8,T=4096,H=6,K=128,V=128")
     parser.add_argument("--warps", default="4", help="Triton warps a program (comma list)")
+    parser.add_argument("--grads-warps", type=int, default=None, help="the gradient kernel's own warps")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--only", default="prepare,gradients", help="kernels to take apart (comma list)")
+    parser.add_argument("--only", default="prepare,gradients", help="kernels to take apart (comma list), or walks")
+    parser.add_argument(
+        "--walk-tilings",
+        default="block_v=128,64,32:num_warps=4,8:num_stages=1,3",
+        help="walks: the tilings to time, each option's values (every combination)",
+    )
     parser.add_argument("--allow-cpu", action="store_true", help="Pallas' interpreter on the CPU (plumbing only)")
     opts = parser.parse_args(argv)
 
@@ -144,14 +182,27 @@ def main(argv: list[str] | None = None) -> int:
     args = tuple(a[n] for n in ARGS)
     do = jax.random.normal(jax.random.PRNGKey(0), (dims["B"], dims["T"], dims["H"], dims["V"])).astype(jnp.bfloat16)
     kernels = [k for k in opts.only.split(",") if k]
-    print("| kernel | warps | row | ms | compile s |\n|---|---|---|---|---|", flush=True)
+    base = {"chunk": 64, "dots": "bf16x3", "interpret": backend != "gpu"}
+    if "walks" in kernels:
+        print("| walk tiling | forward walk ms | cotangent walk ms |\n|---|---|---|", flush=True)
+        for tiling in walk_tilings(opts.walk_tilings):
+            label = ", ".join(f"{k}={v}" for k, v in tiling.items())
+            try:
+                walk, dstate = time_walks(args, a["initial_state"], do, {**base, **tiling}, opts.reps)
+                print(f"| {label} | {walk:.3f} | {dstate:.3f} |", flush=True)
+            except Exception as exc:  # a tiling that does not compile says so and the rest still run
+                print(f"| {label} | failed: {str(exc).splitlines()[0][:120]} | |", flush=True)
+        kernels.remove("walks")
+    if kernels:
+        print("| kernel | warps | row | ms | compile s |\n|---|---|---|---|---|", flush=True)
     for warps in (int(w) for w in opts.warps.split(",")):
-        options = {"chunk": 64, "dots": "bf16x3", "num_warps": warps, "interpret": backend != "gpu"}
+        options = {**base, "num_warps": warps}
+        grads = {"grads_warps": opts.grads_warps} if opts.grads_warps else {}
         for kernel in kernels:
             for row, replacements in variants()[kernel].items():
                 try:
                     with patched(gpu, **replacements):
-                        ms, compile_s = time_kernel(kernel, args, a["initial_state"], do, options, opts.reps)
+                        ms, compile_s = time_kernel(kernel, args, a["initial_state"], do, options, opts.reps, grads)
                     print(f"| {kernel} | {warps} | {row} | {ms:.3f} | {compile_s:.1f} |", flush=True)
                 except Exception as exc:  # a row that does not compile says so and the rest still run
                     print(f"| {kernel} | {warps} | {row} | failed: {str(exc).splitlines()[0][:120]} | |", flush=True)

@@ -247,11 +247,14 @@ task_sdm_pkg() {
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {
     stamp gdn2_pallas
-    # the per-chunk kernels and the walks (6.4 / 30.3 ms at 16:26 on 2026-12-02), each kernel's time apart
-    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES: the tilings (comma lists), GDN2_LOG: the log's name, GDN2_CAP: its cap
+    # the per-chunk kernels and the walks (5.28 / 21.4 ms at 16:50 on 2026-12-02), each kernel's time apart
+    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES, GDN2_GRADS_WARPS (the gradient kernel's own warps; default 8: it
+    # ran 1.6 ms faster at 8 than at 4, the other kernels slower): the tilings (comma lists), GDN2_LOG: the log's
+    # name, GDN2_CAP: its cap
     local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
-        --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --dots bf16x3 --stages --no-fla >"$log" 2>&1
+        --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --grads-warps "${GDN2_GRADS_WARPS-8}" \
+        --dots bf16x3 --stages --no-fla >"$log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
 # the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above,
@@ -259,11 +262,12 @@ task_gdn2_pallas() {
 task_gdn2_parts() {
     stamp gdn2_parts
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
-        --warps "${GDN2_WARPS:-4}" --only "${GDN2_PARTS:-prepare,gradients}" >"$dir/gdn2-parts.log" 2>&1
+        --warps "${GDN2_WARPS:-4}" ${GDN2_GRADS_WARPS:+--grads-warps "$GDN2_GRADS_WARPS"} \
+        --only "${GDN2_PARTS:-prepare,gradients}" >"$dir/gdn2-parts.log" 2>&1
     echo "gdn2_parts exit=$?"; cat "$dir/gdn2-parts.log"
 }
-# the wider tilings after the queue's first pass: 8 warps, pipelining depth 1 and 3
-task_gdn2_pallas_wide() { GDN2_WARPS=8 GDN2_NUM_STAGES=1,3 GDN2_LOG=gdn2-pallas-wide task_gdn2_pallas; }
+# the two walks alone in every tiling of value block, warps and pipelining depth (seconds of compile each)
+task_gdn2_walks() { GDN2_PARTS=walks task_gdn2_parts; }
 
 task_speed_cold() {
     # from empty caches: Triton's (FLA's autotuning with it), TileLang's, JAX's and the references'
@@ -353,7 +357,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' gdn2_pallas_wide sdm_profile gdn2_pallas sdm_gpu_parts gdn2_gpu speed_cold stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_walks gdn2_parts sdm_profile gdn2_pallas sdm_gpu_parts gdn2_gpu speed_cold stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

@@ -15,6 +15,7 @@ Interpreted programs are slow to compile: shapes are tiny and reused.
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")
@@ -226,7 +227,13 @@ def _gdn2_shapes(T: int, dtype, K_: int = 128, V_: int = 128, Bh: int = 2, Hh: i
 
 @pytest.mark.parametrize(
     ("dtype", "options"),
-    [("bf16", {}), ("fp32", {}), ("bf16", {"block_v": 64}), ("bf16", {"dots": "bf16x3", "num_stages": 3})],
+    [
+        ("bf16", {}),
+        ("fp32", {}),
+        ("bf16", {"block_v": 64}),
+        ("bf16", {"dots": "bf16x3", "num_stages": 3}),
+        ("bf16", {"grads_warps": 8}),
+    ],
 )
 def test_lowers_for_cuda(dtype: str, options: dict) -> None:
     """Forward alone and forward+backward (the training step) lower to Triton kernel calls for CUDA, with
@@ -257,6 +264,11 @@ def test_lowers_for_cuda(dtype: str, options: dict) -> None:
         assert f'name = "gdn2_gpu_{name}"' in text, name
     stages = options.get("num_stages", 1)  # the pipelining depth asked for reaches every kernel's Triton call
     assert text.count(f"num_stages = {stages} : i32") == 5
+    # the gradient kernel's own warps reach it alone
+    warps = re.findall(r'name = "(gdn2_gpu_\w+)", num_stages = \d+ : i32, num_warps = (\d+) : i32', text)
+    assert len(warps) == 5, warps
+    grads = options.get("grads_warps", 4)
+    assert all(int(n) == (grads if name == "gdn2_gpu_backward" else 4) for name, n in warps), warps
 
 
 def test_kda_and_odd_widths_lower_for_cuda() -> None:

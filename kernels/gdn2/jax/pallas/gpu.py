@@ -565,8 +565,10 @@ def gdn2_gpu_forward(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("scale", "chunk", "block_v", "num_warps", "num_stages", "dots", "interpret", "dstate_only"),
-)
+    static_argnames=(
+        "scale", "chunk", "block_v", "num_warps", "num_stages", "dots", "interpret", "dstate_only", "grads_warps"
+    ),
+)  # fmt: skip
 def gdn2_gpu_backward(
     q: jax.Array,
     k: jax.Array,
@@ -587,6 +589,7 @@ def gdn2_gpu_backward(
     dots: str = "fp32",
     interpret: bool = False,
     dstate_only: bool = False,
+    grads_warps: int | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
     (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`, else
@@ -602,6 +605,8 @@ def gdn2_gpu_backward(
             padding).
         dstate_only: stop after the cotangent's walk and return ``(dstates^T, d_initial_state^T)`` padded: for
             timing the kernels one by one (``benchmarks/gpu/gdn2_pallas.py --stages``).
+        grads_warps: Triton warps of the gradient kernel alone (``gdn2_gpu_backward``, the one that holds the
+            chunk's start state and end cotangent, ``[V, K]`` each); None: `num_warps`.
 
     Returns:
         ``(dq, dk, dv, dg, db, dw, d_initial_state^T)``, float32; the first six ``[B, T, H, *]``.
@@ -646,7 +651,7 @@ def gdn2_gpu_backward(
         in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c],
         out_specs=[value_c, value_c, scores_c, scores_c, key_c, key_c, key_c, key_c],
         out_shape=[value_out, value_out, scores_out, scores_out, key_out, key_out, key_out, key_out],
-        compiler_params=params,
+        compiler_params=pltriton.CompilerParams(num_warps=grads_warps or num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gdn2_gpu_backward",
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t)

@@ -27,18 +27,24 @@ def _run(kernel, *args, interpret, tiling, **params):
     return _per_platform(kernel, *args, interpret=interpret, **dict(tiling), **params)
 
 
+def _forward(tiling):
+    """The tiling items the forward takes (the gradient kernel's own warps are the backward's alone)."""
+    return tuple(item for item in tiling if item[0] != "grads_warps")
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
 def _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling):
     h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
-    o, ht_t = _run(gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=tiling, scale=scale)
+    o, ht_t = _run(gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=_forward(tiling), scale=scale)
     return o, jnp.swapaxes(ht_t, -1, -2)
 
 
 def _gdn2_gpu_fwd(q, k, v, g, b, w, h0, scale, interpret, tiling):
     h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
     o, ht_t, states_t, prepared = _run(
-        gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=tiling, scale=scale, store_states=True
-    )
+        gdn2_gpu_forward, q, k, v, g, b, w, h0_t, interpret=interpret, tiling=_forward(tiling), scale=scale,
+        store_states=True,
+    )  # fmt: skip
     return (o, jnp.swapaxes(ht_t, -1, -2)), ((q, k, v, g, b, w), states_t, prepared, h0)
 
 
@@ -72,6 +78,7 @@ def chunk_gdn2_pallas_gpu(
     num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
+    grads_warps: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Gated DeltaNet-2 through deltabench's fused Pallas GPU kernels; differentiable (``jax.custom_vjp``).
 
@@ -93,6 +100,8 @@ def chunk_gdn2_pallas_gpu(
             float32 ones.
         interpret: True runs Pallas' interpreter, False compiles with Triton (GPU), None (default) picks by
             platform: the interpreter on the CPU, Triton elsewhere.
+        grads_warps: Triton warps of the backward's gradient kernel alone (it holds two ``[V, K]`` states a
+            program; :func:`.gpu.gdn2_gpu_backward`); None: `num_warps`.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
@@ -112,7 +121,7 @@ def chunk_gdn2_pallas_gpu(
     scale = K**-0.5 if scale is None else float(scale)
     h0 = jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None else initial_state
     tiling = (("chunk", chunk_size), ("block_v", block_v), ("num_warps", num_warps), ("num_stages", num_stages))
-    tiling += (("dots", dots),)
+    tiling += (("dots", dots), ("grads_warps", grads_warps))
     return _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling)
 
 
@@ -131,12 +140,13 @@ def chunk_kda_pallas_gpu(
     num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
+    grads_warps: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Kimi Delta Attention through the GDN-2 Pallas GPU kernels, with ``b = w = beta`` broadcast over the channels.
 
     Args:
         q, k, g: ``[B, T, H, K]`` (g a per-channel log-decay <= 0); v ``[B, T, H, V]``; beta ``[B, T, H]``.
-        scale, initial_state, chunk_size, block_v, num_warps, num_stages, dots, interpret: as
+        scale, initial_state, chunk_size, block_v, num_warps, num_stages, dots, interpret, grads_warps: as
             :func:`chunk_gdn2_pallas_gpu`.
 
     Returns:
@@ -150,7 +160,7 @@ def chunk_kda_pallas_gpu(
     return chunk_gdn2_pallas_gpu(
         q, k, v, g, b, w, scale, initial_state,
         chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, num_stages=num_stages, dots=dots,
-        interpret=interpret,
+        interpret=interpret, grads_warps=grads_warps,
     )  # fmt: skip
 
 

@@ -58,21 +58,27 @@ SUB = fw.SOLVE_BLOCK
 SCORES_BLOCK_K = 32
 
 
-def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """``x`` as a bf16 head and remainder; a bf16 `x` is its own head, with no remainder (None)."""
+    if x.dtype == jnp.bfloat16:
+        return x, None
     head = x.astype(jnp.bfloat16)
     return head, (x - head.astype(_F32)).astype(jnp.bfloat16)
 
 
 def _matmul(x: jax.Array, y: jax.Array, dims, dots: str) -> jax.Array:
-    """``lax.dot_general(x, y, dims)`` in float32 by the `dots` scheme (see :data:`DOTS`)."""
+    """``lax.dot_general(x, y, dims)`` in float32 by the `dots` scheme (see :data:`DOTS`). An operand that is
+    bf16 already (a bf16 input, as loaded) is exact as a head alone: its remainder's product, zero, is skipped."""
     if dots == "fp32":
+        x, y = x.astype(_F32), y.astype(_F32)
         return lax.dot_general(x, y, dims, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
     (xh, xl), (yh, yl) = _split_bf16(x), _split_bf16(y)
 
     def mul(a, b):
         return lax.dot_general(a, b, dims, preferred_element_type=_F32)
 
-    return mul(xl, yh) + mul(xh, yl) + mul(xh, yh)  # the small terms first
+    small = [mul(a, b) for a, b in ((xl, yh), (xh, yl)) if a is not None and b is not None]
+    return functools.reduce(lambda acc, term: acc + term, [*small, mul(xh, yh)])  # the small terms first
 
 
 def _products(dots: str):
@@ -248,6 +254,12 @@ def _chunk(refs, n, C: int):
     return tuple(r[rows, :].astype(_F32) for r in refs)
 
 
+def _as_operand(x: jax.Array) -> jax.Array:
+    """A loaded tile that only enters products: kept bf16 when it is (exact as one bf16 head, see
+    :func:`_matmul`), float32 otherwise."""
+    return x if x.dtype == jnp.bfloat16 else x.astype(_F32)
+
+
 def _last_row(G_ref, row0: int | jax.Array, C: int) -> jax.Array:
     """``G`` at the chunk's last token, ``[1, K]``: the row ``row0 + C - 1`` of the cumulative decay's block."""
     return G_ref[pl.ds(row0 + C - 1, 1), :]
@@ -310,7 +322,8 @@ def _dstate_walk_kernel(
 
     def step(i, dSt):
         n = n_chunks - 1 - i
-        wm, qd, kd, do = _chunk((wm_ref, qd_ref, kd_ref, do_ref), n, C)
+        wm, qd, kd = _chunk((wm_ref, qd_ref, kd_ref), n, C)
+        do = _as_operand(do_ref[pl.ds(pl.multiple_of(n * C, C), C), :])
         dhs_ref[n] = dSt
         du = scale * mm(p_ref[n].T, do) + mm_t(kd, dSt)
         decay = jnp.exp(_last_row(G_ref, n * C, C))
@@ -346,7 +359,7 @@ def _grads_kernel(
     St = hs_ref[...]  # S^T at the chunk start
     u = mm(T, r_v) - mm_t(mm(T, r_k), St)
 
-    do, dSt = do_ref[...].astype(_F32), dhs_ref[...]  # dS^T at the chunk's end
+    do, dSt = _as_operand(do_ref[...]), dhs_ref[...]  # dS^T at the chunk's end
     du = scale * mm_tn(P, do) + mm_t(kd, dSt)
     dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
     dqd = scale * mm(do, St)

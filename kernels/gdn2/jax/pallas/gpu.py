@@ -3,7 +3,8 @@
 A chunk's work splits into what does not depend on the state (the pairwise scores, the WY solve, the decayed keys
 and queries: most of its arithmetic) and the few products that carry the state from one chunk to the next. The
 first runs for every chunk at once, a program per (batch, head, chunk): :func:`_prepare_kernel` in the forward,
-:func:`_grads_kernel` for the gradients. Only the second walks the chunks in order, a program per (batch, head,
+:func:`_grads_kernel` for the gradients (the pairwise scores' share of them in :func:`_scores_grads_kernel`, a
+program per block of key columns too). Only the second walks the chunks in order, a program per (batch, head,
 block of BV value columns) with the state as its loop carry in registers (GPU grid programs share no scratch and
 run in no set order, so the walk is a ``lax.fori_loop`` inside the program): :func:`_walk_kernel` forward,
 storing the state at every chunk start; :func:`_dstate_walk_kernel` backward, storing the state's cotangent at
@@ -607,7 +608,8 @@ def gdn2_gpu_backward(
     """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
     (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`, else
     ``gdn2_gpu_prepare`` makes it again), then every chunk's gradients at once (``gdn2_gpu_backward``, a program
-    per chunk, all of V).
+    per chunk, all of V), the pairwise scores' share of q's, k's, b's and g's last
+    (``gdn2_gpu_scores_backward``, a program per chunk and block of key columns).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.

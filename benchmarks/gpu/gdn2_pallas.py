@@ -422,7 +422,10 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")
     if stages:
         names = ("prepare", "walk", "dstate walk", "gradients", "forward", "backward")
-        print("\npallas_gpu_chunk by kernel (ms; walk = forward - prepare, gradients = backward - dstate walk)\n")
+        print(
+            "\npallas_gpu_chunk by kernel (ms; walk = forward - prepare: the walk and the output kernel; "
+            "gradients = backward - dstate walk)\n"
+        )
         print("| tiling | " + " | ".join(names) + " |")
         print("|" + "---|" * (len(names) + 1))
         for label, times in stages.items():

@@ -10,8 +10,9 @@ Rows (bf16 inputs, bf16x3 products, all of V a program):
 * ``prepare``: whole; without the pairwise scores (``A = P = 0``); without the WY solve (``T = I``);
 * ``gradients`` (the backward less the cotangent's walk, as ``gdn2_pallas.py --stages``): whole; without the
   scores' gradients; with only their far pairs (products); with only their near pairs (the two 16-step loops);
-* ``walks``: the forward's walk (the forward less its prepare) and the cotangent's walk, in every tiling of
-  ``--walk-tilings`` (value columns a program, warps, pipelining depth; the walks compile in seconds).
+* ``walks``: the forward's walk (the forward less its prepare: the walk and the output kernel) and the
+  cotangent's walk, in every tiling of ``--walk-tilings`` (value columns a program, warps, pipelining depth;
+  the walks compile in seconds).
 
 A part that costs little when taken out was not where the time went. Each row compiles its kernels afresh
 (``jax.clear_caches``), so a row costs its compile (tens of seconds) beside its timing.

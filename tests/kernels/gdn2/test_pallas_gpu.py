@@ -159,8 +159,8 @@ def test_stage_entry_points_give_what_the_whole_kernels_use() -> None:
     kw = {"interpret": True, "dots": "fp32"}
     _, _, states_t, prepared = pallas_gpu.gdn2_gpu_forward(*args, h0_t, scale=0.25, store_states=True, **kw)
     alone = pallas_gpu.gdn2_gpu_prepare(*args, **kw)
-    assert len(prepared) == 5 and len(alone) == 6
-    for got, want in zip([alone[i] for i in (0, 2, 3, 4, 5)], prepared, strict=True):  # W, q_d, k_d, P, T
+    assert len(prepared) == 6 and len(alone) == 6
+    for got, want in zip([alone[i] for i in (0, 2, 3, 4, 5)], prepared[:5], strict=True):  # W, q_d, k_d, P, T
         assert jnp.array_equal(got, want)
     whole = pallas_gpu.gdn2_gpu_backward(*args, do, states_t, h0_t, prepared, scale=0.25, **kw)
     dstates_t, dh0_t = pallas_gpu.gdn2_gpu_backward(
@@ -253,20 +253,21 @@ def test_lowers_for_cuda(dtype: str, options: dict) -> None:
         return jax.grad(loss, argnums=tuple(range(7)))(*a)
 
     text = _cuda_export(fwd, *shapes)
-    assert text.count("__gpu$xla.gpu.triton") == 2, "the chunks' parallel part and the state's walk expected"
-    assert 'name = "gdn2_gpu_prepare"' in text and 'name = "gdn2_gpu_forward"' in text
+    assert text.count("__gpu$xla.gpu.triton") == 3, "the chunks' prepare, the state's walk and the output expected"
+    for name in ("prepare", "forward", "output"):
+        assert f'name = "gdn2_gpu_{name}"' in text, name
     assert "interpret" not in text and "tpu_custom_call" not in text
     text = _cuda_export(train_step, *shapes)
-    # the forward's two kernels, then the backward's three (the cotangent's walk over the forward's prepared work,
+    # the forward's three kernels, then the backward's three (the cotangent's walk over the forward's prepared work,
     # the gradients, the scores' gradients by key blocks): the chunks are prepared once
-    assert text.count("__gpu$xla.gpu.triton") == 5
-    for name in ("prepare", "forward", "dstate", "backward", "scores_backward"):
+    assert text.count("__gpu$xla.gpu.triton") == 6
+    for name in ("prepare", "forward", "output", "dstate", "backward", "scores_backward"):
         assert f'name = "gdn2_gpu_{name}"' in text, name
     stages = options.get("num_stages", 1)  # the pipelining depth asked for reaches every kernel's Triton call
-    assert text.count(f"num_stages = {stages} : i32") == 5
+    assert text.count(f"num_stages = {stages} : i32") == 6
     # the gradient kernel's own warps reach it alone
     warps = re.findall(r'name = "(gdn2_gpu_\w+)", num_stages = \d+ : i32, num_warps = (\d+) : i32', text)
-    assert len(warps) == 5, warps
+    assert len(warps) == 6, warps
     grads = options.get("grads_warps", 4)
     assert all(int(n) == (grads if name == "gdn2_gpu_backward" else 4) for name, n in warps), warps
 

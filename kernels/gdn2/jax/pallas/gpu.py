@@ -291,25 +291,29 @@ def _prepare_kernel(
     um_ref[...] = mm(T, w_ref[...].astype(_F32) * v_ref[...].astype(_F32))
 
 
-def _walk_kernel(
-    wm_ref, um_ref, qd_ref, kd_ref, p_ref, G_ref, h0_ref, o_ref, ht_ref, *hs, scale, chunk, n_chunks, dots
-):  # fmt: skip
-    """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry; four
-    products a chunk on what :func:`_prepare_kernel` left (``u = U - W S``, ``o = q_d S + P u``, the update)."""
-    hs_ref = hs[0] if hs else None
+def _walk_kernel(wm_ref, um_ref, kd_ref, G_ref, h0_ref, u_ref, ht_ref, hs_ref, *, chunk, n_chunks, dots):
+    """One (batch, head, value block): every chunk in order, the state ``S^T`` ``[BV, K]`` the loop's carry; the
+    two products a chunk that the next state needs (``u = U - W S``, the update), on what :func:`_prepare_kernel`
+    left. The state at each chunk start and ``u`` are stored: the output, which nothing in the walk waits for, is
+    made from them by :func:`_output_kernel`, every chunk at once."""
     C = chunk
     mm, mm_t, _ = _products(dots)
 
     def step(n, St):
-        wm, qd, kd, um = _chunk((wm_ref, qd_ref, kd_ref, um_ref), n, C)
-        if hs_ref is not None:
-            hs_ref[n] = St
+        wm, kd, um = _chunk((wm_ref, kd_ref, um_ref), n, C)
+        hs_ref[n] = St
         u = um - mm_t(wm, St)
-        o = scale * (mm_t(qd, St) + mm(p_ref[n], u))
-        o_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = o.astype(o_ref.dtype)
+        u_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = u
         return St * jnp.exp(_last_row(G_ref, n * C, C)) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
+
+
+def _output_kernel(qd_ref, p_ref, u_ref, hs_ref, o_ref, *, scale, dots):
+    """One (batch, head, chunk), all chunks at once: ``o = scale (q_d S + P u)`` from the chunk-start state and the
+    ``u`` that :func:`_walk_kernel` stored."""
+    mm, mm_t, _ = _products(dots)
+    o_ref[...] = (scale * (mm_t(qd_ref[...], hs_ref[...]) + mm(p_ref[...], u_ref[...]))).astype(o_ref.dtype)
 
 
 def _dstate_walk_kernel(
@@ -334,12 +338,13 @@ def _dstate_walk_kernel(
 
 
 def _grads_kernel(
-    q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref,
+    q_ref, k_ref, v_ref, G_ref, b_ref, w_ref, do_ref, hs_ref, dhs_ref, p_ref, t_ref, u_ref,
     dv_ref, dw_ref, dA_ref, dP_ref, dq_ref, dk_ref, dbk_ref, dG_ref,
     *, scale, dots,
 ):  # fmt: skip
     """One (batch, head, chunk), all chunks at once: from the chunk's start state and its end cotangent (the two
-    walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept, all of V in one program
+    walks'), the scores ``P`` and the WY inverse ``T`` that :func:`_prepare_kernel` kept and the forward walk's
+    ``u``, all of V in one program
     (the algebra of :func:`.fused_backward._fused_backward_kernel`): v's and w's gradients, the cotangents of the
     scores ``dA``, ``dP`` and the direct terms of q's, k's, (b*k)'s and G's, which
     :func:`_scores_grads_kernel` finishes."""
@@ -357,8 +362,7 @@ def _grads_kernel(
     kd = k * e_kd
     v, w = v_ref[...].astype(_F32), w_ref[...].astype(_F32)
     r_v = w * v
-    St = hs_ref[...]  # S^T at the chunk start
-    u = mm(T, r_v) - mm_t(mm(T, r_k), St)
+    St, u = hs_ref[...], u_ref[...]  # S^T at the chunk start, u = U - W S
 
     do, dSt = _as_operand(do_ref[...]), dhs_ref[...]  # dS^T at the chunk's end
     du = scale * mm_tn(P, do) + mm_t(kd, dSt)
@@ -526,7 +530,9 @@ def gdn2_gpu_forward(
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Run the forward for a GPU: the chunks' state-free work in parallel (``gdn2_gpu_prepare``, a program per
-    chunk), then the state's walk over them in order (``gdn2_gpu_forward``, a program per value block of a head).
+    chunk), then the state's walk over them in order (``gdn2_gpu_forward``, a program per value block of a head),
+    then every chunk's output in parallel (``gdn2_gpu_output``) from the chunk-start states the walk stored
+    (``[B, H, N, Vp, Kp]`` float32, kept whether or not they are returned).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (any T, K, V: padded here).
@@ -534,8 +540,8 @@ def gdn2_gpu_forward(
         scale: query scale.
         chunk: tokens per chunk (a power of two, >= 16).
         store_states: also return the state at each chunk start, ``[B, H, N, Vp, Kp]`` (transposed, padded), and
-            what the chunks' prepare made that the backward reads (``prepared``, :func:`_prepare`'s W, q_d, k_d, P
-            and T), so that the backward need not make it again.
+            what the backward reads (``prepared``: :func:`_prepare`'s W, q_d, k_d, P and T, and the walk's
+            ``u = U - W S``), so that the backward need not make it again.
         block_v: value columns per program (a power of two; None: all of V in one program).
         num_warps: Triton warps per program.
         num_stages: Triton's software pipelining depth (1: none): at 2 or more the walks' loads of a chunk can be
@@ -554,27 +560,36 @@ def gdn2_gpu_forward(
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     # 1. every chunk's state-free work at once, grid (B, H, N)
     wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
-    # 2. the chunks in order, grid (B, H, V / BV): the state's walk and the output
-    out_shape = [jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)]
-    out_specs = [spec["value"], spec["state"]]
-    if store_states:
-        out_shape.append(jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _F32))
-        out_specs.append(spec["states"])
+    # 2. the chunks in order, grid (B, H, V / BV): the state's walk, storing the chunk-start states and u
+    value_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
+    states_f32 = jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _F32)
     key, value = spec["key"], spec["value"]
-    outs = pl.pallas_call(
-        functools.partial(_walk_kernel, scale=float(scale), chunk=chunk, n_chunks=N, dots=dots),
+    u, ht_t, states_t = pl.pallas_call(
+        functools.partial(_walk_kernel, chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
-        in_specs=[key, value, key, key, spec["scores"], key, spec["state"]],
-        out_specs=out_specs,
-        out_shape=out_shape,
+        in_specs=[key, value, key, key, spec["state"]],
+        out_specs=[value, spec["state"], spec["states"]],
+        out_shape=[value_f32, jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32), states_f32],
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_forward",
-    )(wm, um, qd, kd, p, flat[2], _pad_state(h0_t, Vp, Kp))
-    o = outs[0].reshape(B, T_pad, H, Vp)[:, :T, :, :V]
+    )(wm, um, kd, flat[2], _pad_state(h0_t, Vp, Kp))
+    # 3. every chunk's output at once, grid (B, H, N)
+    value_c = spec["value_chunk"]
+    o = pl.pallas_call(
+        functools.partial(_output_kernel, scale=float(scale), dots=dots),
+        grid=(B, H, N),
+        in_specs=[spec["key_chunk"], spec["scores_chunk"], value_c, spec["state_chunk"]],
+        out_specs=value_c,
+        out_shape=jax.ShapeDtypeStruct((B, T_pad, H * Vp), v.dtype),
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn2_gpu_output",
+    )(qd, p, u, states_t)
+    o = o.reshape(B, T_pad, H, Vp)[:, :T, :, :V]
     if not store_states:
-        return o, outs[1][:, :, :V, :K]
-    return o, outs[1][:, :, :V, :K], outs[2], (wm, qd, kd, p, t)
+        return o, ht_t[:, :, :V, :K]
+    return o, ht_t[:, :, :V, :K], states_t, (wm, qd, kd, p, t, u)
 
 
 @functools.partial(
@@ -593,7 +608,7 @@ def gdn2_gpu_backward(
     do: jax.Array,
     states_t: jax.Array,
     d_final_t: jax.Array,
-    prepared: tuple[jax.Array, ...] | None = None,
+    prepared: tuple[jax.Array, ...],
     *,
     scale: float,
     chunk: int = fw.CHUNK,
@@ -606,16 +621,15 @@ def gdn2_gpu_backward(
     grads_warps: int | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
-    (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`, else
-    ``gdn2_gpu_prepare`` makes it again), then every chunk's gradients at once (``gdn2_gpu_backward``, a program
-    per chunk, all of V), the pairwise scores' share of q's, k's, b's and g's last
-    (``gdn2_gpu_scores_backward``, a program per chunk and block of key columns).
+    (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`), then every
+    chunk's gradients at once (``gdn2_gpu_backward``, a program per chunk, all of V), the pairwise scores' share of
+    q's, k's, b's and g's last (``gdn2_gpu_scores_backward``, a program per chunk and block of key columns).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
         states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
-        prepared: the forward's ``prepared`` (with `store_states`: W, q_d, k_d, P, T); None makes it here.
+        prepared: the forward's ``prepared`` (with `store_states`: W, q_d, k_d, P, T and u).
         scale, chunk, block_v, num_warps, num_stages, dots, interpret: as the forward's (the same chunk and
             padding).
         dstate_only: stop after the cotangent's walk and return ``(dstates^T, d_initial_state^T)`` padded: for
@@ -631,11 +645,7 @@ def gdn2_gpu_backward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat, flat_v = _flatten_inputs((q, k, g, b), (v, w, do), T_pad, Kp, Vp, chunk)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    sizes = (B, H, N, T_pad, Kp, Vp)
-    if prepared is None:
-        wm, _, qd, kd, p, t = _prepare(flat, flat_v[:2], spec, sizes, chunk, dots, params, interpret)
-    else:
-        wm, qd, kd, p, t = prepared
+    wm, qd, kd, p, t, u = prepared
     # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
     key, value, state = spec["key"], spec["value"], spec["state"]
     dstates_t, dh0_t = pl.pallas_call(
@@ -663,13 +673,13 @@ def gdn2_gpu_backward(
     dv, dw, dA, dP, *direct = pl.pallas_call(
         functools.partial(_grads_kernel, scale=float(scale), dots=dots),
         grid=(B, H, N),
-        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c],
+        in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c, value_c],
         out_specs=[value_c, value_c, scores_c, scores_c, key_c, key_c, key_c, key_c],
         out_shape=[value_out, value_out, scores_out, scores_out, key_out, key_out, key_out, key_out],
         compiler_params=pltriton.CompilerParams(num_warps=grads_warps or num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gdn2_gpu_backward",
-    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t)
+    )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t, u)
     # the scores' gradients, grid (B, H * K / BK, N): a program per block of BK key columns of a chunk
     BK = min(SCORES_BLOCK_K, Kp)
     NK = Kp // BK

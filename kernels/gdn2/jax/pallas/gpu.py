@@ -59,6 +59,12 @@ SUB = fw.SOLVE_BLOCK
 SCORES_BLOCK_K = 32
 
 
+def _scores_block_k(Kp: int) -> int:
+    """The key columns taken at a time for a padded key width `Kp` (:data:`SCORES_BLOCK_K`, or all of a narrower
+    one)."""
+    return min(SCORES_BLOCK_K, Kp)
+
+
 def _split_bf16(x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
     """``x`` as a bf16 head and remainder; a bf16 `x` is its own head, with no remainder (None)."""
     if x.dtype == jnp.bfloat16:
@@ -97,8 +103,9 @@ def padded_width(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
-def _sub_starts(shape: tuple[int, int]) -> jax.Array:
-    """For each row ``i`` of a ``[C, *]`` tile, the first row of its sub-block (``SUB`` rows), broadcast."""
+def _sub_starts(shape: tuple[int, ...]) -> jax.Array:
+    """For each row ``i`` of a ``[C]`` or ``[C, *]`` tile, the first row of its sub-block (``SUB`` rows),
+    broadcast."""
     return lax.div(fw._iota(shape, 0), SUB) * SUB
 
 
@@ -117,7 +124,7 @@ def _far_factors(G: jax.Array, G_ref, cols=_ALL):
     <= 1 where they are used (``G`` does not increase along the chunk), so the far pairs ``i``, ``j < r(i)`` are
     products: ``exp(G_i - G_j) = f_i right_m[j]``. `G` is ``G_ref[:, cols]``."""
     C, K = G.shape
-    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    start = _sub_starts((C,))
     f = jnp.exp(jnp.minimum(G - _key_rows(G_ref, jnp.maximum(start - 1, 0), cols), 0.0))
     rows = fw._iota((C, K), 0)
     right = []
@@ -141,7 +148,7 @@ def _pairwise_scores(refs, mm_t, block_k: int) -> tuple[jax.Array, jax.Array]:
     C, width = q_ref.shape
     rows_cc, cols_cc = fw._iota((C, C), 0), fw._iota((C, C), 1)
     in_sub = lax.div(fw._iota((C, block_k), 0), SUB)
-    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    start = _sub_starts((C,))
     start_cc = _sub_starts((C, C))
     A = jnp.zeros((C, C), _F32)
     P = jnp.zeros((C, C), _F32)
@@ -214,7 +221,7 @@ def _near_pairs_backward(G, q, k, bk, dA, dP, refs, init):
     C = G.shape[0]
     dq, dk, dbk, dG = init
     rows_cc, cols = fw._iota((C, C), 0), fw._iota((C, C), 1)
-    start = lax.div(lax.iota(jnp.int32, C), SUB) * SUB
+    start = _sub_starts((C,))
     start_cc = _sub_starts((C, C))
     near = lax.div(rows_cc, SUB) == lax.div(cols, SUB)
     dA_near, dP_near = jnp.where(near, dA, 0.0), jnp.where(near, dP, 0.0)
@@ -249,10 +256,14 @@ def _near_pairs_backward(G, q, k, bk, dA, dP, refs, init):
     return dq, dk, dbk, dG
 
 
+def _chunk_rows(n, C: int):
+    """Chunk `n`'s rows of a ``[T_pad, D]`` block ref."""
+    return pl.ds(pl.multiple_of(n * C, C), C)
+
+
 def _chunk(refs, n, C: int):
     """Chunk `n`'s rows of each ``[T_pad, D]`` block ref, as float32 ``[C, D]`` tiles."""
-    rows = pl.ds(pl.multiple_of(n * C, C), C)
-    return tuple(r[rows, :].astype(_F32) for r in refs)
+    return tuple(r[_chunk_rows(n, C), :].astype(_F32) for r in refs)
 
 
 def _as_operand(x: jax.Array) -> jax.Array:
@@ -277,7 +288,7 @@ def _prepare_kernel(
     mm, mm_t, _ = _products(dots)
     # each input loaded where it is first used and each output stored once made: a [C, K] float32 tile is 64
     # registers a thread at 4 warps, so what is live at once decides whether the program spills
-    A, P = _pairwise_scores((G_ref, q_ref, k_ref, b_ref), mm_t, min(SCORES_BLOCK_K, q_ref.shape[1]))
+    A, P = _pairwise_scores((G_ref, q_ref, k_ref, b_ref), mm_t, _scores_block_k(q_ref.shape[1]))
     T = fw._unit_lower_inverse(A, fw.SOLVE_BLOCK, dot=mm)
     q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
     C = q.shape[0]
@@ -303,7 +314,7 @@ def _walk_kernel(wm_ref, um_ref, kd_ref, G_ref, h0_ref, u_ref, ht_ref, hs_ref, *
         wm, kd, um = _chunk((wm_ref, kd_ref, um_ref), n, C)
         hs_ref[n] = St
         u = um - mm_t(wm, St)
-        u_ref[pl.ds(pl.multiple_of(n * C, C), C), :] = u
+        u_ref[_chunk_rows(n, C), :] = u
         return St * jnp.exp(_last_row(G_ref, n * C, C)) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
@@ -328,7 +339,7 @@ def _dstate_walk_kernel(
     def step(i, dSt):
         n = n_chunks - 1 - i
         wm, qd, kd = _chunk((wm_ref, qd_ref, kd_ref), n, C)
-        do = _as_operand(do_ref[pl.ds(pl.multiple_of(n * C, C), C), :])
+        do = _as_operand(do_ref[_chunk_rows(n, C), :])
         dhs_ref[n] = dSt
         du = scale * mm(p_ref[n].T, do) + mm_t(kd, dSt)
         decay = jnp.exp(_last_row(G_ref, n * C, C))
@@ -681,7 +692,7 @@ def gdn2_gpu_backward(
         name="gdn2_gpu_backward",
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t, u)
     # the scores' gradients, grid (B, H * K / BK, N): a program per block of BK key columns of a chunk
-    BK = min(SCORES_BLOCK_K, Kp)
+    BK = _scores_block_k(Kp)
     NK = Kp // BK
     key_kb = pl.BlockSpec((None, chunk, BK), lambda bi, hk, n: (bi, n, hk))
     scores_kb = pl.BlockSpec((None, None, None, chunk, chunk), lambda bi, hk, n: (bi, hk // NK, n, 0, 0))

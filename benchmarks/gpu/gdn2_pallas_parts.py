@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--allow-cpu", action="store_true", help="Pallas' interpreter on the CPU (plumbing only)")
     opts = parser.parse_args(argv)
+    try:
+        walks = walk_tilings(opts.walk_tilings)
+    except ValueError:
+        parser.error(f"--walk-tilings: expected name=1,2:name=3 (integers), got {opts.walk_tilings!r}")
 
     import jax
     import jax.numpy as jnp
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"chunk": 64, "dots": "bf16x3", "interpret": backend != "gpu"}
     if "walks" in kernels:
         print("| walk tiling | forward walk ms | cotangent walk ms |\n|---|---|---|", flush=True)
-        for tiling in walk_tilings(opts.walk_tilings):
+        for tiling in walks:
             label = ", ".join(f"{k}={v}" for k, v in tiling.items())
             try:
                 walk, dstate = time_walks(args, a["initial_state"], do, {**base, **tiling}, opts.reps)

@@ -37,3 +37,11 @@ def test_without_a_gpu_it_says_so_and_exits_2() -> None:
     run = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 2
     assert run.stdout.strip().splitlines()[-1].startswith("gdn2_pallas_parts: no GPU visible to JAX")
+
+
+def test_a_malformed_tiling_grid_is_refused_in_one_line() -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--walk-tilings", "block_v=big"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].endswith("expected name=1,2:name=3 (integers), got 'block_v=big'")

@@ -23,7 +23,10 @@ def test_every_row_runs_in_the_interpreter() -> None:
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "failed" not in run.stdout, run.stdout
-    timed_rows = re.findall(r"^\| (prepare|gradients) \| 4 \| ([^|]+) \| [\d.]+ \| [\d.]+ \|$", run.stdout, re.M)
+    # the gradient rows are a difference of two timings (the backward less the cotangent's walk): on an idle-noisy
+    # CPU at this size it can come out below zero, as the walks' rows can
+    ms = r"-?\d+\.\d+"
+    timed_rows = re.findall(rf"^\| (prepare|gradients) \| 4 \| ([^|]+) \| {ms} \| [\d.]+ \|$", run.stdout, re.M)
     assert [row.strip() for _, row in timed_rows] == [
         "whole", "no pairwise scores", "no WY solve",
         "whole", "no scores gradients", "far pairs only", "near pairs only",

@@ -6,7 +6,8 @@ when installed), checked then timed in one process. A diagnostic script: the gat
 Run on the GPU host (JAX with CUDA)::
 
     python benchmarks/gpu/gdn2_pallas.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16] [--reps 20]
-        [--block-v 128,64] [--dots fp32,bf16x3] [--warps 4] [--num-stages 1] [--grads-warps 8] [--no-fla] [--stages]
+        [--block-v 128,64] [--dots fp32,bf16x3,bf16] [--warps 4] [--num-stages 1] [--grads-warps 8] [--no-fla]
+        [--stages]
 
 For each path: (1) can it lower and compile for the GPU (if not, the reason is printed and the path is skipped);
 (2) a check at a small shape (B1 T200 H2 K=V=128) against deltabench's float64 oracle (o, the final state and
@@ -14,9 +15,9 @@ every gradient, relative Frobenius error); (3) at the timed shape, o and the gra
 float32; (4) times: compile (lower + compile, apart; for FLA the first calls, Triton's JIT and autotuning), then
 the median of `--reps` calls of the forward and of the forward+backward (the gradient of ``sum(o * do)`` w.r.t. q,
 k, v, g, b, w), each call synchronised, after warm-up. ``pallas_gpu_chunk`` runs once per tiling: value columns per
-program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32 or three bf16 tensor-core
-passes), Triton warps (``--warps``; ``--grads-warps``: the gradient kernel's own) and pipelining depth
-(``--num-stages``). The TPU kernel (``pallas_chunk``) is
+program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32, three bf16 tensor-core
+passes, or one on operands rounded to bf16), Triton warps (``--warps``; ``--grads-warps``: the gradient kernel's
+own) and pipelining depth (``--num-stages``). The TPU kernel (``pallas_chunk``) is
 Mosaic code: on a GPU its compiled path is expected to fail to lower; ``--interpret`` also checks both Pallas
 bodies in Pallas' interpreter (XLA operations: correct, not fast, so it is not timed). ``--stages`` times
 ``pallas_gpu_chunk``'s kernels one by one (prepare, walk, the cotangent's walk, the gradients), tiling by tiling:
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interpret", action="store_true", help="also check the Pallas body in the interpreter")
     parser.add_argument("--allow-cpu", action="store_true", help="run on JAX's CPU backend (plumbing only)")
     parser.add_argument("--block-v", default="128,64", help="pallas_gpu_chunk: value columns a program (comma list)")
-    parser.add_argument("--dots", default="fp32,bf16x3", help="pallas_gpu_chunk: products, fp32 and/or bf16x3")
+    parser.add_argument("--dots", default="fp32,bf16x3", help="pallas_gpu_chunk: products, fp32, bf16x3 and/or bf16")
     parser.add_argument("--warps", default="4", help="pallas_gpu_chunk: Triton warps a program (comma list)")
     parser.add_argument("--num-stages", default="1", help="pallas_gpu_chunk: Triton pipelining depth (comma list)")
     parser.add_argument(

@@ -2,10 +2,10 @@
 part of its work taken out (a diagnostic: the parts taken out make the results wrong, so nothing here is gated).
 
     python benchmarks/gpu/gdn2_pallas_parts.py [--shape B=8,T=4096,H=6,K=128,V=128] [--warps 4] [--reps 20]
-        [--grads-warps 8] [--only prepare,gradients,walks]
-        [--walk-tilings block_v=128,64,32:num_warps=4,8:num_stages=1,3]
+        [--grads-warps 8] [--dots bf16x3] [--only prepare,gradients,walks]
+        [--walk-tilings block_v=128,64,32:num_warps=4,8:num_stages=1,3[:dots=bf16x3,bf16]]
 
-Rows (bf16 inputs, bf16x3 products, all of V a program):
+Rows (bf16 inputs, ``--dots`` products, bf16x3 by default; all of V a program):
 
 * ``prepare``: whole; without the pairwise scores (``A = P = 0``); without the WY solve (``T = I``);
 * ``gradients`` (the backward less the cotangent's walk, as ``gdn2_pallas.py --stages``): whole; without the
@@ -121,14 +121,22 @@ def time_kernel(kernel: str, args, h0, do, options: dict, reps: int, grads: dict
     return whole - walk, compile_s
 
 
-def walk_tilings(text: str) -> list[dict[str, int]]:
-    """``"block_v=128,64:num_warps=4,8"`` -> every combination, as tiling dicts."""
+def walk_tilings(text: str) -> list[dict[str, int | str]]:
+    """``"block_v=128,64:num_warps=4,8:dots=bf16x3,bf16"`` -> every combination, as tiling dicts (``dots`` takes
+    names, every other option integers)."""
     import itertools
+
+    from deltabench.kernels.gdn2.jax.pallas.gpu import DOTS
 
     axes = []
     for part in text.split(":"):
         name, _, values = part.partition("=")
-        axes.append([(name, int(v)) for v in values.split(",")])
+        if name == "dots":
+            if not values or any(v not in DOTS for v in values.split(",")):
+                raise ValueError(f"dots must be among {DOTS}")
+            axes.append([(name, v) for v in values.split(",")])
+        else:
+            axes.append([(name, int(v)) for v in values.split(",")])
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
@@ -161,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         default="block_v=128,64,32:num_warps=4,8:num_stages=1,3",
         help="walks: the tilings to time, each option's values (every combination)",
     )
+    parser.add_argument("--dots", default="bf16x3", choices=("bf16x3", "bf16"), help="the kernels' products")
     parser.add_argument("--allow-cpu", action="store_true", help="Pallas' interpreter on the CPU (plumbing only)")
     opts = parser.parse_args(argv)
     try:
         walks = walk_tilings(opts.walk_tilings)
     except ValueError:
-        parser.error(f"--walk-tilings: expected name=1,2:name=3 (integers), got {opts.walk_tilings!r}")
+        parser.error(f"--walk-tilings: expected name=1,2:dots=bf16 (integers; dots by name), got {opts.walk_tilings!r}")
 
     import jax
     import jax.numpy as jnp
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = tuple(a[n] for n in ARGS)
     do = jax.random.normal(jax.random.PRNGKey(0), (dims["B"], dims["T"], dims["H"], dims["V"])).astype(jnp.bfloat16)
     kernels = [k for k in opts.only.split(",") if k]
-    base = {"chunk": 64, "dots": "bf16x3", "interpret": backend != "gpu"}
+    base = {"chunk": 64, "dots": opts.dots, "interpret": backend != "gpu"}
     if "walks" in kernels:
         print("| walk tiling | forward walk ms | cotangent walk ms |\n|---|---|---|", flush=True)
         for tiling in walks:

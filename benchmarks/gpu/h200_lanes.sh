@@ -248,26 +248,29 @@ task_sdm_pkg() {
 task_gdn2_pallas() {
     stamp gdn2_pallas
     # the per-chunk kernels and the walks (5.28 / 21.4 ms at 16:50 on 2026-12-02), each kernel's time apart
-    # (--stages); GDN2_WARPS, GDN2_NUM_STAGES, GDN2_GRADS_WARPS (the gradient kernel's own warps; default 8: it
+    # (--stages); GDN2_DOTS (bf16x3, bf16 or both), GDN2_WARPS, GDN2_NUM_STAGES, GDN2_GRADS_WARPS (the gradient kernel's own warps; default 8: it
     # ran 1.6 ms faster at 8 than at 4, the other kernels slower): the tilings (comma lists), GDN2_LOG: the log's
     # name, GDN2_CAP: its cap
     local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
         --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --grads-warps "${GDN2_GRADS_WARPS-8}" \
-        --dots bf16x3 --stages --no-fla >"$log" 2>&1
+        --dots "${GDN2_DOTS:-bf16x3}" --stages --no-fla >"$log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
 # the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above,
-# GDN2_PARTS: the kernels to take apart
+# GDN2_PARTS: the kernels to take apart, GDN2_PARTS_DOTS their products (bf16x3 or bf16), GDN2_PARTS_LOG the log
 task_gdn2_parts() {
     stamp gdn2_parts
+    local log=$dir/${GDN2_PARTS_LOG:-gdn2-parts}.log
+    # shellcheck disable=SC2086
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
         --warps "${GDN2_WARPS:-4}" ${GDN2_GRADS_WARPS:+--grads-warps "$GDN2_GRADS_WARPS"} \
-        --only "${GDN2_PARTS:-prepare,gradients}" >"$dir/gdn2-parts.log" 2>&1
-    echo "gdn2_parts exit=$?"; cat "$dir/gdn2-parts.log"
+        --dots "${GDN2_PARTS_DOTS:-bf16x3}" --only "${GDN2_PARTS:-prepare,gradients}" ${GDN2_WALK_TILINGS:+--walk-tilings "$GDN2_WALK_TILINGS"} >"$log" 2>&1
+    echo "gdn2_parts exit=$?"; cat "$log"
 }
-# the two walks alone in every tiling of value block, warps and pipelining depth (seconds of compile each)
-task_gdn2_walks() { GDN2_PARTS=walks task_gdn2_parts; }
+# the two walks alone in every tiling of value block, warps and pipelining depth (seconds of compile each);
+# GDN2_WALK_TILINGS: another grid (gdn2_pallas_parts.py --walk-tilings)
+task_gdn2_walks() { GDN2_PARTS=walks GDN2_PARTS_LOG=gdn2-walks task_gdn2_parts; }
 
 task_speed_cold() {
     # from empty caches: Triton's (FLA's autotuning with it), TileLang's, JAX's and the references'

@@ -47,4 +47,5 @@ def test_a_malformed_tiling_grid_is_refused_in_one_line() -> None:
         [sys.executable, str(SCRIPT), "--walk-tilings", "block_v=big"], capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1].endswith("expected name=1,2:name=3 (integers), got 'block_v=big'")
+    expected = "expected name=1,2:dots=bf16 (integers; dots by name), got 'block_v=big'"
+    assert run.stderr.strip().splitlines()[-1].endswith(expected)

@@ -49,8 +49,10 @@ _F32 = jnp.float32
 # How the kernels' matrix products run: "fp32" Triton's IEEE float32 dot (CUDA cores); "bf16x3" each float32
 # operand split into a bf16 head and a bf16 remainder, three tensor-core products of those (the remainders' product
 # dropped) accumulated in float32: about 16 significant bits a product instead of 24, for a fraction of the time.
-# The cumulative decay stays IEEE float32 in both (the decays amplify its error).
-DOTS = ("fp32", "bf16x3")
+# "bf16" one tensor-core product of the operands rounded to bf16, float32 accumulation: the precision of FLA's
+# bf16 kernels (8 significant bits an operand), for bf16 inputs. The cumulative decay stays IEEE float32 in every
+# scheme (the decays amplify its error).
+DOTS = ("fp32", "bf16x3", "bf16")
 # Rows of a sub-block of the chunk: pairs of tokens in one sub-block form their decays exactly, pairs across
 # sub-blocks factor through a reference row (:func:`_far_factors`).
 SUB = fw.SOLVE_BLOCK
@@ -79,6 +81,9 @@ def _matmul(x: jax.Array, y: jax.Array, dims, dots: str) -> jax.Array:
     if dots == "fp32":
         x, y = x.astype(_F32), y.astype(_F32)
         return lax.dot_general(x, y, dims, precision=lax.Precision.HIGHEST, preferred_element_type=_F32)
+    if dots == "bf16":
+        x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
+        return lax.dot_general(x, y, dims, preferred_element_type=_F32)
     (xh, xl), (yh, yl) = _split_bf16(x), _split_bf16(y)
 
     def mul(a, b):
@@ -416,7 +421,10 @@ def _scores_grads_kernel(
     dq_out[...] = dq
     dk_out[...] = dk + dbk * b
     db_out[...] = dbk * k
-    dg_out[...] = mm(jnp.where(fw._iota((C, C), 0) <= fw._iota((C, C), 1), 1.0, 0.0).astype(_F32), dG)
+    # g's gradient is dG's reverse cumulative sum, whose terms cancel: a sum that rounds dG to bf16 first fails
+    # the gate (grad:g up to 2x its bound), so it takes at least bf16x3's two products (the 0/1 matrix is exact)
+    cumsum = mm if dots != "bf16" else _products("bf16x3")[0]
+    dg_out[...] = cumsum(jnp.where(fw._iota((C, C), 0) <= fw._iota((C, C), 1), 1.0, 0.0).astype(jnp.bfloat16), dG)
 
 
 def _layout(B: int, T: int, H: int, K: int, V: int, chunk: int, block_v: int | None):

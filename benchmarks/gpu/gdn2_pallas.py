@@ -6,8 +6,8 @@ when installed), checked then timed in one process. A diagnostic script: the gat
 Run on the GPU host (JAX with CUDA)::
 
     python benchmarks/gpu/gdn2_pallas.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16] [--reps 20]
-        [--block-v 128,64] [--dots fp32,bf16x3,bf16] [--warps 4] [--num-stages 1] [--grads-warps 8] [--no-fla]
-        [--stages]
+        [--block-v 128,64] [--dots fp32,bf16x3,bf16] [--warps 4] [--num-stages 1] [--grads-warps 8] [--walk-warps 8]
+        [--no-fla] [--stages]
 
 For each path: (1) can it lower and compile for the GPU (if not, the reason is printed and the path is skipped);
 (2) a check at a small shape (B1 T200 H2 K=V=128) against deltabench's float64 oracle (o, the final state and
@@ -17,7 +17,7 @@ the median of `--reps` calls of the forward and of the forward+backward (the gra
 k, v, g, b, w), each call synchronised, after warm-up. ``pallas_gpu_chunk`` runs once per tiling: value columns per
 program (``--block-v``; 128 = all of V at d = 128), products (``--dots``: IEEE float32, three bf16 tensor-core
 passes, or one on operands rounded to bf16), Triton warps (``--warps``; ``--grads-warps``: the gradient kernel's
-own) and pipelining depth (``--num-stages``). The TPU kernel (``pallas_chunk``) is
+own, ``--walk-warps`` the walks') and pipelining depth (``--num-stages``). The TPU kernel (``pallas_chunk``) is
 Mosaic code: on a GPU its compiled path is expected to fail to lower; ``--interpret`` also checks both Pallas
 bodies in Pallas' interpreter (XLA operations: correct, not fast, so it is not timed). ``--stages`` times
 ``pallas_gpu_chunk``'s kernels one by one (prepare, walk, the cotangent's walk, the gradients), tiling by tiling:
@@ -108,17 +108,22 @@ def paths(interpret: bool, tilings: list[dict] | None = None):
     return out
 
 
-def tilings(block_v: str, dots: str, warps: str, V: int, num_stages: str = "1", grads_warps: str = "") -> list[dict]:
+def tilings(
+    block_v: str, dots: str, warps: str, V: int, num_stages: str = "1", grads_warps: str = "", walk_warps: str = ""
+) -> list[dict]:
     """The cross product of the ``pallas_gpu_chunk`` options given as comma lists (block_v >= V: all of V;
-    `grads_warps` empty: the gradient kernel at `warps` too)."""
-    out = []
-    for bv in (int(x) for x in block_v.split(",")):
-        for d in dots.split(","):
-            for nw in (int(x) for x in warps.split(",")):
-                for ns in (int(x) for x in num_stages.split(",")):
-                    tiling = {"block_v": None if bv >= V else bv, "dots": d, "num_warps": nw, "num_stages": ns}
-                    out += [{**tiling, "grads_warps": int(gw)} for gw in grads_warps.split(",") if gw] or [tiling]
-    return out
+    `grads_warps`, `walk_warps` empty: those kernels at ``pallas_gpu_chunk``'s defaults)."""
+    import itertools
+
+    axes = [
+        [("block_v", None if int(x) >= V else int(x)) for x in block_v.split(",")],
+        [("dots", d) for d in dots.split(",")],
+        [("num_warps", int(x)) for x in warps.split(",")],
+        [("num_stages", int(x)) for x in num_stages.split(",")],
+        [("grads_warps", int(x)) for x in grads_warps.split(",") if x] or [()],
+        [("walk_warps", int(x)) for x in walk_warps.split(",") if x] or [()],
+    ]
+    return [dict(item for item in combo if item) for combo in itertools.product(*axes)]
 
 
 def fwd_and_train(core):
@@ -317,13 +322,18 @@ def stage_times(args, h0, do, tiling: dict, reps: int, interpret: bool = False) 
     the gradient kernel are the differences. `interpret`: Pallas' interpreter (the plumbing on a CPU)."""
     import jax
     import jax.numpy as jnp
-    from deltabench.kernels.gdn2.jax.pallas import gpu
+    from deltabench.kernels.gdn2.jax.pallas import gpu, gpu_chunk
 
     q = args[0]
     options = {"chunk": 64, "dots": tiling.get("dots", "fp32")}
     options.update(num_warps=tiling.get("num_warps", 4), num_stages=tiling.get("num_stages", 1))
     options["interpret"] = interpret
-    walk_options = {**options, "block_v": tiling.get("block_v")}
+    # what pallas_gpu_chunk runs when the tiling leaves them out: its defaults
+    walk_options = {
+        **options,
+        "block_v": tiling.get("block_v", gpu_chunk.BLOCK_V),
+        "walk_warps": tiling.get("walk_warps", gpu_chunk.WALK_WARPS),
+    }
     scale = q.shape[-1] ** -0.5
     h0_t = jnp.swapaxes(h0.astype(jnp.float32), -1, -2)
     d_final_t = jnp.zeros_like(h0_t)
@@ -331,7 +341,7 @@ def stage_times(args, h0, do, tiling: dict, reps: int, interpret: bool = False) 
     jax.block_until_ready(prepared)
     backward = functools.partial(
         gpu.gdn2_gpu_backward, *args, do, states_t, d_final_t, prepared, scale=scale,
-        grads_warps=tiling.get("grads_warps"),
+        grads_warps=tiling.get("grads_warps", gpu_chunk.GRADS_WARPS),
     )  # fmt: skip
     out = {
         "prepare": timed(lambda: gpu.gdn2_gpu_prepare(*args, **options), reps),
@@ -360,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grads-warps",
         default="",
-        help="pallas_gpu_chunk: the gradient kernel's own warps (comma list; default: --warps)",
+        help="pallas_gpu_chunk: the gradient kernel's own warps (comma list; default: pallas_gpu_chunk's)",
+    )
+    parser.add_argument(
+        "--walk-warps", default="", help="pallas_gpu_chunk: the walks' own warps (comma list; default: its default)"
     )
     parser.add_argument("--no-fla", action="store_true", help="leave out FLA's chunk_gdn2 (PyTorch)")
     parser.add_argument("--stages", action="store_true", help="also time each Pallas GPU kernel, tiling by tiling")
@@ -393,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"[{time.perf_counter() - started:.0f} s] " + " | ".join(str(v) for v in row.values()), flush=True)
 
-    chosen = tilings(opts.block_v, opts.dots, opts.warps, dims["V"], opts.num_stages, opts.grads_warps)
+    chosen = tilings(opts.block_v, opts.dots, opts.warps, dims["V"], opts.num_stages, opts.grads_warps, opts.walk_warps)
     for name, core in paths(opts.interpret, chosen).items():
         done(run_path(name, core, args, h0, do, dtype, reference, opts.reps, backend))
     stages = {}

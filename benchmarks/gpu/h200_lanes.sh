@@ -247,14 +247,15 @@ task_sdm_pkg() {
 # Work either lane takes when its own is done, in this order (a queue file: each task runs once).
 task_gdn2_pallas() {
     stamp gdn2_pallas
-    # the per-chunk kernels and the walks (5.28 / 21.4 ms at 16:50 on 2026-12-02), each kernel's time apart
-    # (--stages); GDN2_DOTS (bf16x3, bf16 or both), GDN2_WARPS, GDN2_NUM_STAGES, GDN2_GRADS_WARPS (the gradient kernel's own warps; default 8: it
-    # ran 1.6 ms faster at 8 than at 4, the other kernels slower): the tilings (comma lists), GDN2_LOG: the log's
-    # name, GDN2_CAP: its cap
+    # the Pallas kernels beside jax_chunk (4.62 / 13.4 ms at dots=bf16 at 19:35 on 2026-12-02, the walks then at all
+    # of V and 4 warps), each kernel's time apart (--stages). The tilings (comma lists; unset: pallas_gpu_chunk's
+    # defaults): GDN2_BLOCK_V, GDN2_DOTS, GDN2_WARPS, GDN2_NUM_STAGES, GDN2_GRADS_WARPS (the gradient kernel's own
+    # warps), GDN2_WALK_WARPS (the walks'); GDN2_LOG: the log's name, GDN2_CAP: its cap
     local log=$dir/${GDN2_LOG:-gdn2-pallas}.log
-    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py --block-v 128 \
-        --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" --grads-warps "${GDN2_GRADS_WARPS-8}" \
-        --dots "${GDN2_DOTS:-bf16x3}" --stages --no-fla >"$log" 2>&1
+    PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas.py \
+        --block-v "${GDN2_BLOCK_V:-64}" --warps "${GDN2_WARPS:-4}" --num-stages "${GDN2_NUM_STAGES:-1}" \
+        --grads-warps "${GDN2_GRADS_WARPS:-}" --walk-warps "${GDN2_WALK_WARPS:-}" \
+        --dots "${GDN2_DOTS:-bf16}" --stages --no-fla >"$log" 2>&1
     echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
 # the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above,

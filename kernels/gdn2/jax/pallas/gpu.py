@@ -103,6 +103,13 @@ def _products(dots: str):
     return mm, mm_t, mm_tn
 
 
+def _stored(dots: str):
+    """The dtype of what the kernels store for each other that only enters products (W, q_d, k_d, P, T, u, the
+    states and their cotangents): bf16 under ``dots="bf16"``, which rounds every operand to bf16 anyway (half the
+    bytes moved, the same products), float32 otherwise."""
+    return jnp.bfloat16 if dots == "bf16" else _F32
+
+
 def padded_width(d: int) -> int:
     """The power of two >= max(d, 16) that a K or V of `d` is padded to (Triton's tensor and dot rules)."""
     return max(16, 1 << (d - 1).bit_length())
@@ -298,12 +305,12 @@ def _prepare_kernel(
     q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
     C = q.shape[0]
     bk = b * k
-    p_ref[...] = P
-    t_ref[...] = T
+    p_ref[...] = P.astype(p_ref.dtype)
+    t_ref[...] = T.astype(t_ref.dtype)
     expG = jnp.exp(G)
-    qd_ref[...] = q * expG
-    kd_ref[...] = k * jnp.exp(jnp.minimum(_last_row(G_ref, 0, C) - G, 0.0))
-    wm_ref[...] = mm(T, bk * expG)
+    qd_ref[...] = (q * expG).astype(qd_ref.dtype)
+    kd_ref[...] = (k * jnp.exp(jnp.minimum(_last_row(G_ref, 0, C) - G, 0.0))).astype(kd_ref.dtype)
+    wm_ref[...] = mm(T, bk * expG).astype(wm_ref.dtype)
     um_ref[...] = mm(T, w_ref[...].astype(_F32) * v_ref[...].astype(_F32))
 
 
@@ -316,10 +323,11 @@ def _walk_kernel(wm_ref, um_ref, kd_ref, G_ref, h0_ref, u_ref, ht_ref, hs_ref, *
     mm, mm_t, _ = _products(dots)
 
     def step(n, St):
-        wm, kd, um = _chunk((wm_ref, kd_ref, um_ref), n, C)
-        hs_ref[n] = St
+        wm, kd = (_as_operand(r[_chunk_rows(n, C), :]) for r in (wm_ref, kd_ref))
+        (um,) = _chunk((um_ref,), n, C)
+        hs_ref[n] = St.astype(hs_ref.dtype)
         u = um - mm_t(wm, St)
-        u_ref[_chunk_rows(n, C), :] = u
+        u_ref[_chunk_rows(n, C), :] = u.astype(u_ref.dtype)
         return St * jnp.exp(_last_row(G_ref, n * C, C)) + mm(u.T, kd)
 
     ht_ref[...] = lax.fori_loop(0, n_chunks, step, h0_ref[...].astype(_F32))
@@ -343,9 +351,8 @@ def _dstate_walk_kernel(
 
     def step(i, dSt):
         n = n_chunks - 1 - i
-        wm, qd, kd = _chunk((wm_ref, qd_ref, kd_ref), n, C)
-        do = _as_operand(do_ref[_chunk_rows(n, C), :])
-        dhs_ref[n] = dSt
+        wm, qd, kd, do = (_as_operand(r[_chunk_rows(n, C), :]) for r in (wm_ref, qd_ref, kd_ref, do_ref))
+        dhs_ref[n] = dSt.astype(dhs_ref.dtype)
         du = scale * mm(p_ref[n].T, do) + mm_t(kd, dSt)
         decay = jnp.exp(_last_row(G_ref, n * C, C))
         return scale * mm(do.T, qd) + dSt * decay - mm(du.T, wm)
@@ -368,7 +375,7 @@ def _grads_kernel(
     # loads where first used and the value-side gradients stored as soon as made (as in _prepare_kernel: fewer
     # tiles live at once, the [V, K] states 128 registers a thread each at 4 warps)
     q, k, G, b = (r[...].astype(_F32) for r in (q_ref, k_ref, G_ref, b_ref))
-    P, T = p_ref[...], t_ref[...]
+    P, T = _as_operand(p_ref[...]), _as_operand(t_ref[...])
     C = q.shape[0]
     ii, jj = fw._iota((C, C), 0), fw._iota((C, C), 1)
     g_last = _last_row(G_ref, 0, C)
@@ -378,14 +385,15 @@ def _grads_kernel(
     kd = k * e_kd
     v, w = v_ref[...].astype(_F32), w_ref[...].astype(_F32)
     r_v = w * v
-    St, u = hs_ref[...], u_ref[...]  # S^T at the chunk start, u = U - W S
+    St, u = _as_operand(hs_ref[...]), _as_operand(u_ref[...])  # S^T at the chunk start, u = U - W S
 
-    do, dSt = _as_operand(do_ref[...]), dhs_ref[...]  # dS^T at the chunk's end
+    do, dSt = _as_operand(do_ref[...]), _as_operand(dhs_ref[...])  # dS^T at the chunk's end
     du = scale * mm_tn(P, do) + mm_t(kd, dSt)
     dP = jnp.where(ii >= jj, scale * mm_t(do, u), 0.0)
     dqd = scale * mm(do, St)
     dkd = mm(u, dSt)
-    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + jnp.sum(St * dSt, axis=0, keepdims=True) * jnp.exp(g_last)
+    state_products = jnp.sum(St.astype(_F32) * dSt.astype(_F32), axis=0, keepdims=True)
+    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + state_products * jnp.exp(g_last)
     dW = -mm(du, St)
     dr_v = mm_tn(T, du)
     dv_ref[...] = dr_v * w
@@ -474,19 +482,20 @@ def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
 
 
 def _prepare(flat, flat_v, spec, sizes, chunk: int, dots: str, params, interpret: bool) -> list[jax.Array]:
-    """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P, T]``, float32 (W,
-    q_d, k_d ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]``, P and T ``[B, H, N, C, C]``). `flat`: q, k, G
+    """:func:`_prepare_kernel` over every chunk at once, grid (B, H, N): ``[W, U, q_d, k_d, P, T]`` (W, q_d, k_d
+    ``[B, T_pad, H * Kp]``, U ``[B, T_pad, H * Vp]`` float32, P and T ``[B, H, N, C, C]``; all but U in
+    :func:`_stored`'s dtype). `flat`: q, k, G
     (:func:`_chunk_cumulative_decay`), b; `flat_v`: v, w."""
     B, H, N, T_pad, Kp, Vp = sizes
     key_c, value_c, scores_c = spec["key_chunk"], spec["value_chunk"], spec["scores_chunk"]
-    key_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _F32)
-    scores_f32 = jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _F32)
+    key_st = jax.ShapeDtypeStruct((B, T_pad, H * Kp), _stored(dots))
+    scores_st = jax.ShapeDtypeStruct((B, H, N, chunk, chunk), _stored(dots))
     return pl.pallas_call(
         functools.partial(_prepare_kernel, dots=dots),
         grid=(B, H, N),
         in_specs=[key_c, key_c, value_c, key_c, key_c, value_c],
         out_specs=[key_c, value_c, key_c, key_c, scores_c, scores_c],
-        out_shape=[key_f32, jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32), key_f32, key_f32, scores_f32, scores_f32],
+        out_shape=[key_st, jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32), key_st, key_st, scores_st, scores_st],
         compiler_params=params,
         interpret=interpret,
         name="gdn2_gpu_prepare",
@@ -501,7 +510,7 @@ def _flatten_inputs(keys, values, T_pad: int, Kp: int, Vp: int, chunk: int):
     return flat, _flatten(values, T_pad, Vp)
 
 
-_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "num_stages", "dots", "interpret")
+_STATIC = ("scale", "chunk", "store_states", "block_v", "num_warps", "num_stages", "dots", "interpret", "walk_warps")
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "num_warps", "num_stages", "dots", "interpret"))
@@ -547,11 +556,12 @@ def gdn2_gpu_forward(
     num_stages: int = 1,
     dots: str = "fp32",
     interpret: bool = False,
+    walk_warps: int | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run the forward for a GPU: the chunks' state-free work in parallel (``gdn2_gpu_prepare``, a program per
     chunk), then the state's walk over them in order (``gdn2_gpu_forward``, a program per value block of a head),
     then every chunk's output in parallel (``gdn2_gpu_output``) from the chunk-start states the walk stored
-    (``[B, H, N, Vp, Kp]`` float32, kept whether or not they are returned).
+    (``[B, H, N, Vp, Kp]`` in :func:`_stored`'s dtype, kept whether or not they are returned).
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w: ``[B, T, H, V]`` (any T, K, V: padded here).
@@ -567,6 +577,8 @@ def gdn2_gpu_forward(
             issued while the chunk before it computes (their loads do not depend on the state they carry).
         dots: how the matrix products run, ``"fp32"`` or ``"bf16x3"`` (see :data:`DOTS`).
         interpret: run in Pallas' interpreter (any backend) instead of compiling with Triton.
+        walk_warps: Triton warps of the walk alone (``gdn2_gpu_forward``; its state is the one carry that
+            crosses chunks); None: `num_warps`.
 
     Returns:
         ``(o [B, T, H, V] in v's dtype, final_state^T [B, H, V, K] float32)``, then the chunk-start states and
@@ -580,16 +592,16 @@ def gdn2_gpu_forward(
     # 1. every chunk's state-free work at once, grid (B, H, N)
     wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk, storing the chunk-start states and u
-    value_f32 = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _F32)
-    states_f32 = jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _F32)
+    value_st = jax.ShapeDtypeStruct((B, T_pad, H * Vp), _stored(dots))
+    states_st = jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _stored(dots))
     key, value = spec["key"], spec["value"]
     u, ht_t, states_t = pl.pallas_call(
         functools.partial(_walk_kernel, chunk=chunk, n_chunks=N, dots=dots),
         grid=(B, H, NV),
         in_specs=[key, value, key, key, spec["state"]],
         out_specs=[value, spec["state"], spec["states"]],
-        out_shape=[value_f32, jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32), states_f32],
-        compiler_params=params,
+        out_shape=[value_st, jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32), states_st],
+        compiler_params=pltriton.CompilerParams(num_warps=walk_warps or num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gdn2_gpu_forward",
     )(wm, um, kd, flat[2], _pad_state(h0_t, Vp, Kp))
@@ -614,7 +626,8 @@ def gdn2_gpu_forward(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "scale", "chunk", "block_v", "num_warps", "num_stages", "dots", "interpret", "dstate_only", "grads_warps"
+        "scale", "chunk", "block_v", "num_warps", "num_stages", "dots", "interpret", "dstate_only", "grads_warps",
+        "walk_warps",
     ),
 )  # fmt: skip
 def gdn2_gpu_backward(
@@ -638,6 +651,7 @@ def gdn2_gpu_backward(
     interpret: bool = False,
     dstate_only: bool = False,
     grads_warps: int | None = None,
+    walk_warps: int | None = None,
 ) -> tuple[jax.Array, ...]:
     """Run the backward for a GPU: the state's cotangent walked back over the chunks' state-free work
     (``gdn2_gpu_dstate``, a program per value block of a head; that work is the forward's `prepared`), then every
@@ -646,7 +660,7 @@ def gdn2_gpu_backward(
 
     Args:
         q, k, g, b: ``[B, T, H, K]``; v, w, do: ``[B, T, H, V]``.
-        states_t: ``[B, H, N, Vp, Kp]`` float32, the forward's chunk-start states (as it stored them).
+        states_t: ``[B, H, N, Vp, Kp]``, the forward's chunk-start states (as it stored them).
         d_final_t: ``[B, H, V, K]`` float32, the final state's cotangent (transposed).
         prepared: the forward's ``prepared`` (with `store_states`: W, q_d, k_d, P, T and u).
         scale, chunk, block_v, num_warps, num_stages, dots, interpret: as the forward's (the same chunk and
@@ -655,6 +669,7 @@ def gdn2_gpu_backward(
             timing the kernels one by one (``benchmarks/gpu/gdn2_pallas.py --stages``).
         grads_warps: Triton warps of the gradient kernel alone (``gdn2_gpu_backward``, the one that holds the
             chunk's start state and end cotangent, ``[V, K]`` each); None: `num_warps`.
+        walk_warps: Triton warps of the cotangent's walk alone (``gdn2_gpu_dstate``); None: `num_warps`.
 
     Returns:
         ``(dq, dk, dv, dg, db, dw, d_initial_state^T)``, float32; the first six ``[B, T, H, *]``.
@@ -664,6 +679,7 @@ def gdn2_gpu_backward(
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat, flat_v = _flatten_inputs((q, k, g, b), (v, w, do), T_pad, Kp, Vp, chunk)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    walk_params = pltriton.CompilerParams(num_warps=walk_warps or num_warps, num_stages=num_stages)
     wm, qd, kd, p, t, u = prepared
     # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
     key, value, state = spec["key"], spec["value"], spec["state"]
@@ -672,8 +688,8 @@ def gdn2_gpu_backward(
         grid=(B, H, NV),
         in_specs=[key, key, key, spec["scores"], key, value, state],
         out_specs=[spec["states"], state],
-        out_shape=[jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _F32), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)],
-        compiler_params=params,
+        out_shape=[jax.ShapeDtypeStruct((B, H, N, Vp, Kp), _stored(dots)), jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32)],
+        compiler_params=walk_params,
         interpret=interpret,
         name="gdn2_gpu_dstate",
     )(wm, qd, kd, p, flat[2], flat_v[2], _pad_state(d_final_t, Vp, Kp))

@@ -19,7 +19,22 @@ from .chunk import _per_platform
 from .forward import CHUNK
 from .gpu import DOTS, gdn2_gpu_backward, gdn2_gpu_forward
 
-__all__ = ["chunk_gdn2_pallas_gpu", "chunk_kda_pallas_gpu", "gdn2_pallas_gpu_chunk", "kda_pallas_gpu_chunk"]
+__all__ = [
+    "BLOCK_V",
+    "GRADS_WARPS",
+    "WALK_WARPS",
+    "chunk_gdn2_pallas_gpu",
+    "chunk_kda_pallas_gpu",
+    "gdn2_pallas_gpu_chunk",
+    "kda_pallas_gpu_chunk",
+]
+
+# The default tiling, from the H200 (benchmarks/NOTES.md, 2026-12-02 19:35; bf16 B8 T4096 H6 d128): the walks at
+# 64 value columns and 8 warps a program ran 0.65 / 0.89 ms (forward / cotangent) against 2.76 / 2.12 at all 128
+# columns and 4 warps; the gradient kernel, holding two [V, K] states a program, ran 1.6 ms faster at 8 warps.
+BLOCK_V = 64
+WALK_WARPS = 8
+GRADS_WARPS = 8
 
 
 def _run(kernel, *args, interpret, tiling, **params):
@@ -73,12 +88,13 @@ def chunk_gdn2_pallas_gpu(
     initial_state: jax.Array | None = None,
     *,
     chunk_size: int = CHUNK,
-    block_v: int | None = None,
+    block_v: int | None = BLOCK_V,
     num_warps: int = 4,
     num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
-    grads_warps: int | None = None,
+    grads_warps: int | None = GRADS_WARPS,
+    walk_warps: int | None = WALK_WARPS,
 ) -> tuple[jax.Array, jax.Array]:
     """Gated DeltaNet-2 through deltabench's fused Pallas GPU kernels; differentiable (``jax.custom_vjp``).
 
@@ -91,17 +107,19 @@ def chunk_gdn2_pallas_gpu(
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: tokens per chunk (default 64; a power of two, >= 16).
-        block_v: value columns per program (a power of two; default all of V: one program per (batch, head)).
-        num_warps: Triton warps per program.
+        block_v: value columns a program of the two walks (a power of two; None: all of V, a program per (batch,
+            head)). Default :data:`BLOCK_V`.
+        num_warps: Triton warps a program of the per-chunk kernels.
         num_stages: Triton's software pipelining depth (1: none; see :func:`.gpu.gdn2_gpu_forward`).
-        dots: how the kernels' matrix products run: ``"fp32"`` (Triton's IEEE float32 dot) or ``"bf16x3"``
-            (three bf16 tensor-core products, float32 accumulation; :data:`.gpu.DOTS`). Default: ``"bf16x3"`` for
-            bf16 and fp16 inputs (about 16 significant bits a product, twice what the inputs carry), ``"fp32"`` for
-            float32 ones.
+        dots: how the kernels' matrix products run: ``"fp32"`` (Triton's IEEE float32 dot), ``"bf16x3"`` (three
+            bf16 tensor-core products, float32 accumulation: about 16 significant bits a product) or ``"bf16"``
+            (one, on operands rounded to bf16; :data:`.gpu.DOTS`). Default: ``"bf16"`` for bf16 and fp16 inputs
+            (the precision of FLA's kernels for them), ``"fp32"`` for float32 ones.
         interpret: True runs Pallas' interpreter, False compiles with Triton (GPU), None (default) picks by
             platform: the interpreter on the CPU, Triton elsewhere.
         grads_warps: Triton warps of the backward's gradient kernel alone (it holds two ``[V, K]`` states a
-            program; :func:`.gpu.gdn2_gpu_backward`); None: `num_warps`.
+            program; :func:`.gpu.gdn2_gpu_backward`); None: `num_warps`. Default :data:`GRADS_WARPS`.
+        walk_warps: Triton warps of the two walks; None: `num_warps`. Default :data:`WALK_WARPS`.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
@@ -115,13 +133,13 @@ def chunk_gdn2_pallas_gpu(
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16 (Triton tiles), got {chunk_size}")
     if dots is None:
-        dots = "fp32" if q.dtype == jnp.float32 else "bf16x3"
+        dots = "fp32" if q.dtype == jnp.float32 else "bf16"
     if dots not in DOTS:
         raise ValueError(f"dots must be one of {DOTS}, got {dots!r}")
     scale = K**-0.5 if scale is None else float(scale)
     h0 = jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None else initial_state
     tiling = (("chunk", chunk_size), ("block_v", block_v), ("num_warps", num_warps), ("num_stages", num_stages))
-    tiling += (("dots", dots), ("grads_warps", grads_warps))
+    tiling += (("dots", dots), ("grads_warps", grads_warps), ("walk_warps", walk_warps))
     return _gdn2_gpu(q, k, v, g, b, w, h0, scale, interpret, tiling)
 
 
@@ -135,19 +153,20 @@ def chunk_kda_pallas_gpu(
     initial_state: jax.Array | None = None,
     *,
     chunk_size: int = CHUNK,
-    block_v: int | None = None,
+    block_v: int | None = BLOCK_V,
     num_warps: int = 4,
     num_stages: int = 1,
     dots: str | None = None,
     interpret: bool | None = None,
-    grads_warps: int | None = None,
+    grads_warps: int | None = GRADS_WARPS,
+    walk_warps: int | None = WALK_WARPS,
 ) -> tuple[jax.Array, jax.Array]:
     """Kimi Delta Attention through the GDN-2 Pallas GPU kernels, with ``b = w = beta`` broadcast over the channels.
 
     Args:
         q, k, g: ``[B, T, H, K]`` (g a per-channel log-decay <= 0); v ``[B, T, H, V]``; beta ``[B, T, H]``.
-        scale, initial_state, chunk_size, block_v, num_warps, num_stages, dots, interpret, grads_warps: as
-            :func:`chunk_gdn2_pallas_gpu`.
+        scale, initial_state, chunk_size, block_v, num_warps, num_stages, dots, interpret, grads_warps,
+            walk_warps: as :func:`chunk_gdn2_pallas_gpu`.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype and ``[B, H, K, V]`` float32.
@@ -160,7 +179,7 @@ def chunk_kda_pallas_gpu(
     return chunk_gdn2_pallas_gpu(
         q, k, v, g, b, w, scale, initial_state,
         chunk_size=chunk_size, block_v=block_v, num_warps=num_warps, num_stages=num_stages, dots=dots,
-        interpret=interpret, grads_warps=grads_warps,
+        interpret=interpret, grads_warps=grads_warps, walk_warps=walk_warps,
     )  # fmt: skip
 
 

@@ -288,7 +288,11 @@ task_speed_warm() { speed warm 240; }
 
 # GDN-2's gated tables on the GPU: ours (jax_chunk, the Pallas kernel for a GPU) beside FLA and torch_chunk, then
 # atomic-ops' table layout (its TPU-only rows end unsupported with the reason)
-task_gdn2_gpu() { run 600 gdn2-gpu --suite gdn2-gpu --timeout 500; }
+# GDN2_GPU_ARGS: filters for a short session (e.g. "--impl pallas_gpu_chunk --impl fla_chunk"), GDN2_GPU_CAP its cap
+# shellcheck disable=SC2086
+task_gdn2_gpu() {
+    run "${GDN2_GPU_CAP:-600}" gdn2-gpu --suite gdn2-gpu --timeout $((${GDN2_GPU_CAP:-600} - 100)) ${GDN2_GPU_ARGS:-}
+}
 
 # sdm's dense limit by parts (1.16 ms against the split GDN forward's 0.265 at 13:56 on 2026-12-01): seconds
 task_sdm_dense_parts() {

@@ -259,13 +259,14 @@ task_gdn2_pallas() {
     echo "gdn2_pallas exit=$?"; tail -20 "$log" | cut -c1-170
 }
 # the per-chunk kernels taken apart (gdn2_pallas_parts.py): which part of each costs; GDN2_WARPS as above,
-# GDN2_PARTS: the kernels to take apart, GDN2_PARTS_DOTS their products (bf16x3 or bf16), GDN2_PARTS_LOG the log
+# GDN2_PARTS: the kernels to take apart, GDN2_PARTS_DOTS their products (bf16x3 or bf16), GDN2_PARTS_GRADS_WARPS
+# the gradient kernel's warps (one number: gdn2_pallas's GDN2_GRADS_WARPS is a list), GDN2_PARTS_LOG the log
 task_gdn2_parts() {
     stamp gdn2_parts
     local log=$dir/${GDN2_PARTS_LOG:-gdn2-parts}.log
     # shellcheck disable=SC2086
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
-        --warps "${GDN2_WARPS:-4}" ${GDN2_GRADS_WARPS:+--grads-warps "$GDN2_GRADS_WARPS"} \
+        --warps "${GDN2_WARPS:-4}" ${GDN2_PARTS_GRADS_WARPS:+--grads-warps "$GDN2_PARTS_GRADS_WARPS"} \
         --dots "${GDN2_PARTS_DOTS:-bf16x3}" --only "${GDN2_PARTS:-prepare,gradients}" ${GDN2_WALK_TILINGS:+--walk-tilings "$GDN2_WALK_TILINGS"} >"$log" 2>&1
     echo "gdn2_parts exit=$?"; cat "$log"
 }

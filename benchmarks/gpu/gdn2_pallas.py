@@ -378,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fla", action="store_true", help="leave out FLA's chunk_gdn2 (PyTorch)")
     parser.add_argument("--stages", action="store_true", help="also time each Pallas GPU kernel, tiling by tiling")
     opts = parser.parse_args(argv)
+    if opts.allow_cpu:
+        # jaxlib 0.10's CPU backend segfaults in a YNNPACK transpose of jax_chunk's training step at the oracle's
+        # shape (B1 T200 H2 d128) after the timed shape's calls: its library fusions off, before JAX starts
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
     import jax
     import jax.numpy as jnp

@@ -267,7 +267,7 @@ task_gdn2_parts() {
     # shellcheck disable=SC2086
     PYTHONPATH=$(pypath) timeout "${GDN2_CAP:-420}" python3 benchmarks/gpu/gdn2_pallas_parts.py \
         --warps "${GDN2_WARPS:-4}" ${GDN2_PARTS_GRADS_WARPS:+--grads-warps "$GDN2_PARTS_GRADS_WARPS"} \
-        --dots "${GDN2_PARTS_DOTS:-bf16x3}" --only "${GDN2_PARTS:-prepare,gradients}" ${GDN2_WALK_TILINGS:+--walk-tilings "$GDN2_WALK_TILINGS"} >"$log" 2>&1
+        --dots "${GDN2_PARTS_DOTS:-bf16}" --only "${GDN2_PARTS:-prepare,gradients}" ${GDN2_WALK_TILINGS:+--walk-tilings "$GDN2_WALK_TILINGS"} >"$log" 2>&1
     echo "gdn2_parts exit=$?"; cat "$log"
 }
 # the two walks alone in every tiling of value block, warps and pipelining depth (seconds of compile each);
@@ -366,7 +366,7 @@ call() {
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"
-        [[ $lanes == solo ]] && printf '%s\n' gdn2_walks gdn2_parts sdm_profile gdn2_pallas sdm_gpu_parts gdn2_gpu speed_cold stages gdn2_tpu \
+        [[ $lanes == solo ]] && printf '%s\n' gdn2_parts gdn2_pallas sdm_profile gdn2_walks sdm_gpu_parts gdn2_gpu speed_cold stages gdn2_tpu \
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"

@@ -476,6 +476,12 @@ def _chunk_cumulative_decay(g_flat: jax.Array, chunk: int) -> jax.Array:
     return jax.vmap(fw._cumulative_decay)(per_chunk).reshape(B, T_pad, W)
 
 
+def _params(num_warps: int, num_stages: int, own_warps: int | None = None) -> pltriton.CompilerParams:
+    """A kernel's Triton parameters: its own warps where given (the walks', the gradient kernel's), else
+    `num_warps`."""
+    return pltriton.CompilerParams(num_warps=own_warps or num_warps, num_stages=num_stages)
+
+
 def _pad_state(s: jax.Array, Vp: int, Kp: int) -> jax.Array:
     """``[B, H, V, K]`` float32 -> ``[B, H, Vp, Kp]``, zero-padded."""
     return jnp.pad(s.astype(_F32), [(0, 0), (0, 0), (0, Vp - s.shape[2]), (0, Kp - s.shape[3])])
@@ -534,7 +540,7 @@ def gdn2_gpu_prepare(
     B, T, H, K = q.shape
     Kp, Vp, _, N, T_pad, spec = _layout(B, T, H, K, v.shape[-1], chunk, None)
     flat, flat_v = _flatten_inputs((q, k, g, b), (v, w), T_pad, Kp, Vp, chunk)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    params = _params(num_warps, num_stages)
     return _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
 
 
@@ -588,7 +594,7 @@ def gdn2_gpu_forward(
     V = v.shape[-1]
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat, flat_v = _flatten_inputs((q, k, g, b), (v, w), T_pad, Kp, Vp, chunk)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    params = _params(num_warps, num_stages)
     # 1. every chunk's state-free work at once, grid (B, H, N)
     wm, um, qd, kd, p, t = _prepare(flat, flat_v, spec, (B, H, N, T_pad, Kp, Vp), chunk, dots, params, interpret)
     # 2. the chunks in order, grid (B, H, V / BV): the state's walk, storing the chunk-start states and u
@@ -601,7 +607,7 @@ def gdn2_gpu_forward(
         in_specs=[key, value, key, key, spec["state"]],
         out_specs=[value, spec["state"], spec["states"]],
         out_shape=[value_st, jax.ShapeDtypeStruct((B, H, Vp, Kp), _F32), states_st],
-        compiler_params=pltriton.CompilerParams(num_warps=walk_warps or num_warps, num_stages=num_stages),
+        compiler_params=_params(num_warps, num_stages, walk_warps),
         interpret=interpret,
         name="gdn2_gpu_forward",
     )(wm, um, kd, flat[2], _pad_state(h0_t, Vp, Kp))
@@ -678,8 +684,8 @@ def gdn2_gpu_backward(
     V = v.shape[-1]
     Kp, Vp, NV, N, T_pad, spec = _layout(B, T, H, K, V, chunk, block_v)
     flat, flat_v = _flatten_inputs((q, k, g, b), (v, w, do), T_pad, Kp, Vp, chunk)
-    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    walk_params = pltriton.CompilerParams(num_warps=walk_warps or num_warps, num_stages=num_stages)
+    params = _params(num_warps, num_stages)
+    walk_params = _params(num_warps, num_stages, walk_warps)
     wm, qd, kd, p, t, u = prepared
     # the state's cotangent walked back, grid (B, H, V / BV), stored at every chunk's end
     key, value, state = spec["key"], spec["value"], spec["state"]
@@ -711,7 +717,7 @@ def gdn2_gpu_backward(
         in_specs=[key_c, key_c, value_c, key_c, key_c, value_c, value_c, state_c, state_c, scores_c, scores_c, value_c],
         out_specs=[value_c, value_c, scores_c, scores_c, key_c, key_c, key_c, key_c],
         out_shape=[value_out, value_out, scores_out, scores_out, key_out, key_out, key_out, key_out],
-        compiler_params=pltriton.CompilerParams(num_warps=grads_warps or num_warps, num_stages=num_stages),
+        compiler_params=_params(num_warps, num_stages, grads_warps),
         interpret=interpret,
         name="gdn2_gpu_backward",
     )(flat[0], flat[1], flat_v[0], flat[2], flat[3], flat_v[1], flat_v[2], states_t, dstates_t, p, t, u)

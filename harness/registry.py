@@ -60,7 +60,8 @@ class Impl:
     requires: tuple[str, ...] = ()  # importable modules it needs (checked without importing them)
     state_grad: bool = True  # the final state carries a gradient (kernels/declare.ImplDecl.state_grad)
     compiles_per_shape: bool = False  # gated job by job side by side (kernels/declare.ImplDecl.compiles_per_shape)
-    autotunes: bool = False  # its gates kept in one process (kernels/declare.ImplDecl.autotunes)
+    autotunes: bool = False  # its gates kept in one process per tuning group (kernels/declare.ImplDecl.autotunes)
+    jit: str = ""  # the JIT library whose kernels a dry run lists (kernels/declare.ImplDecl.jit)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
 
@@ -119,6 +120,7 @@ def register_impl(
     state_grad: bool = True,
     compiles_per_shape: bool = False,
     autotunes: bool = False,
+    jit: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -133,10 +135,12 @@ def register_impl(
     `state_grad=False` declares a final state returned without a gradient (the gate's cotangent then goes on the output
     alone). `compiles_per_shape=True` declares a kernel that compiles each new shape for a long time without autotuning:
     a run with ``--gate-workers`` N > 1 gates each of its jobs in a process of its own, side by side with the others,
-    rather than all of them in one process. `autotunes=True` declares a kernel that picks its launch configurations by
-    timing them (``triton.autotune``): its gates stay in one process even where places are free, since autotuning side
-    by side would skew its picks. Registering a name twice replaces the earlier entry (a user's file may be
-    re-imported).
+    rather than all of them in one process; `jit="tilelang"` (kernels/common/jit_units.py) lets such a run list its
+    kernels by a dry run and build each once, side by side, before those gates. `autotunes=True` declares a kernel
+    that picks its launch configurations by timing them (``triton.autotune``): the gates of one tuning group (the same
+    dims but B and T, and dtype) stay in one process, so that each configuration is tuned once, and the timing uses
+    the pick its gate checked (made on a device the run's other gates may share). Registering a name twice
+    replaces the earlier entry (a user's file may be re-imported).
     """
     get_op(op)
     if backend not in BACKENDS:
@@ -157,6 +161,7 @@ def register_impl(
             state_grad=state_grad,
             compiles_per_shape=compiles_per_shape,
             autotunes=autotunes,
+            jit=jit,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -181,6 +186,7 @@ def register_impls(decls: Any) -> None:
             state_grad=d.state_grad,
             compiles_per_shape=d.compiles_per_shape,
             autotunes=d.autotunes,
+            jit=d.jit,
         )(lazy(d.target))
 
 

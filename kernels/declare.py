@@ -37,8 +37,13 @@ class ImplDecl:
         compiles_per_shape: it compiles each new shape it is called at, for tens of seconds or more and without
             autotuning (TileLang, Pallas): a run gating jobs side by side (``--gate-workers``) gates each of its jobs
             in a process of its own, so that those compiles overlap, instead of one after another.
-        autotunes: it picks launch configurations by timing them (``triton.autotune``): its gates stay in one process
-            even where a run's gate workers have places free, since autotuning side by side would skew its picks.
+        autotunes: it picks launch configurations by timing them (``triton.autotune``): the gates of one tuning group
+            (the same dims but B and T, and dtype) stay in one process, so that a configuration is tuned once and
+            kept in Triton's cache for the timing, which then times the pick its gate checked. Different groups may
+            gate side by side, as any impl's gates do beside other impls' (their picks are made on a shared device).
+        jit: the JIT library its kernels build with, where a dry run can list them (``"tilelang"``,
+            kernels/common/jit_units.FAMILIES): on a GPU a run builds each of those kernels once, side by side,
+            before the impl's gates, instead of its gates building them one after another.
         notes: shown by ``deltabench list`` and stored with results.
     """
 
@@ -54,4 +59,5 @@ class ImplDecl:
     state_grad: bool = True
     compiles_per_shape: bool = False
     autotunes: bool = False
+    jit: str = ""
     notes: str = ""

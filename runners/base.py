@@ -60,6 +60,12 @@ class JobSpec(_Model):
         "returned): an impl that compiles each shape compiles the gate's shapes side by side before its gates",
     )
 
+    compile_cases: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="stage compile: the further cases (besides `case`) whose gate calls this job makes, for an "
+        "impl whose kernels a dry run lists (``Impl.jit``): its kernels for all of them are built side by side",
+    )
+
     @classmethod
     def for_case(cls, case: Case, impl: str, **settings: Any) -> JobSpec:
         """A job for `case` and impl `impl`."""

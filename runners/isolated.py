@@ -78,6 +78,8 @@ def _job_payload(job: JobSpec) -> dict:
     data = job.model_dump()
     if data.get("stage") == "all":
         del data["stage"]
+    if not data.get("compile_cases"):
+        del data["compile_cases"]
     return data
 
 
@@ -487,42 +489,53 @@ def _mode_rank(job: JobSpec) -> int:
 
 
 def _split_chains(
-    chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int, keep_whole: Collection[int] = ()
+    chains: list[list[int]], jobs: Mapping[int, JobSpec], workers: int, autotuned: Collection[int] = ()
 ) -> list[list[int]]:
     """`chains` (each impl's gates, one process each) split until there are `workers` of them, where places would
     otherwise stay empty: the chain with the most gates is halved, keeping together the gates that share reduced
     cases (the same impl, dims but B and T, dtype and mode: harness/gate_memo.py reuses their records within a
-    process; of the longest, the one with the most families first), until every chain holds one gate. A compile, or
-    a chain holding a key of `keep_whole` (an impl that autotunes), is never split; no chain is joined."""
+    process; of the longest, the one with the most families first), until every chain holds one gate. A compile is
+    never split; a chain holding a key of `autotuned` (an impl that autotunes) only between tuning groups (the
+    same dims but B and T, and dtype, whatever the mode: a group's forward gate finds what its forward+backward gate
+    tuned); no chain is joined."""
     chains = [list(keys) for keys in chains]
+
+    def tuned(keys: list[int]) -> bool:
+        return any(k in autotuned for k in keys)
+
     while len(chains) < workers:
         splittable = [
             keys
             for keys in chains
-            if len(keys) > 1 and not _compiles(jobs, keys) and not any(k in keep_whole for k in keys)
+            if len(keys) > 1
+            and not _compiles(jobs, keys)
+            and (not tuned(keys) or len(_families(keys, jobs, modes=False)) > 1)
         ]
         if not splittable:
             break
         longest = max(splittable, key=lambda keys: (len(keys), len(_families(keys, jobs))))
         chains.remove(longest)
-        chains += _halves(longest, jobs)
+        chains += _halves(longest, jobs, modes=not tuned(longest))
     return chains
 
 
-def _families(keys: list[int], jobs: Mapping[int, JobSpec]) -> dict[tuple[object, ...], list[int]]:
-    """`keys` by the reduced cases their gates share: the case's dims but B and T, its dtype and mode."""
+def _families(
+    keys: list[int], jobs: Mapping[int, JobSpec], *, modes: bool = True
+) -> dict[tuple[object, ...], list[int]]:
+    """`keys` by the reduced cases their gates share: the case's dims but B and T, its dtype and (with `modes`) its
+    mode; without, an autotuning impl's tuning groups."""
     families: dict[tuple[object, ...], list[int]] = {}
     for key in keys:
         case = jobs[key].to_case()
         dims = tuple((n, d) for n, d in case.dims.items() if n not in ("B", "T"))
-        families.setdefault((dims, case.dtype, case.mode), []).append(key)
+        families.setdefault((dims, case.dtype, case.mode if modes else None), []).append(key)
     return families
 
 
-def _halves(keys: list[int], jobs: Mapping[int, JobSpec]) -> list[list[int]]:
-    """`keys` in two chains, each in the order given: whole families of gates that share reduced cases, the largest
-    first into the shorter chain; one family alone is cut in alternate gates."""
-    families = _families(keys, jobs)
+def _halves(keys: list[int], jobs: Mapping[int, JobSpec], *, modes: bool = True) -> list[list[int]]:
+    """`keys` in two chains, each in the order given: whole families of gates (:func:`_families`, by `modes`), the
+    largest first into the shorter chain; one family alone is cut in alternate gates."""
+    families = _families(keys, jobs, modes=modes)
     if len(families) == 1:
         return [keys[0::2], keys[1::2]]
     a: list[int] = []
@@ -564,15 +577,15 @@ def run_gates(
     on_gated: Callable[[int, JobResult], None] | None = None,
     own_process: Collection[int] = (),
     after_compiles: Collection[int] = (),
-    keep_whole: Collection[int] = (),
+    autotuned: Collection[int] = (),
     on_again: Callable[[int, JobResult], None] | None = None,
 ) -> dict[int, JobResult]:
     """The gates of `jobs` (key: any index): ``ok`` when it passed, else the status and reason its job ends with.
     Each impl's gates run one after another in one process of their own (:func:`_gate_runner`: a crash or a timeout
     costs its own job, the next gets a fresh process; those with a backward first), up to `workers` such chains at
     once, an impl's chain split
-    in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`; never
-    one holding a key of `keep_whole`: an impl that autotunes); a job
+    in two (and again) while fewer chains than `workers` would leave places empty (:func:`_split_chains`; one
+    holding a key of `autotuned`, an impl that autotunes, only between its tuning groups); a job
     whose key is in `own_process` (an impl that compiles each shape, ``Impl.compiles_per_shape``) is a chain of its
     own, so that its compiles overlap those of the impl's other jobs. Chains side by side are told their share of
     the device (``DELTABENCH_DEVICE_SHARE`` = 1 / the chains at once), which bounds what a gate sizes by the free
@@ -595,7 +608,7 @@ def run_gates(
     # Within a chain the gates with a backward first: their calls compile and autotune the forward's kernels too,
     # which the forward-only gates after then find done (FLA's forward gate: 84 s first, seconds after).
     by_impl = {impl: sorted(keys, key=lambda k: _mode_rank(jobs[k])) for impl, keys in by_impl.items()}
-    chains = _split_chains(list(by_impl.values()), jobs, workers, keep_whole)
+    chains = _split_chains(list(by_impl.values()), jobs, workers, autotuned)
     side_by_side = min(workers, len(chains))
     waiting = [keys for keys in chains if any(k in after_compiles for k in keys)]
     # The gates first: the compiles then fill the places left, so no gate waits behind a compile for a place.

@@ -13,8 +13,9 @@ same impl one after another. The order matters:
    ``JobSpec.repetition`` > 0, skip it: the first repetition gated the same code in the same run). A job of
    ``stage = "gate"`` (``deltabench run --gate-workers N``, many gates at once) ends here, ``ok`` when it passed; one
    of ``stage = "after_gate"`` skips the gate, which such a run passed, and goes on to step 4; one of
-   ``stage = "compile"`` only makes the calls the gate makes at its shape (``harness.verify.warm_calls``), for
-   the compiles of an impl that compiles each shape. A JAX impl
+   ``stage = "compile"`` only builds what the gate will call at its shape and at ``JobSpec.compile_cases``
+   (``harness.compile_ahead``: the calls themselves, or a dry run and each kernel built side by side), for the
+   compiles of an impl that compiles each shape. A JAX impl
    on the CPU runs it under ``jax_bridge.cheap_compiles``: the first call's program (the one timed) is reused as
    compiled, and the dozen other programs the gate runs once each (other lengths and arguments, the backward)
    are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
@@ -186,11 +187,13 @@ def execute(job: JobSpec) -> JobResult:
         if job.stage == "compile":
             phase = "compile"
             _phase(phase)
-            from deltabench.harness.verify import warm_calls
+            from deltabench.harness.compile_ahead import compile_ahead
 
+            cases = [case, *(Case(**c) for c in job.compile_cases)]
             with _gate_compiles(impl.backend, case.device):  # the gate's compile settings: its cache keys
-                warm_calls(impl, case)
+                built = compile_ahead(impl, cases)
             result.status = "ok"
+            result.notes = built  # a compile's result is only reported (runners/session.py), never stored
             return _finish(result)
         inputs = make_case_inputs(get_op(case.op), case)
         subject = build_subject(impl, case, inputs)

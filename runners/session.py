@@ -65,8 +65,10 @@ GatedCallback = Callable[[int, int, JobResult | None], None]
 def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
     """The compile-stage jobs (``JobSpec.stage = "compile"``, numbered from 0) for the gates of `jobs`, jobs of
     impls that compile each shape: one per impl and shape their gates call (``harness.verify.gate_shapes``), at
-    that shape, back-propagating where any of those gates does there. None on the CPU, where there is no compile
-    of a kernel to share (an interpreter or XLA's CPU backend)."""
+    that shape, back-propagating where any of those gates does there; for an impl whose kernels a dry run lists
+    (``Impl.jit``) one for all its shapes (``JobSpec.compile_cases``), which builds its distinct kernels side by side
+    (harness/compile_ahead.py). None on the CPU, where there is no compile of a kernel to share (an interpreter or
+    XLA's CPU backend)."""
     from deltabench.harness.verify import gate_shapes
 
     shapes: dict[tuple[str, str, str, str], JobSpec] = {}
@@ -80,7 +82,17 @@ def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
             key = (job.impl, shape.op, shape.shape_id, shape.dtype)
             if key not in shapes or shape.mode != "fwd":
                 shapes[key] = job.model_copy(update={"case": shape.to_dict(), "stage": "compile"})
-    return dict(enumerate(shapes.values()))
+    listed_by_dry_run: dict[tuple[str, str], list[JobSpec]] = {}
+    compiles: list[JobSpec] = []
+    for spec in shapes.values():
+        op = spec.case["op"]
+        if get_impl(op, spec.impl).jit:
+            listed_by_dry_run.setdefault((op, spec.impl), []).append(spec)
+        else:
+            compiles.append(spec)
+    for first, *rest in listed_by_dry_run.values():
+        compiles.append(first.model_copy(update={"compile_cases": [spec.case for spec in rest]}))
+    return dict(enumerate(compiles))
 
 
 DEFAULT_TIMEOUT_S = 900.0  # per job: a new shape of a JIT-compiled kernel can compile for a minute
@@ -306,7 +318,7 @@ class RunState:
 
         todo: dict[int, JobSpec] = {}
         own_process: set[int] = set()  # jobs of impls that compile each shape: gated side by side, not in a chain
-        keep_whole: set[int] = set()  # jobs of impls that autotune: their chain is never split
+        autotuned: set[int] = set()  # jobs of impls that autotune: their chain split only between tuning groups
         for index in order:
             job = self._for_run(self.plan.jobs[index])
             case = job.to_case()
@@ -316,7 +328,7 @@ class RunState:
                 if impl.compiles_per_shape:
                     own_process.add(index)
                 if impl.autotunes:
-                    keep_whole.add(index)
+                    autotuned.add(index)
         if on_gated:
             on_gated(0, len(todo), None)
 
@@ -360,7 +372,7 @@ class RunState:
             on_gated=ended,
             own_process={*own_process, *compiles},
             after_compiles=own_process if compiles else (),
-            keep_whole=keep_whole,
+            autotuned=autotuned,
             on_again=put_back,
         )
 

@@ -280,9 +280,12 @@ task_speed_cold() {
     rm -rf "$caches"
     TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
         DELTABENCH_REFERENCE_CACHE=$caches/references speed cold-gate6 360 --gate-workers 6
-    # six places: FLA's chain, ours, and FlashQLA's gate shapes compiled a process each beside them, then its four
-    # gates from that cache (at 17:04 on 2026-12-01 its four gates side by side, each compiling its ten shapes in a
-    # row, ended 8 of 12 gates in 240 s and timed nothing in 360)
+    # then warm: the same run again on the caches the cold one filled (issue 16: cold < 240 s, warm < 120 s)
+    TRITON_CACHE_DIR=$caches/triton TILELANG_CACHE_DIR=$caches/tilelang DELTABENCH_JAX_CACHE_DIR=$caches/jax \
+        DELTABENCH_REFERENCE_CACHE=$caches/references speed warm-gate6 240 --gate-workers 6
+    # six places: FLA's chains (one per tuning group), ours, and FlashQLA's kernels listed by a dry run and built
+    # side by side beside them, then its four gates from that cache (at 17:04 on 2026-12-01 its four gates side by
+    # side, each compiling its ten shapes in a row, ended 8 of 12 gates in 240 s and timed nothing in 360)
 }
 
 task_speed_warm() { speed warm 240; }

@@ -252,11 +252,12 @@ def register(app: typer.Typer) -> None:
                     compile_task.append(progress.add_task("compiles of the gates' shapes", total=total, start=True))
                     progress.update(task, description=f"suite {loaded.name} on {dev}: compiling first")
                     if lines:
-                        lines.line(f"compiling {total} shapes first for the gates of impls that compile each shape")
+                        lines.line(f"compiling first for the gates of impls that compile each shape: {total} jobs")
                 progress.update(compile_task[0], completed=done)
                 if lines and result is not None:
+                    built = f" ({result.notes})" if result.status == "ok" and result.notes else ""
                     lines.line(
-                        f"compile {done}/{total} {_job_label(result.case, result.impl)}: {lines.outcome(result)}"
+                        f"compile {done}/{total} {_job_label(result.case, result.impl)}: {lines.outcome(result)}{built}"
                     )
 
             def on_begin(path) -> None:

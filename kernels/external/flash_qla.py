@@ -5,7 +5,9 @@ Its ``chunk_gated_delta_rule`` takes FLA's argument order and layouts (q, k ``[B
 g ``[B, T, H]`` natural-log decay; beta ``[B, T, H]``; state ``[B, H, K, V]``), so the adapter passes the inputs
 through with in-kernel L2 normalisation off. Importing flash_qla picks its kernels for the GPU it finds and raises on
 any other, so it is imported on the first call, never at module import. Every new shape is compiled by TileLang on its
-first call (3 to 50 s per kernel): a runner's warm-up absorbs that and reports it apart as compile time.
+first call (3 to 50 s per kernel): a runner's warm-up absorbs that and reports it apart as compile time, and a run
+on a GPU lists the kernels its gates will call by a dry run and builds them side by side first (``jit="tilelang"``,
+kernels/common/jit_units.py).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ IMPLS = (
         constraint=flash_qla_case,
         requires=("flash_qla", "tilelang"),
         compiles_per_shape=True,  # TileLang, without autotuning: its gates side by side, a process each
+        jit="tilelang",  # its kernels listed by a dry run and built side by side before its gates
         notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds",
     ),
 )

@@ -267,8 +267,16 @@ def test_places_left_empty_are_filled_by_splitting_an_impls_chain() -> None:
     assert sorted(map(sorted, three)) == [[0, 1], [2, 3], [4, 5]]  # the family {0, 1} stays whole
     assert sorted(map(sorted, _split_chains([a, b], jobs, 4))) == [[0, 1], [2, 3], [4], [5]]  # families first
     assert sorted(map(sorted, _split_chains([a, b], jobs, 9))) == [[0], [1], [2], [3], [4], [5]]
-    # an impl that autotunes keeps its one process
-    assert sorted(map(sorted, _split_chains([a, b], jobs, 9, keep_whole={4}))) == [[0], [1], [2], [3], [4, 5]]
+    # an impl that autotunes is split only between tuning groups (dims but B and T, dtype; not the mode): b's two H
+    # apart, and a forward gate stays with the forward+backward one of its dims, which tunes its kernels first
+    assert sorted(map(sorted, _split_chains([a, b], jobs, 9, autotuned={4, 5}))) == [[0], [1], [2], [3], [4], [5]]
+    tuned = {
+        7: _ImplJob("f", mode="fwd+bwd"), 8: _ImplJob("f", mode="fwd+bwd", H=4),
+        9: _ImplJob("f"), 10: _ImplJob("f", H=4), 11: _ImplJob("f", T=512),
+    }  # fmt: skip
+    f = [7, 8, 9, 10, 11]
+    assert sorted(map(sorted, _split_chains([f], tuned, 9, autotuned=set(f)))) == [[7, 9, 11], [8, 10]]
+    assert _split_chains([[7, 9, 11]], tuned, 9, autotuned=set(f)) == [[7, 9, 11]]
     compile_job = _ImplJob("c")
     compile_job.stage = "compile"
     assert _split_chains([[6]], {6: compile_job}, 4) == [[6]]
@@ -453,10 +461,10 @@ def test_the_gate_phase_gives_each_job_of_an_impl_that_compiles_per_shape_a_proc
     seen: dict[str, object] = {}
 
     def fake_run_gates(
-        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=(), **_
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), autotuned=(), **_
     ):
         seen["own"] = sorted(todo[k].impl for k in own_process)
-        seen["whole"] = sorted(todo[k].impl for k in keep_whole)
+        seen["whole"] = sorted(todo[k].impl for k in autotuned)
         seen["all"] = sorted(j.impl for j in todo.values())
         return {}
 
@@ -621,6 +629,37 @@ def test_compile_jobs_are_one_per_impl_and_shape_of_the_gates() -> None:
     assert compile_jobs([JobSpec.for_case(both.replace(device="cpu"), "torch_chunk")]) == {}
 
 
+def test_compile_jobs_of_an_impl_a_dry_run_lists_are_one_job_for_all_its_shapes() -> None:
+    """An impl whose kernels a dry run lists (Impl.jit): one compile job for every shape of its gates (its case and
+    compile_cases), the kernels of which it builds side by side; another impl keeps one job per shape."""
+    from deltabench.harness import Case, get_impl
+    from deltabench.harness.registry import register_impl
+    from deltabench.harness.verify import gate_shapes
+    from deltabench.runners.base import JobSpec
+    from deltabench.runners.session import compile_jobs
+
+    chunk = get_impl("gdn", "torch_chunk")
+    register_impl(
+        "gdn", "planted_jit", backend="torch", devices=("cpu", "cuda"), dtypes=("fp32",), compiles_per_shape=True,
+        jit="tilelang",
+    )(chunk.fn)  # fmt: skip
+    fwd, both = (Case("gdn", 2, 131, 3, 8, 12, mode=m, device="cuda") for m in ("fwd", "fwd+bwd"))
+    other = Case("gdn", 1, 64, 4, 16, 16, mode="fwd+bwd", device="cuda")
+    gate = {"reference": "torch_chunk"}
+    jobs = [JobSpec.for_case(c, impl, gate=gate) for impl in ("planted_jit", "torch_chunk") for c in (fwd, both, other)]
+    made = list(compile_jobs(jobs).values())
+    (jit_job,) = [j for j in made if j.impl == "planted_jit"]
+    listed = {
+        (c.shape_id, c.mode)
+        for case in (both, other)
+        for c in gate_shapes(get_impl("gdn", "planted_jit"), case, reference="torch_chunk")
+    }
+    cases = [jit_job.to_case(), *(Case(**c) for c in jit_job.compile_cases)]
+    assert sorted((c.shape_id, c.mode) for c in cases) == sorted(listed)
+    assert len([j for j in made if j.impl == "torch_chunk"]) == len(listed)
+    assert all(not j.compile_cases for j in made if j.impl == "torch_chunk")
+
+
 def test_a_compile_job_makes_the_gates_calls_and_ends_ok_untimed() -> None:
     """A compile-stage job in a gate process (run_gates runs a job of that stage as such): ok, with no timing and no
     gate records (its calls are unchecked; the gate makes them again, checked)."""
@@ -650,7 +689,7 @@ def test_compiles_run_beside_the_other_gates_and_before_their_impls_gates(
     calls: list[dict] = []
 
     def fake_run_gates(
-        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), keep_whole=(), **_
+        todo, workers, *, python=None, env=None, on_gated=None, own_process=(), after_compiles=(), autotuned=(), **_
     ):
         calls.append({"jobs": {k: (j.impl, j.stage) for k, j in todo.items()}, "own": set(own_process)})
         calls[-1]["after"] = set(after_compiles)

@@ -290,6 +290,16 @@ task_speed_cold() {
 
 task_speed_warm() { speed warm 240; }
 
+# the train suite, every impl, four gate processes at once, without the prewarm: the run builds FlashQLA's kernels
+# itself (a dry run lists them, harness/compile_ahead.py); issue 16: within 10 minutes
+task_train() {
+    run_gated 600 train 4 --suite train --timeout 300 --impl opengdn_chunkwise --impl triton_chunk_split \
+        --impl triton_chunk --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent \
+        --impl fla_recurrent --impl jax_chunk --impl opengdn_triton
+    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
+    tail -3 "$dir/train-overhead.md"
+}
+
 # GDN-2's gated tables on the GPU: ours (jax_chunk, the Pallas kernel for a GPU) beside FLA and torch_chunk, then
 # atomic-ops' table layout (its TPU-only rows end unsupported with the reason)
 # GDN2_GPU_ARGS: filters for a short session (e.g. "--impl pallas_gpu_chunk --impl fla_chunk"), GDN2_GPU_CAP its cap

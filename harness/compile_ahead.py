@@ -34,7 +34,7 @@ def compile_ahead(
 
     fallback = ""
     if impl.jit:
-        from deltabench.kernels.common.jit_units import build_side_by_side, distinct, family
+        from deltabench.kernels.common.jit_units import build_side_by_side, distinct, family, first_line
 
         jit = family(impl.jit)
         try:
@@ -42,7 +42,7 @@ def compile_ahead(
                 for case in cases:
                     warm_calls(impl, case)
         except Exception as exc:
-            fallback = f"dry run failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
+            fallback = f"dry run failed ({first_line(exc)}); "
         else:
             units = distinct(recorded)
             summary = build_side_by_side(jit.build, units, workers=workers, on_built=on_built)

@@ -35,6 +35,7 @@ __all__ = [
     "build_side_by_side",
     "distinct",
     "family",
+    "first_line",
     "resolve",
 ]
 
@@ -51,11 +52,6 @@ class Unit:
     name: str
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def label(self) -> str:
-        """The factory's name, for a log line."""
-        return self.name
 
     def key(self) -> str:
         """What makes two units the same kernel: the factory and every argument's repr."""
@@ -98,6 +94,12 @@ class BuildSummary:
         if self.failures:
             text += f"; {len(self.failures)} failed, first: {self.failures[0]}"
         return text
+
+
+def first_line(exc: BaseException) -> str:
+    """`exc` as one short line for a log: its type and its message's first line."""
+    message = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def distinct(units: Iterable[Unit]) -> list[Unit]:
@@ -148,11 +150,11 @@ def build_side_by_side(
             try:
                 seconds = future.result()
             except Exception as exc:
-                summary.failures.append(f"{unit.label}: {type(exc).__name__}: {exc}".splitlines()[0][:200])
+                summary.failures.append(f"{unit.name}: {first_line(exc)}")
             else:
                 summary.built += 1
                 if summary.slowest is None or seconds > summary.slowest[1]:
-                    summary.slowest = (unit.label, seconds)
+                    summary.slowest = (unit.name, seconds)
             if on_built:
                 on_built(done, len(units))
     summary.wall_s = time.perf_counter() - t0

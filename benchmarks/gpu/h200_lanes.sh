@@ -20,10 +20,9 @@
 # reading the last one's archive (2026-12-01: a fourth call sent after a minute's reading found a bare machine).
 #
 # Lane A (GPU 0, the timings the issues compare): the whole `train` suite in one run, every impl (deltabench's
-# kernels, FLA, FlashQLA, then the rest), its gates eight at a time, then the 12-job comparison (flashqla-h200.toml)
-# on warm caches with four. Lane B (GPU 1): FlashQLA's compiles for every length the train gate feeds it (ten
-# `verify` processes at once: TileLang's cache is safe for concurrent writers), the 20-seed verify sweep of the GPU
-# impls (six lines at once), then the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the
+# kernels, FLA, FlashQLA, then the rest), its gates four at a time (the run builds FlashQLA's kernels first, side by
+# side), then the 12-job comparison (flashqla-h200.toml) on warm caches with four. Lane B (GPU 1): the 20-seed
+# verify sweep of the GPU impls (six lines at once), then the sdm-gpu suite (SDM 2.0.0's CUDA extensions build in the background from the
 # lane's start). A lane done with its own work takes the next task of a shared queue: the 12-job comparison from
 # empty caches (its own cache folders), GDN-2's Pallas kernel for a GPU (gdn2_pallas.py), the gdn2-gpu and gdn2-tpu
 # suites, gdn_kernels.py's stage times (ours beside FLA, one process), the warm comparison gated job by job. Both lanes share the
@@ -77,11 +76,7 @@ run_gated() {
 
 lane_a() {
     dir=$L/a
-    # the whole suite, every impl, in one run (the issue's 10-minute target is for this run)
-    run_gated 900 train 8 --suite train --timeout 300 --impl triton_chunk_split --impl triton_chunk \
-        --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent --impl fla_recurrent \
-        --impl opengdn_triton --impl opengdn_chunkwise --impl jax_chunk
-    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
+    task_train  # the whole suite, every impl, in one run (issue 16's 10-minute target is for this run)
     speed warm-gate4 200 --gate-workers 4  # the gates four at a time before the timings
     shared
 }
@@ -94,22 +89,6 @@ speed() {
     PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/speed-$1.json" --wall-s \
         "$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")" >"$dir/speed-$1-overhead.md" 2>&1
     tail -4 "$dir/speed-$1-overhead.md"
-}
-
-# Every length the train gate feeds FlashQLA, compiled once into TileLang's on-disk cache: one verify per shape and
-# mode, all at once (the compiles are CPU-bound, 15-30 s each, and independent).
-qla_prewarm() {
-    local shape mode pids=() i=0
-    for shape in B=8,T=4096,H=6 B=4,T=8192,H=16 B=1,T=32768,H=16 B=1,T=1024,H=6 B=4,T=4096,H=6; do
-        for mode in fwd fwd+bwd; do
-            i=$((i + 1))
-            OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout 320 python3 -m deltabench.harness.cli verify --op gdn \
-                --impl flash_qla --shape "$shape,K=128,V=128" --dtype bf16 --mode "$mode" --device cuda --seeds 1 \
-                --timeout 300 >"$dir/qla-prewarm-$i.log" 2>&1 &
-            pids+=($!)
-        done
-    done
-    for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "prewarm job $((i + 1)) exit=$?"; done
 }
 
 # SDM 2.0.0 builds its CUDA extensions on its first call (over 8 minutes on the H200, benchmarks/gpu/README.md): one
@@ -134,9 +113,6 @@ sdm_pkg_ready() {
 lane_b() {
     dir=$L/b
     sdm_pkg_build &
-    stamp qla-prewarm
-    qla_prewarm
-    touch "$dir/qla-prewarm.done"
     sweep 900
     stamp "waiting for SDM 2.0.0's build"
     sdm_gpu 900 2
@@ -162,33 +138,18 @@ sdm_gpu() {
         "${pkg[@]}" --impl triton_chunk_split
 }
 
-# One GPU (nvidia-h200): one lane, ordered for the issues it can close in one session's 30 minutes. What times
-# nothing goes first, side by side: FlashQLA's compiles and, with LANE_SWEEP=1, the whole verify sweep (six lines at
-# once: all 32 lines in 573 s on 2026-12-01 10:34); then, alone on the GPU, the train suite (gates four impls at
-# once), then the queue: the 12-job comparison from empty caches, sdm-gpu, the stage times (the segmented walk
-# beside the serial one and FLA), GDN-2. SDM 2.0.0's extension build is
-# left to a session of its own (not finished in 480 s beside the sweep).
+# One GPU (nvidia-h200): one lane. With LANE_SWEEP=1 the whole verify sweep first (six lines at once: all 32 lines
+# in 573 s on 2026-12-01 10:34), with LANE_TRAIN=1 the train suite, then the queue (LANE_QUEUE, or the default
+# below). SDM 2.0.0's extension build runs beside on the CPU unless LANE_SDM_PKG=0.
 lane_solo() {
     dir=$L/a
-    local warm
-    # the train table is in session-1357/ (100 jobs in 537 s): again only when asked for, the queue first otherwise
     # SDM 2.0.0's CUDA extensions build on the CPU beside the GPU work (6 of 16 cores), for task sdm_pkg
     [[ ${LANE_SDM_PKG:-1} == 1 && ! -f $dir/sdm-pkg-build.done ]] && { sdm_pkg_build 1500 & }
-    [[ ${LANE_TRAIN:-0} == 1 ]] || { shared; return; }
-    stamp qla-prewarm
-    qla_prewarm >"$dir/qla-prewarm.log" 2>&1 &
-    warm=$!
     # the whole sweep ended in one run at 10:34 on 2026-12-01 (session-1034/): again only when asked for
     [[ ${LANE_SWEEP:-0} == 1 ]] && sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's build: a session of its own
-    wait "$warm"
-    cat "$dir/qla-prewarm.log"
-    # four impls' gate processes at once, the longest chain (opengdn_chunkwise: its PyTorch path at full shape)
-    # first; 8 at once with a process per gate ended no job in 660 s (2026-12-01 10:44), job by job 81 in 385 s
-    run_gated 600 train 4 --suite train --timeout 300 --impl opengdn_chunkwise --impl triton_chunk_split \
-        --impl triton_chunk --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent \
-        --impl fla_recurrent --impl jax_chunk --impl opengdn_triton
-    PYTHONPATH=$(pypath) python3 benchmarks/job_overhead.py "$dir/train.json" >"$dir/train-overhead.md" 2>&1
-    tail -3 "$dir/train-overhead.md"
+    # the train table (session-0824/: 100 jobs in 508 s from a fresh machine): first with LANE_TRAIN=1, or as task
+    # train in the queue
+    [[ ${LANE_TRAIN:-0} == 1 ]] && task_train
     shared
 }
 
@@ -290,7 +251,7 @@ task_speed_cold() {
 
 task_speed_warm() { speed warm 240; }
 
-# the train suite, every impl, four gate processes at once, without the prewarm: the run builds FlashQLA's kernels
+# the train suite, every impl, four gate processes at once: the run builds FlashQLA's kernels
 # itself (a dry run lists them, harness/compile_ahead.py); issue 16: within 10 minutes
 task_train() {
     run_gated 600 train 4 --suite train --timeout 300 --impl opengdn_chunkwise --impl triton_chunk_split \

@@ -111,7 +111,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--gate-workers",
             help="Gate every job first, up to N processes at once (each impl's gates in a process of its own; each job "
-            "of an impl that compiles per shape, e.g. FlashQLA, in one of its own), then time the jobs one at a time "
+            "of an impl that compiles per shape, e.g. FlashQLA, in one of its own, once its kernels were built side "
+            "by side), then time the jobs one at a time "
             "with their gate's outcome (default: the suite's [gate] workers, else 1: each job gated just before its "
             "timing). Not with --base-ref.",
         ),

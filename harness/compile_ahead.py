@@ -9,8 +9,6 @@ fails it falls back to the calls themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import Impl
 
@@ -22,12 +20,11 @@ def compile_ahead(
     cases: list[Case],
     *,
     workers: int | None = None,
-    on_built: Callable[[int, int], None] | None = None,
 ) -> str:
     """Build what the gates of `cases` will call `impl` at; returns one line saying what was built and how.
 
     For an impl with a JIT family (``impl.jit``): a dry run of every case's gate calls lists the kernels, each
-    distinct one is built in a worker process, up to `workers` at once (`on_built(done, total)` follows them).
+    distinct one is built in a worker process, up to `workers` at once.
     Otherwise, or when the dry run raises, the calls themselves, one after another (``verify.warm_calls``). A
     kernel that fails to build is named in the line, not raised: the gate makes that call and judges it."""
     from deltabench.harness.verify import warm_calls
@@ -45,7 +42,7 @@ def compile_ahead(
             fallback = f"dry run failed ({first_line(exc)}); "
         else:
             units = distinct(recorded)
-            summary = build_side_by_side(jit.build, units, workers=workers, on_built=on_built)
+            summary = build_side_by_side(jit.build, units, workers=workers)
             return f"{jit.name} dry run of {len(cases)} shapes: {summary.line()}"
     for case in cases:
         warm_calls(impl, case)

@@ -130,11 +130,10 @@ def build_side_by_side(
     units: list[Unit],
     *,
     workers: int | None = None,
-    on_built: Callable[[int, int], None] | None = None,
 ) -> BuildSummary:
     """Build every unit with `build`, each in a worker process, up to `workers` at once (default: three quarters of
     the CPUs, the rest left to the gates running beside). A unit that fails, or a worker that dies, is counted and
-    named, never raised: what was not built here the real call builds itself. `on_built(done, total)` follows."""
+    named, never raised: what was not built here the real call builds itself."""
     if workers is None:
         workers = max(1, (os.cpu_count() or 2) * 3 // 4)
     workers = max(1, min(workers, len(units)))
@@ -145,7 +144,7 @@ def build_side_by_side(
     # spawn, not fork: the parent may hold a CUDA context, which a forked child cannot use
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_timed_build, build, unit): unit for unit in units}
-        for done, future in enumerate(as_completed(futures), start=1):
+        for future in as_completed(futures):
             unit = futures[future]
             try:
                 seconds = future.result()
@@ -155,8 +154,6 @@ def build_side_by_side(
                 summary.built += 1
                 if summary.slowest is None or seconds > summary.slowest[1]:
                     summary.slowest = (unit.name, seconds)
-            if on_built:
-                on_built(done, len(units))
     summary.wall_s = time.perf_counter() - t0
     return summary
 

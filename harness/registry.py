@@ -145,6 +145,11 @@ def register_impl(
     get_op(op)
     if backend not in BACKENDS:
         raise BadInput(f"impl {name!r}: unknown backend {backend!r}, expected one of {', '.join(BACKENDS)}")
+    if jit:
+        from deltabench.kernels.common.jit_units import FAMILIES
+
+        if jit not in FAMILIES:
+            raise BadInput(f"impl {name!r}: unknown jit {jit!r}, expected one of {', '.join(sorted(FAMILIES))}")
     dts = tuple(parse_dtype(d) for d in dtypes)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:

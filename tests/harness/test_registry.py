@@ -41,6 +41,8 @@ def test_unknown_names_are_bad_input() -> None:
         get_impl("gdn", "missing")
     with pytest.raises(BadInput, match="unknown backend"):
         register_impl("gdn", "x", backend="fortran", devices=("cpu",), dtypes=("fp32",))
+    with pytest.raises(BadInput, match="impl 'x': unknown jit 'triton', expected one of tilelang"):
+        register_impl("gdn", "x", backend="torch", devices=("cpu",), dtypes=("fp32",), jit="triton")
 
 
 def test_reasons_for_unavailable_cases(cleanup: list[tuple[str, str]]) -> None:

@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import Engine, func, insert, select, text
+
 from deltabench.db import queries
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.ingest import environment_fingerprint, ingest_document, pack_samples
@@ -44,7 +46,6 @@ from deltabench.harness.document import (
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.series import series_software
-from sqlalchemy import Engine, func, insert, select, text
 
 OPS = ("gdn", "gdn2", "kda")
 IMPLS = ("torch_chunk", "triton_chunk", "fla_chunk", "jax_chunk")

@@ -48,10 +48,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from deltabench.harness.document import ResultDocument
-from deltabench.harness.regression import GradingRule, compare_documents
-from deltabench.harness.regression.matching import latest_by_key
-from deltabench.harness.regression.noise import run_level, spreads_from_histories
+from deltabench.regression import GradingRule, compare_documents
+from deltabench.regression.matching import latest_by_key
+from deltabench.regression.noise import run_level, spreads_from_histories
 
 PLANTED_FILE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
 PLANTED_IMPL = ("gdn", "torch_chunk")  # evaluate --planted-impl changes it (DELTABENCH_PLANTED_IMPL when collecting)
@@ -72,7 +73,7 @@ def collect(args: argparse.Namespace) -> None:
                 continue
             path = out / f"{label}_{done[label]:03d}.json"
             # The CLI through the interpreter: a GPU machine with deltabench on PYTHONPATH has no console script.
-            cli = [sys.executable, "-m", "deltabench.harness.cli", "run"]
+            cli = [sys.executable, "-m", "deltabench.cli.app", "run"]
             cmd = [*cli, "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv", "--quiet"]
             if args.repeat > 1:
                 cmd += ["--repeat", str(args.repeat)]

@@ -33,13 +33,14 @@ os.environ.setdefault("FLA_TILELANG", "0")
 
 import torch
 import triton
+from triton.testing import do_bench
+
 from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 from deltabench.kernels.gdn.triton import local_bwd, output, state, walk, wy
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
 from deltabench.kernels.gdn.triton.fused_recurrent import fused_recurrent_gated_delta_rule
 from deltabench.references.gdn import gdn_recurrent, make_inputs
-from triton.testing import do_bench
 
 TARGETS = [(8, 4096, 6, 128), (4, 8192, 16, 128), (1, 32768, 16, 128), (1, 1024, 6, 128), (4, 4096, 6, 128)]
 
@@ -61,7 +62,7 @@ OURS = {
     "triton_chunk_split": chunk_gated_delta_rule_split,
     **{f"triton_chunk_split_seg{n}": with_walk_segments(n) for n in (4, 8, 16)},
 }
-# the harness's bf16 / fp32 thresholds (harness/tolerances.py), relative Frobenius error
+# the harness's bf16 / fp32 thresholds (correctness/tolerances.py), relative Frobenius error
 BOUNDS = {torch.bfloat16: {"o": 1e-2, "ht": 1e-2, "grad": 8e-3}, torch.float32: {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}}
 LOG: list[dict] = []
 GATED = ("triton_chunk", "triton_chunk_split")  # the gate runs these (each in its launch defaults)

@@ -34,6 +34,7 @@ DO_BENCH_BOUND = 0.03  # harness vs do_bench within 3%
 def _measure(impl_name: str, shape: str, mode: str, args: argparse.Namespace) -> dict:
     import torch
     import triton.testing
+
     from deltabench.harness.cases import Case, parse_shape
     from deltabench.harness.ops import get_op
     from deltabench.harness.registry import get_impl

@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"
 
 import test_planted_bugs as tpb
 import test_planted_gate_inputs as tpg
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl, register_impl
 from deltabench.harness import registry as _registry
-from deltabench.harness.verify import verify_case
 
 
 def _bugs(op: str) -> list[tuple[str, Any, bool, set[str]]]:

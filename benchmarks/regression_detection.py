@@ -37,10 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from deltabench.harness.changepoints import find_change_points
-from deltabench.harness.regression import GradingRule, RunSpread, default_spread
 from rich.console import Console
 from rich.table import Table
+
+from deltabench.regression import GradingRule, RunSpread, default_spread
+from deltabench.regression.changepoints import find_change_points
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json")) + sorted(
@@ -100,6 +101,7 @@ def robust_sigma(logs: np.ndarray) -> float:
 def measure_cpu(runs: int, budget_s: float) -> dict[str, object]:
     """Time a small torch kernel `runs` times through the CPU runner; also a 10%-padded copy for detections."""
     import torch
+
     from deltabench.runners.cpu import time_callable
 
     torch.set_num_threads(1)
@@ -167,7 +169,7 @@ def gate_rates(draw: Sampler, n: int, trials: int, rng: np.random.Generator, alp
 
 def gate_rank_test_only(draw: Sampler, n: int, trials: int, rng: np.random.Generator, alpha: float) -> float:
     """How often Mann-Whitney alone (no ratio floor) says 'different' on one distribution: should be ~alpha."""
-    from deltabench.harness.regression.samples import mann_whitney_p
+    from deltabench.regression.samples import mann_whitney_p
 
     return sum(mann_whitney_p(draw(rng, n), draw(rng, n)) < alpha for _ in range(trials)) / trials
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from deltabench.references import sdm
 
 FLOATS = ("k_val", "q_val", "v", "g", "beta", "initial_bank")

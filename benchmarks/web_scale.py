@@ -127,10 +127,11 @@ def fill(db: str, n_results: int, per_run: int) -> None:
     runs of this script's grid through ``ingest_document``."""
     import sys
 
+    from sqlalchemy import func, select
+
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.ingest import ingest_document
     from deltabench.db.models import Result
-    from sqlalchemy import func, select
 
     engine = get_engine(db)
     with session_scope(engine) as session:
@@ -165,6 +166,7 @@ def _free_port() -> int:
 def serve(db: str) -> tuple[str, object]:
     """The real app under uvicorn in a thread; its base URL and the server (to stop it)."""
     import uvicorn
+
     from deltabench.web.app import create_app
     from deltabench.web.config import Settings
 
@@ -223,11 +225,12 @@ def main() -> None:
     args = parser.parse_args()
 
     import httpx
+    from sqlalchemy import func, select
+
     from deltabench.db import queries
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.models import Result
     from deltabench.web.security.tokens import create_token
-    from sqlalchemy import func, select
 
     if args.fresh:
         for suffix in ("", "-wal", "-shm"):

@@ -15,6 +15,7 @@ with x ``[B, T, D]`` in the case's dtype, the log-decay g ``[B, T]`` kept in flo
 from __future__ import annotations
 
 import torch
+
 from deltabench.harness.ops import register_op
 from deltabench.harness.registry import register_impl
 from deltabench.references import _inputs

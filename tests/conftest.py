@@ -8,7 +8,7 @@
 - ``DELTABENCH_JAX_CACHE_DIR=off``: no persistent JAX compile cache, so tests do not depend on what other processes
   left in it.
 - ``DELTABENCH_REFERENCE_CACHE``: the gate's shared references go to a directory of this test session, never the
-  user's cache (harness/reference_cache.py).
+  user's cache (correctness/reference_cache.py).
 - ``one_torch_thread``: torch at one intra-op thread for the test (``pytestmark = pytest.mark.usefixtures(...)`` in
   the modules of many tiny ops, which gain nothing from threads and slow down with them on the shared 2-core CI).
 - ``DELTABENCH_REQUIRE_SERVICES=1`` (set by ``.ci/run``): a test skipped because PostgreSQL, Redis or Chromium is

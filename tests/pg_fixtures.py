@@ -16,9 +16,10 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
+from sqlalchemy import text
+
 from deltabench.db.engine import dispose_engines, get_engine
 from deltabench.db.models import Base
-from sqlalchemy import text
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 # Numbers schemas across every pg_server of the session (the db and web conftests each get their own), so no two

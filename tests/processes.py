@@ -67,7 +67,7 @@ def serve_dashboard(db: Path, token_name: str) -> Iterator[tuple[str, str]]:
     """``deltabench serve`` on the SQLite file `db` (no broker) and a free port, with a write token made by
     ``deltabench token create --name token_name``: yields (base URL, token); the server is stopped on exit."""
     env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
-    cli = [sys.executable, "-c", "from deltabench.harness.cli import main; main()"]
+    cli = [sys.executable, "-c", "from deltabench.cli.app import main; main()"]
     token = subprocess.run(
         [*cli, "token", "create", "--name", token_name, "--db", str(db)],
         env=env,

@@ -70,10 +70,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _calls(args: argparse.Namespace) -> int:
     import torch
+
+    from deltabench.correctness.engine import verify_case
     from deltabench.harness.cases import Case
     from deltabench.harness.ops import get_op
     from deltabench.harness.registry import get_impl
-    from deltabench.harness.verify import verify_case
 
     dims = dict(kv.split("=") for kv in args.shape.split(","))
     case = Case(args.op, **{k: int(v) for k, v in dims.items()}, dtype=args.dtype, mode=args.mode)

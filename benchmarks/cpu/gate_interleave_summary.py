@@ -21,7 +21,7 @@ PLANTED = ("gdn", "torch_chunk")
 def grade(folder: Path) -> list[dict]:
     """One record per invocation found in `folder`: kind, index, gate failed, and each job's outcome and change."""
     from deltabench.harness.document import ResultDocument
-    from deltabench.harness.regression import compare_documents
+    from deltabench.regression import compare_documents
 
     out = []
     for head_path in sorted(folder.glob("*-*.json")):
@@ -54,7 +54,7 @@ def across(folder: Path) -> dict:
     """Same-code heads graded against the bases of the other same-code invocations (runs minutes apart, not
     interleaved: the gate judges them on each run's own repetitions)."""
     from deltabench.harness.document import ResultDocument
-    from deltabench.harness.regression import compare_documents
+    from deltabench.regression import compare_documents
 
     def load(path: Path) -> ResultDocument | None:
         doc = ResultDocument.from_json(path.read_text()) if path.is_file() else None

@@ -25,7 +25,8 @@ from typing import Any
 os.environ["DELTABENCH_REFERENCE_CACHE"] = "off"
 
 import torch
-from deltabench.harness import verify
+
+from deltabench.correctness import calls, engine, oracle, plan
 from deltabench.harness.cases import Case
 
 
@@ -65,9 +66,9 @@ def host_pieces(case: Case, seeds: int, dispatch_only: bool = False) -> None:
 
     spec = get_op(case.op)
     grads = case.mode != "fwd"
-    limit = verify.ORACLE_MAX_ELEMENTS_GRAD if grads else verify.ORACLE_MAX_ELEMENTS
+    limit = plan.ORACLE_MAX_ELEMENTS_GRAD if grads else plan.ORACLE_MAX_ELEMENTS
     seed_list = [case.seed + i for i in range(seeds)] + [12345]
-    variants = verify._variants(spec, spec.regimes)
+    variants = plan.gate_variants(spec, spec.regimes)
 
     def timed(fn: Any) -> tuple[float, float]:
         """Wall seconds and this process's CPU seconds (all threads) of `fn()`: on a shared host the CPU
@@ -82,26 +83,26 @@ def host_pieces(case: Case, seeds: int, dispatch_only: bool = False) -> None:
                 sub = case.replace(seed=s, initial_state=v.h0, regime=v.regime)
                 make_case_inputs(spec, sub, unit_qk=v.unit_qk)
                 if grads:
-                    verify._cotangents(spec, sub, s)
+                    calls.draw_cotangents(spec, sub, s)
 
     _inputs._draws.clear()
     cold = warm = (0.0, 0.0)
     if not dispatch_only:
         cold = timed(draws)
         warm = timed(draws)
-    short = verify._short_case(case, limit)
-    lengths = verify._sweep_cases(case, spec.regimes, grads=grads, limit=limit)
+    short = plan.short_case(case, limit)
+    lengths = plan.sweep_cases(case, spec.regimes, grads=grads, limit=limit)
     if dispatch_only:
         factor = case.dims["K"] * case.dims["V"] / 4
         short = short.replace(K=2, V=2)
         lengths = [(c.replace(K=2, V=2), t1) for c, t1 in lengths]
-        limit = max(limit, verify.ORACLE_MAX_ELEMENTS) / factor  # stacked as on a GPU (verify._stack_limit)
+        limit = max(limit, plan.ORACLE_MAX_ELEMENTS) / factor  # stacked as on a GPU (oracle.stack_limit)
     runs = [(s, v) for s in seed_list for v in variants]
     oracle = timed(
-        lambda: verify._reduced_oracle(standin, spec, short, runs, grads=grads, profile="native", limit=limit)
+        lambda: engine._reduced_oracle(standin, spec, short, runs, grads=grads, profile="native", limit=limit)
     )
     sweep = timed(
-        lambda: verify._length_sweep(
+        lambda: engine._length_sweep(
             standin, spec, lengths, seed=seed_list[0], grads=grads, profile="native", limit=limit
         )
     )
@@ -133,14 +134,14 @@ def main() -> None:
     args = ap.parse_args()
     dims = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
     case = Case("gdn", **dims, dtype=args.dtype, mode=args.mode)
-    verify._chunk_reference = lambda case: standin  # the full-shape reference: device work on a GPU host
+    oracle.chunk_reference = lambda case: standin  # the full-shape reference: device work on a GPU host
     if args.host_only or args.dispatch_only:
         host_pieces(case, args.seeds, dispatch_only=args.dispatch_only)
         return
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    report = verify.verify_case(standin, case, seeds=args.seeds, drawn_seed=12345)
+    report = engine.verify_case(standin, case, seeds=args.seeds, drawn_seed=12345)
     prof.disable()
     wall = time.perf_counter() - t0
     st = pstats.Stats(prof)

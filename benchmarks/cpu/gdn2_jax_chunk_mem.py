@@ -27,6 +27,7 @@ def child(B: int, T: int, H: int, KV: int, mode: str, reps: int) -> dict[str, fl
 
     import jax
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.jax_chunk import chunk_gdn2_jax
     from deltabench.references import gdn2
 

@@ -35,11 +35,12 @@ from typing import Any
 
 import torch
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+
 from deltabench.harness.cases import parse_shape, torch_dtype
 from deltabench.harness.errors import BadInput
 from deltabench.kernels.gdn.triton import chunk, chunk_split, local_bwd, output, state, walk, wy
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
 
 KERNEL_MODULES = (wy, state, walk, output, local_bwd)
 ENTRIES = {"triton_chunk": chunk.gdn_triton_chunk, "triton_chunk_split": chunk_split.gdn_triton_chunk_split}

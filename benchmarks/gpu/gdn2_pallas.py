@@ -53,6 +53,7 @@ def first_line(exc: BaseException) -> str:
 def make_inputs(dims: dict[str, int], dtype, seed: int = 0):
     """deltabench's seeded gdn2 inputs (torch, CPU) and the same values as JAX arrays of `dtype` (g stays f32)."""
     import jax.numpy as jnp
+
     from deltabench.references import gdn2
 
     t = gdn2.make_inputs(dims["B"], dims["T"], dims["H"], dims["K"], dims["V"], seed=seed, initial_state=True)
@@ -156,6 +157,7 @@ def check_against_oracle(core, dtype, T: int) -> float:
     import jax.numpy as jnp
     import numpy as np
     import torch
+
     from deltabench.references import gdn2
 
     t, a = make_inputs({"B": 1, "T": T, "H": 2, "K": 128, "V": 128}, dtype, seed=1)
@@ -212,6 +214,7 @@ def run_fla(dtype_name: str, dims: dict[str, int], do_np, reference, reps: int) 
     row["note"] = ""
     try:
         import torch
+
         from deltabench.kernels.external.fla import gdn2_fla_chunk
         from deltabench.references import gdn2
 
@@ -322,6 +325,7 @@ def stage_times(args, h0, do, tiling: dict, reps: int, interpret: bool = False) 
     the gradient kernel are the differences. `interpret`: Pallas' interpreter (the plumbing on a CPU)."""
     import jax
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.pallas import gpu, gpu_chunk
 
     q = args[0]

@@ -54,6 +54,7 @@ def patched(module, **replacements):
 def variants():
     """``{kernel: {row: replacements of gpu's helpers}}``."""
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.pallas import gpu
 
     def no_scores(refs, *_args):
@@ -102,6 +103,7 @@ def time_kernel(kernel: str, args, h0, do, options: dict, reps: int, grads: dict
     the backward's own options)."""
     import jax
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.pallas import gpu
 
     t0 = time.perf_counter()
@@ -144,6 +146,7 @@ def time_walks(args, h0, do, options: dict, reps: int) -> tuple[float, float]:
     """(forward walk ms, cotangent walk ms) in the tiling `options`: the forward less its prepare, and the backward
     stopped after the cotangent's walk."""
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.pallas import gpu
 
     scale = args[0].shape[-1] ** -0.5
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
     import jax.numpy as jnp
+
     from deltabench.kernels.gdn2.jax.pallas import gpu
 
     backend = jax.default_backend()

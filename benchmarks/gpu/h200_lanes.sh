@@ -42,7 +42,7 @@ qla_staged() { [[ -f $QLA/.deltabench-sets/qla1 && -f $QLA/.deltabench-sets/qla2
 lanes_ready() { [[ ${LANE_QLA:-1} == 0 ]] || qla_staged; }
 # FlashQLA's folder joins the path only once both halves are in (a half-installed TileLang breaks FLA's import).
 pypath() { if qla_staged; then echo "/tmp/site:$QLA"; else echo /tmp/site; fi; }
-db() { PYTHONPATH=$(pypath) python3 -m deltabench.harness.cli "$@"; }
+db() { PYTHONPATH=$(pypath) python3 -m deltabench.cli.app "$@"; }
 # run CAP NAME ARGS...: one `deltabench run` cut at CAP seconds, its document under the lane's folder, table printed
 run() {
     local cap=$1 name=$2 t0
@@ -50,7 +50,7 @@ run() {
     stamp "$name"
     t0=$(date +%s)
     # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time)
-    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli run --device cuda --no-db \
+    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db \
         --out "$dir/$name.json" --format markdown "$@" >"$dir/$name.log" 2>&1
     echo "$name exit=$? wall=$(($(date +%s) - t0)) s"
     grep -E "^\|" "$dir/$name.log" | cut -c1-170
@@ -95,7 +95,7 @@ speed() {
 # verify at a tiny shape builds them in the background while the lane does other work.
 sdm_pkg_build() {
     local cap=${1:-1500}
-    OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.harness.cli verify --op sdm \
+    OMP_NUM_THREADS=2 PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app verify --op sdm \
         --impl sdm_pkg_chunk --shape B=1,T=70,H=3,S=64,D=16,W=4,R=4 --dtype bf16 --seeds 1 --device cuda \
         --timeout $((cap - 50)) >"$dir/sdm-pkg-build.log" 2>&1
     echo "exit=$?" >"$dir/sdm-pkg-build.done"
@@ -252,7 +252,7 @@ task_speed_cold() {
 task_speed_warm() { speed warm 240; }
 
 # the train suite, every impl, four gate processes at once: the run builds FlashQLA's kernels
-# itself (a dry run lists them, harness/compile_ahead.py); issue 16: within 10 minutes
+# itself (a dry run lists them, correctness/compile_ahead.py); issue 16: within 10 minutes
 task_train() {
     run_gated 600 train 4 --suite train --timeout 300 --impl opengdn_chunkwise --impl triton_chunk_split \
         --impl triton_chunk --impl fla_chunk --impl flash_qla --impl torch_chunk --impl triton_recurrent \

@@ -19,7 +19,7 @@ job() {
     local name=$1 cap=$2 t0
     shift 2
     t0=$(date +%s)
-    PYTHONPATH=/tmp/site:/tmp/site-qla timeout "$cap" python3 -m deltabench.harness.cli run --device cuda --no-db -q \
+    PYTHONPATH=/tmp/site:/tmp/site-qla timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db -q \
         --out "$L/$name.json" --format markdown "$@" >"$L/$name.log" 2>&1
     echo "== $name exit=$? wall=$(($(date +%s) - t0)) s" | tee -a "$L/walls.txt"
     grep -E "^\|" "$L/$name.log" | cut -c1-200

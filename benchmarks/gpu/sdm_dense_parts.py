@@ -38,11 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("sdm_dense_parts.py: needs a CUDA device (do_bench times GPU work)", file=sys.stderr)
         return 2
+    from triton.testing import do_bench
+
     from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
     from deltabench.kernels.sdm.triton.dense import _Densify, _flag_reader
     from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
     from deltabench.references.sdm import check_slots, make_inputs
-    from triton.testing import do_bench
 
     T, H, S = args.tokens, args.heads, args.slots
     x = make_inputs(1, T, H, S, S, S, S, device="cuda", seed=0)

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.testing import do_bench
+
 from deltabench.kernels.sdm import sdm_torch_chunk
 from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs
-from triton.testing import do_bench
 
 FLOATS = ("k_val", "q_val", "v", "g", "beta", "initial_bank")
 FLAGSHIP = {"H": 2, "D": 1024, "S": 65536, "W": 64, "R": 64, "C": 64, "B": 1}

@@ -45,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("sdm_profile.py: needs a CUDA device", file=sys.stderr)
         return 2
-    from deltabench.kernels.sdm import sdm_torch_chunk
-    from deltabench.kernels.sdm.triton import triton_chunk, triton_chunk_bwd
     from sdm_kernels import FLAGSHIP, flagship_inputs, fwd_bwd
     from torch.profiler import ProfilerActivity, profile
     from triton.testing import do_bench
+
+    from deltabench.kernels.sdm import sdm_torch_chunk
+    from deltabench.kernels.sdm.triton import triton_chunk, triton_chunk_bwd
 
     C, T = FLAGSHIP["C"], args.tokens
     x = flagship_inputs(T)

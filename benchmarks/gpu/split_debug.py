@@ -20,6 +20,8 @@ import json
 import sys
 
 import torch
+from triton.testing import do_bench
+
 from deltabench.kernels.gdn.triton import output, walk
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
@@ -29,7 +31,6 @@ from deltabench.kernels.gdn.triton.state import state_bwd, state_fwd
 from deltabench.kernels.gdn.triton.walk import state_walk
 from deltabench.kernels.gdn.triton.wy import wy_fwd
 from deltabench.references.gdn import make_inputs
-from triton.testing import do_bench
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of `check` under TRITON_INTERPRET=1
 VARIANTS = {

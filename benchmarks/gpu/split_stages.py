@@ -24,6 +24,7 @@ SHAPES = ("B=8,T=4096,H=6,K=128,V=128", "B=4,T=8192,H=16,K=128,V=128")
 def stage_closures(B: int, T: int, H: int, K: int, V: int, device: str = "cuda") -> dict:
     """Zero-argument closures, one per stage, on inputs (and upstream stage results) built once here."""
     import torch
+
     from deltabench.kernels.gdn.triton.local_bwd import local_bwd
     from deltabench.kernels.gdn.triton.output import chunk_output
     from deltabench.kernels.gdn.triton.state import state_bwd, state_fwd

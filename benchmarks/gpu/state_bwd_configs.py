@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from deltabench.kernels.gdn.triton.state import state_bwd
 from deltabench.kernels.gdn.triton.wy import CHUNK
 

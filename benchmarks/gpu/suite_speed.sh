@@ -28,7 +28,7 @@ export DELTABENCH_JAX_CACHE_DIR=$CACHES/jax DELTABENCH_REFERENCE_CACHE=$CACHES/r
 walls=()
 for run in cold warm; do
     t0=$(date +%s.%N)
-    timeout 280 python3 -m deltabench.harness.cli run --suite benchmarks/gpu/flashqla-h200.toml --device cuda \
+    timeout 280 python3 -m deltabench.cli.app run --suite benchmarks/gpu/flashqla-h200.toml --device cuda \
         --no-db --out "$OUT/speed-$run.json" --format markdown >"$OUT/speed-$run.log" 2>&1
     rc=$?
     wall=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")

@@ -33,9 +33,9 @@ def main() -> int:
     parser.add_argument("--dtype", action="append", help="dtypes (default: bf16, fp32)")
     args = parser.parse_args()
 
+    from deltabench.correctness.engine import verify_case
     from deltabench.harness.cases import Case, parse_shape
     from deltabench.harness.registry import get_impl
-    from deltabench.harness.verify import verify_case
 
     failed = 0
     for name in args.impl or ("triton_chunk", "triton_recurrent"):

@@ -11,7 +11,7 @@ regimes x with and without an initial state, the non-default scale, q and k off 
 and the length sweep, every gradient. Printed as the CPU sweep prints it (worst value over its bound per check
 family; 1.00 is at the bound), so both tables read alike.
 
-Each line runs in its own child process (``deltabench verify``'s, :func:`deltabench.harness.verify_child.
+Each line runs in its own child process (``deltabench verify``'s, :func:`deltabench.correctness.verify_child.
 verify_in_child`): a kernel that faults (a CUDA illegal memory access poisons its process's CUDA context), hangs
 past ``--line-timeout`` or kills its process fails that line only, with the reason (the exception's first line,
 the signal, or the timeout and the phase it was in), and the sweep goes on. The children share Triton's cache and
@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     """Verify each selected impl of each op at fp32 and bf16, a child process per line; print one line each and a
     summary; 1 if any line failed, 2 on bad input."""
     args = _parse_args(argv)
+    from deltabench.correctness.verify_child import verify_in_child
     from deltabench.harness.cases import Case
     from deltabench.harness.errors import BadInput
     from deltabench.harness.ops import get_op
     from deltabench.harness.registry import all_impls, load_module
-    from deltabench.harness.verify_child import verify_in_child
 
     imports = [_absolute(s) for s in args.imports]
     try:

@@ -11,6 +11,8 @@ import uuid
 
 import pg_fixtures
 import pytest
+from sqlalchemy import Engine
+
 from deltabench.db.engine import get_engine
 from deltabench.harness.document import (
     CaseSpec,
@@ -22,7 +24,6 @@ from deltabench.harness.document import (
     TimingStats,
     WorkFigures,
 )
-from sqlalchemy import Engine
 
 # The shared database fixtures (tests/pg_fixtures.py), registered here by name.
 db_url, pg_server, pg_url, sqlite_url = (

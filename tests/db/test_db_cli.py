@@ -6,10 +6,11 @@ import json
 import pathlib
 
 import pytest
+from sqlalchemy import func, select
+
+from deltabench.cli.app import main
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import Result, Run
-from deltabench.harness.cli import main
-from sqlalchemy import func, select
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]

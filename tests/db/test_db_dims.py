@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sqlalchemy import inspect, text
+
 from deltabench.db.dims import dims_columns, dims_of
 from deltabench.db.engine import downgrade, get_engine, session_scope, upgrade
 from deltabench.db.ingest import ingest_document
 from deltabench.db.queries import compare_runs, find_results, load_run_document
 from deltabench.harness import document
 from deltabench.harness.document import CaseSpec, ResultDocument
-from sqlalchemy import inspect, text
 
 # A run stored before documents had a version 2: eight jobs on an H200 (benchmarks/h200/README.md).
 V1_RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "h200" / "split-h200.json"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-from deltabench.db.engine import current_revision, default_sqlite_path, get_engine, head_revision, resolve_url
 from sqlalchemy import text
+
+from deltabench.db.engine import current_revision, default_sqlite_path, get_engine, head_revision, resolve_url
 
 
 def test_default_path_follows_xdg(monkeypatch, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]

@@ -8,11 +8,12 @@ import pathlib
 
 import pandas as pd
 import pytest
+
+from deltabench.cli.app import main
 from deltabench.db import results_frame
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.frame import COLUMNS
 from deltabench.db.ingest import ingest_document
-from deltabench.harness.cli import main
 
 UTC = dt.timezone.utc
 
@@ -162,7 +163,7 @@ def test_parquet_without_pyarrow_is_one_line_and_exit_2(sqlite_url, tmp_path: pa
     import sys
 
     # pyarrow made unimportable in a fresh interpreter, as on a machine without it.
-    code = "import sys; sys.modules['pyarrow'] = None; from deltabench.harness.cli import main; main()"
+    code = "import sys; sys.modules['pyarrow'] = None; from deltabench.cli.app import main; main()"
     argv = ["results", "--db", sqlite_url, "--format", "parquet", "--out", str(tmp_path / "x.parquet")]
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""

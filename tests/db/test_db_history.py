@@ -7,6 +7,7 @@ import datetime as dt
 
 import numpy as np
 import pytest
+
 from deltabench.db.engine import session_scope
 from deltabench.db.history import history_spreads
 from deltabench.db.ingest import ingest_document

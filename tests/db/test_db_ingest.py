@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import func, select
+
 from deltabench.db import queries
 from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document, pack_samples, unpack_samples
 from deltabench.db.models import Check, Environment, Machine, Result, ResultSamples, Run
-from sqlalchemy import func, select
 
 
 def _count(engine, model) -> int:  # type: ignore[no-untyped-def]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import inspect
+
 from deltabench.db.engine import current_revision, downgrade, get_engine, head_revision, upgrade
 from deltabench.db.models import Base
-from sqlalchemy import inspect
 
 SERVICE = {"api_tokens", "job_queue", "annotations"}
 MEASUREMENT = {"machines", "environments", "runs", "results", "result_samples", "checks"}
@@ -57,10 +58,11 @@ def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-un
 
 
 def test_0003_backfills_the_series_software_and_downgrades(fresh_engine, factory) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
     from deltabench.db.engine import session_scope
     from deltabench.db.ingest import ingest_document
     from deltabench.harness.series import series_software
-    from sqlalchemy import text
 
     upgrade(fresh_engine)
     docs = [factory.document(commit=f"{i:040x}", torch=torch) for i, torch in enumerate(("2.11.0", "2.12.1"))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+
 from deltabench.db import queries
 from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document
@@ -229,7 +230,7 @@ def _comparison_runs(factory) -> list:  # type: ignore[no-untyped-def]
 
 
 def test_load_comparison_input_compares_as_whole_documents(engine, factory) -> None:  # type: ignore[no-untyped-def]
-    from deltabench.harness.regression import compare_documents
+    from deltabench.regression import compare_documents
 
     docs = _comparison_runs(factory)
     with session_scope(engine) as s:

@@ -12,10 +12,11 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+
+from deltabench.cli.app import main
 from deltabench.db import queries
 from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document
-from deltabench.harness.cli import main
 from deltabench.harness.document import MemoryStats, ResultDocument
 
 SUITE = """

@@ -1,4 +1,4 @@
-"""A stand-in JIT library for the tests of kernels/common/jit_units.py and harness/compile_ahead.py (no torch: its
+"""A stand-in JIT library for the tests of kernels/common/jit_units.py and correctness/compile_ahead.py (no torch: its
 builds run in spawned processes, which import this module by name).
 
 A factory called with compile-time arguments "builds" its kernel: it writes a file named after them into
@@ -81,6 +81,7 @@ def register(name: str, *, forward: Factory = forward, tag: str = "") -> None:
     initial state), and a backward kernel per (K, V) when it will be back-propagated, then computes with
     torch_chunk; the family goes into jit_units.FAMILIES."""
     import torch
+
     from deltabench.harness.registry import get_impl, register_impl
     from deltabench.kernels.common import jit_units
 

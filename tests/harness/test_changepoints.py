@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from deltabench.harness.changepoints import find_change_points, point_values, robust_noise
+
+from deltabench.regression.changepoints import find_change_points, point_values, robust_noise
 
 
 def _history(rng: np.random.Generator, n: int, noise: float = 0.01, outliers: float = 0.0) -> np.ndarray:

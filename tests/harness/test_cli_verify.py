@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 
 TINY = "B=1,T=40,H=1,K=8,V=8"
 
@@ -129,7 +130,7 @@ def test_triton_on_cpu_runs_under_the_interpreter() -> None:
     """In a fresh process without TRITON_INTERPRET: the command sets it before triton is imported."""
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "deltabench.harness.cli", "verify", "--op", "gdn", "--impl", "triton_recurrent",
+        [sys.executable, "-m", "deltabench.cli.app", "verify", "--op", "gdn", "--impl", "triton_recurrent",
          "--shape", "B=1,T=20,H=1,K=16,V=16", "--dtype", "fp32", "--seeds", "1", "--device", "cpu"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip

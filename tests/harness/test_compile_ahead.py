@@ -1,4 +1,4 @@
-"""The compile stage's dry run (harness/compile_ahead.py, kernels/common/jit_units.py): an impl's JIT kernels listed
+"""The compile stage's dry run (correctness/compile_ahead.py, kernels/common/jit_units.py): an impl's JIT kernels listed
 without building any, each distinct one built once in a process of its own, side by side, and the calls themselves
 where the dry run cannot stand in. The JIT library is a stand-in (jit_fake.py) whose builds leave files behind."""
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import jit_fake
 import pytest
+
+from deltabench.correctness.compile_ahead import compile_ahead
 from deltabench.harness import Case, get_impl
-from deltabench.harness.compile_ahead import compile_ahead
 from deltabench.kernels.common import jit_units
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from deltabench.harness import document
 from deltabench.harness.ops import OPS
 from deltabench.harness.pytest_benchmark import EXTERNAL_OP
-from pydantic import ValidationError
 
 
 def test_known_ops_are_the_op_contracts_and_imported_summaries() -> None:

@@ -1,4 +1,4 @@
-"""The gate's cross-process determinism check (``determinism:process``, harness/fresh_process.py): the determinism
+"""The gate's cross-process determinism check (``determinism:process``, correctness/fresh_process.py): the determinism
 call replayed in a fresh interpreter, bitwise against the first. sdm's torch_chunk passes it on the CPU through the
 Python API and through ``deltabench verify``; an impl deterministic within a process but not across two fails it
 (the in-process check cannot see that), and so does one that raises only in the new process."""
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from deltabench.cli.app import main
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
-from deltabench.harness.cli import main
-from deltabench.harness.verify import verify_case
 from deltabench.kernels.sdm import sdm_torch_chunk
 
 SHAPE = {"B": 1, "T": 40, "H": 2, "S": 16, "D": 4, "W": 3, "R": 3}

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deltabench.harness.cli import main
-from deltabench.harness.commands.gate import load_run, parse_threshold
+
+from deltabench.cli.app import main
+from deltabench.cli.gate import load_run, parse_threshold
 from deltabench.harness.document import CaseSpec, CheckRecord, Environment, JobResult, ResultDocument, WorkFigures
 from deltabench.harness.errors import BadInput
-from deltabench.harness.regression import compare_documents
-from deltabench.harness.regression.render import render_markdown
+from deltabench.regression import compare_documents
+from deltabench.regression.render import render_markdown
 from deltabench.runners.timing import summarize
 
 _SHAPES = ((1, 1024, 6, 128), (8, 4096, 6, 128), (4, 8192, 16, 128))

@@ -8,10 +8,11 @@ import collections
 from typing import Any
 
 import torch
+
+from deltabench.correctness.engine import verify_case
+from deltabench.correctness.gate_memo import GateMemo, reused_from
 from deltabench.harness.cases import Case
-from deltabench.harness.gate_memo import GateMemo, reused_from
 from deltabench.harness.registry import get_impl
-from deltabench.harness.verify import verify_case
 
 DIMS = {"K": 8, "V": 16}
 

@@ -1,4 +1,4 @@
-"""``gate_shapes`` lists exactly the shapes a gate calls an impl at (harness/verify.py): what a run compiles side by
+"""``gate_shapes`` lists exactly the shapes a gate calls an impl at (correctness/verify.py): what a run compiles side by
 side, before the gates, for an impl that compiles each new shape (runners/session.py). Checked against the calls
 ``verify_case`` really makes, recorded by a wrapper around a registered impl: every shape it calls is listed (with
 the case's mode where a call there back-propagates), and nothing is listed that it never calls. ``warm_calls`` then
@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+
+from deltabench.correctness.engine import verify_case, warm_calls
+from deltabench.correctness.plan import gate_shapes
 from deltabench.harness import Case, get_impl
-from deltabench.harness.verify import gate_shapes, verify_case, warm_calls
 
 
 class _Recorder:

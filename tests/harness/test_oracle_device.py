@@ -1,14 +1,17 @@
 """Where the gate's float64 oracle runs and its inputs are drawn: a CUDA case's on its GPU, any other's on the CPU
-(harness/verify.py ``oracle_device``, references/_inputs.py). What runs here is the CPU path; its device-placed
+(correctness/verify.py ``oracle_device``, references/_inputs.py). What runs here is the CPU path; its device-placed
 code is the same but for the device argument."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from deltabench.correctness import reference_cache as rc
+from deltabench.correctness.calls import run_impl
+from deltabench.correctness.oracle import oracle_device, oracle_runs
+from deltabench.correctness.plan import gate_variants
 from deltabench.harness import Case, get_impl, get_op
-from deltabench.harness import reference_cache as rc
-from deltabench.harness.verify import _oracle_runs, _run_impl, _variants, oracle_device
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,8 +30,10 @@ def test_the_stacked_oracle_on_its_device_is_the_oracle_run_alone_on_the_cpu(mod
     case = Case("gdn", B=1, T=40, H=2, K=8, V=12, dtype="bf16", mode=mode)
     grads = mode != "fwd"
     impl = get_impl("gdn", "torch_chunk")
-    items = [_run_impl(impl, spec, case, v, seed=s, grads=grads) for s in (3, 4) for v in _variants(spec, spec.regimes)]
-    stacked = _oracle_runs(spec, items, limit=1e9)
+    items = [
+        run_impl(impl, spec, case, v, seed=s, grads=grads) for s in (3, 4) for v in gate_variants(spec, spec.regimes)
+    ]
+    stacked = oracle_runs(spec, items, limit=1e9)
     assert len(stacked) == len(items)
     for it, run in zip(items, stacked, strict=True):
         leaves = {n: it.inputs[n].detach().to("cpu", torch.float64).requires_grad_(grads) for n in spec.args}
@@ -59,9 +64,10 @@ def test_the_reference_cache_keys_by_the_cases_device() -> None:
 def test_a_gpu_oracle_stacks_runs_with_gradients_up_to_the_forwards_limit() -> None:
     """On a GPU an oracle call costs its launches, not its elements: runs with gradients stack up to the forward's
     limit there, and keep the gradients' limit on the CPU."""
-    from deltabench.harness.verify import ORACLE_MAX_ELEMENTS, ORACLE_MAX_ELEMENTS_GRAD, _stack_limit
+    from deltabench.correctness.oracle import stack_limit
+    from deltabench.correctness.plan import ORACLE_MAX_ELEMENTS, ORACLE_MAX_ELEMENTS_GRAD
 
     cpu = Case("gdn", B=1, T=8, H=1, K=4, V=4, mode="fwd+bwd")
-    assert _stack_limit(cpu, ORACLE_MAX_ELEMENTS_GRAD) == ORACLE_MAX_ELEMENTS_GRAD
-    assert _stack_limit(cpu.replace(device="cuda"), ORACLE_MAX_ELEMENTS_GRAD) == ORACLE_MAX_ELEMENTS
-    assert _stack_limit(cpu.replace(device="cuda"), 1e9) == 1e9
+    assert stack_limit(cpu, ORACLE_MAX_ELEMENTS_GRAD) == ORACLE_MAX_ELEMENTS_GRAD
+    assert stack_limit(cpu.replace(device="cuda"), ORACLE_MAX_ELEMENTS_GRAD) == ORACLE_MAX_ELEMENTS
+    assert stack_limit(cpu.replace(device="cuda"), 1e9) == 1e9

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import torch
+from grad_scale import ScaleGrad
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl, get_op, register_impl
 from deltabench.harness import registry as _registry
-from deltabench.harness.verify import verify_case
-from grad_scale import ScaleGrad
 
 OPS = ("gdn", "gdn2", "kda")
 # T = 100 is not a multiple of 64: a chunked impl has a partial last chunk; K != V catches transposed states.

@@ -18,10 +18,12 @@ from unittest import mock
 
 import pytest
 import torch
+
+from deltabench.correctness.engine import verify_case
+from deltabench.correctness.plan import LARGEST_CHUNK
 from deltabench.harness import Case, get_impl, register_impl
 from deltabench.harness import registry as _registry
 from deltabench.harness.ops import OPS
-from deltabench.harness.verify import LARGEST_CHUNK, verify_case
 
 # T = 100: not a chunk multiple and longer than a chunk, so only the length sweep reaches T % 64 == 0 and T <= 64.
 SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}

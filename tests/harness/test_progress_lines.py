@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from deltabench.cli.progress_lines import ProgressLines
+from deltabench.correctness.checks import note_record
 from deltabench.harness.cases import Case
-from deltabench.harness.checks import note_record
-from deltabench.harness.commands.progress_lines import ProgressLines
 from deltabench.harness.document import GATE_ONLY, JobResult
 from deltabench.runners.job import case_spec
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.errors import BadInput
 from deltabench.harness.pytest_benchmark import EXTERNAL_OP, is_pytest_benchmark, machine_kind_of, to_document

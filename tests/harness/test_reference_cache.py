@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from deltabench.correctness import reference_cache as rc
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl
-from deltabench.harness import reference_cache as rc
-from deltabench.harness.verify import verify_case
 
 CASE = Case("gdn", B=1, T=70, H=2, K=8, V=12, dtype="fp32", mode="fwd+bwd", seed=3)
 

@@ -1,4 +1,4 @@
-"""The gate's bounds per regime and per tensor size (harness/tolerances.py) reach the records they are meant for,
+"""The gate's bounds per regime and per tensor size (correctness/tolerances.py) reach the records they are meant for,
 and only those: the strong regime's bf16 gradient bound judges gradients drawn in the strong regime and no other,
 and the few-element bound judges tensors of fewer than FEW_ELEMENTS elements and no other. Each is shown on a
 planted error that one bound lets through and the other rejects, through the public API as a user's kernel is
@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+from grad_scale import ScaleGrad
+
+from deltabench.correctness.engine import verify_case
+from deltabench.correctness.tolerances import FEW_ELEMENT_TOLERANCES, FEW_ELEMENTS, REGIME_TOLERANCES, TOLERANCES
 from deltabench.harness import Case, get_impl, register_impl
 from deltabench.harness import registry as _registry
-from deltabench.harness.tolerances import FEW_ELEMENT_TOLERANCES, FEW_ELEMENTS, REGIME_TOLERANCES, TOLERANCES
-from deltabench.harness.verify import verify_case
-from grad_scale import ScaleGrad
 
 SHAPE = {"B": 1, "T": 100, "H": 2, "K": 16, "V": 24}
 # A relative error of 1.2e-2 on one gradient: over the typical bf16 bound (9e-3), under the strong one (4e-2).
@@ -119,8 +120,8 @@ def test_the_few_element_bound_judges_tiny_tensors_and_still_rejects_a_dropped_g
 def test_the_report_row_shows_the_record_nearest_its_bound() -> None:
     """Rows merge regimes, whose bounds differ: the row shows the record nearest its own bound, not the largest
     value (a strong-regime 1.3e-2 under 4e-2 is further from failing than a typical 8.5e-3 under 9e-3)."""
-    from deltabench.harness.checks import compare
-    from deltabench.harness.commands.verify import summarize_records
+    from deltabench.cli.verify import summarize_records
+    from deltabench.correctness.checks import compare
 
     ref = torch.ones(64)
     where = {"seed": 0, "initial_state": True, "reference": "oracle"}

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from deltabench.harness import BadInput, Case, UnknownImpl, UnknownOp, get_impl, impls_for, load_module, register_impl
 from deltabench.harness import registry as _registry
 

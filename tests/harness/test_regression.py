@@ -7,8 +7,10 @@ import types
 
 import numpy as np
 import pytest
+
 from deltabench.harness.document import CaseSpec, Environment, JobResult, ResultDocument, TimingStats
-from deltabench.harness.regression import (
+from deltabench.harness.series import SeriesKey, context_mismatch, job_key, major_minor, series_key
+from deltabench.regression import (
     GradingRule,
     RunSpread,
     compare_documents,
@@ -16,13 +18,12 @@ from deltabench.harness.regression import (
     default_spread,
     spread_from_history,
 )
-from deltabench.harness.regression.samples import (
+from deltabench.regression.samples import (
     bootstrap_ratio_ci,
     bootstrap_ratio_cis,
     mann_whitney_ps,
     min_attainable_p,
 )
-from deltabench.harness.series import SeriesKey, context_mismatch, job_key, major_minor, series_key
 
 # The accelerator default (1%): the within-run criteria decide these synthetic GPU-like samples.
 ACC = default_spread("h200")
@@ -296,7 +297,7 @@ def test_batched_grading_equals_one_by_one() -> None:
 
 def _plain_bootstrap(b: np.ndarray, h: np.ndarray, level: float, n_resamples: int, seed: int) -> tuple[float, float]:
     """bootstrap_ratio_ci's draws (one chunk) read the plain way: both sums gathered per resample, rows unsorted."""
-    from deltabench.harness.regression.samples import _resampled_median_positions
+    from deltabench.regression.samples import _resampled_median_positions
 
     rng = np.random.default_rng(seed)
     b_lo, b_hi = _resampled_median_positions(rng, b.size, n_resamples)
@@ -346,7 +347,7 @@ def test_spread_from_history_needs_five_runs_and_measures_the_log_spread() -> No
 
 
 def test_pooled_histories_widen_the_bound_only_for_heavy_tails() -> None:
-    from deltabench.harness.regression import spreads_from_histories
+    from deltabench.regression import spreads_from_histories
 
     rng = np.random.default_rng(25)
     normal = {i: np.exp(rng.normal(0.0, 0.02, 5)).tolist() for i in range(40)}
@@ -445,7 +446,7 @@ def _repeated(rng: np.random.Generator, levels: list[float], n: int = 30) -> tup
 
 
 def test_spread_from_repetitions_keeps_each_runs_faster_half_and_needs_five_a_side() -> None:
-    from deltabench.harness.regression.noise import MIN_REPETITIONS, spread_from_repetitions
+    from deltabench.regression.noise import MIN_REPETITIONS, spread_from_repetitions
 
     base, head = [1.0, 1.1, 0.95, 1.4, 1.02], [1.3, 1.2, 1.25, 1.4, 1.6, 1.22]
     s = spread_from_repetitions(base, head)
@@ -467,7 +468,7 @@ def test_the_permutation_null_covers_every_split_and_its_bound_holds_the_level()
     one among them."""
     import itertools
 
-    from deltabench.harness.regression.noise import (
+    from deltabench.regression.noise import (
         EXACT_SPLITS,
         permutation_bound,
         permutation_null,
@@ -553,13 +554,13 @@ def test_jobs_judged_on_repetitions_share_alpha() -> None:
 
 
 def _levels_of(run: tuple[list[float], list[int]]) -> list[float]:
-    from deltabench.harness.regression.noise import repetition_levels
+    from deltabench.regression.noise import repetition_levels
 
     return repetition_levels(*run)
 
 
 def test_a_run_level_of_repetitions_is_the_median_of_their_best_samples() -> None:
-    from deltabench.harness.regression.noise import repetition_levels, run_level
+    from deltabench.regression.noise import repetition_levels, run_level
 
     samples = [3.0, 2.0, 9.0, 5.0, 4.0, 1.5]
     reps = [0, 0, 1, 1, 2, 2]
@@ -584,7 +585,7 @@ def test_repetition_indices_must_match_the_samples() -> None:
 def test_runs_count_as_interleaved_only_when_each_names_the_other() -> None:
     from types import SimpleNamespace
 
-    from deltabench.harness.regression.matching import interleaved
+    from deltabench.regression.matching import interleaved
 
     def run(run_id: str, other: str | None) -> SimpleNamespace:
         return SimpleNamespace(run_id=run_id, meta={"interleaved_with": other} if other else {})

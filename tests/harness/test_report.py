@@ -7,6 +7,7 @@ import io
 import json
 
 import pytest
+
 from deltabench.harness.document import (
     CaseSpec,
     CheckRecord,

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from deltabench.cli.app import main
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
-from deltabench.harness.cli import main
 from deltabench.harness.document import BUILTIN_OPS, ResultDocument
 from deltabench.harness.ops import OPS
 from deltabench.harness.suites import load_suite
-from deltabench.harness.verify import verify_case
 from deltabench.kernels.sdm import sdm_torch_chunk
 from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
 from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module

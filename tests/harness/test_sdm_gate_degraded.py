@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from grad_scale import ScaleGrad
+
+from deltabench.correctness.engine import verify_case
+from deltabench.correctness.plan import LARGEST_CHUNK, fitting_T
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import get_impl
-from deltabench.harness.verify import LARGEST_CHUNK, fitting_T, verify_case
 from deltabench.references import sdm
-from grad_scale import ScaleGrad
 
 # T = 384: six chunks, above the oracle's reduced T (256), so a bug past T = 256 is seen only at the full shape and
 # at the shorter gradient T (320).

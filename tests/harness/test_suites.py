@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from deltabench.harness.errors import BadInput
 from deltabench.harness.suites import load_suite, parse_suite, shipped_suites
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pg_fixtures
 import pytest
+from fastapi.testclient import TestClient
+
+from deltabench.cli.app import main
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.queries import load_run_document, series_history
 from deltabench.harness import document, registry
-from deltabench.harness.cli import main
 from deltabench.harness.ops import OPS
 from deltabench.web.app import create_app
 from deltabench.web.config import Settings
-from fastapi.testclient import TestClient
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "cumdecay_op.py")
 SUITE = """

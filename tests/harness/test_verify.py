@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from deltabench.harness import BadInput, Case, get_impl, get_op
-from deltabench.harness.checks import compare, rel_fro, worst_element
-from deltabench.harness.tolerances import (
+
+from deltabench.correctness.checks import compare, rel_fro, worst_element
+from deltabench.correctness.engine import verify_case
+from deltabench.correctness.plan import split_point
+from deltabench.correctness.tolerances import (
     FEW_ELEMENT_TOLERANCES,
     FEW_ELEMENTS,
     REGIME_TOLERANCES,
@@ -18,7 +20,7 @@ from deltabench.harness.tolerances import (
     family_of,
     threshold,
 )
-from deltabench.harness.verify import split_point, verify_case
+from deltabench.harness import BadInput, Case, get_impl, get_op
 
 TINY = {"B": 1, "T": 70, "H": 2, "K": 8, "V": 12}
 
@@ -224,11 +226,11 @@ def test_a_gate_against_the_chunked_reference_holds_one_run_at_a_time(monkeypatc
     import gc
     import weakref
 
-    from deltabench.harness import verify
+    from deltabench.correctness import engine
 
     made: list[tuple[int, weakref.ref]] = []
     most_alive: dict[int, int] = {}
-    run_impl = verify._run_impl
+    run_impl = engine.run_impl
 
     def tracked(impl, spec, case, variant, **kw):  # type: ignore[no-untyped-def]
         gc.collect()
@@ -238,7 +240,7 @@ def test_a_gate_against_the_chunked_reference_holds_one_run_at_a_time(monkeypatc
         made.append((case.T, weakref.ref(item)))
         return item
 
-    monkeypatch.setattr(verify, "_run_impl", tracked)
+    monkeypatch.setattr(engine, "run_impl", tracked)
     case = Case("gdn", B=2, T=300, H=2, K=8, V=8, dtype="bf16", mode="fwd+bwd")
     report = verify_case(get_impl("gdn", "torch_chunk"), case, seeds=2, extra_seed=False, oracle_max_elements=5e4)
     assert report.passed
@@ -275,7 +277,7 @@ def test_stacked_and_padded_oracle_matches_the_oracle_run_alone() -> None:
 def test_a_nan_input_left_alone_is_not_a_write() -> None:
     """The input check compares NaN with NaN as unchanged (a non-finite state streamed back in is the finite
     check's to report), and still names an input whose NaN the impl overwrote."""
-    from deltabench.harness.verify import _call
+    from deltabench.correctness.calls import call_impl
 
     spec = get_op("gdn")
     case = Case("gdn", B=1, T=3, H=1, K=4, V=4, dtype="fp32")
@@ -289,8 +291,8 @@ def test_a_nan_input_left_alone_is_not_a_write() -> None:
         initial_state.nan_to_num_(0.0)
         return torch.zeros_like(v), initial_state.clone()
 
-    assert _call(reads, spec, inputs, None).mutated == []
-    assert _call(clears, spec, inputs, None).mutated == ["initial_state"]
+    assert call_impl(reads, spec, inputs, None).mutated == []
+    assert call_impl(clears, spec, inputs, None).mutated == ["initial_state"]
 
 
 def _gdn_chunk_scaled(factor: float):

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from deltabench.cli.app import main
+from deltabench.correctness.memory_need import estimate_need, host_memory_available
 from deltabench.harness.cases import Case
-from deltabench.harness.cli import main
-from deltabench.harness.memory_need import estimate_need, host_memory_available
 
 TINY = ["--shape", "B=1,T=40,H=1,K=8,V=8", "--dtype", "fp32", "--device", "cpu", "--seeds", "1"]
 TORCH_CPU_OOM = (
@@ -178,7 +179,7 @@ def _suite(tmp_path: Path, name: str, shape: str, impls: list[str]) -> Path:
 def test_run_refuses_an_impossible_shape_before_any_job(tmp_path: Path) -> None:
     suite = _suite(tmp_path, "huge", "B=1000000,T=200,H=4,K=64,V=64", ["torch_chunk"])
     proc = subprocess.run(
-        [sys.executable, "-m", "deltabench.harness.cli", "run", "--suite", str(suite), "--no-db"],
+        [sys.executable, "-m", "deltabench.cli.app", "run", "--suite", str(suite), "--no-db"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -191,7 +192,7 @@ def test_run_classifies_cpu_out_of_memory_as_oom(tmp_path: Path, kernels: Path) 
     suite = _suite(tmp_path, "oom", "B=1,T=40,H=1,K=8,V=8", ["iso_torch_oom", "iso_memory_error", "iso_good"])
     out = tmp_path / "doc.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "deltabench.harness.cli", "run", "--suite", str(suite), "--no-db",
+        [sys.executable, "-m", "deltabench.cli.app", "run", "--suite", str(suite), "--no-db",
          "--import", str(kernels), "--out", str(out), "--format", "json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

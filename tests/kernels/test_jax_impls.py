@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import get_impl
 from deltabench.references import gdn, gdn2
@@ -171,7 +172,7 @@ def test_registered_for_the_runner(op_name: str) -> None:
 @pytest.mark.parametrize("op_name", OPS)
 def test_passes_the_verification_gate(op_name: str) -> None:
     """The harness's own gate (oracle, gradients, streaming, both initial-state variants) accepts jax_chunk."""
-    from deltabench.harness.verify import verify_case
+    from deltabench.correctness.engine import verify_case
 
     op = OPS[op_name]
     report = verify_case(

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import torch
+
 from deltabench.kernels.gdn import gdn_torch_chunk, gdn_torch_recurrent
 from deltabench.kernels.gdn2 import gdn2_torch_chunk, gdn2_torch_recurrent
 from deltabench.kernels.kda import kda_torch_chunk, kda_torch_recurrent

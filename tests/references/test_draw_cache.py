@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.references import _inputs
 from deltabench.references.gdn import make_inputs
 

@@ -5,6 +5,7 @@ are keyed by the generator's device."""
 from __future__ import annotations
 
 import torch
+
 from deltabench.references import _inputs
 from deltabench.references.gdn import make_inputs
 

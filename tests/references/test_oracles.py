@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.references import gdn, gdn2, kda
 
 ORACLES = {"gdn": gdn.gdn_recurrent, "gdn2": gdn2.gdn2_recurrent, "kda": kda.kda_recurrent}

@@ -5,10 +5,11 @@ built-in op (harness/ops.py; its impls are declared in kernels/sdm/__init__.py).
 from __future__ import annotations
 
 import torch
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
 from deltabench.harness.ops import register_op, work
-from deltabench.harness.verify import verify_case
 from deltabench.kernels.sdm import sdm_torch_chunk
 from deltabench.references import sdm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.references import sdm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from deltabench.references import sdm
 from deltabench.references.sdm import check_sdm_inputs, first_write_mask
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from deltabench.harness.registry import register_impl
 from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 from deltabench.harness.devices import (
     Device,
     absent_reason,
@@ -74,7 +75,7 @@ def test_a_tpu_names_its_machine_kind(device_kind: str, kind: str) -> None:
 
 @needs_no_tpu
 def test_a_tpu_v5e_queue_job_ends_unsupported_here(tmp_path) -> None:
-    from deltabench.runners.worker import QueuedJobRequest, device_for_kind, run_queued_job
+    from deltabench.fleet.worker import QueuedJobRequest, device_for_kind, run_queued_job
 
     spec = {"ops": ["gdn"], "impls": ["jax_chunk", "torch_chunk"], "shapes": [TINY], "dtypes": ["fp32"],
             "modes": ["fwd"], "device_kind": "tpu-v5e"}  # fmt: skip

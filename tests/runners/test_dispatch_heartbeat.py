@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pg_fixtures
 import pytest
+from processes import pid_alive, wait_for
+
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob
-from deltabench.runners.dispatch import LocalWorker, Slot
+from deltabench.fleet.dispatch import LocalWorker, Slot
 from deltabench.web.job_sweeper import JobSweeper
-from processes import pid_alive, wait_for
 
 # The shared database fixtures (tests/pg_fixtures.py), registered here by name.
 db_url, pg_server, pg_url = pg_fixtures.db_url, pg_fixtures.pg_server, pg_fixtures.pg_url
@@ -54,7 +55,7 @@ SPEC = {
 }
 WORKER = """
 import sys, time
-from deltabench.runners.dispatch import LocalWorker, Slot
+from deltabench.fleet.dispatch import LocalWorker, Slot
 LocalWorker(sys.argv[1], imports=[sys.argv[2]], slots=[Slot("cpu", "cpu", frozenset({"cpu"}))], poll_s=0.3,
             heartbeat_s=0.3).start()
 time.sleep(3600)

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deltabench.db.engine import get_engine, session_scope
-from deltabench.db.models import QueuedJob, Result, Run
-from deltabench.runners.dispatch import LocalWorker
-from deltabench.web.security.tokens import create_token
 from processes import free_port, pid_alive, wait_for
 from sqlalchemy import func, select
+
+from deltabench.db.engine import get_engine, session_scope
+from deltabench.db.models import QueuedJob, Result, Run
+from deltabench.fleet.dispatch import LocalWorker
+from deltabench.web.security.tokens import create_token
 
 SLOW_IMPLS = '''
 """A gdn impl that sleeps in its first call while the file `slow` (its content: seconds) exists."""
@@ -52,7 +53,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "deltabench.harness.cli", "serve", "--db", db, "--port", str(port)],
+            [sys.executable, "-m", "deltabench.cli.app", "serve", "--db", db, "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

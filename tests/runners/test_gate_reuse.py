@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deltabench.harness.gate_memo import reused_from
+
+from deltabench.correctness.gate_memo import reused_from
 from deltabench.harness.suites import load_suite
 from deltabench.runners.session import plan_run, run_plan
 

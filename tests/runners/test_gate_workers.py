@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from deltabench.cli.app import main
 from deltabench.harness.cases import Case
-from deltabench.harness.cli import main
 from deltabench.harness.document import JobResult, ResultDocument
 from deltabench.harness.registry import load_module
 from deltabench.harness.suites import load_suite
@@ -337,6 +338,7 @@ def test_a_process_sharing_a_gpu_holds_its_allocator_to_its_share(monkeypatch: p
     # No GPU here: what is checked is the call torch would get (set_per_process_memory_fraction), and that no
     # other device or share gets one.
     import torch
+
     from deltabench.harness.devices import DEVICE_SHARE_ENV, keep_to_share
 
     calls: list[tuple[float, int]] = []
@@ -611,9 +613,9 @@ def test_a_logged_run_prints_a_line_per_gate_and_per_job(tmp_path: Path, capsys:
 
 def test_compile_jobs_are_one_per_impl_and_shape_of_the_gates() -> None:
     """The compiles before the gates of an impl that compiles each shape: one job per shape its gates call
-    (harness.verify.gate_shapes), back-propagating where any of those gates does; none for a CPU job."""
+    (correctness.plan.gate_shapes), back-propagating where any of those gates does; none for a CPU job."""
+    from deltabench.correctness.plan import gate_shapes
     from deltabench.harness import Case, get_impl
-    from deltabench.harness.verify import gate_shapes
     from deltabench.runners.base import JobSpec
     from deltabench.runners.session import compile_jobs
 
@@ -632,9 +634,9 @@ def test_compile_jobs_are_one_per_impl_and_shape_of_the_gates() -> None:
 def test_compile_jobs_of_an_impl_a_dry_run_lists_are_one_job_for_all_its_shapes() -> None:
     """An impl whose kernels a dry run lists (Impl.jit): one compile job for every shape of its gates (its case and
     compile_cases), the kernels of which it builds side by side; another impl keeps one job per shape."""
+    from deltabench.correctness.plan import gate_shapes
     from deltabench.harness import Case, get_impl
     from deltabench.harness.registry import register_impl
-    from deltabench.harness.verify import gate_shapes
     from deltabench.runners.base import JobSpec
     from deltabench.runners.session import compile_jobs
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from deltabench.harness.cases import Case
 from deltabench.runners.base import GateSettings, JobSpec, TimingSettings
 from deltabench.runners.isolated import _phase_times, run_isolated

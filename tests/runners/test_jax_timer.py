@@ -14,6 +14,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 import jax.numpy as jnp  # noqa: E402
+
 from deltabench.harness.cases import Case  # noqa: E402
 from deltabench.harness.ops import get_op  # noqa: E402
 from deltabench.harness.registry import get_impl  # noqa: E402

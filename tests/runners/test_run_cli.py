@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 from deltabench.harness.document import ResultDocument
 
 PLANTED = str(Path(__file__).with_name("planted_impls.py"))
@@ -163,7 +164,7 @@ def _run_in_terminal(argv: list[str], timeout_s: float = 300) -> tuple[int, str]
 
     primary, secondary = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "160"}
-    code = "import sys; from deltabench.harness.cli import main; main(sys.argv[1:])"
+    code = "import sys; from deltabench.cli.app import main; main(sys.argv[1:])"
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=secondary, stderr=secondary, env=env)
     os.close(secondary)
     chunks = []

@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.suites import load_suite
 from deltabench.runners.environment import kernel_hash, source_root
@@ -189,7 +190,7 @@ def _interleaved(repo: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tupl
     # Both runs are stored; the lean comparison input the dashboard reads knows they were interleaved too.
     from deltabench.db.engine import dispose_engines, get_engine, session_scope
     from deltabench.db.queries import load_comparison_input
-    from deltabench.harness.regression import compare_documents
+    from deltabench.regression import compare_documents
 
     ids = [ResultDocument.from_json(p.read_text()).run_id for p in (base, out)]
     try:

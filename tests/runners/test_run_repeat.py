@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.suites import load_suite
 from deltabench.runners.isolated import SharedProcessRunner
@@ -61,7 +62,7 @@ def stored_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Re
     suite.write_text(SUITE)
     db = str(tmp / "store.db")
     outs = [tmp / f"{name}.json" for name in ("base", "head")]
-    run = [sys.executable, "-m", "deltabench.harness.cli", "run", "--suite", str(suite), "--repeat", str(REPEAT)]
+    run = [sys.executable, "-m", "deltabench.cli.app", "run", "--suite", str(suite), "--repeat", str(REPEAT)]
     runs = [
         subprocess.Popen(
             [*run, "--out", str(out), "--no-db", "-q"],

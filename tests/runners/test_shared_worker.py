@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from planted_impls import FRAGILE_HANG_T, FRAGILE_OOM_T, FRAGILE_SEGFAULT_T  # beside this file (rootdir import)
+
 from deltabench.harness.cases import Case
 from deltabench.runners.base import GateSettings, JobSpec, TimingSettings
 from deltabench.runners.isolated import IsolatedRunner, SharedProcessRunner, make_runner
-from planted_impls import FRAGILE_HANG_T, FRAGILE_OOM_T, FRAGILE_SEGFAULT_T  # beside this file (rootdir import)
 
 PLANTED = str(Path(__file__).with_name("planted_impls.py"))
 

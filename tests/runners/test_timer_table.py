@@ -11,6 +11,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")  # XLA's cheap CPU compiler: these shapes are tiny
 
 import pytest
+
 from deltabench.harness.cases import Case
 from deltabench.harness.devices import PLATFORMS
 from deltabench.harness.ops import get_op, make_case_inputs

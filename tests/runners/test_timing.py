@@ -8,6 +8,7 @@ import statistics
 import time
 
 import pytest
+
 from deltabench.runners import cpu
 from deltabench.runners.timing import adaptive_samples, quantile, sem_rel, summarize
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+
+from deltabench.fleet.worker import device_for_kind, queued_run_id, stable_job_id, suite_for_spec
 from deltabench.harness.errors import BadInput
-from deltabench.runners.worker import device_for_kind, queued_run_id, stable_job_id, suite_for_spec
 
 
 def _cases(suite, **filters):  # type: ignore[no-untyped-def]
@@ -80,7 +81,7 @@ def test_device_kinds_map_to_runner_devices(kind: str, device: str) -> None:
 def test_worker_command_refuses_bad_options_with_one_line(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deltabench.harness.cli import main
+    from deltabench.cli.app import main
 
     monkeypatch.delenv("DELTABENCH_TOKEN", raising=False)
     monkeypatch.delenv("DELTABENCH_BROKER", raising=False)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import pg_fixtures
 import pytest
+from fastapi.testclient import TestClient
+
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.harness.document import (
     CaseSpec,
@@ -27,7 +29,6 @@ from deltabench.harness.document import (
 from deltabench.web.app import create_app
 from deltabench.web.config import Settings
 from deltabench.web.security.tokens import create_token
-from fastapi.testclient import TestClient
 
 UTC = dt.timezone.utc
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import free_port, pid_alive, stop_processes, wait_for
+from sqlalchemy import func, select
+
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob, Result, Run
 from deltabench.web.security.tokens import create_token
-from processes import free_port, pid_alive, stop_processes, wait_for
-from sqlalchemy import func, select
 
 pytestmark = pytest.mark.redis
 
@@ -123,7 +124,7 @@ class Fleet:
         wait_for("the server", up, timeout=60)
 
     def start_worker(self, name: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "deltabench.harness.cli", "worker", "--queue", "cpu", "--server", self.base]
+        argv = [sys.executable, "-m", "deltabench.cli.app", "worker", "--queue", "cpu", "--server", self.base]
         argv += ["--token", self.token, "--import", str(self.impls), "--name", name]
         return self._spawn(name, argv)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from deltabench.harness.document import WorkFigures
-from deltabench.harness.regression import GradingRule, compare_documents
+from deltabench.regression import GradingRule, compare_documents
 from deltabench.web import charts
 
 CEILINGS = {"matmul_tflops": 2.0, "copy_gbps": 50.0, "matmul_dtype_bits": 32.0}

@@ -17,10 +17,11 @@ import httpx
 import pg_fixtures
 import pytest
 import test_celery_fleet
-from deltabench.db.engine import get_engine, session_scope
-from deltabench.web.security.tokens import create_token
 from processes import wait_for
 from test_celery_fleet import Fleet
+
+from deltabench.db.engine import get_engine, session_scope
+from deltabench.web.security.tokens import create_token
 
 pytestmark = pytest.mark.redis
 # The shared fixtures, registered here by name.

@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable
 
 import pytest
+from fastapi.testclient import TestClient
+from processes import wait_for
+
 from deltabench.db import jobs
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.models import QueuedJob
 from deltabench.web.app import create_app
 from deltabench.web.config import Settings
-from fastapi.testclient import TestClient
-from processes import wait_for
 
 SPEC = {"ops": ["gdn"], "impls": ["torch_chunk"], "shapes": ["B=1,T=16,H=1,K=8,V=8"], "device_kind": "cpu"}
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)

@@ -22,10 +22,11 @@ import httpx
 import pg_fixtures
 import pytest
 import test_celery_fleet
-from deltabench.db.engine import get_engine, session_scope
-from deltabench.db.models import Result, Run
 from processes import free_port, stop_processes, wait_for
 from sqlalchemy import select
+
+from deltabench.db.engine import get_engine, session_scope
+from deltabench.db.models import Result, Run
 
 pytestmark = pytest.mark.redis
 pg_server, redis_db = pg_fixtures.pg_server, test_celery_fleet.redis_db

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from deltabench.harness.document import WorkFigures
 from processes import serve_dashboard
+
+from deltabench.harness.document import WorkFigures
 
 pytestmark = pytest.mark.browser
 

@@ -4,9 +4,10 @@ JSON. (The browser test drives the 404 and 422 pages in Chromium; a 500 needs a 
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
+
 from deltabench.web.app import create_app
 from deltabench.web.config import Settings
-from fastapi.testclient import TestClient
 
 HTML = {"accept": "text/html,application/xhtml+xml"}
 

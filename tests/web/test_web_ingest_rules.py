@@ -13,6 +13,7 @@ import json
 import math
 
 import pytest
+
 from deltabench.db.engine import get_engine, session_scope
 from deltabench.db.ingest import ingest_document
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from deltabench.harness.cli import main
+
+from deltabench.cli.app import main
 
 XSS = '<script>alert("x")</script>'
 
@@ -59,10 +60,11 @@ def test_token_commands(sqlite_url, capsys) -> None:  # type: ignore[no-untyped-
     assert cli("token", "list", "--db", sqlite_url) == 0
     listing = capsys.readouterr().out
     assert "ci-bot" in listing and "active" in listing and token not in listing
+    from sqlalchemy import select
+
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.models import ApiToken
     from deltabench.web.security.tokens import authenticate, hash_token
-    from sqlalchemy import select
 
     with session_scope(get_engine(sqlite_url)) as session:
         stored = session.scalar(select(ApiToken.token_sha256))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from deltabench.web.app import create_app
-from deltabench.web.config import Settings
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
+
+from deltabench.web.app import create_app
+from deltabench.web.config import Settings
 
 # Examples per operation: ~25 operations x 12 examples runs in well under a minute on 2 cores.
 MAX_EXAMPLES = 12

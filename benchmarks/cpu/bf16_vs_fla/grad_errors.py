@@ -2,7 +2,7 @@
 
 Inputs, cotangents, variants (each regime without and with an initial state; with one, scale = 0.6 / sqrt(K);
 the last regime's run without one draws q, k off the unit sphere) and the oracle are the gate's own
-(harness/verify.py). Triton impls run under the interpreter as patched by interp_bf16.py. Impls:
+(correctness/verify.py). Triton impls run under the interpreter as patched by interp_bf16.py. Impls:
 ``triton_chunk``, ``torch_chunk`` (the registry's), ``fla`` (FLA 0.6.0's chunk_gated_delta_rule through
 kernels/external/fla.py) and ``sites`` (triton_chunk's arithmetic with the sites of ``--off`` kept in fp32,
 site_copy.py). One JSON line per (impl, seed, variant) on stdout.
@@ -51,9 +51,10 @@ def main() -> None:
 
     import torch  # noqa: F401  (after the interpreter is set up)
     import triton.language as tl
-    from deltabench.harness import verify
+
+    from deltabench.correctness import calls, oracle, plan
+    from deltabench.correctness.checks import rel_fro
     from deltabench.harness.cases import Case
-    from deltabench.harness.checks import rel_fro
     from deltabench.harness.ops import get_op
     from deltabench.harness.registry import get_impl
 
@@ -82,15 +83,15 @@ def main() -> None:
             sys.modules["gdn_sites.common.triton.mma"].INTERPRETED = tl.constexpr(False)
     rounding = args.rounding + ("+tf32" if args.tf32 else "")
     for seed in _seeds(args.seeds):
-        for variant in verify._variants(spec, spec.regimes):
+        for variant in plan.gate_variants(spec, spec.regimes):
             if args.only and args.only != f"{variant.regime},{int(variant.h0)}":
                 continue
             items = {}
             for name, fn in fns.items():
                 t0 = time.time()
-                items[name] = (verify._run_impl(fn, spec, case, variant, seed=seed, grads=True), time.time() - t0)
+                items[name] = (calls.run_impl(fn, spec, case, variant, seed=seed, grads=True), time.time() - t0)
             first = next(iter(items.values()))[0]
-            ref = verify._oracle_runs(spec, [first], verify.ORACLE_MAX_ELEMENTS_GRAD)[0]
+            ref = oracle.oracle_runs(spec, [first], plan.ORACLE_MAX_ELEMENTS_GRAD)[0]
             for name, (item, secs) in items.items():
                 errs = {"o": rel_fro(item.run.o, ref.o), "state": rel_fro(item.run.state, ref.state)}
                 for g, r in ref.grads.items():

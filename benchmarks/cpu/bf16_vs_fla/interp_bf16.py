@@ -4,7 +4,7 @@ The stock interpreter (Triton 3.9) holds bf16 values as their raw 16-bit pattern
 widen them itself, treats those patterns as integers: ``tl.dot`` of two bf16 blocks, bf16 elementwise arithmetic
 and ``tl.sum`` of a bf16 block all return garbage (deltabench's kernels widen every operand,
 kernels/common/triton/mma.py; FLA's do not). It also converts fp32 to bf16 by truncation, not round-to-nearest-even
-(harness/tolerances.py).
+(correctness/tolerances.py).
 :func:`install` patches the interpreter's builder:
 
 * ``tl.dot``: 16-bit operands widened to fp32, products accumulated in fp32 (a tensor core's arithmetic); with

@@ -15,7 +15,7 @@ from typing import Any
 
 from site_copy import SITES
 
-BOUND = 9e-3  # harness/tolerances.py: TOLERANCES["bf16"]["gradient"]
+BOUND = 9e-3  # correctness/tolerances.py: TOLERANCES["bf16"]["gradient"]
 GRADS = ("q", "k", "v", "g", "beta", "initial_state")
 
 

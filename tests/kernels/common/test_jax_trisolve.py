@@ -14,6 +14,7 @@ import torch
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+
 from deltabench.kernels.common.jax import jax_trisolve  # noqa: E402
 
 BATCH, C, D = (2, 3), 64, 20

@@ -54,7 +54,7 @@ def without_packages() -> dict:
         import deltabench.kernels.external.fla as fla_adapter
         import deltabench.kernels.external.flash_qla
         import deltabench.kernels.external.opengdn
-        from deltabench.harness.cli import main
+        from deltabench.cli.app import main
         from deltabench.harness.registry import get_impl
 
         out = io.StringIO()

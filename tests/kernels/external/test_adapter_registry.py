@@ -4,6 +4,7 @@ without it, and their constraints reject the cases the wrapped kernels cannot ru
 from __future__ import annotations
 
 import pytest
+
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import get_impl
 from deltabench.kernels.external import flash_qla

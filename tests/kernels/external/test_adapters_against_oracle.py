@@ -1,6 +1,6 @@
 """Each adapter whose package and device are present here agrees with the float64 oracle at a small shape.
 
-This is a smoke test of the argument mapping, not the gate (harness/verify.py is): it runs wherever an adapter can
+This is a smoke test of the argument mapping, not the gate (correctness/verify.py is): it runs wherever an adapter can
 run, so on the GPU machine (after benchmarks/gpu/install.sh) it exercises FLA, FlashQLA and opengdn for real, and on a
 CPU machine with opengdn installed, opengdn's chunkwise path. Elsewhere every case is skipped with the impl's reason.
 The "long" gate regime is used: opengdn's own backward gives NaN for dalpha under the "typical" regime (its chunk
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.harness.cases import Case, torch_dtype
 from deltabench.harness.ops import get_op
 from deltabench.harness.registry import get_impl
@@ -85,8 +86,9 @@ def test_adapter_matches_oracle(op, name):
 def test_fla_guard_bypass_is_recorded_exactly_where_the_guard_would_fire():
     pytest.importorskip("fla")
     import triton
-    from deltabench.kernels.external import fla as fla_adapter
     from packaging.version import Version
+
+    from deltabench.kernels.external import fla as fla_adapter
 
     mods = fla_adapter.load_fla()
     chunk_o = mods["chunk_o"]

@@ -10,9 +10,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")
 
 import pytest
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import get_impl
-from deltabench.harness.verify import verify_case
 
 pytest.importorskip("atomic_ops")
 from deltabench.kernels.external import atomic_ops as adapter

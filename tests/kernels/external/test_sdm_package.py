@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
-from deltabench.harness.verify import verify_case
 from deltabench.kernels.external import sdm as adapter
 from deltabench.kernels.sdm import pk_topk_torch, sdm_decode_step
 from deltabench.references import sdm as ref

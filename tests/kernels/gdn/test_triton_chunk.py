@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 
@@ -73,9 +74,9 @@ def test_forward_only_path_matches_autograd_path() -> None:
 
 def test_through_the_verification_engine() -> None:
     """The registered impl passes the harness gate (fp32, fwd+bwd) on the CPU interpreter."""
+    from deltabench.correctness.engine import verify_case
     from deltabench.harness.cases import Case
     from deltabench.harness.registry import get_impl
-    from deltabench.harness.verify import verify_case
 
     case = Case("gdn", 1, 65, 3, 16, 32, dtype="fp32", mode="fwd+bwd", initial_state=True)
     report = verify_case(get_impl("gdn", "triton_chunk"), case, seeds=1, extra_seed=False)

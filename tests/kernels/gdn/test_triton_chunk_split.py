@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.kernels.gdn.triton import walk
 from deltabench.kernels.gdn.triton.chunk import chunk_gated_delta_rule
 from deltabench.kernels.gdn.triton.chunk_split import chunk_gated_delta_rule_split
@@ -58,14 +59,14 @@ def _run(fn, x: dict[str, torch.Tensor], do: torch.Tensor, dht: torch.Tensor) ->
     return {"o": o.detach(), "final_state": ht.detach(), **{f"grad:{n}": t.grad for n, t in leaves.items()}}
 
 
-def _cotangents(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_cotangents(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(7)
     return torch.randn(B, T, H, V, generator=gen).to(dtype), torch.randn(B, H, K, V, generator=gen) * 0.1
 
 
 def _check_against_oracle(B: int, T: int, H: int, K: int, V: int, dtype, regime: str, h0: bool) -> None:
     x = make_inputs(B, T, H, K, V, dtype=dtype, seed=T, regime=regime, initial_state=h0)
-    do, dht = _cotangents(B, T, H, K, V, dtype)
+    do, dht = draw_cotangents(B, T, H, K, V, dtype)
     ours = _run(chunk_gated_delta_rule_split, x, do, dht)
     ref = _run(gdn_recurrent, {n: t.double() for n, t in x.items()}, do.double(), dht.double())
 
@@ -133,7 +134,7 @@ def test_segmented_backward_walk_gives_the_serial_walks_results(B, T, H, K, V, s
 
     x = make_inputs(B, T, H, K, V, dtype=dtype, seed=T + segments, regime="long")
     _, w, _ = wy_fwd(x["k"], x["v"], x["g"].float(), x["beta"])
-    do, dht = _cotangents(B, T, H, K, V, dtype)
+    do, dht = draw_cotangents(B, T, H, K, V, dtype)
     args = (x["q"], x["k"], w, x["g"].float(), do, dht if h0 else None, K**-0.5)
     serial = state.state_bwd(*args)
     segmented = state.state_bwd(*args, segments=segments)
@@ -157,7 +158,7 @@ def test_same_bits_as_triton_chunk(walk_block: int) -> None:
     (chunk.py's walk takes 64-column blocks here; with 16-column ones only the fp32 final state's last bits move)."""
     B, T, H, K, V = 1, 130, 3, 32, 64
     x = make_inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=11, initial_state=True)
-    do, dht = _cotangents(B, T, H, K, V, torch.bfloat16)
+    do, dht = draw_cotangents(B, T, H, K, V, torch.bfloat16)
     split = _run(chunk_gated_delta_rule_split, x, do, dht)
     fused = _run(chunk_gated_delta_rule, x, do, dht)
     for name in fused:
@@ -180,7 +181,7 @@ def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(chunk_split.walk, "state_walk", no_walk)
     B, H, K, V = 1, 2, 32, 64
     x = make_inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=5, initial_state=True)
-    do, dht = _cotangents(B, T, H, K, V, torch.bfloat16)
+    do, dht = draw_cotangents(B, T, H, K, V, torch.bfloat16)
     split = _run(chunk_gated_delta_rule_split, x, do, dht)
     fused = _run(chunk_gated_delta_rule, x, do, dht)
     for name in fused:
@@ -189,7 +190,7 @@ def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPat
         _run(
             chunk_gated_delta_rule_split,
             make_inputs(B, 65, H, K, V, dtype=torch.bfloat16, seed=5),
-            *_cotangents(B, 65, H, K, V, torch.bfloat16),
+            *draw_cotangents(B, 65, H, K, V, torch.bfloat16),
         )
 
 
@@ -233,9 +234,9 @@ def test_forward_only_path_matches_autograd_path() -> None:
 
 def test_through_the_verification_engine() -> None:
     """The registered impl passes the harness gate (fp32, fwd+bwd, initial state) on the CPU interpreter."""
+    from deltabench.correctness.engine import verify_case
     from deltabench.harness.cases import Case
     from deltabench.harness.registry import get_impl
-    from deltabench.harness.verify import verify_case
 
     impl = get_impl("gdn", "triton_chunk_split")
     assert "split forward" in impl.notes

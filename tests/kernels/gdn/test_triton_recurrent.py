@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.kernels.gdn.triton.fused_recurrent import fused_recurrent_gated_delta_rule, gdn_triton_recurrent
 from deltabench.references.gdn import gdn_recurrent, make_inputs
 

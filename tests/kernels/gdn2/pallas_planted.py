@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 import pytest
+
 from deltabench.harness import register_impl
 from deltabench.harness import registry as _registry
 from deltabench.kernels.gdn2.jax.pallas import forward as pallas_forward

@@ -17,10 +17,12 @@ os.environ.setdefault("DELTABENCH_JAX_FAST_COMPILE", "1")
 import numpy as np
 import pytest
 import torch
+
 from deltabench.references import _inputs
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+
 from deltabench.kernels.gdn2.jax.jax_chunk import _pairwise_scores  # noqa: E402
 
 K = 32

@@ -23,16 +23,18 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
+from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl
 from deltabench.harness.devices import absent_reason
-from deltabench.harness.verify import verify_case
 from deltabench.references import gdn2, kda
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from pallas_planted import BUGS, planting  # noqa: E402
+
 from deltabench.kernels.gdn2.jax.pallas import chunk as pallas_chunk  # noqa: E402
 from deltabench.kernels.gdn2.jax.pallas import forward as pallas_forward  # noqa: E402
-from pallas_planted import BUGS, planting  # noqa: E402
 
 B, H, K, V = 1, 2, 16, 24
 # Relative Frobenius error bounds, as tests/kernels/test_jax_impls.py: fp32 float32 math against float64 (seen

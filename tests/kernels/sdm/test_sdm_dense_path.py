@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from test_sdm_torch import errors, run_with_grads
+
 from deltabench.kernels.sdm.triton import dense as dense_module
 from deltabench.kernels.sdm.triton import triton_chunk as chunk_module
 from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references.sdm import make_inputs, sdm_recurrent
-from test_sdm_torch import errors, run_with_grads
 
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 3e-2}  # fp32: GDN's kernels measure ~1e-7 here; bf16: their rounding
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deltabench.kernels.sdm.torch import pk_topk as pk_module
 from deltabench.kernels.sdm.torch.pk_topk import float_order_key, pk_topk_torch
 from deltabench.references.sdm import pk_topk

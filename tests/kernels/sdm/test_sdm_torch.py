@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from deltabench.kernels.sdm import sdm_decode_step, sdm_torch_chunk, sdm_torch_recurrent
 from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
 from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_sdm_torch import errors, run_with_grads
+
 from deltabench.kernels.sdm.triton import triton_chunk_bwd as bwd_module
 from deltabench.kernels.sdm.triton.triton_chunk import sdm_triton_chunk
 from deltabench.references import gdn
 from deltabench.references.sdm import make_inputs, sdm_recurrent
-from test_sdm_torch import errors, run_with_grads
 
 BOUND = 1e-5  # float32 against float64: these cases measure 1e-7 .. 5e-7 (relative Frobenius error)
 CASES = [  # (B, T, H, S, D, W, R, C, regime, initial_bank)

@@ -1,1 +1,0 @@
-"""deltabench.runners"""

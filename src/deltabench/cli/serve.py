@@ -1,0 +1,50 @@
+"""``deltabench serve``: the dashboard and JSON API (FastAPI under uvicorn), with a local worker by default."""
+
+from __future__ import annotations
+
+import typer
+
+__all__ = ["register"]
+
+
+def _start_local_worker(engine_url: str) -> object | None:
+    """Start the embedded worker of ``deltabench.fleet.dispatch`` (None when that layer is not installed)."""
+    try:
+        from deltabench.fleet.dispatch import start_local_worker
+    except ImportError:
+        print("deltabench serve: no local worker (deltabench.fleet.dispatch is not installed): jobs stay queued")
+        return None
+    return start_local_worker(engine_url)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command to `app`."""
+
+    @app.command("serve")
+    def serve_command(
+        db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+        port: int = typer.Option(8000, "--port", help="Port to listen on."),
+        local_worker: bool = typer.Option(
+            True, "--local-worker/--no-local-worker", help="Run submitted jobs here when no broker is configured."
+        ),
+        log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+    ) -> int:
+        """Serve the dashboard (runs, comparisons, history, regressions, job queue) and the /api/v1 JSON API."""
+        import uvicorn
+
+        from deltabench.db.engine import get_engine
+        from deltabench.harness.errors import BadInput
+        from deltabench.web.app import create_app
+        from deltabench.web.config import Settings
+
+        if not 0 <= port <= 65535:
+            raise BadInput(f"--port {port}: use 0-65535")
+        settings = Settings.from_env(db_url=db)
+        application = create_app(settings)
+        engine = get_engine(settings.db_url)
+        if local_worker and not settings.broker_url:
+            _start_local_worker(engine.url.render_as_string(hide_password=False))
+        print(f"deltabench serve: http://{host}:{port}/ on {engine.url.render_as_string(hide_password=True)}")
+        uvicorn.run(application, host=host, port=port, log_level=log_level)
+        return 0

@@ -1,0 +1,308 @@
+"""``deltabench verify``: run the correctness gate on one impl at one case and show every check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["default_timeout_s", "register", "summarize_records"]
+
+
+def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
+    """One row per (check, initial state, reference): the worst record over the seeds and regimes (a failure first,
+    then the relative error nearest its bound), its seed, the max abs error and worst index there, and whether
+    every seed passed. Records without a rel_fro metric (finite, determinism, notes) keep their own row."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    max_abs: dict[tuple[Any, ...], Any] = {}
+    for r in records:
+        if r.metric == "max_abs":
+            max_abs[(r.check, r.initial_state, r.reference, r.seed)] = r
+            continue
+        key = (r.check, r.initial_state, r.reference, r.metric)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = row = {"record": r, "passed": True, "n": 0, "failed_seeds": []}
+        row["n"] += 1
+        if r.gating and not r.passed:
+            row["passed"] = False
+            row["failed_seeds"].append(r.seed)
+        worst = row["record"]
+        # The shown record is the worst: a failure before a pass, then the larger share of its bound (the bound
+        # differs between regimes and tensor sizes), then the larger value (None = no value).
+        if (not r.passed, _share(r), _order(r.value)) > (not worst.passed, _share(worst), _order(worst.value)):
+            row["record"] = r
+    out = []
+    for row in rows.values():
+        r = row["record"]
+        partner = max_abs.get((r.check, r.initial_state, r.reference, r.seed))
+        out.append(
+            {
+                "check": r.check,
+                "h0": r.initial_state,
+                "metric": r.metric,
+                "value": r.value,
+                "threshold": r.threshold,
+                "max_abs": partner.value if partner else None,
+                "worst_index": r.worst_index,
+                "seed": r.seed,
+                "seeds_run": row["n"],
+                "passed": row["passed"],
+                "gating": r.gating,
+                "reference": r.reference,
+                "detail": r.detail,
+            }
+        )
+    return out
+
+
+def _order(value: float | None) -> float:
+    return float("-inf") if value is None else value
+
+
+def _share(r: Any) -> float:
+    """A rel_fro record's value as a fraction of its bound (-inf where there is none: counts, notes)."""
+    if r.metric != "rel_fro" or r.value is None or not r.threshold:
+        return float("-inf")
+    return r.value / r.threshold
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.2e}"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``verify`` command to `app`."""
+
+    @app.command("verify")
+    def verify_command(
+        op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2, kda or sdm (see `deltabench list`)."),
+        impl: str = typer.Option(..., "--impl", help="Impl name (see `deltabench list`)."),
+        shape: str = typer.Option(..., "--shape", help="Dims, e.g. B=2,T=200,H=4,K=64,V=64 (V defaults to K)."),
+        dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
+        seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
+        seed: int = typer.Option(0, "--seed", help="The first seed."),
+        regime: list[str] = typer.Option(
+            [], "--regime", help="Only this gate regime (repeatable): typical, long or strong (default: all three)."
+        ),
+        initial_state: bool = typer.Option(
+            True,
+            "--initial-state/--no-initial-state",
+            help="Kept for the record of the case; both variants (with and without) are always checked.",
+        ),
+        mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
+        device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default cuda when present)."),
+        json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
+        import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
+        deterministic: bool = typer.Option(
+            False,
+            "--deterministic",
+            help="Make bitwise determinism gating (two calls, and the first again in a fresh process).",
+        ),
+        reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
+        all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
+        timeout: float = typer.Option(
+            None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
+        ),
+    ) -> int:
+        """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness.
+
+        The case runs in a child process: a crash or a hang (past --timeout) is a failed verification that names
+        the signal or the phase (import, inputs, call, check), exit code 1. Exit code 2: bad input, an --import
+        file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
+        """
+        from deltabench.harness.cases import parse_dtype, parse_shape
+        from deltabench.harness.errors import BadInput, UnknownOp
+        from deltabench.harness.ops import get_op
+        from deltabench.references.contract import parse_dims
+
+        if timeout is not None and timeout <= 0:
+            raise BadInput("--timeout must be a positive number of seconds")
+        contract = None
+        try:
+            contract = get_op(op)
+            dims = parse_shape(shape, op)
+        except UnknownOp:
+            if not import_:
+                raise
+            # An op the --import file registers: the child, which imports it, checks the shape and the regimes
+            # against its contract.
+            try:
+                dims = parse_dims(shape)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
+        dtype = parse_dtype(dtype)
+        from deltabench.harness.devices import default_device, parse_platform
+
+        device = parse_platform(device) if device is not None else default_device().platform
+        if mode is not None and mode not in ("fwd", "fwd+bwd"):
+            raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+        from deltabench.harness.cases import REGIMES
+
+        known_regimes = contract.regimes if contract is not None else REGIMES
+        unknown = [r for r in regime if r not in known_regimes]
+        if unknown and contract is not None:
+            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(known_regimes)}")
+        # none given: every regime of the op's contract (an imported op's: the child reads them)
+        regimes = list(dict.fromkeys(regime)) or (list(known_regimes) if contract is not None else [])
+        if reference not in ("auto", "oracle", "torch_chunk"):
+            raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
+        request = {
+            "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regimes": regimes,
+            "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
+            "reference": reference, "imports": [_absolute(s) for s in import_],
+        }  # fmt: skip
+        timeout_s = timeout if timeout is not None else default_timeout_s()
+
+        from rich.console import Console
+
+        from deltabench.correctness.verify_child import verify_in_child
+
+        console = Console(stderr=json_)
+        shape_id = "-".join(f"{k}{v}" for k, v in dims.items())  # as typed: the child completes it
+        what = " ".join(x for x in (shape_id, dtype, mode) if x)
+        with console.status(f"verifying {op}/{impl} on {what} ({device}, in a child process)"):
+            outcome = verify_in_child(request, timeout_s)
+        if outcome.bad_input is not None:
+            raise BadInput(outcome.bad_input)
+        if outcome.report is None:
+            if outcome.crash is not None:
+                msg = f"{op}/{impl} {outcome.crash}"
+            else:
+                oom = ", out of memory" if outcome.oom else ""
+                msg = f"{op}/{impl} raised {outcome.error} (in {outcome.phase}{oom})"
+            _print_failure(console, msg, outcome, json_)
+            return 1
+        report = outcome.report
+        if json_:
+            print(json.dumps(report.to_dict(), indent=1))
+            return 0 if report.passed else 1
+        _print_report(console, report, contract.title if contract else op, all_records)
+        return 0 if report.passed else 1
+
+
+def default_timeout_s() -> float:
+    """``verify``'s default --timeout: the per-job timeout ``run`` uses when a suite sets none."""
+    from deltabench.runners.base import JobSpec
+
+    return float(JobSpec.model_fields["timeout_s"].default)
+
+
+def _absolute(spec: str) -> str:
+    """A file import as an absolute path (the child may not share the working directory's meaning)."""
+    return str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
+
+
+def _print_failure(console: Any, msg: str, outcome: Any, json_: bool) -> None:
+    """A crash, a hang or an exception as one failing record: JSON, or one red line."""
+    from rich.markup import escape
+
+    from deltabench.correctness.checks import note_record
+
+    record = note_record("crash" if outcome.crash else "exception", msg, passed=False, gating=True)
+    if json_:
+        out = {
+            "passed": False, "error": msg, "phase": outcome.phase, "signal": outcome.signal,
+            "timed_out": outcome.timed_out, "oom": outcome.oom, "records": [record.model_dump()],
+        }  # fmt: skip
+        print(json.dumps(out, indent=1))
+    else:
+        console.print(f"[red]FAIL[/] {escape(msg)}", highlight=False, soft_wrap=True)
+
+
+_SHORT_NAMES = {
+    "final_state": "state",
+    "grad:initial_state": "grad:h0",
+    "streaming:output": "stream:output",
+    "streaming:final_state": "stream:state",
+    "boundary:output": "bound:output",
+    "boundary:final_state": "bound:state",
+}
+
+
+def _value_text(row: dict[str, Any]) -> str:
+    metric, value = row["metric"], row["value"]
+    if metric == "nonfinite_count":
+        return f"{int(value or 0)} bad"
+    if metric == "bitwise":
+        return "identical" if value == 0 else f"off {_fmt(value)}"
+    return _fmt(value)
+
+
+def _print_report(console: Any, report: Any, title: str, all_records: bool) -> None:
+    """The rich table of checks (fits 80 columns), its footnotes, the seeds, the reference and the verdict."""
+    from rich import box
+    from rich.table import Table
+
+    case = report.case
+    table = Table(
+        title=f"{case.op} ({title}) / {report.impl}: {case.shape_id} {case.dtype} {case.mode}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    for col, justify in (
+        ("check", "left"), ("h0", "left"), ("rel err", "right"), ("bound", "right"), ("max abs", "right"),
+        ("worst at", "left"), ("seed", "right"), ("ok", "left"),
+    ):  # fmt: skip
+        table.add_column(col, justify=justify, no_wrap=True)
+    if all_records:
+        rows = [
+            {
+                "check": r.check, "h0": r.initial_state, "metric": r.metric, "value": r.value,
+                "threshold": r.threshold, "max_abs": None, "worst_index": r.worst_index, "seed": r.seed,
+                "passed": r.passed or not r.gating, "gating": r.gating, "reference": r.reference, "detail": r.detail,
+            }
+            for r in report.records
+            if r.metric != "max_abs"
+        ]  # fmt: skip
+    else:
+        rows = summarize_records(report.records)
+    notes: dict[str, None] = {}
+    against: dict[str, list[str]] = {}  # reference -> the checks made against it (one footnote each)
+    for row in rows:
+        verdict = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
+        if not row["gating"]:
+            verdict = "info"
+        name = _SHORT_NAMES.get(row["check"], row["check"])
+        if row["reference"] not in ("oracle", "none"):
+            against.setdefault(row["reference"], []).append(name)
+        if row["detail"] and (not row["passed"] or not row["gating"]):
+            notes[f"{name} (seed {row['seed']}): {row['detail']}"] = None
+        table.add_row(
+            name,
+            "-" if row["h0"] is None else ("yes" if row["h0"] else "no"),
+            _value_text(row),
+            _fmt(row["threshold"]) if row["metric"] == "rel_fro" else "",
+            _fmt(row["max_abs"]),
+            "" if row["worst_index"] is None else ",".join(map(str, row["worst_index"])),
+            "" if row["seed"] is None else str(row["seed"]),
+            verdict,
+        )
+    console.print(table)
+    for ref, names in against.items():
+        console.print(f"  vs {ref}: {', '.join(dict.fromkeys(names))}", highlight=False, emoji=False)
+    for note in notes:
+        console.print(f"  {note}", highlight=False, emoji=False)
+    seeds = [str(s) for s in report.seeds]
+    if report.drawn_seed is not None:
+        seeds[-1] = f"{report.drawn_seed} (drawn)"
+    console.print(f"seeds: {', '.join(seeds)}", highlight=False)
+    console.print(f"reference: {report.reference}", highlight=False)
+    if report.stage_s:
+        console.print(f"gate time: {report.time_record.detail}", highlight=False)
+    if not all_records:
+        console.print("each row shows its worst seed (--all-records: every seed; --json: every record)")
+    if report.passed:
+        console.print(f"[green]PASS[/]: {len(report.records)} records, every gating check within its bound")
+    else:
+        failed = sorted({r.check for r in report.failures})
+        console.print(f"[red]FAIL[/]: {len(report.failures)} gating records failed ({', '.join(failed)})")

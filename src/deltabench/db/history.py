@@ -1,0 +1,91 @@
+"""The run-to-run spread of each job of a stored base run, from its series' history in the store (what the gate
+holds a head against; ``harness.regression.noise`` defines the model and the run level: a result's best sample,
+its median when it has no raw samples)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from deltabench.harness.series import JobKey
+from deltabench.references.contract import shape_id
+from deltabench.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spreads_from_histories
+
+from .dims import dims_of
+from .models import Result, Run
+from .queries import result_sample_sets
+
+__all__ = ["history_spreads"]
+
+
+def history_spreads(
+    session: Session, *, base_run_id: str, exclude_run_id: str | None = None
+) -> dict[JobKey, RunSpread]:
+    """Each ok job of the stored run `base_run_id` with its run-to-run spread, from the medians of the same job
+    (op, impl, shape, dtype, mode, major software) in the newest :data:`HISTORY_WINDOW` runs on the same machine
+    class created up to the base, without `exclude_run_id` (the head). Jobs with too little history are left out
+    (the machine class's default spread applies); an unknown base run gives no spreads. The jobs' bounds are
+    widened together when their pooled history is heavier-tailed than the bound assumes
+    (``noise.spreads_from_histories``).
+
+    Three queries whatever the number of jobs: the window's runs, their ok results, and those results' samples.
+    """
+    base = session.execute(select(Run.id, Run.created_at).where(Run.run_id == base_run_id)).first()
+    if base is None:
+        return {}
+    kind = session.scalar(select(Result.machine_kind).where(Result.run_pk == base.id).limit(1))
+    if kind is None:
+        return {}
+    window = (
+        select(Result.run_pk, Result.run_created_at)
+        .join(Run, Result.run_pk == Run.id)
+        .where(Result.machine_kind == kind, Result.run_created_at <= base.created_at)
+        .group_by(Result.run_pk, Result.run_created_at)
+        .order_by(Result.run_created_at.desc(), Result.run_pk.desc())
+        .limit(HISTORY_WINDOW + 2)
+    )
+    if exclude_run_id is not None:
+        window = window.where(Run.run_id != exclude_run_id)
+    run_order = {pk: i for i, (pk, _) in enumerate(reversed(session.execute(window).all()))}
+    if base.id not in run_order:
+        return {}
+    rows = session.execute(
+        select(
+            Result.run_pk,
+            Result.op,
+            Result.impl,
+            Result.B,
+            Result.T,
+            Result.H,
+            Result.K,
+            Result.V,
+            Result.extra_dims,
+            Result.dtype,
+            Result.mode,
+            Result.software,
+            Result.median_ms,
+            Result.attempt,
+            Result.id,
+        ).where(Result.run_pk.in_(list(run_order)), Result.status == "ok", Result.median_ms > 0)
+    ).all()
+    # One result per (series, run): the highest attempt, as a comparison takes it.
+    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, int, float]]] = defaultdict(dict)
+    base_series: dict[JobKey, str] = {}
+    for r in rows:
+        key: JobKey = (r.op, r.impl, shape_id(dims_of(r.B, r.T, r.H, r.K, r.V, r.extra_dims)), r.dtype, r.mode)
+        runs = per_run[(key, r.software)]
+        if r.run_pk not in runs or r.attempt >= runs[r.run_pk][0]:
+            runs[r.run_pk] = (r.attempt, r.id, float(r.median_ms))
+        if r.run_pk == base.id:
+            base_series[key] = r.software
+    wanted = [v[1] for k, runs in per_run.items() if base_series.get(k[0]) == k[1] for v in runs.values()]
+    samples = result_sample_sets(session, result_ids=wanted)
+    levels: dict[JobKey, list[float]] = {}
+    for key, software in base_series.items():
+        runs = per_run[(key, software)]
+        ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
+        stored = [(samples.get(runs[pk][1]), runs[pk][2]) for pk in ordered]
+        levels[key] = [run_level(s.samples_ms, m, s.repetitions) if s else m for s, m in stored]
+    return spreads_from_histories(levels)

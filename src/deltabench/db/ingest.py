@@ -1,0 +1,265 @@
+"""Storing result documents: idempotent, and in bulk.
+
+A run is identified by its ``run_id`` and a result by ``(job_id, attempt)``. Ingesting the same document twice
+stores nothing the second time; a job that arrives again in another document (a worker's retry that posts a
+new run) is stored once, with the run that brought it first. A document whose run is already stored but that
+carries new jobs (a worker posting a run piece by piece) adds those jobs to that run.
+
+Results go in with a bulk ``INSERT ... ON CONFLICT DO NOTHING`` per batch, so concurrent uploads of the same
+job cannot both store it, then their samples and checks likewise (checks are unique by result and position).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Table, select
+from sqlalchemy.orm import Session
+
+from deltabench.harness.document import Environment as EnvironmentDoc
+from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.series import series_software
+
+from .dims import dims_columns
+from .models import Check, Environment, Machine, Result, ResultSamples, Run
+
+__all__ = [
+    "environment_fingerprint",
+    "ingest_document",
+    "ingest_documents",
+    "pack_repetitions",
+    "pack_samples",
+    "unpack_repetitions",
+    "unpack_samples",
+    "utc",
+]
+
+# Rows per INSERT statement: large enough to amortise round trips, small enough for SQLite's variable limit
+# (50-odd columns x 500 rows stays under 32766).
+_BATCH = 500
+
+
+def utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    """`value` as an aware UTC datetime (naive values are taken as UTC, as SQLite returns them)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=_dt.timezone.utc)
+    return value.astimezone(_dt.timezone.utc)
+
+
+def pack_samples(samples_ms: Sequence[float]) -> bytes:
+    """Raw samples as little-endian float64 bytes: exact, 8 bytes each, and fast both ways."""
+    return struct.pack(f"<{len(samples_ms)}d", *samples_ms)
+
+
+def unpack_samples(blob: bytes) -> list[float]:
+    """Inverse of :func:`pack_samples`."""
+    return list(struct.unpack(f"<{len(blob) // 8}d", blob))
+
+
+def pack_repetitions(repetitions: Sequence[int]) -> bytes | None:
+    """Each sample's repetition index as little-endian int32 bytes; None for a timing of one repetition."""
+    return struct.pack(f"<{len(repetitions)}i", *repetitions) if repetitions else None
+
+
+def unpack_repetitions(blob: bytes | None) -> list[int]:
+    """Inverse of :func:`pack_repetitions` (``[]`` for NULL)."""
+    return list(struct.unpack(f"<{len(blob) // 4}i", blob)) if blob else []
+
+
+def environment_fingerprint(env: EnvironmentDoc) -> str:
+    """sha256 over every field of the environment, in a canonical JSON form."""
+    canonical = json.dumps(env.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _insert_ignore(session: Session, table: Table):  # type: ignore[no-untyped-def]
+    """``INSERT ... ON CONFLICT DO NOTHING`` for the session's dialect (SQLite and PostgreSQL both have it)."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - other databases are not supported
+        raise NotImplementedError(f"deltabench's store supports SQLite and PostgreSQL, not {name}")
+    return insert(table).on_conflict_do_nothing()
+
+
+def _get_or_create(session: Session, model: type, where: dict[str, Any], values: dict[str, Any]) -> int:
+    """The id of the row of `model` matching `where`, inserting it (race-safe) when absent."""
+    query = select(model.id).filter_by(**where)  # type: ignore[attr-defined]
+    found = session.scalar(query)
+    if found is not None:
+        return found
+    session.execute(_insert_ignore(session, model.__table__), [{**where, **values}])  # type: ignore[attr-defined]
+    return session.scalar(query)  # type: ignore[return-value]
+
+
+def _environment_id(session: Session, env: EnvironmentDoc) -> int:
+    fields = env.model_dump()
+    return _get_or_create(session, Environment, {"fingerprint": environment_fingerprint(env)}, fields)
+
+
+def _machine_id(session: Session, env: EnvironmentDoc, first_seen: _dt.datetime) -> int:
+    return _get_or_create(
+        session,
+        Machine,
+        {"host": env.host, "machine_kind": env.machine_kind},
+        {"device_name": env.device_name, "device_count": env.device_count, "first_seen": first_seen},
+    )
+
+
+def _run_pk(session: Session, doc: ResultDocument) -> int:
+    existing = session.scalar(select(Run.id).where(Run.run_id == doc.run_id))
+    if existing is not None:
+        return existing
+    created_at = utc(doc.created_at)
+    values = {
+        "schema_version": doc.schema_version,
+        "created_at": created_at,
+        "ingested_at": _dt.datetime.now(_dt.timezone.utc),
+        "suite": doc.suite,
+        "git_commit": doc.environment.git_commit,
+        "git_dirty": doc.environment.git_dirty,
+        "environment_id": _environment_id(session, doc.environment),
+        "machine_id": _machine_id(session, doc.environment, created_at),  # type: ignore[arg-type]
+        "baselines": dict(doc.baselines),
+        "ceilings": dict(doc.ceilings),
+        "meta": dict(doc.meta),
+    }
+    return _get_or_create(session, Run, {"run_id": doc.run_id}, values)
+
+
+def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument) -> dict[str, Any]:
+    case, timing, memory, work = job.case, job.timing, job.memory, job.work
+    return {
+        "run_pk": run_pk,
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "position": position,
+        "op": case.op,
+        "impl": job.impl,
+        **dims_columns(case.dims),
+        "dtype": case.dtype,
+        "mode": case.mode,
+        "regime": case.regime,
+        "seed": case.seed,
+        "initial_state": case.initial_state,
+        "run_created_at": utc(doc.created_at),
+        "git_commit": doc.environment.git_commit,
+        "machine_kind": doc.environment.machine_kind,
+        "software": series_software(doc.environment),
+        "backend": job.backend,
+        "device": job.device,
+        "status": job.status,
+        "reason": job.reason,
+        "gate_reference": job.gate_reference,
+        "notes": job.notes,
+        "started_at": utc(job.started_at),
+        "finished_at": utc(job.finished_at),
+        "clock": timing.clock if timing else None,
+        "median_ms": timing.median_ms if timing else None,
+        "q1_ms": timing.q1_ms if timing else None,
+        "q3_ms": timing.q3_ms if timing else None,
+        "mean_ms": timing.mean_ms if timing else None,
+        "stdev_ms": timing.stdev_ms if timing else None,
+        "sem_rel": timing.sem_rel if timing else None,
+        "n_samples": len(timing.samples_ms) if timing else None,
+        "warmup": timing.warmup if timing else None,
+        "l2_flush": timing.l2_flush if timing else None,
+        "compile_s": timing.compile_s if timing else None,
+        "stop_reason": timing.stop_reason if timing else None,
+        "peak_bytes": memory.peak_bytes if memory else None,
+        "inputs_bytes": memory.inputs_bytes if memory else None,
+        "memory_method": memory.method if memory else None,
+        "flops": work.flops if work else None,
+        "bytes_moved": work.bytes if work else None,
+        "tflops": work.tflops if work else None,
+        "gbps": work.gbps if work else None,
+        "floor_ms": work.floor_ms if work else None,
+        "pct_of_floor": work.pct_of_floor if work else None,
+    }
+
+
+def _check_rows(job: JobResult, result_id: int) -> list[dict[str, Any]]:
+    return [{"result_id": result_id, "position": i, **record.model_dump()} for i, record in enumerate(job.verification)]
+
+
+def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
+    """Insert the document's jobs not stored yet; returns how many were stored."""
+    by_key = {(job.job_id, job.attempt): job for job in doc.jobs}
+    # Skip the ones already stored up front (the common re-upload case) so the database does no wasted work.
+    already = _stored_keys(session, by_key)
+    pending = [(i, job) for i, job in enumerate(doc.jobs) if (job.job_id, job.attempt) not in already]
+    results_table: Table = Result.__table__  # type: ignore[assignment]
+    stored = 0
+    for start in range(0, len(pending), _BATCH):
+        chunk = pending[start : start + _BATCH]
+        session.execute(_insert_ignore(session, results_table), [_result_row(job, i, run_pk, doc) for i, job in chunk])
+        # Read the ids back instead of INSERT ... RETURNING: psycopg parses a multi-row RETURNING statement
+        # slowly, while a plain executemany is pipelined. Only rows of this run are ours: a job that another
+        # run stored first is that run's.
+        inserted = session.execute(
+            select(Result.id, Result.job_id, Result.attempt).where(
+                Result.run_pk == run_pk, Result.job_id.in_([job.job_id for _, job in chunk])
+            )
+        ).all()
+        chunk_keys = {(job.job_id, job.attempt) for _, job in chunk}
+        samples: list[dict[str, Any]] = []
+        checks: list[dict[str, Any]] = []
+        for result_id, job_id, attempt in inserted:
+            if (job_id, attempt) not in chunk_keys:  # another attempt, stored with this run before
+                continue
+            job = by_key[(job_id, attempt)]
+            if job.timing is not None:
+                samples.append(
+                    {
+                        "result_id": result_id,
+                        "samples": pack_samples(job.timing.samples_ms),
+                        "repetitions": pack_repetitions(job.timing.repetitions),
+                    }
+                )
+            checks.extend(_check_rows(job, result_id))
+            stored += 1
+        # ON CONFLICT DO NOTHING: two uploads of one document racing each other both reach this point.
+        if samples:
+            session.execute(_insert_ignore(session, ResultSamples.__table__), samples)  # type: ignore[arg-type]
+        for cstart in range(0, len(checks), _BATCH * 4):
+            session.execute(_insert_ignore(session, Check.__table__), checks[cstart : cstart + _BATCH * 4])  # type: ignore[arg-type]
+    return stored
+
+
+def _stored_keys(session: Session, keys: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+    job_ids = sorted({job_id for job_id, _ in keys})
+    found: set[tuple[str, int]] = set()
+    for start in range(0, len(job_ids), _BATCH):
+        chunk = job_ids[start : start + _BATCH]
+        rows = session.execute(select(Result.job_id, Result.attempt).where(Result.job_id.in_(chunk)))
+        found.update((job_id, attempt) for job_id, attempt in rows)
+    return found
+
+
+def ingest_document(session: Session, doc: ResultDocument) -> str:
+    """Store `doc` (idempotently, see the module docstring) and return its run id.
+
+    The caller owns the transaction: use it inside ``db.engine.session_scope(engine)``.
+
+    Example::
+
+        with session_scope(get_engine()) as session:
+            run_id = ingest_document(session, ResultDocument.from_json(path.read_text()))
+    """
+    run_pk = _run_pk(session, doc)
+    _store_jobs(session, doc, run_pk)
+    return doc.run_id
+
+
+def ingest_documents(session: Session, docs: Iterable[ResultDocument]) -> list[str]:
+    """Store several documents; the run ids in the order given."""
+    return [ingest_document(session, doc) for doc in docs]

@@ -1,0 +1,97 @@
+"""The service's writes, as keyword-only functions (reads live in ``deltabench.db.queries``; the job queue's
+state machine in ``deltabench.db.jobs``, re-exported here).
+
+Routes and pages call these inside a session; the caller's ``session_scope`` commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from deltabench.db.ingest import ingest_document
+from deltabench.db.jobs import FINAL_JOB_STATUSES, JOB_STATUSES, cancel_job, create_job, update_job_status
+from deltabench.db.models import Annotation, QueuedJob
+from deltabench.harness.document import ResultDocument
+from deltabench.harness.errors import BadInput
+
+__all__ = [
+    "FINAL_JOB_STATUSES",
+    "JOB_STATUSES",
+    "META_QUEUE_JOB",
+    "add_annotation",
+    "cancel_job",
+    "create_job",
+    "ingest_batch",
+    "update_job_status",
+]
+
+# A result document whose meta carries this key (a queued job's id) marks that job done when it is ingested.
+META_QUEUE_JOB = "queue_job_id"
+
+
+_INT64 = 2**63 - 1
+
+
+def _check_storable(value: Any, where: str) -> None:
+    """Refuse what a database cannot hold: integers beyond 64 bits, strings with NUL or lone surrogates."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    if isinstance(value, int):
+        if not -_INT64 - 1 <= value <= _INT64:
+            raise BadInput(f"{where}: integer {value} does not fit in 64 bits")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise BadInput(f"{where}: text may not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{where}: text is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_storable(key, where)
+            _check_storable(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_storable(item, f"{where}[{i}]")
+
+
+def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int]:
+    """Store result documents (idempotently); returns the run ids and how many jobs the batch carried.
+
+    A document whose ``meta`` names a queued job (``queue_job_id``) marks that job done with this run.
+    """
+    for i, doc in enumerate(docs):
+        _check_storable(doc.model_dump(), f"documents[{i}]")
+    run_ids: list[str] = []
+    for doc in docs:
+        run_ids.append(ingest_document(session, doc))
+        queue_id = doc.meta.get(META_QUEUE_JOB)
+        if isinstance(queue_id, int) and not isinstance(queue_id, bool):
+            job = session.get(QueuedJob, queue_id)
+            if job is not None and job.status != "cancelled":
+                worker = doc.meta.get("worker") if isinstance(doc.meta.get("worker"), str) else None
+                update_job_status(session, job=job, status="done", run_id=doc.run_id, worker=worker)
+    from .services import forget_runs
+
+    forget_runs(run_ids)
+    return run_ids, sum(len(doc.jobs) for doc in docs)
+
+
+def add_annotation(
+    session: Session,
+    *,
+    series_key: str,
+    kind: str,
+    note: str,
+    author: str | None,
+    run_id: str | None = None,
+    git_commit: str | None = None,
+) -> Annotation:
+    """Store a human's verdict on a change point of a series and return it."""
+    row = Annotation(series_key=series_key, kind=kind, note=note, author=author, run_id=run_id, git_commit=git_commit)
+    session.add(row)
+    session.flush()
+    return row

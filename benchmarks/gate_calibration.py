@@ -13,7 +13,7 @@ machine states: a same-code group (the base history) and planted groups that imp
 from the same-code runs' medians as ``db.history`` reads them from a store) and writes a JSON summary::
 
     python benchmarks/gate_calibration.py evaluate --dir /tmp/cal --same same --planted p10:0.10 --planted p20:0.20 \\
-        --out benchmarks/cpu/gate-calibration-suite.json
+        --out benchmarks/results/gate-calibration/gate-calibration-suite.json
 
 ``repetitions`` grades runs made with ``collect --repeat N`` (each job timed in N worker processes, round by
 round) with no history at all, as each k = 1..N first repetitions would have: every unordered pair of same-code
@@ -25,7 +25,7 @@ only, since the busy-wait follows the forward call); it names the smallest k tha
     python benchmarks/gate_calibration.py collect --suite benchmarks/cpu/gate-repeat.toml --repeat 10 \
         --dir /tmp/rep --group same:0:5 --group p20:0.20:6
     python benchmarks/gate_calibration.py repetitions --dir /tmp/rep --same same --planted p20:0.20 \
-        --planted-mode fwd --out benchmarks/cpu/gate-repeat-n10.json
+        --planted-mode fwd --out benchmarks/results/gate-calibration/gate-repeat-n10.json
 
 Figures, for the same-code group: the default spread these runs support (the sigma at which no-history job
 comparisons fail at most a share alpha, and the smallest at which no no-history gate fails); every ordered pair

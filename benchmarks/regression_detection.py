@@ -14,12 +14,13 @@ Four parts, each printed as a table:
    per 100-point history without a step (must be <= 1%), and the share of 5% steps found within two points of
    where they happened (must be >= 95%), at 1% noise with outliers and at the CPU's measured run-to-run noise.
 4. **The gate on real runs** (``deltabench run``, one process per job, runs minutes apart), as measured by
-   ``benchmarks/gate_calibration.py`` and stored in ``benchmarks/cpu/gate-calibration-*.json``: failed gates and
+   ``benchmarks/gate_calibration.py`` and stored in ``benchmarks/results/gate-calibration/gate-calibration-*.json``
+   (the CPU's, then the H200's): failed gates and
    false failures per job on same-code runs (no history, and with the other runs as history), the old within-run
    rule on the same pairs, and the share of planted 10% / 20% slowdowns caught with and without history; and
    (4c) runs made with ``deltabench run --repeat N`` graded with no history, for each number of repetitions k <= N
-   (``benchmarks/cpu/gate-repeat-*.json``): the gate then takes the spread between a job's repetitions; and (4d) base
-   and head run interleaved in one ``run --base-ref`` invocation (``benchmarks/cpu/gate-interleave-*.json``). Parts 1-3
+   (``gate-repeat-*.json`` there): the gate then takes the spread between a job's repetitions; and (4d) base
+   and head run interleaved in one ``run --base-ref`` invocation (``gate-interleave-*.json`` there). Parts 1-3
    never see the variance between processes and machine states; part 4 is the figure that holds for CI.
 
 Usage::
@@ -44,14 +45,15 @@ from deltabench.regression import GradingRule, RunSpread, default_spread
 from deltabench.regression.changepoints import find_change_points
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
-REAL_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-calibration-*.json")) + sorted(
-    (Path(__file__).parent / "h200").glob("gate-calibration-*.json")
-)
+# The summaries gate_calibration.py and gate_interleave_summary.py wrote (benchmarks/results/README.md).
+SUMMARIES = Path(__file__).parent / "results" / "gate-calibration"
+# The CPU's runs first, then the H200's.
+REAL_RUNS = sorted(SUMMARIES.glob("gate-calibration-*.json"), key=lambda p: ("h200" in p.name, p.name))
 # Runs made with `deltabench run --repeat N`, graded with no history (benchmarks/gate_calibration.py repetitions).
-REPEAT_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-repeat-*.json"))
+REPEAT_RUNS = sorted(SUMMARIES.glob("gate-repeat-*.json"))
 # Base and head interleaved in one `deltabench run --base-ref` invocation (benchmarks/cpu/gate_interleave.sh, tallied
 # by gate_interleave_summary.py).
-INTERLEAVED_RUNS = sorted((Path(__file__).parent / "cpu").glob("gate-interleave-*.json"))
+INTERLEAVED_RUNS = sorted(SUMMARIES.glob("gate-interleave-*.json"))
 
 
 def compare_samples(
@@ -203,7 +205,8 @@ def print_real_runs(console: Console, paths: list[Path]) -> None:
     """Part 4: the figures benchmarks/gate_calibration.py measured on real ``deltabench run`` runs."""
     if not paths:
         console.print(
-            "4. real runs: no benchmarks/cpu/gate-calibration-*.json yet (run benchmarks/gate_calibration.py)"
+            "4. real runs: no benchmarks/results/gate-calibration/gate-calibration-*.json yet "
+            "(run benchmarks/gate_calibration.py)"
         )
         return
     t = Table(title="4. the gate on real runs (deltabench run; benchmarks/gate_calibration.py)")

@@ -2,8 +2,8 @@
 # The README's main job as a new user meets it: a fresh clone, a fresh venv, a fresh home (so the JAX compile
 # cache, the gate's reference cache, the ceilings and the database all start empty), then
 # `deltabench run --suite smoke` twice: the first run (cold caches) and the second (warm). Prints the commit, the
-# load average around each run, each run's wall time and its job counts: the figures benchmarks/cpu/first-run.md
-# records and the README's timing sentence quotes.
+# load average around each run, each run's wall time and its job counts (the figures the README's timing sentence
+# quotes); each run's result document stays under the printed outputs folder, for `deltabench ingest`.
 #
 #     benchmarks/cpu/first_run.sh [REPO]      # REPO: what to clone (default: this checkout)
 #
@@ -29,7 +29,7 @@ for run in first second; do
     before=$(cut -d' ' -f1-3 /proc/loadavg)
     start=$(date +%s.%N)
     rc=0
-    .venv/bin/deltabench run --suite smoke >"$work/$run.out" 2>&1 || rc=$?
+    .venv/bin/deltabench run --suite smoke --out "$work/$run.json" >"$work/$run.out" 2>&1 || rc=$?
     wall=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
     after=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "$run run: $wall s, exit $rc, $(grep '^jobs:' "$work/$run.out" || echo 'no summary'); load average $before before, $after after"

@@ -4,9 +4,10 @@
 #
 #   bash benchmarks/gpu/gate_calibration.sh            # results under $OUT: gate-calibration-h200.json and the runs
 #
-# Then copy $OUT/gate-calibration-h200.json to benchmarks/h200/ (the runs come back as $OUT/runs.tgz: a call
-# returns 8 files at most) and `python benchmarks/regression_detection.py --real-only` prints it beside the CPU
-# figures. THRESHOLD (default 2%): the H200's run-to-run spread is 0.2-0.5% (2026-11-30), so the CPU default of 5%
+# Then copy $OUT/gate-calibration-h200.json to benchmarks/results/gate-calibration/ and ingest the runs' documents
+# into the repository's store (they come back as $OUT/runs.tgz: a call returns 8 files at most; unpack it, then
+# `deltabench ingest --db sqlite:///benchmarks/results/store.sqlite runs/*.json`, benchmarks/results/README.md);
+# `python benchmarks/regression_detection.py --real-only` prints the summary beside the CPU figures. THRESHOLD (default 2%): the H200's run-to-run spread is 0.2-0.5% (2026-11-30), so the CPU default of 5%
 # would leave a planted 5% slowdown, which measured +3.9% there, below the threshold by definition; the planted
 # jobs counted are the forward ones (the slowed call; a fwd+bwd job slows by its forward's share only). Run order is interleaved (same, p05, same, p05, ...), so both groups
 # see the same clocks and neighbours; each run is one `deltabench run` process with one process per job.

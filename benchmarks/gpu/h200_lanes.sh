@@ -145,9 +145,10 @@ lane_solo() {
     dir=$L/a
     # SDM 2.0.0's CUDA extensions build on the CPU beside the GPU work (6 of 16 cores), for task sdm_pkg
     [[ ${LANE_SDM_PKG:-1} == 1 && ! -f $dir/sdm-pkg-build.done ]] && { sdm_pkg_build 1500 & }
-    # the whole sweep ended in one run at 10:34 on 2026-12-01 (session-1034/): again only when asked for
+    # the whole sweep ended in one run at 10:34 on 2026-12-01: again only when asked for
     [[ ${LANE_SWEEP:-0} == 1 ]] && sweep 720 --exclude sdm_pkg_chunk  # SDM 2.0.0's build: a session of its own
-    # the train table (session-0824/: 100 jobs in 508 s from a fresh machine): first with LANE_TRAIN=1, or as task
+    # the train table (run 40c2995932a3 in benchmarks/results/store.sqlite: 100 jobs in 508 s from a fresh machine):
+    # first with LANE_TRAIN=1, or as task
     # train in the queue
     [[ ${LANE_TRAIN:-0} == 1 ]] && task_train
     shared
@@ -336,7 +337,7 @@ call() {
         touch "$L/started"
         tail -4 "$L/install.log"
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$L/gpu.txt"
-        bash benchmarks/gpu/autotune_cache.sh restore benchmarks/h200/fla-autotune
+        bash benchmarks/gpu/autotune_cache.sh restore  # benchmarks/results/fla-autotune.tar.gz
         if (($(nvidia-smi -L | wc -l) > 1)); then lanes="a b"; else lanes=solo; touch "$L/b/done"; fi
         echo "$lanes" >"$L/lanes"
         printf '%s\n' speed_cold gdn2_pallas gdn2_gpu gdn2_tpu stages speed_warm >"$L/queue"

@@ -8,7 +8,9 @@
 #   call 1, carry [.whl/base, .whl/fla, .whl/opengdn, .gpucache/qla1, .deltabench-commit]:  bash benchmarks/gpu/install.sh && bash benchmarks/gpu/stage_qla.sh
 #   call 2, carry [.gpucache/qla2, .deltabench-commit], within 30 s:                             bash benchmarks/gpu/suite_speed.sh
 # About 6 minutes if the targets hold; each run is cut at 280 s so that both fit in one call's 10 minutes.
-# Then commit $OUT/suite-speed.md into benchmarks/h200/ and record the figures in benchmarks/NOTES.md.
+# Then ingest $OUT/speed-cold.json and $OUT/speed-warm.json into the repository's store
+# (`deltabench ingest --db sqlite:///benchmarks/results/store.sqlite ...`, benchmarks/results/README.md) and record
+# the wall times and $OUT/suite-speed.md's figures (not in the documents) in benchmarks/NOTES.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

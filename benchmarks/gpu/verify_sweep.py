@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-# deltabench's own torch and JAX impls are swept on the CPU (benchmarks/cpu/verify-sweep.txt); the GPU sweep
+# deltabench's own torch and JAX impls are swept on the CPU (benchmarks/verify_sweep.sh); the GPU sweep
 # covers the rest: its Triton kernels and every adapter.
 CPU_SWEPT = ("torch_recurrent", "torch_chunk", "jax_chunk", "jax_scan")
 

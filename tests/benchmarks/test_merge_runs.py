@@ -11,7 +11,7 @@ from deltabench.harness.documents_io import load_documents
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "benchmarks" / "merge_runs.py"
-REAL = ROOT / "benchmarks" / "h200" / "train-h200.json"  # a run the H200 made, cut into parts below
+REAL = ROOT / "benchmarks" / "results" / "fixtures" / "train-h200.json"  # a run the H200 made, cut into parts below
 
 
 def _parts(tmp_path: Path) -> tuple[Path, Path, dict]:

@@ -15,8 +15,8 @@ from deltabench.db.queries import compare_runs, find_results, load_run_document
 from deltabench.harness import document
 from deltabench.harness.document import CaseSpec, ResultDocument
 
-# A run stored before documents had a version 2: eight jobs on an H200 (benchmarks/h200/README.md).
-V1_RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "h200" / "split-h200.json"
+# A run stored before documents had a version 2: eight jobs on an H200 (benchmarks/results/README.md).
+V1_RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "fixtures" / "split-h200.json"
 
 
 def test_dims_columns_round_trip() -> None:

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure, print the table, write it under $OUT; exit 1 when a bound is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impl", action="append", help=f"impls to measure (default: {', '.join(DEFAULT_IMPLS)})")
-    parser.add_argument("--shape", action="append", help="shapes (default: the ANCHORS.md train shapes)")
+    parser.add_argument("--shape", action="append", help="shapes (default: the train shapes)")
     parser.add_argument("--mode", action="append", choices=("fwd", "fwd+bwd", "bwd"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=2.0, help="timing budget per repeat")

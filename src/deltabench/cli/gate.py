@@ -220,7 +220,7 @@ def register(app: typer.Typer) -> None:
     missing_help = "Jobs of the base missing in the head, or a head run cut short, do not fail the gate."
     spread_help = (
         "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
-        "default: the measured figure of the machine class (README, Regression gate)."
+        "default: the measured figure of the machine class (docs/guide/regression-gate.md)."
     )
 
     import_help = "A module or .py file that registers ops or impls (an op of its own: the runs carry it)."

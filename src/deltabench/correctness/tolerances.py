@@ -16,7 +16,7 @@ T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with
 Every other bound holds in every regime: ``strong`` was measured on the torch and JAX impls of every op at
 B1-T150-H3-K16-V32, seeds 0-1, fwd+bwd: worst 9.1e-7 at fp32 (torch_chunk gdn dg), 3.4e-3 at bf16 (torch_chunk kda
 dbeta), inside the typical and long worst cases quoted below.
-Over 20 seeds x 3 regimes x fp32/bf16 (benchmarks/verify_sweep.sh, benchmarks/cpu/verify-sweep.txt; torch and JAX
+Over 20 seeds x 3 regimes x fp32/bf16 (benchmarks/verify_sweep.sh, 2026-12-01; torch and JAX
 impls of every op at B2-T70-H3-K16-V32), the worst value over its bound is 0.70 (bf16 gradients: torch_chunk kda
 dbeta 6.29e-3, typical, seed 18, with h0), 0.20 (bf16 output), 0.05 (bf16 boundary, jax_scan); every fp32 family
 stays at or under 0.01 of its bound.
@@ -26,7 +26,7 @@ How the numbers were set. Measured with ``verify_case`` (float64 oracle, random 
 state, with and without an initial state) on the built-in ``torch_recurrent`` and ``torch_chunk`` of gdn, gdn2
 and kda, and on the oracle itself rounded to the dtype (the floor any kernel can reach), over seeds 0-2, both gate
 regimes (typical, long) and shapes B2-T130-H3-K32-V48 and B1-T300-H2-K64-V64; also ``triton_chunk`` (gdn) under the
-Triton interpreter. Worst values are quoted per number below; FLA's bf16 kernels on an H200 (ANCHORS.md) measure
+Triton interpreter. Worst values are quoted per number below; FLA's bf16 kernels on an H200 measure
 3.0e-3..4.5e-3 on o, state and gradients. The bounds must also reject each planted bug (tests/harness/
 test_planted_bugs.py): the tightest is one gradient scaled by 1.01, a 1.0e-2 relative error, which forces the
 many-element gradient bound of the typical and long regimes below 1e-2; each regime runs at every seed, so the bug
@@ -119,7 +119,7 @@ REGIME_TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     ("bf16", "long"): {
         # Log-decays in [-0.05, 0]: the state keeps ~60 chunks of history, so the rounding of every bf16 state and
         # intermediate a kernel stores adds up in dg. FLA 0.6.0 on an H200 (train suite and the 12-job comparison,
-        # 3 seeds, benchmarks/h200/train/): grad:g up to 1.04e-2 against the oracle at B1-T256-H6 (drawn seed
+        # 3 seeds, the train suite on the H200): grad:g up to 1.04e-2 against the oracle at B1-T256-H6 (drawn seed
         # 519266225), 8.4e-3 against torch_chunk fp32 at the full shape, 1.29e-2 at T = 1 (B1-H16: dg's 16
         # elements are 16 single-token reductions); triton_chunk at most 5.3e-3 on the same runs. Bound 2e-2 is
         # 1.9x over FLA's worst at many elements and 1.55x at T = 1. A gradient off by 1% is still caught by the
@@ -166,7 +166,7 @@ FEW_ELEMENT_TOLERANCES: dict[str, dict[str, float]] = {
 # fp32 state, measures 3.3e-3 where the torch impls' rounded o measures 1.68e-3. Bound 4e-2 is a 2.5x margin for
 # that emulation only; the real gate for such a kernel runs on its GPU with the bounds above. fp32 and fp16 are
 # emulated exactly and keep their own bounds. The strong regime (added since) takes most of that margin: over 20
-# seeds at B2-T70-H3-K16-V32 (benchmarks/cpu/verify-sweep.txt, 2026-12-01) triton_chunk's bf16 grad:initial_state
+# seeds at B2-T70-H3-K16-V32 (benchmarks/verify_sweep.sh, 2026-12-01) triton_chunk's bf16 grad:initial_state
 # and grad:g sit at 3.2e-2 to 3.6e-2 (0.82-0.91 of this bound) in it, with h0, every other family <= 0.37 of it.
 TRITON_INTERPRETER_BF16 = 4e-2
 PROFILES = ("native", "triton_interpreter")

@@ -126,7 +126,7 @@ MIN_SPREAD = 0.001
 #   That machine was shared (load average 8.6-11.7 on 2 cores): some jobs' best times moved up to 10x between runs,
 #   so without history only a change beyond ~13x can fail there. A quieter machine measures its own
 #   (`--default-spread`).
-# - accelerators: 5 back-to-back processes of one job on an H200 (benchmarks/h200/measurement_quality.md) spread
+# - accelerators: 5 back-to-back processes of one job on an H200 (benchmarks/measurement_quality.py, 2026-11-30) spread
 #   0.2-0.5% max-min; 1% keeps a margin for autotuning and clock state until the H200 calibration
 #   (benchmarks/gpu/gate_calibration.sh) replaces it with a measured figure.
 DEFAULT_SPREADS: dict[str, float] = {"cpu": 0.78, "accelerator": 0.01}

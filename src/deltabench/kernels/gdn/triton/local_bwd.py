@@ -11,7 +11,7 @@ produces dq, dk, dv, dg and dbeta. With T = L diag(beta), K^ = gamma * k, U = T 
     dg      = reverse in-chunk cumulative sum of dG, the gradient w.r.t. the cumulative log-decay G
 
 Every transposed product is formed from loaded operands (e.g. ``v_new do^T`` for ``Pm^T``), never as
-``tl.trans`` of a dot result, which Triton 3.4-3.7.0 miscompiled on Hopper (ANCHORS.md).
+``tl.trans`` of a dot result, which Triton 3.4-3.7.0 miscompiled on Hopper.
 """
 
 from __future__ import annotations

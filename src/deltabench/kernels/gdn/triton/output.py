@@ -61,7 +61,7 @@ def chunk_output_kernel(
     vnd = tl.load(vnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
     G = tl.cumsum(gc, axis=0)
     causal = rc[:, None] >= rc[None, :]
-    # q k^T from loaded operands (tl.trans of a loaded tile, never of a dot result: ANCHORS.md)
+    # q k^T from loaded operands (tl.trans of a loaded tile, never of a dot result: a Triton miscompile on Hopper)
     qk = mma(qc, tl.trans(kc), PREC)
     dG = G[:, None] - G[None, :]
     M = tl.where(causal, qk * tl.exp(tl.where(causal, dG, 0.0)), 0.0)

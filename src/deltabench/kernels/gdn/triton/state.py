@@ -98,7 +98,7 @@ def state_fwd_kernel(
 def _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the backward walk from dH (fp32, the gradient w.r.t. the state after the chunk):
     ``(dv_new in dt, the gradient w.r.t. the state at the chunk's start)``."""
-    # M^T computed directly (k q^T), never as the transpose of a product (Hopper miscompile, ANCHORS.md)
+    # M^T computed directly (k q^T), never as the transpose of a product (a Triton miscompile on Hopper)
     kq = mma(kc, tl.trans(qc), PREC)
     dG = G[None, :] - G[:, None]
     MT = tl.where(anticausal, kq * tl.exp(tl.where(anticausal, dG, 0.0)), 0.0) * scale

@@ -37,10 +37,11 @@ def _count(url: str, model) -> int:  # type: ignore[no-untyped-def]
         (lambda d: d["jobs"][0]["case"].update(op="nope"), "jobs.0.case.op: Value error, unknown op 'nope'"),
         (lambda d: d.update(schema_version=999), "schema_version: Input should be less than or equal to 2"),
         (lambda d: d.update(created_at="9999-01-01T00:00:00Z"), "created_at: Value error, created_at 9999"),
+        (lambda d: d.update(created_at="0001-01-01T00:00:00Z"), "created_at 0001-01-01T00:00:00+00:00 is before 2020"),
         (lambda d: d.update(run_id="a/b"), "run_id: Value error, 'a/b' is not a valid id"),
         (lambda d: d.update(run_id="latest"), "run_id: Value error, 'latest' is reserved"),
     ],
-    ids=["inf", "nan-sample", "ok-no-timing", "incorrect-timed", "op", "schema", "future", "slash-id", "latest"],
+    ids=["inf", "nan-sample", "ok-no-timing", "incorrect-timed", "op", "schema", "future", "past", "slash-id", "latest"],
 )
 def test_ingest_refuses_a_bad_document_in_one_line(db_url, factory, tmp_path, capsys, change, words) -> None:  # type: ignore[no-untyped-def]
     good = json.loads(factory.document().to_json())

@@ -52,6 +52,7 @@ def _bad_documents(build) -> dict[str, tuple[dict, str, str]]:  # type: ignore[n
         "empty op": (variant(lambda d: d["jobs"][0]["case"].update(op="")), "op", "unknown op"),
         "schema 999": (variant(lambda d: d.update(schema_version=999)), "schema_version", "less than or equal"),
         "year 9999": (variant(lambda d: d.update(created_at="9999-01-01T00:00:00Z")), "created_at", "future"),
+        "year 0001": (variant(lambda d: d.update(created_at="0001-01-01T00:00:00Z")), "created_at", "before 2020"),
         "empty run id": (variant(lambda d: d.update(run_id="")), "run_id", "not a valid id"),
         "blank run id": (variant(lambda d: d.update(run_id=" ")), "run_id", "not a valid id"),
         "slash run id": (variant(lambda d: d.update(run_id="a/b")), "run_id", "not a valid id"),

@@ -13,7 +13,8 @@ field types, a document must have:
   samples); a job of any other status with no timing;
 - a known op (:func:`known_ops`: the built-in ones, ``pytest-benchmark``, and those registered with
   :func:`register_op_name` or the ``deltabench.ops`` entry-point group);
-- a ``schema_version`` this code reads, a ``created_at`` not after now plus :data:`CLOCK_SKEW`;
+- a ``schema_version`` this code reads, a ``created_at`` not after now plus :data:`CLOCK_SKEW` and not before
+  :data:`EARLIEST_CREATED_AT`;
 - run and job ids matching :data:`ID_PATTERN` (a run id is never ``latest``, which names the newest run).
 
 A refused document raises pydantic's ``ValidationError`` whose first error names the field and the rule.
@@ -37,6 +38,7 @@ from deltabench.references.contract import INDEXED_DIMS, order_dims, shape_id
 __all__ = [
     "BUILTIN_OPS",
     "CLOCK_SKEW",
+    "EARLIEST_CREATED_AT",
     "GATE_ONLY",
     "ID_PATTERN",
     "RESERVED_RUN_IDS",
@@ -69,6 +71,9 @@ RESERVED_RUN_IDS = frozenset({"latest"})
 # How far in the future a document's created_at may be (clocks of fleet hosts drift); a later time would make
 # it the "latest" run everywhere until that time.
 CLOCK_SKEW = _dt.timedelta(minutes=10)
+# The earliest created_at a document may carry: no delta-rule kernel result predates 2020, and an older date (a
+# clock at its epoch, a year typed as 0001) would stretch every history chart it joins across decades.
+EARLIEST_CREATED_AT = _dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc)
 # The built-in ops (one per references/<op>.py, as harness/ops.py loads them) and the op of documents
 # converted from pytest-benchmark files (harness/pytest_benchmark.py's EXTERNAL_OP).
 BUILTIN_OPS: tuple[str, ...] = builtin_op_modules()
@@ -406,8 +411,13 @@ class ResultDocument(_Model):
 
     @field_validator("created_at")
     @classmethod
-    def _not_in_future(cls, created_at: _dt.datetime) -> _dt.datetime:
+    def _within_bounds(cls, created_at: _dt.datetime) -> _dt.datetime:
         aware = created_at if created_at.tzinfo else created_at.replace(tzinfo=_dt.timezone.utc)
+        if aware < EARLIEST_CREATED_AT:
+            raise ValueError(
+                f"created_at {aware.isoformat()} is before {EARLIEST_CREATED_AT.date().isoformat()}, the earliest "
+                "date a document may carry"
+            )
         latest = _now() + CLOCK_SKEW
         if aware > latest:
             raise ValueError(

@@ -41,7 +41,18 @@ def _count(url: str, model) -> int:  # type: ignore[no-untyped-def]
         (lambda d: d.update(run_id="a/b"), "run_id: Value error, 'a/b' is not a valid id"),
         (lambda d: d.update(run_id="latest"), "run_id: Value error, 'latest' is reserved"),
     ],
-    ids=["inf", "nan-sample", "ok-no-timing", "incorrect-timed", "op", "schema", "future", "past", "slash-id", "latest"],
+    ids=[
+        "inf",
+        "nan-sample",
+        "ok-no-timing",
+        "incorrect-timed",
+        "op",
+        "schema",
+        "future",
+        "past",
+        "slash-id",
+        "latest",
+    ],
 )
 def test_ingest_refuses_a_bad_document_in_one_line(db_url, factory, tmp_path, capsys, change, words) -> None:  # type: ignore[no-untyped-def]
     good = json.loads(factory.document().to_json())

@@ -239,3 +239,33 @@ def test_every_other_page_renders_offline(server, runs, page) -> None:  # type: 
     assert history.locator(".scatterlayer .trace").count() == 3, "the IQR band's two edges and the median"
     assert history.locator(".scatterlayer .trace").nth(2).locator(".point").count() == HISTORY + 2, "one point per run"
     assert "median ms" in history.text_content()
+
+
+def test_history_hover_shows_stored_markup_as_typed(server, build, page) -> None:  # type: ignore[no-untyped-def]
+    """A host or commit holding HTML (Plotly renders a subset of it in labels) reads as typed in the hover, with no
+    bold text or link made of it."""
+    base_url, token = server
+    host, commit = "<b>bold-host</b><a href='https://example.com'>link</a>", "<i>c0mm1t</i>"
+    docs = []
+    for i in range(2):
+        doc = build.document(
+            jobs=[_job(build, "torch_recurrent", "fwd", 64, 1.0 + i)],
+            created_at=dt.datetime.now(UTC) - dt.timedelta(hours=2 - i),
+            commit=commit,
+        )
+        doc.environment = doc.environment.model_copy(update={"host": host})
+        doc.suite = "markup"
+        docs.append(doc)
+    r = httpx.post(f"{base_url}/api/v1/runs", json=build.body(*docs), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 201, r.text
+    page.goto(base_url + "/history")
+    page.locator("a.series-link", has_text="torch_recurrent / B2-T64").first.click()
+    _drawn(page, "history-plot")
+    page.evaluate("Plotly.Fx.hover('history-plot', [{curveNumber: 2, pointNumber: 0}])")
+    page.wait_for_selector("#history-plot .hoverlayer .hovertext", timeout=10_000)
+    hover = page.locator("#history-plot .hoverlayer")
+    text = hover.text_content()
+    assert "<b>bold-host</b><a href='https://example.com'>link</a>" in text, text
+    assert "<i>c0mm1t" in text, text
+    assert hover.locator("a").count() == 0, "a stored link became a link"
+    assert hover.locator("tspan[style*='bold']").count() == 0, "stored markup became bold text"

@@ -6,11 +6,16 @@
   var xMode = script ? script.getAttribute("data-x") : "time";
   var data = JSON.parse(document.getElementById("history-data").textContent);
   var pts = data.points;
+  // Stored strings shown as typed: Plotly renders labels as an HTML subset (bold, links), so < > & are escaped.
+  function esc(v) {
+    return String(v).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
   var xs = pts.map(function (p, i) {
-    return xMode === "commit" ? (i + 1) + " " + (p.git_commit || "?").slice(0, 8) : p.created_at;
+    return xMode === "commit" ? (i + 1) + " " + esc((p.git_commit || "?").slice(0, 8)) : p.created_at;
   });
   var text = pts.map(function (p) {
-    return "run " + p.run_id.slice(0, 12) + "<br>commit " + (p.git_commit || "-").slice(0, 10) + "<br>" + p.host;
+    return "run " + esc(p.run_id.slice(0, 12)) + "<br>commit " + esc((p.git_commit || "-").slice(0, 10)) + "<br>" +
+      esc(p.host);
   });
   var q1 = pts.map(function (p) { return p.q1_ms === null ? p.median_ms : p.q1_ms; });
   var q3 = pts.map(function (p) { return p.q3_ms === null ? p.median_ms : p.q3_ms; });

@@ -182,6 +182,19 @@ def test_history_and_series_follow_the_harness_series_definition(app_client, db_
     assert page.status_code == 200 and "torch=2.13" in page.text
 
 
+def test_a_cpu_job_beyond_host_memory_is_refused_at_submission(app_client, db_url, build) -> None:  # type: ignore[no-untyped-def]
+    """As `deltabench run` refuses it before its first job: 422 with the estimate, nothing queued. A GPU kind's
+    hosts are not this one: the same shape for them is queued."""
+    client = app_client()
+    token = build.token(db_url, "alice")
+    huge = {"ops": ["gdn"], "shapes": ["B=64,T=65536,H=32,K=128"], "modes": ["fwd+bwd"], "device_kind": "cpu"}
+    refused = client.post("/api/v1/jobs", json=huge, headers=_auth(token))
+    assert refused.status_code == 422, refused.text
+    assert "of host memory" in refused.text and "use a smaller shape" in refused.text, refused.text
+    assert client.get("/api/v1/jobs").json()["count"] == 0
+    assert client.post("/api/v1/jobs", json={**huge, "device_kind": "h200"}, headers=_auth(token)).status_code == 201
+
+
 def test_jobs_submit_list_status_cancel(app_client, db_url, build) -> None:
     client = app_client()
     token = build.token(db_url, "alice")

@@ -7,6 +7,9 @@ The stored spec is the JSON the workers expand (agreed with ``fleet/dispatch.py`
 
 Every name is checked against what this server knows (shipped suites, op contracts, registered impls); an
 impl registered only on the worker (``--import``) is therefore refused here: put it in a suite file instead.
+A job for the ``cpu`` kind whose largest case cannot fit in this host's memory (its inputs, the impl and the
+oracle: correctness/memory_need.py, as ``deltabench run`` checks before its first job) is refused with the
+estimate; the memory of a GPU kind's hosts is not known here, so their workers judge those jobs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ def _known_impls(ops: list[str]) -> set[str]:
     from deltabench.harness.registry import impls_for
 
     return {impl.name for op in ops for impl in impls_for(op)}
+
+
+def _check_host_memory(ops: list[str], shapes: list[str], dtypes: list[str], modes: list[str]) -> None:
+    """BadInput naming the need when a case of the job cannot fit in this host's memory (with its gradients where
+    the mode has a backward: the largest need of any impl)."""
+    from deltabench.correctness.memory_need import check_fits
+    from deltabench.harness.cases import Case, parse_shape
+
+    for op in ops:
+        for shape in shapes:
+            dims = parse_shape(shape, op)
+            for dtype in dtypes:
+                for mode in modes:
+                    check_fits(Case(op, dtype=dtype, mode=mode, shape=dims), grads=mode != "fwd")
 
 
 def validate_job(body: JobSubmit) -> dict[str, Any]:
@@ -64,6 +81,8 @@ def validate_job(body: JobSubmit) -> dict[str, Any]:
         unknown = [i for i in body.impls if i not in known]
         if unknown:
             raise BadInput(f"unknown impl(s) {', '.join(map(repr, unknown))} for {', '.join(scope)}")
+    if body.device_kind == "cpu":
+        _check_host_memory(scope, shapes, dtypes or ["fp32"], list(body.modes) or ["fwd"])
     return {
         "suite": body.suite,
         "ops": ops,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from deltabench.harness.document import Environment, JobResult, ResultDocument
 from deltabench.harness.series import JobKey, context_mismatch, job_key
 
-from .noise import RunSpread, default_spread
+from .noise import RunSpread, default_spread, same_run_spread
 from .result import (
     BAD_STATUSES,
     CORRECTNESS_FAILURE,
@@ -72,6 +72,7 @@ def compare_job_pairs(
     machine_kind: str | None = None,
     default_sigma: float | None = None,
     interleaved: bool = False,
+    same_run: bool = False,
 ) -> list[JobComparison]:
     """Grade every (base, head) pair: status and context first, then the timings of the jobs with raw samples on
     both sides in one vectorised :meth:`GradingRule.grade_samples` call.
@@ -80,11 +81,14 @@ def compare_job_pairs(
     repetitions when both runs repeated them (``run --repeat N``), else get `default_sigma` when given (a spread
     measured on the user's own machine), else the measured default of `machine_kind` (else the base environment's
     machine class): :meth:`GradingRule.run_to_run` makes that choice; `interleaved` (the two runs came from one
-    ``run --base-ref`` invocation) puts the repetitions first.
+    ``run --base-ref`` invocation) puts the repetitions first. `same_run` (two impls of one run) has no
+    run-to-run spread between the sides: each pair is judged on its samples (``noise.same_run_spread``).
     """
     rule = rule or GradingRule()
     spreads = spreads or {}
-    if default_sigma is not None:
+    if same_run:
+        fallback = same_run_spread()
+    elif default_sigma is not None:
         fallback = RunSpread(sigma=default_sigma, source="default")
     else:
         fallback = default_spread(machine_kind or (base_env.machine_kind if base_env is not None else None))

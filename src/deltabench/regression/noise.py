@@ -79,6 +79,7 @@ __all__ = [
     "MIN_HISTORY_RUNS",
     "MIN_REPETITIONS",
     "RUN_LEVEL",
+    "SAME_RUN",
     "RunSpread",
     "default_spread",
     "faster_half",
@@ -86,6 +87,7 @@ __all__ = [
     "permutation_null",
     "repetition_levels",
     "run_level",
+    "same_run_spread",
     "spread_from_history",
     "spread_from_repetitions",
     "spreads_from_histories",
@@ -130,6 +132,7 @@ MIN_SPREAD = 0.001
 #   0.2-0.5% max-min; 1% keeps a margin for autotuning and clock state until the H200 calibration
 #   (benchmarks/gpu/gate_calibration.sh) replaces it with a measured figure.
 DEFAULT_SPREADS: dict[str, float] = {"cpu": 0.78, "accelerator": 0.01}
+SAME_RUN = "same run"  # RunSpread.source of two impls compared within one run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +141,7 @@ class RunSpread:
     the head is compared with when it came from history."""
 
     sigma: float
-    source: str  # "history", "repetitions" or "default"
+    source: str  # "history", "repetitions", "default" or "same run" (two impls of one run: no run-to-run effect)
     runs: int = 0  # run levels (history) or base repetitions (repetitions) it was estimated from; 0 for a default
     center_ms: float | None = None  # history: geometric mean of its run levels; repetitions: of the base's
     tail: float = 1.0  # widening of the history bound for heavy-tailed run effects (:func:`spreads_from_histories`)
@@ -176,7 +179,16 @@ class RunSpread:
                 f"within-run spread between repetitions ({self.runs} base, {self.head_runs} head; no history; "
                 f"standard error {self.sigma:.1%}{family})"
             )
+        if self.source == SAME_RUN:
+            return "two impls of one run: no run-to-run effect between them, judged on the run's own samples"
         return f"run-to-run spread unknown: default {self.sigma:.1%}"
+
+
+def same_run_spread() -> RunSpread:
+    """The spread between two impls timed in one run: no run-to-run effect separates them (one machine, one
+    software state, one invocation), so a change is judged on the run's own samples: their interval and the
+    threshold. Drift within the run is what the threshold is for."""
+    return RunSpread(sigma=0.0, source=SAME_RUN)
 
 
 def default_spread(machine_kind: str | None) -> RunSpread:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .noise import SAME_RUN
 from .result import OUTCOMES, Comparison, JobComparison
 
 __all__ = ["print_comparison", "render_markdown", "summary_line"]
@@ -61,6 +62,8 @@ def _fmt_noise(r: JobComparison) -> str:
         where = f"{s.history_runs} runs"
     elif s.spread_source == "repetitions":
         where = f"{s.base_repetitions}+{s.head_repetitions} repetitions"
+    elif s.spread_source == SAME_RUN:
+        where = "same run"
     else:
         where = "no history"
     return f"\u00b1{s.noise_bound:.1%} ({where})"

@@ -61,7 +61,7 @@ class TimingEvidence(BaseModel):
     reference_ms: float | None = None  # what the head's level was held against: the history's centre, else the base's
     change: float | None = None  # head level (best time; median without raw samples) / reference - 1
     spread: float | None = None  # run-to-run spread (log scale) of the job's run level
-    spread_source: str | None = None  # "history", "repetitions" (within the two runs) or "default"
+    spread_source: str | None = None  # "history", "repetitions" (within the two runs), "default" or "same run"
     history_runs: int = 0  # past runs the spread came from (0: not from history)
     noise_bound: float | None = None  # the change a head of unchanged code exceeds with probability alpha
     base_repetitions: int = 1  # repetitions (worker processes) of the job in the base run (`run --repeat N`)

@@ -47,7 +47,7 @@ import numpy as np
 
 from deltabench.harness.document import TimingStats
 
-from .noise import RUN_LEVEL, RunSpread, repetition_levels, run_level, spread_from_repetitions
+from .noise import RUN_LEVEL, SAME_RUN, RunSpread, repetition_levels, run_level, spread_from_repetitions
 from .result import IMPROVEMENT, REGRESSION, WITHIN_NOISE, TimingEvidence
 from .samples import (
     DEFAULT_RESAMPLES,
@@ -135,6 +135,11 @@ class GradingRule:
                 f"{limit:+.1%} a single run must show (default spread {spread.sigma:.1%})",
             )
         outcome = REGRESSION if slower else IMPROVEMENT
+        if spread.source == SAME_RUN:
+            return outcome, (
+                f"{size} vs the base impl in the same run: beyond the {self.threshold:.0%} threshold, significant "
+                f"(p={pvalue:.2g}), its {self.level:.0%} interval [{lo:.3f}, {hi:.3f}] excludes 1 ({spread.describe()})"
+            )
         where = {"history": "past runs", "repetitions": "base run's repetitions"}.get(spread.source, "base run")
         if spread.interleaved:
             where = "interleaved base's repetitions"

@@ -218,6 +218,7 @@ def _compare_impls(
         [(side.get(base_impl), side.get(head_impl)) for side in by_case.values()],
         rule=GradingRule(threshold=threshold, alpha=alpha),
         machine_kind=doc.environment.machine_kind,
+        same_run=True,  # one machine and software state: the run's own samples, no cross-run spread
     )
     # A job missing on the head side has the base impl's name in its key; show the head impl's name instead.
     label = f"{head_impl} vs {base_impl}"

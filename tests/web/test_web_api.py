@@ -100,6 +100,11 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
     ).json()
     assert same["rows"][0]["outcome"] == "within_noise", same["rows"][0]
     assert client.get("/api/v1/compare/runs", params={"base": "nope", "head": head.run_id}).status_code == 404
+    itself = client.get("/api/v1/compare/runs", params={"base": head.run_id, "head": head.run_id[:10]})
+    assert itself.status_code == 422 and "are the same run" in itself.text, itself.text
+    # The page's outcome badges count what occurred: no red "0 correctness failures".
+    page = client.get("/compare", params={"base": base.run_id, "head": head.run_id}).text
+    assert "1 regression</span>" in page and "0 correctness failure" not in page and ">0 " not in page
     bad_alpha = {"base": base.run_id, "head": head.run_id, "alpha": 2}
     assert client.get("/api/v1/compare/runs", params=bad_alpha).status_code == 422
 
@@ -151,6 +156,8 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     assert regs["data"][0]["annotation"]["note"] == "new masking"
     assert client.get("/api/v1/annotations", params={"series_key": key}).json()["count"] == 1
     assert client.get("/api/v1/history", params=params).json()["annotations"][0]["kind"] == "expected"
+    page = client.get("/regressions", params={"only_regressions": True}).text
+    assert "1 change point found in the 2 series active in the last" in page, page[:2000]
 
 
 def test_history_and_series_follow_the_harness_series_definition(app_client, db_url, build) -> None:

@@ -40,6 +40,8 @@ def test_assets_are_served_by_the_app(app_client) -> None:
     assert plotly.status_code == 200 and len(plotly.content) > 1_000_000 and b"plotly" in plotly.content[:2000].lower()
     assert client.get("/static/history.js").status_code == 200
     assert client.get("/static/style.css").status_code == 200
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     for url in ("/", "/jobs", "/history", "/regressions", "/compare"):
         page = client.get(url)
         assert page.status_code == 200

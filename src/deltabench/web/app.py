@@ -202,6 +202,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def _plotly() -> FileResponse:
         return FileResponse(plotly_js, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def _favicon() -> FileResponse:  # browsers ask for it whatever the page's <link rel="icon"> says
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthenticateWritesFirst, engine=app.state.engine)  # outermost: before any body is read

@@ -168,6 +168,8 @@ def compare_two_runs(
     from deltabench.regression import GradingRule, compare_documents
 
     base_id, head_id = _resolve(session, base), _resolve(session, head)
+    if base_id == head_id:  # as `deltabench gate` refuses it: a run compared with itself says nothing
+        raise BadInput(f"base {base!r} and head {head!r} are the same run ({head_id}): name another base")
 
     def compute() -> schemas.ComparisonPublic:
         # The lean load (jobs, timings and raw samples; no checks, memory or work figures): a comparison reads

@@ -269,3 +269,31 @@ def test_history_hover_shows_stored_markup_as_typed(server, build, page) -> None
     assert "<i>c0mm1t" in text, text
     assert hover.locator("a").count() == 0, "a stored link became a link"
     assert hover.locator("tspan[style*='bold']").count() == 0, "stored markup became bold text"
+
+
+def test_a_refused_streamed_write_gets_its_status_through_urllib(server) -> None:  # type: ignore[no-untyped-def]
+    """A 5 MiB body streamed with a bogus token: the server refuses it before the app reads it, and reads and drops
+    the rest first, so a client still sending (Python's urllib) sees the 403 rather than a closed connection."""
+    import urllib.error
+    import urllib.request
+
+    base_url, _ = server
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(80):
+            yield b"x" * 65536
+
+    request = urllib.request.Request(
+        f"{base_url}/api/v1/runs",
+        data=chunks(),
+        method="POST",
+        headers={
+            "Authorization": "Bearer bogus",
+            "Content-Type": "application/json",
+            "Content-Length": str(80 * 65536),
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 403
+    assert "token" in refused.value.read().decode()

@@ -208,5 +208,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AuthenticateWritesFirst, engine=app.state.engine)  # outermost: before any body is read
+    # outermost: before any body is read
+    app.add_middleware(AuthenticateWritesFirst, engine=app.state.engine, drain_bytes=settings.max_body_bytes)
     return app

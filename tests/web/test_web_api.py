@@ -20,9 +20,11 @@ def test_ingest_needs_a_live_token_and_is_idempotent(app_client, db_url, build) 
     token = build.token(db_url, "ci")
     first = client.post("/api/v1/runs", json=body, headers=_auth(token))
     assert first.status_code == 201, first.text
-    assert first.json() == {"runs": [doc.run_id], "jobs": 3}
+    assert first.json() == {"runs": [doc.run_id], "jobs": 3, "new_jobs": 3, "already_stored_jobs": 0}
     again = client.post("/api/v1/runs", json=body, headers=_auth(token))
     assert again.status_code == 201
+    # The answer says the second upload stored nothing new.
+    assert again.json() == {"runs": [doc.run_id], "jobs": 3, "new_jobs": 0, "already_stored_jobs": 3}
     stored = client.get(f"/api/v1/runs/{doc.run_id}").json()
     assert len(stored["jobs"]) == 3, "a re-upload must not store a job twice"
     listing = client.get("/api/v1/runs").json()

@@ -34,6 +34,7 @@ __all__ = [
     "ingest_documents",
     "pack_repetitions",
     "pack_samples",
+    "store_document",
     "unpack_repetitions",
     "unpack_samples",
     "utc",
@@ -255,9 +256,14 @@ def ingest_document(session: Session, doc: ResultDocument) -> str:
         with session_scope(get_engine()) as session:
             run_id = ingest_document(session, ResultDocument.from_json(path.read_text()))
     """
+    return store_document(session, doc)[0]
+
+
+def store_document(session: Session, doc: ResultDocument) -> tuple[str, int]:
+    """Store `doc` as :func:`ingest_document` does; return its run id and how many of its jobs were new (the
+    others were stored already, by an earlier ingest of the same run)."""
     run_pk = _run_pk(session, doc)
-    _store_jobs(session, doc, run_pk)
-    return doc.run_id
+    return doc.run_id, _store_jobs(session, doc, run_pk)
 
 
 def ingest_documents(session: Session, docs: Iterable[ResultDocument]) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from deltabench.db.ingest import ingest_document
+from deltabench.db.ingest import store_document
 from deltabench.db.jobs import FINAL_JOB_STATUSES, JOB_STATUSES, cancel_job, create_job, update_job_status
 from deltabench.db.models import Annotation, QueuedJob
 from deltabench.harness.document import ResultDocument
@@ -58,16 +58,20 @@ def _check_storable(value: Any, where: str) -> None:
             _check_storable(item, f"{where}[{i}]")
 
 
-def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int]:
-    """Store result documents (idempotently); returns the run ids and how many jobs the batch carried.
+def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int, int]:
+    """Store result documents (idempotently); returns the run ids, how many jobs the batch carried and how many of
+    them were new (the rest were stored already).
 
     A document whose ``meta`` names a queued job (``queue_job_id``) marks that job done with this run.
     """
     for i, doc in enumerate(docs):
         _check_storable(doc.model_dump(), f"documents[{i}]")
     run_ids: list[str] = []
+    new_jobs = 0
     for doc in docs:
-        run_ids.append(ingest_document(session, doc))
+        run_id, stored = store_document(session, doc)
+        run_ids.append(run_id)
+        new_jobs += stored
         queue_id = doc.meta.get(META_QUEUE_JOB)
         if isinstance(queue_id, int) and not isinstance(queue_id, bool):
             job = session.get(QueuedJob, queue_id)
@@ -77,7 +81,7 @@ def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[l
     from .services import forget_runs
 
     forget_runs(run_ids)
-    return run_ids, sum(len(doc.jobs) for doc in docs)
+    return run_ids, sum(len(doc.jobs) for doc in docs), new_jobs
 
 
 def add_annotation(

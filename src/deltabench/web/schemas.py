@@ -76,10 +76,13 @@ class RunsIngest(_Body):
 
 
 class IngestResponse(BaseModel):
-    """What an ingest stored: the run ids in the order given, and how many jobs the batch carried."""
+    """What an ingest stored: the run ids in the order given, how many jobs the batch carried, and of those how
+    many were new and how many were stored already (an ingest is idempotent: posting a run again stores nothing)."""
 
     runs: list[str]
     jobs: int
+    new_jobs: int
+    already_stored_jobs: int
 
 
 class RunPublic(BaseModel):

@@ -32,8 +32,8 @@ def _authenticate(engine: Engine, token: str | None) -> None:
 def _ingest(engine: Engine, token: str | None, body: schemas.RunsIngest) -> schemas.IngestResponse:
     with session_scope(engine) as session:
         check_token(session, token)
-        run_ids, jobs = crud.ingest_batch(session, docs=body.documents)
-    return schemas.IngestResponse(runs=run_ids, jobs=jobs)
+        run_ids, jobs, new_jobs = crud.ingest_batch(session, docs=body.documents)
+    return schemas.IngestResponse(runs=run_ids, jobs=jobs, new_jobs=new_jobs, already_stored_jobs=jobs - new_jobs)
 
 
 @router.post(

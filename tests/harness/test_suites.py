@@ -141,3 +141,13 @@ def test_a_suite_runs_in_parts_by_shape_and_mode():
         suite.jobs(device="cuda", shapes=["B=1,T=8192,H=2,K=64"])
     with pytest.raises(BadInput, match="has no mode 'bwd'"):
         suite.jobs(device="cuda", modes=["bwd"])
+
+
+def test_a_suite_records_its_source_without_this_machines_paths(tmp_path, monkeypatch):
+    """A run's ``meta.suite_source`` names a shipped suite by its name and a user's by the path as given."""
+    shipped = load_suite("smoke")
+    assert shipped.source == "suites/smoke.toml (shipped)"
+    assert "/" + "site-packages" not in shipped.source and not shipped.source.startswith("/")
+    (tmp_path / "mine.toml").write_text('shapes = ["B=1,T=8,H=1,K=4"]\n[ops.gdn]\nimpls = ["torch_chunk"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_suite("mine.toml").source == "mine.toml"

@@ -379,8 +379,12 @@ def parse_suite(data: dict[str, Any], *, source: str = "<suite>", validate_impls
 
 
 def load_suite(name_or_path: str, *, validate_impls: bool = True) -> Suite:
-    """Load a shipped suite by name (``smoke``) or a user's suite from a ``.toml`` path."""
+    """Load a shipped suite by name (``smoke``) or a user's suite from a ``.toml`` path.
+
+    The suite's ``source`` (recorded in each run's document as ``meta.suite_source``) is the path as given, or
+    ``suites/NAME.toml (shipped)``: never this machine's absolute install path."""
     path = Path(name_or_path)
+    source = name_or_path
     if not (name_or_path.endswith(".toml") or path.is_file()):
         shipped = SUITES_DIR / f"{name_or_path}.toml"
         if not shipped.is_file():
@@ -389,10 +393,11 @@ def load_suite(name_or_path: str, *, validate_impls: bool = True) -> Suite:
                 "or give the path of a .toml file"
             )
         path = shipped
+        source = f"suites/{name_or_path}.toml (shipped)"
     if not path.is_file():
         raise BadInput(f"suite file {name_or_path!r} does not exist")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"suite {path}: invalid TOML: {exc}") from None
-    return parse_suite(data, source=str(path), validate_impls=validate_impls)
+    return parse_suite(data, source=source, validate_impls=validate_impls)

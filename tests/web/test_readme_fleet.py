@@ -1,9 +1,9 @@
-"""The README's fleet commands, run as written: a PostgreSQL store, a Redis broker, ``deltabench token create``,
+"""The fleet guide's commands, run as written: a PostgreSQL store, a Redis broker, ``deltabench token create``,
 ``deltabench serve`` and ``deltabench worker``, then a job submitted through the API is done, its results stored.
 
-The commands are read from README.md's code block that starts the fleet (the one with ``deltabench worker``), so
-the README cannot drift from what works. Only the block's placeholders are replaced, each of which must still
-be in the README: the database and broker URLs, the server's port and address (a free port on this machine),
+The commands are read from docs/guide/fleet.md's code block that starts the fleet (the first with ``deltabench
+worker``), so the guide cannot drift from what works. Only the block's placeholders are replaced, each of which must still
+be in the guide: the database and broker URLs, the server's port and address (a free port on this machine),
 the token (the one ``token create`` printed) and the worker's queue (``cpu``: this machine has no H200).
 """
 
@@ -31,7 +31,7 @@ from deltabench.db.models import Result, Run
 pytestmark = pytest.mark.redis
 pg_server, redis_db = pg_fixtures.pg_server, test_celery_fleet.redis_db
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FLEET_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "fleet.md"
 DB_PLACEHOLDER = "postgresql+psycopg://bench@db-host/deltabench"
 BROKER_PLACEHOLDER = "redis://redis-host:6379/0"
 PORT_PLACEHOLDER = "8000"
@@ -49,11 +49,11 @@ SPEC = {
 
 
 def fleet_block(readme: str) -> list[str]:
-    """The lines of the README's first shell block that runs ``deltabench worker`` (comments left in)."""
+    """The lines of the guide's first shell block that runs ``deltabench worker`` (comments left in)."""
     for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL):
         if "deltabench worker" in block:
             return [line for line in block.splitlines() if line.strip()]
-    raise AssertionError("README.md has no ```bash block with `deltabench worker`")
+    raise AssertionError("docs/guide/fleet.md has no ```bash block with `deltabench worker`")
 
 
 def parse(line: str) -> tuple[dict[str, str], list[str]]:
@@ -135,10 +135,10 @@ def shell(tmp_path: Path, redis_db: None, pg_server) -> Iterator[Shell]:  # type
 
 
 def test_the_readme_fleet_runs_word_for_word(shell: Shell) -> None:
-    lines = fleet_block(README.read_text())
+    lines = fleet_block(FLEET_GUIDE.read_text())
     text = "\n".join(lines)
     for placeholder in (DB_PLACEHOLDER, BROKER_PLACEHOLDER, SERVER_PLACEHOLDER, TOKEN_PLACEHOLDER):
-        assert placeholder in text, f"the README's fleet block no longer has {placeholder!r}: update this test"
+        assert placeholder in text, f"the guide's fleet block no longer has {placeholder!r}: update this test"
     commands = [line for line in lines if parse(line)[1]]
     kinds = [parse(line)[1][:2] for line in commands]
     assert kinds == [["deltabench", "token"], ["deltabench", "serve"], ["deltabench", "worker"]], kinds
@@ -151,6 +151,11 @@ def test_the_readme_fleet_runs_word_for_word(shell: Shell) -> None:
     assert shell.env["DELTABENCH_DB"].startswith("postgresql+psycopg://postgres@127.0.0.1")
     [token] = re.findall(r"dbt_\S+", shell.run(token_line))
     shell.words[TOKEN_PLACEHOLDER] = token
+    for line in lines:
+        if not parse(line)[1]:
+            shell.command(line)  # again: an export of the token takes the one just made
+    assert shell.env.get("DELTABENCH_TOKEN") == token, "the worker's token goes through the environment"
+    assert "--token" not in parse(worker_line)[1], "a token on the command line is visible in ps"
     server = shell.start("serve", serve_line)
     base = shell.replace[SERVER_PLACEHOLDER]
 
@@ -186,6 +191,6 @@ def test_the_readme_fleet_runs_word_for_word(shell: Shell) -> None:
     [result] = run["jobs"]
     assert (result["impl"], result["status"]) == ("torch_chunk", "ok"), result["reason"]
     assert result["timing"]["median_ms"] > 0 and result["verification"]
-    with session_scope(get_engine(shell.env["DELTABENCH_DB"])) as session:  # stored in the README's PostgreSQL
+    with session_scope(get_engine(shell.env["DELTABENCH_DB"])) as session:  # stored in the guide's PostgreSQL
         stored = session.scalars(select(Result.status).join(Run).where(Run.run_id == job["run_id"])).all()  # type: ignore[index]
     assert stored == ["ok"]

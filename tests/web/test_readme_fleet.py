@@ -2,8 +2,8 @@
 ``deltabench serve`` and ``deltabench worker``, then a job submitted through the API is done, its results stored.
 
 The commands are read from docs/guide/fleet.md's code block that starts the fleet (the first with ``deltabench
-worker``), so the guide cannot drift from what works. Only the block's placeholders are replaced, each of which must still
-be in the guide: the database and broker URLs, the server's port and address (a free port on this machine),
+worker``), so the guide cannot drift from what works. Only the block's placeholders are replaced, each of which
+must still be in the guide: the database and broker URLs, the server's port and address (a free port on this machine),
 the token (the one ``token create`` printed) and the worker's queue (``cpu``: this machine has no H200).
 """
 

@@ -28,7 +28,7 @@ from ...common.triton.mma import mma, mma_acc
 from .walk import compose_segments, map_columns, store_map, walk_segments
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
+__all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
 
 
 @triton.jit
@@ -235,6 +235,24 @@ LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
 BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 
 
+# The fused forward walk's (state_fwd) tuned configs at wy.TUNED_K (v3, 2026-12-03, the step in FLA's form; o
+# bit-identical to 64/8/1's in each): at 1x1024x6 (12 programs at 64 columns) 16/4/3 0.050 ms, 64/4/3 0.061,
+# 64/8/1 0.097; at 4x4096x6 (48) 64/4/3 0.212, 16/4/3 0.321, 64/8/1 0.375. 16 columns below FWD_LAUNCH's
+# min_programs at 64; fewer chunks than stages, or another head size: LAUNCH's gated config.
+FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32}
+
+
+def fwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_fwd`` for `heads` = B*H sequences of `NT` chunks (FWD_LAUNCH at
+    BK = wy.TUNED_K and V >= 64 with at least as many chunks as stages; LAUNCH's gated config otherwise)."""
+    gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
+    if BK != TUNED_K or padded(V) < 64:
+        return gated
+    wide = FWD_LAUNCH["wide"]
+    tuned = wide if heads * triton.cdiv(V, wide[0]) >= FWD_LAUNCH["min_programs"] else FWD_LAUNCH["narrow"]
+    return tuned if tuned[2] <= NT else gated
+
+
 def bwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
     """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences of `NT` chunks (see
     BWD_LAUNCH), at the padded head size `BK` = wy.TUNED_K; at other sizes, or when the walk has fewer chunks
@@ -283,13 +301,13 @@ def state_fwd(
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV = _block_v(V)
     BK = padded(K)
+    BV, warps, stages = fwd_launch_config(V, B * H, BK, NT)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
-        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
+        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o, ht, h, vnew
 

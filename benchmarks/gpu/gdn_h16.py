@@ -243,7 +243,9 @@ def rel_max(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 WALK_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (16, 4, 2), (16, 4, 3), (64, 8, 2)]
-BWD_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (16, 4, 3), (16, 4, 4), (16, 4, 2), (64, 8, 2), (64, 8, 3)]
+BWD_CONFIGS = [(64, 4, 2), (64, 4, 3), (16, 4, 3), (16, 4, 4), (16, 4, 2), (64, 8, 2), (64, 8, 3)]
+LBWD_CONFIGS = [(64, 8, 2, True), (64, 8, 3, True), (64, 4, 2, True), (128, 8, 2, True), (64, 8, 1, True), (32, 4, 2, True)]
+SFWD_CONFIGS = [(64, 8, 1), (64, 4, 2), (64, 4, 3), (16, 4, 2), (16, 4, 3)]
 
 
 def sweep_cmd(args) -> int:
@@ -278,12 +280,54 @@ def sweep_cmd(args) -> int:
                         f"vn {rel_max(vn, vn_ref):.1e} ht {rel_max(ht, ht_ref):.1e}")
         if "sbwd" in args.what:
             dh_ref, dv_ref, _ = state.state_bwd(q, k, w, g, do, None, scale)
-            for seg in (1, 4, 8) if B * H <= 16 else (1,):
+            for seg in (1,):
                 for cfg in BWD_CONFIGS:
-                    dh, dv, _ = state.state_bwd(q, k, w, g, do, None, scale, config=cfg, segments=seg)
-                    ms = do_bench(lambda: state.state_bwd(q, k, w, g, do, None, scale, config=cfg, segments=seg), rep=60)
+                    try:
+                        dh, dv, _ = state.state_bwd(q, k, w, g, do, None, scale, config=cfg, segments=seg)
+                        ms = do_bench(lambda: state.state_bwd(q, k, w, g, do, None, scale, config=cfg, segments=seg), rep=60)
+                    except Exception as e:  # noqa: BLE001
+                        say(f"sbwd {B},{T},{H} seg{seg} {cfg}: {type(e).__name__} {str(e)[:100]}")
+                        if "CUDA" in str(e):
+                            return 2
+                        continue
                     say(f"sbwd {B},{T},{H} seg{seg} {cfg}: {ms:.3f} ms  dh {rel_max(dh, dh_ref):.1e} "
                         f"dv {rel_max(dv, dv_ref):.1e}")
+        if "lbwd" in args.what or "sfwd" in args.what:
+            h, vn, _ = walk.state_walk(k, w, u, g, h0, True)
+            dh, dvn, _ = state.state_bwd(q, k, w, g, do, None, scale)
+        if "lbwd" in args.what:
+            from deltabench.kernels.gdn.triton.local_bwd import local_bwd
+
+            ref = local_bwd(q, k, v, g, beta, L_ref, h, dh, vn, dvn, do, scale)
+            for cfg in LBWD_CONFIGS:
+                try:
+                    out = local_bwd(q, k, v, g, beta, L_ref, h, dh, vn, dvn, do, scale, config=cfg)
+                    ms = do_bench(lambda: local_bwd(q, k, v, g, beta, L_ref, h, dh, vn, dvn, do, scale, config=cfg), rep=60)
+                except Exception as e:  # noqa: BLE001
+                    say(f"lbwd {B},{T},{H} {cfg}: {type(e).__name__} {str(e)[:100]}")
+                    if "CUDA" in str(e):
+                        return 2
+                    continue
+                diffs = " ".join(f"{n} {rel_max(a, b):.1e}" for n, a, b in zip(("dq", "dk", "dv", "dg", "db"), out, ref))
+                say(f"lbwd {B},{T},{H} {cfg}: {ms:.3f} ms  {diffs}")
+        if "sfwd" in args.what:
+            from deltabench.kernels.gdn.triton.state import LAUNCH as SL
+
+            o_ref = state.state_fwd(q, k, w, u, g, scale, h0, True, False)[0]
+            for bv, warps, stages in SFWD_CONFIGS:
+                old = dict(SL)
+                SL.update(block_v=bv, warps=warps, stages=stages)
+                try:
+                    o = state.state_fwd(q, k, w, u, g, scale, h0, True, False)[0]
+                    ms = do_bench(lambda: state.state_fwd(q, k, w, u, g, scale, h0, True, False), rep=60)
+                    say(f"sfwd {B},{T},{H} {(bv, warps, stages)}: {ms:.3f} ms  o {rel_max(o, o_ref):.1e}")
+                except Exception as e:  # noqa: BLE001
+                    say(f"sfwd {B},{T},{H} {(bv, warps, stages)}: {type(e).__name__} {str(e)[:100]}")
+                    if "CUDA" in str(e):
+                        return 2
+                finally:
+                    SL.clear()
+                    SL.update(old)
         del x, q, k, v, g, beta, w, u, do
         torch.cuda.empty_cache()
     return 0
@@ -302,10 +346,15 @@ def gate_cmd(args) -> int:
         "triton_chunk_auto": auto.chunk_gated_delta_rule_auto,
     }
     bf, f32 = torch.bfloat16, torch.float32
+    if args.gate_impls:
+        fns = {n: fns[n] for n in args.gate_impls.split(",")}
     cases = [(8, T, 16, 128, 128, bf, r, h0) for T in (1, 65, 130, 1000) for r, h0 in (("typical", True), ("long", False))]
+    cases += [(1, 1000, 6, 128, 128, bf, "typical", True), (4, 250, 6, 128, 128, bf, "long", True)]
     cases += [(1, T, 2, 128, 128, bf, r, True) for T in (63, 130, 700) for r in ("typical", "long")]
     cases += [(2, T, 3, 64, 128, bf, "long", True) for T in (1, 65, 1000)]
     cases += [(1, 300, 2, 128, 128, f32, "typical", True), (4, 200, 16, 128, 128, f32, "long", False)]
+    if args.gate_tuned_only:
+        cases = [c for c in cases if c[3] == 128 and c[5] == bf]
     ok = True
     for case in cases:
         for name, fn in fns.items():
@@ -326,7 +375,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="all", choices=list(SHAPES))
     ap.add_argument("--impls", default="triton_chunk,triton_chunk_split,triton_chunk_split_seg8,fla_chunk")
     ap.add_argument("--no-kernels", dest="kernels", action="store_false")
-    ap.add_argument("--what", default="wy,walk", help="sweep: any of wy, walk, sbwd")
+    ap.add_argument("--what", default="wy,walk", help="sweep: any of wy, walk, sbwd, lbwd, sfwd")
+    ap.add_argument("--gate-impls", default="", help="gate: only these (comma-separated)")
+    ap.add_argument("--gate-tuned-only", action="store_true", help="gate: K = V = 128 cases only")
     ap.add_argument("--repeat", type=int, default=1, help="profile: time every impl this many times in turn, keep the best")
     args = ap.parse_args()
     say(f"torch {torch.__version__} {torch.cuda.get_device_name()}")

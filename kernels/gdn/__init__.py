@@ -39,7 +39,7 @@ IMPLS = (
         "triton_chunk_auto",
         f"{_HERE}.triton.auto:gdn_triton_chunk_auto",
         **_TRITON,
-        notes="triton_chunk or triton_chunk_split (walk segments at few long sequences) picked by shape: triton/auto.py",
+        notes="triton_chunk's or triton_chunk_split's forward picked by shape (rule and H200 times: triton/auto.py)",
     ),
     ImplDecl(
         "gdn", "triton_recurrent", f"{_HERE}.triton.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False

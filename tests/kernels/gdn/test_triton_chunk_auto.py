@@ -19,20 +19,22 @@ BOUND = {torch.float32: 1e-4, torch.bfloat16: 2.5e-2}
 
 
 def test_rule_at_the_train_shapes() -> None:
-    """The measured picks (auto.py's docstring): fused at 1x1024x6, the serial split elsewhere (segments off)."""
-    assert auto.pick(1, 1024, 6) == ("fused", 1)
-    assert auto.pick(8, 4096, 6) == ("split", 1)
-    assert auto.pick(4, 4096, 6) == ("split", 1)
-    assert auto.pick(4, 8192, 16) == ("split", 1)
+    """The measured picks (auto.py's docstring): fused where the fused walk fills the machine at K = 128
+    (8x4096x6, 4x8192x16), the serial split elsewhere (segments off), fused at one chunk."""
+    assert auto.pick(8, 4096, 6) == ("fused", 1)
+    assert auto.pick(4, 8192, 16) == ("fused", 1)
     assert auto.pick(1, 32768, 16) == ("split", 1)
-    assert auto.pick(64, 64, 64)[0] == "fused"  # one chunk: nothing to walk
+    assert auto.pick(4, 4096, 6) == ("split", 1)
+    assert auto.pick(1, 1024, 6) == ("split", 1)
+    assert auto.pick(8, 4096, 6, K=64, V=64) == ("split", 1)  # the fused walk's gated launch at K = 64
+    assert auto.pick(1, 64, 2)[0] == "fused"  # one chunk: nothing to walk
 
 
 def test_rule_segments_when_turned_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """With segment_max_heads set, few long sequences get segmented walks, many or short ones do not."""
     monkeypatch.setitem(auto.RULE, "segment_max_heads", 16)
     assert auto.pick(1, 32768, 16) == ("split", auto.RULE["segments"])
-    assert auto.pick(4, 8192, 16) == ("split", 1)
+    assert auto.pick(2, 8192, 16) == ("split", 1)  # 32 sequences
     assert auto.pick(1, 8192, 16) == ("split", 1)  # 128 chunks: under segment_min_chunks
 
 
@@ -54,13 +56,12 @@ def _inputs(B, T, H, K, V, dtype, regime, seed=3):  # type: ignore[no-untyped-de
     return x, torch.randn(B, T, H, V, generator=gen).to(dtype), torch.randn(B, H, K, V, generator=gen) * 0.1
 
 
+FUSED = {"fused_head_size": 32, "fused_min_programs": 0}  # the tests' K = 32 as the tuned size
 PATHS = [  # (rule override, B, T, dtype, regime): each path the rule can pick, T ragged
-    ({"fused_max_chunk_heads": 10**9}, 1, 130, torch.float32, "long"),
-    ({"fused_max_chunk_heads": 0, "segment_max_heads": 0}, 2, 130, torch.bfloat16, "typical"),
-    ({"fused_max_chunk_heads": 0, "segment_max_heads": 100, "segment_min_chunks": 2, "segments": 3}, 1, 190,
-     torch.float32, "typical"),
-    ({"fused_max_chunk_heads": 0, "segment_max_heads": 100, "segment_min_chunks": 2, "segments": 2}, 1, 190,
-     torch.bfloat16, "long"),
+    (FUSED, 1, 130, torch.float32, "long"),
+    ({"segment_max_heads": 0}, 2, 130, torch.bfloat16, "typical"),
+    ({"segment_max_heads": 100, "segment_min_chunks": 2, "segments": 3}, 1, 190, torch.float32, "typical"),
+    ({"segment_max_heads": 100, "segment_min_chunks": 2, "segments": 2}, 1, 190, torch.bfloat16, "long"),
 ]  # fmt: skip
 
 
@@ -71,8 +72,8 @@ def test_each_path_matches_oracle(rule, B, T, dtype, regime, monkeypatch: pytest
     for key, value in rule.items():
         monkeypatch.setitem(auto.RULE, key, value)
     H, K, V = 3, 32, 48
-    picked = auto.pick(B, T, H)
-    assert picked[0] == ("fused" if rule["fused_max_chunk_heads"] else "split")
+    picked = auto.pick(B, T, H, K, V)
+    assert picked == (("fused", 1) if rule is FUSED else ("split", rule.get("segments", 1)))
     x, do, dht = _inputs(B, T, H, K, V, dtype, regime)
     ours = _run(auto.chunk_gated_delta_rule_auto, x, do, dht)
     ref = _run(gdn_recurrent, {n: t.double() for n, t in x.items()}, do.double(), dht.double())
@@ -84,7 +85,8 @@ def test_each_path_matches_oracle(rule, B, T, dtype, regime, monkeypatch: pytest
 def test_same_bits_as_the_impl_it_picks(fused: bool, impl, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Without segments the auto path is triton_chunk's or triton_chunk_split's code: the same bits, forward and
     backward, and forward-only calls too."""
-    monkeypatch.setitem(auto.RULE, "fused_max_chunk_heads", 10**9 if fused else 0)
+    monkeypatch.setitem(auto.RULE, "fused_head_size", 32 if fused else 128)
+    monkeypatch.setitem(auto.RULE, "fused_min_programs", 0)
     monkeypatch.setitem(auto.RULE, "segment_max_heads", 0)
     x, do, dht = _inputs(1, 130, 2, 32, 64, torch.bfloat16, "typical", seed=9)
     a = _run(auto.chunk_gated_delta_rule_auto, x, do, dht)

@@ -166,3 +166,16 @@ def test_walks_shorter_than_the_pipeline_keep_the_single_stage_launch() -> None:
     assert bwd_launch_config(128, 2, 128, NT=3) == (16, 4, 3)
     assert bwd_launch_config(128, 48, 128, NT=1) == (64, 8, 1)
     assert bwd_launch_config(128, 48, 128, NT=2) == (64, 4, 2)
+
+
+def test_fused_forward_walk_launch_config() -> None:
+    """state_fwd's tuned configs (state.FWD_LAUNCH, H200 2026-12-03) at K = 128 only: 16 columns for few programs,
+    64 otherwise, 3 stages; fewer chunks than stages, V under 64 or another head size: the gated 64/8/1 (16/4/1)."""
+    from deltabench.kernels.gdn.triton.state import fwd_launch_config
+
+    assert fwd_launch_config(128, 6, 128, NT=16) == (16, 4, 3)  # 1 x 1024 x 6: 12 programs at 64 columns
+    assert fwd_launch_config(128, 24, 128, NT=64) == (64, 4, 3)  # 4 x 4096 x 6: 48 programs
+    assert fwd_launch_config(128, 64, 128, NT=128) == (64, 4, 3)
+    assert fwd_launch_config(128, 64, 128, NT=2) == (64, 8, 1)  # fewer chunks than stages
+    assert fwd_launch_config(128, 64, 64, NT=128) == (64, 8, 1)  # K = 64: the gated config
+    assert fwd_launch_config(32, 64, 128, NT=128) == (16, 4, 1)  # V under 64

@@ -195,12 +195,16 @@ def test_one_chunk_takes_the_fused_forward(T: int, monkeypatch: pytest.MonkeyPat
 
 
 def test_walk_launch_config() -> None:
-    """64-column blocks when they fill the machine, 16 otherwise; 4 warps, 2 stages (H200 measurements)."""
-    assert walk.launch_config(128, 48) == (64, 4, 2)  # 8 x 4096 x 6: 96 programs
-    assert walk.launch_config(128, 64) == (64, 4, 2)  # 4 x 8192 x 16: 128 programs
-    assert walk.launch_config(128, 16) == (16, 4, 2)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
-    assert walk.launch_config(20, 1000) == (16, 4, 2)  # V under 64 (padded to 32)
-    assert walk.launch_config(48, 1000) == (64, 4, 2)  # padded to 64, masked
+    """64-column blocks in 4 stages when they fill the machine, 16 columns in 3 otherwise; 4 warps; 2 stages when
+    the walk has fewer chunks than that (H200 measurements, walk.LAUNCH)."""
+    assert walk.launch_config(128, 48) == (64, 4, 4)  # 8 x 4096 x 6: 96 programs
+    assert walk.launch_config(128, 64, NT=128) == (64, 4, 4)  # 4 x 8192 x 16: 128 programs
+    assert walk.launch_config(128, 16, NT=512) == (16, 4, 3)  # 1 x 32768 x 16: 32 programs at 64 columns, 128 at 16
+    assert walk.launch_config(20, 1000) == (16, 4, 3)  # V under 64 (padded to 32)
+    assert walk.launch_config(48, 1000) == (64, 4, 4)  # padded to 64, masked
+    assert walk.launch_config(128, 64, NT=3) == (64, 4, 2)  # fewer chunks than stages
+    assert walk.launch_config(128, 16, NT=2) == (16, 4, 2)
+    assert walk.launch_config(128, 16, NT=3) == (16, 4, 3)
     assert walk.launch_config(128, 16, BK=64) == (64, 8, 1)  # K = 64: state_fwd's gated config, not the tuned
     assert walk.launch_config(32, 16, BK=256) == (16, 4, 2)
 

@@ -7,7 +7,8 @@ A folder per backend, each module named in the declarations below as its impl's 
 
 - ``torch/``: :func:`gdn_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
-- ``triton/``: ``triton_chunk``, ``triton_chunk_split``, ``triton_recurrent``;
+- ``triton/``: ``triton_chunk``, ``triton_chunk_split``, ``triton_chunk_auto`` (one of the two by shape),
+  ``triton_recurrent``;
 - ``jax/``: ``jax_chunk``, ``jax_scan``.
 """
 
@@ -32,6 +33,13 @@ IMPLS = (
         f"{_HERE}.triton.chunk_split:gdn_triton_chunk_split",
         **_TRITON,
         notes="split forward (state walk + parallel output); H200 times in benchmarks/NOTES.md",
+    ),
+    ImplDecl(
+        "gdn",
+        "triton_chunk_auto",
+        f"{_HERE}.triton.auto:gdn_triton_chunk_auto",
+        **_TRITON,
+        notes="triton_chunk's or triton_chunk_split's forward picked by shape (rule and H200 times: triton/auto.py)",
     ),
     ImplDecl(
         "gdn", "triton_recurrent", f"{_HERE}.triton.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False

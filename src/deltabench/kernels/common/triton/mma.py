@@ -13,7 +13,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "mma"]
+__all__ = ["INTERPRETED", "mma", "mma_acc"]
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -25,3 +25,12 @@ def mma(a, b, prec: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=prec)
+
+
+@triton.jit
+def mma_acc(a, b, acc, prec: tl.constexpr):
+    """``acc + a @ b`` through ``tl.dot``'s accumulator (fp32 `acc`), widened as :func:`mma` under the interpreter."""
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=prec)

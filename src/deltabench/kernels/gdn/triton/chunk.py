@@ -31,10 +31,12 @@ def chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, ke
     return o, ht, (L, w, h, vnew)
 
 
-def chunk_gdn_bwd(q, k, v, g, beta, scale, saved, do, dht):
-    """Backward orchestrator: returns ``(dq, dk, dv, dg, dbeta, dh0)``."""
+def chunk_gdn_bwd(q, k, v, g, beta, scale, saved, do, dht, segments=None):
+    """Backward orchestrator: returns ``(dq, dk, dv, dg, dbeta, dh0)``. `segments`: the backward walk's
+    (walk.SEGMENTS when None)."""
     L, w, h, vnew = saved
-    dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, scale, segments=walk.SEGMENTS)
+    segments = walk.SEGMENTS if segments is None else segments
+    dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, scale, segments=segments)
     dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, scale)
     return dq, dk, dv, dg, dbeta, dh0
 

@@ -24,15 +24,17 @@ from .wy import CHUNK, wy_fwd
 __all__ = ["chunk_gated_delta_rule_split", "gdn_triton_chunk_split"]
 
 
-def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state):
+def chunk_split_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, segments=None):
     """Forward orchestrator: returns ``(o, final_state, saved)``; `saved` is chunk.py's ``(L, W, h, v_new)``.
+    `segments`: the walk's (walk.SEGMENTS when None).
 
     A sequence of one chunk takes chunk.py's forward: there is no walk to split, and on the H200 the walk's
     pipelined launch faulted at one chunk (T = 64, B*H = 2; benchmarks/NOTES.md, "state_bwd at one chunk")."""
     if q.shape[1] <= CHUNK:
         return chunk_gdn_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, keep_for_backward=True)
     L, w, u = wy_fwd(k, v, g, beta)
-    h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, output_final_state, segments=walk.SEGMENTS)
+    segments = walk.SEGMENTS if segments is None else segments
+    h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, output_final_state, segments=segments)
     o = chunk_output(q, k, g, h, vnew, scale)
     return o, ht, (L, w, h, vnew)
 

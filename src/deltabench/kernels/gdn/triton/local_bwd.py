@@ -36,7 +36,10 @@ __all__ = ["LAUNCH", "local_bwd"]
 # written and read once more, half of dA through L's unused upper triangle, k and L read once more (about
 # 280 MB at 8x4096x6). Stages and split apply at K = 128 (wy.TUNED_K) only, where they were measured;
 # elsewhere one stage, one launch: the configs the GPU gate passed at K = 64 and 256.
-LAUNCH = {"warps": 8, "block_v": 64, "stages": 2, "split": True}
+# v3 (2026-12-03, benchmarks/gpu/gdn_h16.py sweep, the three launches together): 3 stages 2.222 ms at 4x8192x16
+# against 2.320 for 2 (1x32768x16 2.327 / 2.417, 8x4096x6 0.851 / 0.892, 4x4096x6 0.447 / 0.465), every gradient
+# bit-identical; 64/4/2 about as fast (2.244) but not bit-identical; 128 columns 2.932; 32/4/2 2.618.
+LAUNCH = {"warps": 8, "block_v": 64, "stages": 3, "split": True}
 
 
 @triton.jit

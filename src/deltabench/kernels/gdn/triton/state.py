@@ -24,11 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma
+from ...common.triton.mma import mma, mma_acc
 from .walk import compose_segments, map_columns, store_map, walk_segments
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["BWD_LAUNCH", "LAUNCH", "bwd_launch_config", "state_bwd", "state_fwd"]
+__all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def state_fwd_kernel(
             tl.store(h + h_off + rk[:, None] * V + rv[None, :], S.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
-        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
         qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(u + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
@@ -82,32 +82,40 @@ def state_fwd_kernel(
         vnd = vn.to(dt)
         if STORE_STATES:
             tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
-        qk = mma(qc, tl.trans(kc), PREC)
+        qk = mma(qc, kT, PREC)
         dG = G[:, None] - G[None, :]
         M = tl.where(causal, qk * tl.exp(tl.where(causal, dG, 0.0)), 0.0)
         oc = mma(qc, Sd, PREC) * tl.exp(G)[:, None]
         oc += mma(M.to(dt), vnd, PREC)
         tl.store(o + row[:, None] * V + rv[None, :], (oc * scale).to(o.dtype.element_ty), mask=mtv)
-        kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
-        S = S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
+        # walk.py's update, the same arithmetic: k^T (exp(G_C - G) * v_new), k read transposed
+        vs = (vn * tl.exp(G_last - G)[:, None]).to(dt)
+        S = mma_acc(kT, vs, S * tl.exp(G_last), PREC)
     if STORE_FINAL:
         tl.store(ht + state_off, S, mask=mkv)
 
 
 @triton.jit
-def _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt: tl.constexpr, PREC: tl.constexpr):
-    """One chunk of the backward walk from dH (fp32, the gradient w.r.t. the state after the chunk):
-    ``(dv_new in dt, the gradient w.r.t. the state at the chunk's start)``."""
-    # M^T computed directly (k q^T), never as the transpose of a product (a Triton miscompile on Hopper)
-    kq = mma(kc, tl.trans(qc), PREC)
+def _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the backward walk from dH (fp32, the gradient w.r.t. the state after the chunk), with q and W
+    read transposed (qT, wT ``[BK, C]``): ``(dv_new in dt, the gradient w.r.t. the state at the chunk's start)``.
+
+    As walk.py's step: the decays scale rows of a product or of ``do`` rather than [C, K] key and query tiles,
+    the transposed operands come from memory in the layout their products read, and the state-side products
+    accumulate into the decayed dH (FLA's bwd_dhu does the same)."""
+    # M^T computed directly (k q^T) from loaded operands, never as the transpose of a product (a Triton
+    # miscompile on Hopper)
+    kq = mma(kc, qT, PREC)
     dG = G[None, :] - G[:, None]
     MT = tl.where(anticausal, kq * tl.exp(tl.where(anticausal, dG, 0.0)), 0.0) * scale
-    kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
-    dvn = mma(MT.to(dt), doc, PREC) + mma(kdec, dH.to(dt), PREC)
+    # (k * exp(G_C - G)) dH = exp(G_C - G) * (k dH), row by row
+    dvn = mma(MT.to(dt), doc, PREC) + tl.exp(G_last - G)[:, None] * mma(kc, dH.to(dt), PREC)
     dvnd = dvn.to(dt)
-    qg = (qc * (tl.exp(G) * scale)[:, None]).to(dt)
-    dH = dH * tl.exp(G_last) + mma(tl.trans(qg), doc, PREC)
-    dH -= mma(tl.trans(wc), dvnd, PREC)
+    # (gamma q)^T do = q^T (gamma * do), then - W^T dv_new (negated before the rounding, which is symmetric: the
+    # same value as -dvnd; the interpreter holds 16-bit floats as integers and cannot negate them)
+    dog = (doc * (tl.exp(G) * scale)[:, None]).to(dt)
+    dH = mma_acc(qT, dog, dH * tl.exp(G_last), PREC)
+    dH = mma_acc(wT, (-dvn).to(dt), dH, PREC)
     return dvnd, dH
 
 
@@ -157,12 +165,13 @@ def state_bwd_kernel(
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
+        mkt = mk[:, None] & mt[None, :]
         kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
+        wT = tl.load(w + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         doc = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         G, G_last = _chunk_gates(g, row, mt)
-        dvnd, dH = _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt, PREC)
+        dvnd, dH = _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt, PREC)
         tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
     tl.store(dh0 + state_off, dH, mask=mkv_first)
 
@@ -196,12 +205,13 @@ def bwd_segment_summary_kernel(
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
         mtk = mt[:, None] & mk[None, :]
+        mkt = mk[:, None] & mt[None, :]
         kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-        qc = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-        wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
+        wT = tl.load(w + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         doc = tl.load(do + row[:, None] * V + col[None, :], mask=mt[:, None] & mdo[None, :], other=0.0)
         G, G_last = _chunk_gates(g, row, mt)
-        _, dH = _bwd_step(dH, kc, qc, wc, doc, G, G_last, anticausal, scale, dt, PREC)
+        _, dH = _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt, PREC)
     store_map(M, b, dH, i_p.to(tl.int64) * tl.num_programs(1) + i_bh, rk, col, mcol, in_b, K, V)
 
 
@@ -219,7 +229,28 @@ LAUNCH = {"block_v": 64, "warps": 8, "stages": 1}
 # - fewer chunks than stages: the forward walk's single-stage LAUNCH config. On the H200 the narrow config
 #   returned dh0 37% off at T = 64 (one chunk, B*H = 2, bf16; the gate's length sweep), where the interpreter,
 #   which does not pipeline, agreed with the oracle (benchmarks/NOTES.md, "state_bwd at one chunk").
+# v3 (2026-12-03, _bwd_step in FLA's form, same configs; benchmarks/gpu/gdn_h16.py, torch.profiler): 8x4096x6
+# 0.362 -> 0.300 ms, 4x8192x16 0.679 -> 0.553, 1x32768x16 (narrow) 1.421 -> 1.271. Deeper pipelines not yet:
+# 64/4/3 0.299 ms at 8x4096x6; 64/4/4 asks 246,528 bytes of shared memory (232,448 on the H200) and does not launch.
 BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
+
+
+# The fused forward walk's (state_fwd) tuned configs at wy.TUNED_K (v3, 2026-12-03, the step in FLA's form; o
+# bit-identical to 64/8/1's in each): at 1x1024x6 (12 programs at 64 columns) 16/4/3 0.050 ms, 64/4/3 0.061,
+# 64/8/1 0.097; at 4x4096x6 (48) 64/4/3 0.212, 16/4/3 0.321, 64/8/1 0.375. 16 columns below FWD_LAUNCH's
+# min_programs at 64; fewer chunks than stages, or another head size: LAUNCH's gated config.
+FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32}
+
+
+def fwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_fwd`` for `heads` = B*H sequences of `NT` chunks (FWD_LAUNCH at
+    BK = wy.TUNED_K and V >= 64 with at least as many chunks as stages; LAUNCH's gated config otherwise)."""
+    gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
+    if BK != TUNED_K or padded(V) < 64:
+        return gated
+    wide = FWD_LAUNCH["wide"]
+    tuned = wide if heads * triton.cdiv(V, wide[0]) >= FWD_LAUNCH["min_programs"] else FWD_LAUNCH["narrow"]
+    return tuned if tuned[2] <= NT else gated
 
 
 def bwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
@@ -270,13 +301,13 @@ def state_fwd(
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    BV = _block_v(V)
     BK = padded(K)
+    BV, warps, stages = fwd_launch_config(V, B * H, BK, NT)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
-        PREC=dot_precision(q.dtype), num_warps=_warps(BK, BV), num_stages=LAUNCH["stages"],
+        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o, ht, h, vnew
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma
+from ...common.triton.mma import mma, mma_acc
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "compose_segments", "launch_config", "state_walk", "walk_segments"]
@@ -46,9 +46,13 @@ __all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "compose_segments", "launch_confi
 # address" at the walk's first tl.dot, every block; garbage h, then an illegal memory access), at every
 # shape that picks it (1x1024x6, 4x4096x6, 1x32768x16); 16/4/2 gave bit-identical h, v_new and o to
 # state_fwd at 8x4096x6 and 1x32768x16 (benchmarks/NOTES.md, v1). Never 32 columns (state.py's fault).
+# v3 (2026-12-03, the step in FLA's form, benchmarks/gpu/gdn_h16.py sweeps): deeper pipelines now pay: walk alone
+# at 4x8192x16 64/4/2 0.422 ms, 64/4/3 0.267, 64/4/4 0.248; at 8x4096x6 0.203, 0.141, 0.137; at 1x32768x16
+# (16 sequences) 16/4/2 1.032, 16/4/3 0.699, 64/4/4 1.026. Each config's h, v_new and final state bit-identical
+# to 64/4/2's there. A walk of fewer chunks than stages takes the 2-stage configs (see launch_config).
 LAUNCH = {
-    "block_v": 64, "warps": 4, "stages": 2,
-    "small_block_v": 16, "small_warps": 4, "small_stages": 2,
+    "block_v": 64, "warps": 4, "stages": 4,
+    "small_block_v": 16, "small_warps": 4, "small_stages": 3,
     "min_programs": 64,
 }  # fmt: skip
 # (V block, warps, stages) that gave h, v_new and the final state bit-identical to state_fwd's on the H200
@@ -57,19 +61,35 @@ LAUNCH = {
 # (state_walk and state.state_bwd with `segments`); 1: the serial walks. Off until timed on the H200
 # (benchmarks/NOTES.md, "the segmented walk"); benchmarks/gdn_kernels.py sets it to compare.
 SEGMENTS = 1
-H200_CLEAN = {(64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (16, 4, 2), (16, 4, 3), (16, 2, 2)}
+H200_CLEAN = {
+    (64, 8, 1),
+    (64, 4, 1),
+    (64, 8, 2),
+    (64, 4, 2),
+    (64, 4, 3),
+    (64, 4, 4),
+    (16, 4, 2),
+    (16, 4, 3),
+    (16, 2, 2),
+}
 
 
 @triton.jit
-def _chunk_step(S, kc, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
-    """One chunk of the walk from state S (fp32): ``(S rounded to dt, v_new in dt, the next S)``."""
+def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the walk from state S (fp32), with k read transposed (kT ``[BK, C]``): ``(S rounded to dt,
+    v_new in dt, the next S)``.
+
+    The update ``(k * exp(G_C - G))^T v_new`` is formed as ``k^T (exp(G_C - G) * v_new)``: the decay scales the
+    [C, BV] new values (fp32, rounded to dt once) instead of the [C, K] keys, k is loaded in the layout the product
+    reads (no transpose of a register tile on the serial path), and the decayed state enters the product as its
+    accumulator (FLA's fwd_h does the same; benchmarks/gpu/gdn_h16.py measured our old step at 2x its time)."""
     G = tl.cumsum(gc, axis=0)
     G_last = tl.sum(gc, axis=0)
     Sd = S.to(dt)
-    vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
+    vn = uc.to(tl.float32) - mma(wc, Sd, PREC)
     # past T: k = 0 and g = 0, so padded rows add nothing to the state
-    kdec = (kc * tl.exp(G_last - G)[:, None]).to(dt)
-    return Sd, vnd, S * tl.exp(G_last) + mma(tl.trans(kdec), vnd, PREC)
+    vs = (vn * tl.exp(G_last - G)[:, None]).to(dt)
+    return Sd, vn.to(dt), mma_acc(kT, vs, S * tl.exp(G_last), PREC)
 
 
 @triton.jit
@@ -116,11 +136,11 @@ def state_walk_kernel(
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         # none of these loads depends on S: with LAUNCH stages > 1 Triton may prefetch them a chunk ahead
-        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(u + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
-        Sd, vnd, S = _chunk_step(S, kc, wc, uc, gc, dt, PREC)
+        Sd, vnd, S = _chunk_step(S, kT, wc, uc, gc, dt, PREC)
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
         tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
@@ -177,27 +197,29 @@ def segment_summary_kernel(
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
         mtk = mt[:, None] & mk[None, :]
-        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(u + row[:, None] * V + col[None, :], mask=mt[:, None] & mu[None, :], other=0.0)
         gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
-        _, _, S = _chunk_step(S, kc, wc, uc, gc, dt, PREC)
+        _, _, S = _chunk_step(S, kT, wc, uc, gc, dt, PREC)
     store_map(M, b, S, i_p.to(tl.int64) * tl.num_programs(1) + i_bh, rk, col, mcol, in_b, K, V)
 
 
-def launch_config(V: int, heads: int, BK: int = TUNED_K) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences: LAUNCH's wide block (64/4/2),
-    or its small one (16/4/2) below V = 64 or when 64-column blocks give under ``LAUNCH["min_programs"]``
-    programs (never 32 columns, never 16 columns in one stage: see LAUNCH). Those were measured at the padded
-    head size `BK` = wy.TUNED_K; at other sizes the walk takes state_fwd's gated 64/8/1 (16/4/2 below V = 64)."""
+def launch_config(V: int, heads: int, BK: int = TUNED_K, NT: int | None = None) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences of `NT` chunks: LAUNCH's wide block
+    (64/4/4), or its small one (16/4/3) below V = 64 or when 64-column blocks give under
+    ``LAUNCH["min_programs"]`` programs (never 32 columns, never 16 columns in one stage: see LAUNCH); with fewer
+    chunks than that config's stages, the same block in 2 stages (the pipelined walk faulted at one chunk on the
+    H200: chunk_split.py). Those were measured at the padded head size `BK` = wy.TUNED_K; at other sizes the walk
+    takes state_fwd's gated 64/8/1 (16/4/2 below V = 64)."""
     if BK != TUNED_K:
-        return (
-            (64, 8, 1) if padded(V) >= 64 else (LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"])
-        )
+        return (64, 8, 1) if padded(V) >= 64 else (LAUNCH["small_block_v"], LAUNCH["small_warps"], 2)
     wide = LAUNCH["block_v"]
     if padded(V) >= wide and heads * triton.cdiv(V, wide) >= LAUNCH["min_programs"]:
-        return wide, LAUNCH["warps"], LAUNCH["stages"]
-    return LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"]
+        cfg = wide, LAUNCH["warps"], LAUNCH["stages"]
+    else:
+        cfg = LAUNCH["small_block_v"], LAUNCH["small_warps"], LAUNCH["small_stages"]
+    return cfg if NT is None or cfg[2] <= NT else (cfg[0], cfg[1], 2)
 
 
 def walk_segments(NT: int, segments: int) -> tuple[int, int]:
@@ -259,7 +281,7 @@ def state_walk(
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, segments)
     BK = padded(K)
-    BV, warps, stages = config or launch_config(V, B * H * P, BK)
+    BV, warps, stages = config or launch_config(V, B * H * P, BK, seg)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
     ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None

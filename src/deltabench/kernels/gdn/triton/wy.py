@@ -36,7 +36,12 @@ _SUB = 16  # row block of the blockwise inverse
 # Fixed (no autotuning). The inverse kernel's: 2 warps was the fastest for the single kernel it came out of
 # (0.270 ms at 8x4096x6 on the H200 against 0.380 for 4 and 0.715 for 8: benchmarks/NOTES.md, v2), and
 # keeps it at 246 registers without spills; at other head sizes 4 warps, the config gated on the H200.
-LAUNCH = {"warps": 2, "stages": 1, "untuned_warps": 4}
+# v3 (2026-12-03, benchmarks/gpu/gdn_h16.py, wy_fwd whole): 1 warp 0.440 ms at 4x8192x16 against 0.537 for 2
+# (0.172 / 0.209 at 8x4096x6); with the off-diagonal merges in tf32 (FLA's precision there; 16-bit inputs only:
+# the apply kernel rounds L to bf16, and the backward's fp32 reads of L see tf32's ~5e-4 under bf16's ~4e-3)
+# 0.365 / 0.142. The whole op with each checked against
+# torch_chunk fp32 at the five train shapes on the H200: errors unchanged (worst 3.3e-3, dk).
+LAUNCH = {"warps": 1, "stages": 1, "untuned_warps": 4, "merge_tf32": True}
 # The apply kernel's, not yet timed on a GPU: 128-column blocks (W and U of a chunk in two programs, so L is
 # read twice) at 4 warps: 96 registers, no spills at K = V = 128 (64-column blocks: 62 registers).
 APPLY = {"cols": 128, "warps": 4, "stages": 1}
@@ -89,9 +94,9 @@ def _block_a(ka, kb, Ga, Gb, ba, diag: tl.constexpr, BC: tl.constexpr, PREC: tl.
 
 
 @triton.jit
-def _mm(a, b):
-    """IEEE fp32 product of two small fp32 blocks."""
-    return mma(a, b, "ieee")
+def _mm(a, b, prec: tl.constexpr):
+    """fp32 product of two small fp32 blocks (`prec`: "ieee", or "tf32" where LAUNCH's merge_tf32 allows it)."""
+    return mma(a, b, prec)
 
 
 @triton.jit
@@ -112,8 +117,10 @@ def wy_inverse_kernel(
     k, g, beta, L,
     T,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+    MP: tl.constexpr = "ieee",
 ):  # fmt: skip
-    """One program per (chunk, batch*head): writes L = (I + A)^{-1} [C, C] (its lower part)."""
+    """One program per (chunk, batch*head): writes L = (I + A)^{-1} [C, C] (its lower part). MP: the precision of
+    the off-diagonal blocks' products."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -143,12 +150,12 @@ def wy_inverse_kernel(
     L22 = _unit_lower_inverse(A22, BC)
     L33 = _unit_lower_inverse(A33, BC)
     # off-diagonal blocks: L_ab = -L_aa sum_{c=b}^{a-1} A_ac L_cb
-    L10 = -_mm(L11, _mm(A10, L00))
-    L21 = -_mm(L22, _mm(A21, L11))
-    L20 = -_mm(L22, _mm(A20, L00) + _mm(A21, L10))
-    L32 = -_mm(L33, _mm(A32, L22))
-    L31 = -_mm(L33, _mm(A31, L11) + _mm(A32, L21))
-    L30 = -_mm(L33, _mm(A30, L00) + _mm(A31, L10) + _mm(A32, L20))
+    L10 = -_mm(L11, _mm(A10, L00, MP), MP)
+    L21 = -_mm(L22, _mm(A21, L11, MP), MP)
+    L20 = -_mm(L22, _mm(A20, L00, MP) + _mm(A21, L10, MP), MP)
+    L32 = -_mm(L33, _mm(A32, L22, MP), MP)
+    L31 = -_mm(L33, _mm(A31, L11, MP) + _mm(A32, L21, MP), MP)
+    L30 = -_mm(L33, _mm(A30, L00, MP) + _mm(A31, L10, MP) + _mm(A32, L20, MP), MP)
 
     _store_l(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
     _store_l(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
@@ -167,67 +174,30 @@ def _cum_decay(g0, g1, g2, g3):
 
 
 @triton.jit
-def _load_rows(
-    x, g, beta, row0, sub, T, i_b, i_h, c0, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr
-):
-    """Rows [row0 + sub*BC, +BC) of one head's columns [c0, c0 + BN) of x [.., N]; g, beta and the row mask."""
-    t = row0 + sub * BC + tl.arange(0, BC)
+def _apply_side(
+    L, x, out, g, beta, T, i_b, i_h, t0, c0,
+    DECAY: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Columns [c0, c0 + BN) of L (beta gamma x) (DECAY) or of L (beta x), for one chunk of one head: one
+    [C, C] x [C, BN] product of L's lower triangle (rounded to x's dtype, as the products always took it) and the
+    scaled inputs."""
+    rc = tl.arange(0, C)
+    t = t0 + rc
     mt = t < T
     row = (i_b * T + t).to(tl.int64) * H + i_h
     rn = c0 + tl.arange(0, BN)
-    xb = tl.load(x + row[:, None] * N + rn[None, :], mask=mt[:, None] & (rn[None, :] < N), other=0.0)
-    gb = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
-    bb = tl.load(beta + row, mask=mt, other=0.0).to(tl.float32)
-    return xb, gb, bb, row, mt
-
-
-@triton.jit
-def _apply_rows(
-    L, out, x0, x1, x2, x3, row, mt, c0,
-    sub: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    """Rows of block `sub` of L x (sum over blocks b <= sub of L_sub,b x_b, in that order), stored to `out`."""
-    dt = x0.dtype
-    rc = tl.arange(0, BC)
-    lp = L + row[:, None] * C + rc[None, :]
-    acc = mma(tl.load(lp, mask=mt[:, None], other=0.0).to(dt), x0, PREC)
-    if sub >= 1:
-        acc += mma(tl.load(lp + BC, mask=mt[:, None], other=0.0).to(dt), x1, PREC)
-    if sub >= 2:
-        acc += mma(tl.load(lp + 2 * BC, mask=mt[:, None], other=0.0).to(dt), x2, PREC)
-    if sub >= 3:
-        acc += mma(tl.load(lp + 3 * BC, mask=mt[:, None], other=0.0).to(dt), x3, PREC)
-    rn = c0 + tl.arange(0, BN)
-    tl.store(out + row[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mt[:, None] & (rn[None, :] < N))
-
-
-@triton.jit
-def _apply_side(
-    L, x, out, g, beta, T, i_b, i_h, t0, c0,
-    DECAY: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-    PREC: tl.constexpr,
-):  # fmt: skip
-    """Columns [c0, c0 + BN) of L (beta gamma x) (DECAY) or of L (beta x), for one chunk of one head."""
-    x0, g0, b0, row0, m0 = _load_rows(x, g, beta, t0, 0, T, i_b, i_h, c0, H, N, BN, BC)
-    x1, g1, b1, row1, m1 = _load_rows(x, g, beta, t0, 1, T, i_b, i_h, c0, H, N, BN, BC)
-    x2, g2, b2, row2, m2 = _load_rows(x, g, beta, t0, 2, T, i_b, i_h, c0, H, N, BN, BC)
-    x3, g3, b3, row3, m3 = _load_rows(x, g, beta, t0, 3, T, i_b, i_h, c0, H, N, BN, BC)
+    mtn = mt[:, None] & (rn[None, :] < N)
     dt = x.dtype.element_ty
+    xb = tl.load(x + row[:, None] * N + rn[None, :], mask=mtn, other=0.0)
+    bb = tl.load(beta + row, mask=mt, other=0.0).to(tl.float32)
     if DECAY:
-        G0, G1, G2, G3 = _cum_decay(g0, g1, g2, g3)
-        s0 = (x0 * (b0 * tl.exp(G0))[:, None]).to(dt)
-        s1 = (x1 * (b1 * tl.exp(G1))[:, None]).to(dt)
-        s2 = (x2 * (b2 * tl.exp(G2))[:, None]).to(dt)
-        s3 = (x3 * (b3 * tl.exp(G3))[:, None]).to(dt)
-    else:
-        s0 = (x0 * b0[:, None]).to(dt)
-        s1 = (x1 * b1[:, None]).to(dt)
-        s2 = (x2 * b2[:, None]).to(dt)
-        s3 = (x3 * b3[:, None]).to(dt)
-    _apply_rows(L, out, s0, s1, s2, s3, row0, m0, c0, 0, N, BN, BC, C, PREC)
-    _apply_rows(L, out, s0, s1, s2, s3, row1, m1, c0, 1, N, BN, BC, C, PREC)
-    _apply_rows(L, out, s0, s1, s2, s3, row2, m2, c0, 2, N, BN, BC, C, PREC)
-    _apply_rows(L, out, s0, s1, s2, s3, row3, m3, c0, 3, N, BN, BC, C, PREC)
+        gb = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
+        bb = bb * tl.exp(tl.cumsum(gb, axis=0))
+    sx = (xb * bb[:, None]).to(dt)
+    # L's upper triangle is never written: masked
+    Lm = tl.load(L + row[:, None] * C + rc[None, :], mask=mt[:, None] & (rc[None, :] <= rc[:, None]), other=0.0)
+    acc = mma(Lm.to(dt), sx, PREC)
+    tl.store(out + row[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mtn)
 
 
 @triton.jit
@@ -247,9 +217,9 @@ def wy_apply_kernel(
     i_h = i_bh % H
     t0 = i_n * C
     if i_c < NK:
-        _apply_side(L, k, w, g, beta, T, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, BC, C, PREC)
+        _apply_side(L, k, w, g, beta, T, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, PREC)
     else:
-        _apply_side(L, v, u, g, beta, T, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, BC, C, PREC)
+        _apply_side(L, v, u, g, beta, T, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, C, PREC)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -292,6 +262,7 @@ def wy_fwd(
     wy_inverse_kernel[(NT, B * H)](
         k, g, beta, L, T,
         H=H, K=K, BK=padded(K), BC=_SUB, C=CHUNK, PREC=prec,
+        MP="tf32" if LAUNCH["merge_tf32"] and prec == "tf32" else "ieee",
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     bnk, bnv = min(APPLY["cols"], padded(K)), min(APPLY["cols"], padded(V))

@@ -144,9 +144,10 @@ def test_the_base_side_runs_the_base_commits_deltabench(tmp_path: Path, monkeypa
     """A copy of deltabench's source whose base commit doubles gdn torch_chunk's output: the base side's job fails
     its correctness gate (its worker ran the base kernel), the head's passes, each document names its own code."""
     repo = _new_repo(tmp_path / "deltabench")
-    archive = subprocess.run(["git", "-C", str(source_root()), "archive", "HEAD"], capture_output=True, check=True)
+    checkout = source_root().parents[1]  # src/deltabench -> the repository's root
+    archive = subprocess.run(["git", "-C", str(checkout), "archive", "HEAD"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive.stdout, check=True)
-    kernel = repo / "kernels" / "gdn" / "torch" / "torch_chunk.py"
+    kernel = repo / "src" / "deltabench" / "kernels" / "gdn" / "torch" / "torch_chunk.py"
     text = kernel.read_text()
     planted = "return 2 * merge_chunks(o, T).to(v.dtype), final_state"
     assert text.count("return merge_chunks(o, T).to(v.dtype), final_state") == 1
@@ -163,7 +164,7 @@ def test_the_base_side_runs_the_base_commits_deltabench(tmp_path: Path, monkeypa
     assert hj.status == "ok" and hj.timing is not None and hj.timing.n_repetitions == 2
     assert bj.status == "incorrect" and bj.timing is None and bj.verification
     assert base.environment.git_commit == base_commit and head.environment.git_commit != base_commit
-    assert base.environment.kernel_hash == kernel_hash(repo) != head.environment.kernel_hash
+    assert base.environment.kernel_hash == kernel_hash(repo / "src" / "deltabench") != head.environment.kernel_hash
     assert head.meta["interleaved_with"] == base.run_id and base.meta["interleaved_with"] == head.run_id
     assert (head.meta["side"], base.meta["side"]) == ("head", "base")
 

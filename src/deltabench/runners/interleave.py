@@ -45,8 +45,11 @@ from .session import RunPlan, RunState, execution_order
 __all__ = ["LAYERS", "BaseTree", "base_imports", "base_tree", "interleave_order", "run_interleaved"]
 
 # The top-level folders setup.py maps onto ``deltabench.<layer>``.
+# A base tree with deltabench's package root, src/deltabench/ (a regular package): src/ goes first on the path.
+_SRC_MARKERS = ("src/deltabench/__init__.py", "src/deltabench/runners/job_main.py")
+# A base tree from before src/ (its top folders mapped onto deltabench.<folder> by its setup.py): those layers are
+# linked under a package of the base side's own.
 LAYERS = ("references", "kernels", "harness", "runners", "db", "web")
-# What marks a tree as deltabench's own source (its layers are then remapped for the base side).
 _MARKERS = ("harness/version.py", "runners/job_main.py")
 
 
@@ -59,6 +62,14 @@ class BaseTree:
     repo: Path
     root: Path
     shim: Path | None  # the folder to put first on PYTHONPATH (None: the repository is not deltabench)
+
+    @property
+    def package_root(self) -> Path | None:
+        """The base tree's folder of deltabench's layers (src/deltabench, or the root before src/); None when the
+        repository is not deltabench."""
+        if self.shim is None:
+            return None
+        return self.shim / "deltabench" if self.shim == self.root / "src" else self.root
 
     def environment(self) -> dict[str, str]:
         """Variables for the base side's worker processes."""
@@ -106,7 +117,9 @@ def base_tree(ref: str, cwd: Path | None = None) -> Iterator[BaseTree]:
         if archive.wait() != 0 or untar.returncode != 0:
             raise BadInput(f"--base-ref {ref}: could not extract commit {commit[:12]} ({untar.stderr.decode()[:200]})")
         shim = None
-        if all((root / m).is_file() for m in _MARKERS):
+        if all((root / m).is_file() for m in _SRC_MARKERS):
+            shim = root / "src"
+        elif all((root / m).is_file() for m in _MARKERS):
             shim = tmp / "shim"
             pkg = shim / "deltabench"
             pkg.mkdir(parents=True)
@@ -169,7 +182,7 @@ def run_interleaved(
         update={
             "git_commit": tree.commit if tree.shim is not None else head_env.git_commit,
             "git_dirty": False if tree.shim is not None else head_env.git_dirty,
-            "kernel_hash": kernel_hash(tree.root) if tree.shim is not None else head_env.kernel_hash,
+            "kernel_hash": kernel_hash(tree.package_root) if tree.package_root is not None else head_env.kernel_hash,
         }
     )
     head_id, base_id = uuid.uuid4().hex, uuid.uuid4().hex

@@ -1,9 +1,12 @@
 """The ``deltabench`` command line: the composition root.
 
-Each command lives in ``cli/<name>.py`` as ``register(app)``; those modules import only typer at
-the top and import the layers they drive (runners, db, web) inside the command, so ``deltabench list`` on a
-GPU worker never imports SQLAlchemy or FastAPI. Bad input (:class:`BadInput`, a usage error) is one line on
-stderr and exit code 2; a command returns its own exit code (0 ok, 1 a check or job failed).
+Each command lives in ``cli/<name>.py`` as ``register(app)``: a typer function that only parses its
+options and calls a plain function of typed Python values returning the exit code (``run_suite``, ``verify_impl``,
+``gate_runs``, ...), which tests and scripts can call directly. The options several commands share (``--import``,
+``--device``, ``--db``) are defined once, in ``cli/options.py``. Those modules import only typer (and
+``cli.options``) at the top and import the layers they drive (runners, db, web) inside the functions, so
+``deltabench list`` on a GPU worker never imports SQLAlchemy or FastAPI. Bad input (:class:`BadInput`, a usage
+error) is one line on stderr and exit code 2; a command returns its own exit code (0 ok, 1 a check or job failed).
 """
 
 from __future__ import annotations

@@ -15,17 +15,29 @@ import json
 import math
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from deltabench.cli.options import db_option, import_option, load_imports
 
 if TYPE_CHECKING:
     from deltabench.harness.document import ResultDocument
     from deltabench.harness.series import JobKey
     from deltabench.regression import Comparison, RunSpread
 
-__all__ = ["load_history_spreads", "load_run", "parse_alpha", "parse_spread", "parse_threshold", "register"]
+__all__ = [
+    "compare_runs",
+    "gate_runs",
+    "load_history_spreads",
+    "load_run",
+    "parse_alpha",
+    "parse_spread",
+    "parse_threshold",
+    "register",
+]
 
 
 def _fraction(text: str, what: str, example: str) -> tuple[str, float]:
@@ -210,90 +222,153 @@ def _compare(
     return cmp
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``gate`` and ``compare`` commands to `app`."""
-    threshold_help = "Smallest slowdown that counts, e.g. 5% or 0.05 (asv's factor minus one)."
-    alpha_help = "Significance level: Mann-Whitney test, bootstrap interval (1 - alpha), run-to-run bound (one-sided)."
-    db_help = "Database URL or SQLite path for run ids and git refs (default: $DELTABENCH_DB or per-user)."
+def gate_runs(
+    base: str,
+    head: str,
+    *,
+    threshold: str = "5%",
+    alpha: float = 0.01,
+    db: str | None = None,
+    history: bool = True,
+    allow_missing: bool = False,
+    default_spread: str | None = None,
+    markdown: Path | None = None,
+    json_out: Path | None = None,
+    imports: Sequence[str] = (),
+) -> int:
+    """Gate `head` against `base` (each a result or pytest-benchmark JSON file, a stored run id or a git ref), after
+    importing `imports`: print the comparison, write it as `markdown` / `json_out` when given.
 
-    history_help = "Take each job's run-to-run spread from its series' history in the database (when one is used)."
-    missing_help = "Jobs of the base missing in the head, or a head run cut short, do not fail the gate."
-    spread_help = (
-        "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
-        "default: the measured figure of the machine class (docs/guide/regression-gate.md)."
+    Returns:
+        1 when a job regressed by more than `threshold` (at significance `alpha`, beyond the run-to-run noise) or
+        failed its correctness gate, or the head lacks base jobs or was cut short (unless `allow_missing`); else 0.
+
+    Raises:
+        BadInput: a run that names nothing, base == head, a malformed threshold, alpha or spread.
+    """
+    load_imports(list(imports))
+    cmp = _compare(
+        base,
+        head,
+        threshold=threshold,
+        alpha=alpha,
+        db=db,
+        history=history,
+        allow_missing=allow_missing,
+        default_spread=default_spread,
+        markdown=markdown,
+        json_out=json_out,
+    )
+    return 1 if cmp.failed else 0
+
+
+def compare_runs(
+    base: str,
+    head: str,
+    *,
+    threshold: str = "5%",
+    alpha: float = 0.01,
+    db: str | None = None,
+    history: bool = True,
+    default_spread: str | None = None,
+    markdown: Path | None = None,
+    json_out: Path | None = None,
+    imports: Sequence[str] = (),
+) -> int:
+    """Compare `head` with `base` job by job as :func:`gate_runs` does, without gating (a head missing jobs is
+    fine): 0 unless the input is bad (:class:`BadInput`)."""
+    load_imports(list(imports))
+    _compare(
+        base,
+        head,
+        threshold=threshold,
+        alpha=alpha,
+        db=db,
+        history=history,
+        allow_missing=True,
+        default_spread=default_spread,
+        markdown=markdown,
+        json_out=json_out,
+    )
+    return 0
+
+
+_THRESHOLD_HELP = "Smallest slowdown that counts, e.g. 5% or 0.05 (asv's factor minus one)."
+_ALPHA_HELP = "Significance level: Mann-Whitney test, bootstrap interval (1 - alpha), run-to-run bound (one-sided)."
+_HISTORY_HELP = "Take each job's run-to-run spread from its series' history in the database (when one is used)."
+_MISSING_HELP = "Jobs of the base missing in the head, or a head run cut short, do not fail the gate."
+_SPREAD_HELP = (
+    "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
+    "default: the measured figure of the machine class (docs/guide/regression-gate.md)."
+)
+_RUN_HELP = "run: result/pytest-benchmark JSON, run id or git ref."
+
+
+def gate_command(
+    base: str = typer.Option(..., "--base", help=f"Base {_RUN_HELP}"),
+    head: str = typer.Option(..., "--head", help=f"Head {_RUN_HELP}"),
+    threshold: str = typer.Option("5%", "--threshold", help=_THRESHOLD_HELP),
+    alpha: float = typer.Option(0.01, "--alpha", help=_ALPHA_HELP),
+    markdown: Path = typer.Option(None, "--markdown", help="Write a pull-request comment (markdown) here."),
+    json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
+    db: str = db_option(),
+    history: bool = typer.Option(True, "--history/--no-history", help=_HISTORY_HELP),
+    allow_missing: bool = typer.Option(False, "--allow-missing", help=_MISSING_HELP),
+    default_spread: str = typer.Option(None, "--default-spread", help=_SPREAD_HELP),
+    import_: list[str] = import_option(),
+) -> int:
+    """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
+    jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
+
+    A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
+    bootstrap interval
+    of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
+    past runs when the database has them, else the spread between its repetitions when both runs were made with
+    `run --repeat N` (N >= 5), else the machine class's measured default (README, "Regression gate").
+    """
+    return gate_runs(
+        base,
+        head,
+        threshold=threshold,
+        alpha=alpha,
+        db=db,
+        history=history,
+        allow_missing=allow_missing,
+        default_spread=default_spread,
+        markdown=markdown,
+        json_out=json_out,
+        imports=import_,
     )
 
-    import_help = "A module or .py file that registers ops or impls (an op of its own: the runs carry it)."
 
-    def _load(imports: list[str]) -> None:
-        from deltabench.harness.registry import load_module
+def compare_command(
+    base: str = typer.Argument(..., help=f"Base {_RUN_HELP}"),
+    head: str = typer.Argument(..., help=f"Head {_RUN_HELP}"),
+    threshold: str = typer.Option("5%", "--threshold", help=_THRESHOLD_HELP),
+    alpha: float = typer.Option(0.01, "--alpha", help=_ALPHA_HELP),
+    markdown: Path = typer.Option(None, "--markdown", help="Also write the table as markdown here."),
+    json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
+    db: str = db_option(),
+    history: bool = typer.Option(True, "--history/--no-history", help=_HISTORY_HELP),
+    default_spread: str = typer.Option(None, "--default-spread", help=_SPREAD_HELP),
+    import_: list[str] = import_option(),
+) -> int:
+    """Compare two runs job by job (head vs base), without gating: exit 0 unless the input is bad."""
+    return compare_runs(
+        base,
+        head,
+        threshold=threshold,
+        alpha=alpha,
+        db=db,
+        history=history,
+        default_spread=default_spread,
+        markdown=markdown,
+        json_out=json_out,
+        imports=import_,
+    )
 
-        for spec in imports:
-            load_module(spec)
 
-    @app.command("gate")
-    def gate_command(
-        base: str = typer.Option(..., "--base", help="Base run: result/pytest-benchmark JSON, run id or git ref."),
-        head: str = typer.Option(..., "--head", help="Head run: result/pytest-benchmark JSON, run id or git ref."),
-        threshold: str = typer.Option("5%", "--threshold", help=threshold_help),
-        alpha: float = typer.Option(0.01, "--alpha", help=alpha_help),
-        markdown: Path = typer.Option(None, "--markdown", help="Write a pull-request comment (markdown) here."),
-        json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
-        db: str = typer.Option(None, "--db", help=db_help),
-        history: bool = typer.Option(True, "--history/--no-history", help=history_help),
-        allow_missing: bool = typer.Option(False, "--allow-missing", help=missing_help),
-        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
-        import_: list[str] = typer.Option([], "--import", help=import_help),
-    ) -> int:
-        """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
-        jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
-
-        A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
-        bootstrap interval
-        of the ratio say so within the runs, and the change exceeds the run-to-run noise: the spread of its series'
-        past runs when the database has them, else the spread between its repetitions when both runs were made with
-        `run --repeat N` (N >= 5), else the machine class's measured default (README, "Regression gate").
-        """
-        _load(import_)
-        cmp = _compare(
-            base,
-            head,
-            threshold=threshold,
-            alpha=alpha,
-            db=db,
-            history=history,
-            allow_missing=allow_missing,
-            default_spread=default_spread,
-            markdown=markdown,
-            json_out=json_out,
-        )
-        return 1 if cmp.failed else 0
-
-    @app.command("compare")
-    def compare_command(
-        base: str = typer.Argument(..., help="Base run: result/pytest-benchmark JSON, run id or git ref."),
-        head: str = typer.Argument(..., help="Head run: result/pytest-benchmark JSON, run id or git ref."),
-        threshold: str = typer.Option("5%", "--threshold", help=threshold_help),
-        alpha: float = typer.Option(0.01, "--alpha", help=alpha_help),
-        markdown: Path = typer.Option(None, "--markdown", help="Also write the table as markdown here."),
-        json_out: Path = typer.Option(None, "--json", help="Write the comparison as JSON here."),
-        db: str = typer.Option(None, "--db", help=db_help),
-        history: bool = typer.Option(True, "--history/--no-history", help=history_help),
-        default_spread: str = typer.Option(None, "--default-spread", help=spread_help),
-        import_: list[str] = typer.Option([], "--import", help=import_help),
-    ) -> int:
-        """Compare two runs job by job (head vs base), without gating: exit 0 unless the input is bad."""
-        _load(import_)
-        _compare(
-            base,
-            head,
-            threshold=threshold,
-            alpha=alpha,
-            db=db,
-            history=history,
-            allow_missing=True,
-            default_spread=default_spread,
-            markdown=markdown,
-            json_out=json_out,
-        )
-        return 0
+def register(app: typer.Typer) -> None:
+    """Add the ``gate`` and ``compare`` commands to `app`."""
+    app.command("gate")(gate_command)
+    app.command("compare")(compare_command)

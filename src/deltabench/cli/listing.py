@@ -2,62 +2,75 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import typer
 
-__all__ = ["register"]
+from deltabench.cli.options import device_option, import_option, load_imports
+
+__all__ = ["list_impls", "register"]
+
+
+def _impl_rows(device: str) -> list[dict[str, Any]]:
+    """One row per registered impl: its contract fields and whether (else why not) it is available on `device`."""
+    from deltabench.harness.registry import all_impls
+
+    rows = []
+    for impl in all_impls():
+        why = impl.unavailable_reason(device)
+        rows.append(
+            {
+                "op": impl.op,
+                "impl": impl.name,
+                "backend": impl.backend,
+                "devices": list(impl.devices),
+                "dtypes": list(impl.dtypes),
+                "backward": impl.supports_backward,
+                "available": why is None,
+                "reason": why or "",
+                "source": impl.source,
+                "notes": impl.notes,
+            }
+        )
+    return rows
+
+
+def list_impls(device: str | None = None, *, imports: Sequence[str] = (), as_json: bool = False) -> int:
+    """Print the ops and the impls (after importing `imports`) with their availability on `device` (default: cuda
+    if present, else cpu): rich tables, or with `as_json` one JSON object. Returns 0."""
+    import json
+
+    from rich.console import Console
+
+    from deltabench.harness.devices import default_device, parse_platform
+    from deltabench.harness.ops import OPS
+
+    load_imports(list(imports))
+    device = parse_platform(device) if device is not None else default_device().platform
+    rows = _impl_rows(device)
+    if as_json:
+        ops = {name: {"title": s.title, "args": list(s.args), "rule": s.rule} for name, s in OPS.items()}
+        print(json.dumps({"device": device, "ops": ops, "impls": rows}, indent=1))
+        return 0
+    console = Console()
+    _print_ops(console, OPS)
+    _print_impls(console, rows, device)
+    return 0
+
+
+def list_command(
+    device: str = device_option("cuda if present, else cpu", purpose="Judge availability for this device: "),
+    import_: list[str] = import_option(),
+    json_: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """List ops and impls with their availability on this machine."""
+    return list_impls(device, imports=import_, as_json=json_)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``list`` command to `app`."""
-
-    @app.command("list")
-    def list_command(
-        device: str = typer.Option(
-            None, help="Judge availability for this device: cpu, cuda or tpu (default: cuda if present, else cpu)."
-        ),
-        import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
-        json_: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    ) -> int:
-        """List ops and impls with their availability on this machine."""
-        import json
-
-        from rich.console import Console
-
-        from deltabench.harness.ops import OPS
-        from deltabench.harness.registry import all_impls, load_module
-
-        for spec in import_:
-            load_module(spec)
-        from deltabench.harness.devices import default_device, parse_platform
-
-        device = parse_platform(device) if device is not None else default_device().platform
-        rows = []
-        for impl in all_impls():
-            why = impl.unavailable_reason(device)
-            rows.append(
-                {
-                    "op": impl.op,
-                    "impl": impl.name,
-                    "backend": impl.backend,
-                    "devices": list(impl.devices),
-                    "dtypes": list(impl.dtypes),
-                    "backward": impl.supports_backward,
-                    "available": why is None,
-                    "reason": why or "",
-                    "source": impl.source,
-                    "notes": impl.notes,
-                }
-            )
-        if json_:
-            ops = {name: {"title": s.title, "args": list(s.args), "rule": s.rule} for name, s in OPS.items()}
-            print(json.dumps({"device": device, "ops": ops, "impls": rows}, indent=1))
-            return 0
-        console = Console()
-        _print_ops(console, OPS)
-        _print_impls(console, rows, device)
-        return 0
+    app.command("list")(list_command)
 
 
 _ALL_DTYPES = ["fp32", "bf16", "fp16"]

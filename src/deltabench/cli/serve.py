@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-__all__ = ["register"]
+from deltabench.cli.options import db_option
+
+__all__ = ["register", "serve"]
 
 
 def _start_local_worker(engine_url: str) -> object | None:
@@ -17,34 +19,52 @@ def _start_local_worker(engine_url: str) -> object | None:
     return start_local_worker(engine_url)
 
 
+def serve(
+    db: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    local_worker: bool = True,
+    log_level: str = "info",
+) -> int:
+    """Serve the dashboard and the /api/v1 JSON API on `db` at http://`host`:`port`/ until stopped, with a worker
+    in this process for submitted jobs when `local_worker` and no broker is configured. Returns 0.
+
+    Raises:
+        BadInput: a port outside 0-65535.
+    """
+    import uvicorn
+
+    from deltabench.db.engine import get_engine
+    from deltabench.harness.errors import BadInput
+    from deltabench.web.app import create_app
+    from deltabench.web.config import Settings
+
+    if not 0 <= port <= 65535:
+        raise BadInput(f"--port {port}: use 0-65535")
+    settings = Settings.from_env(db_url=db)
+    application = create_app(settings)
+    engine = get_engine(settings.db_url)
+    if local_worker and not settings.broker_url:
+        _start_local_worker(engine.url.render_as_string(hide_password=False))
+    print(f"deltabench serve: http://{host}:{port}/ on {engine.url.render_as_string(hide_password=True)}")
+    uvicorn.run(application, host=host, port=port, log_level=log_level)
+    return 0
+
+
+def serve_command(
+    db: str = db_option(),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    local_worker: bool = typer.Option(
+        True, "--local-worker/--no-local-worker", help="Run submitted jobs here when no broker is configured."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+) -> int:
+    """Serve the dashboard (runs, comparisons, history, regressions, job queue) and the /api/v1 JSON API."""
+    return serve(db, host=host, port=port, local_worker=local_worker, log_level=log_level)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to `app`."""
-
-    @app.command("serve")
-    def serve_command(
-        db: str = typer.Option(None, "--db", help="Database URL or SQLite path (default: $DELTABENCH_DB or per-user)."),
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-        port: int = typer.Option(8000, "--port", help="Port to listen on."),
-        local_worker: bool = typer.Option(
-            True, "--local-worker/--no-local-worker", help="Run submitted jobs here when no broker is configured."
-        ),
-        log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
-    ) -> int:
-        """Serve the dashboard (runs, comparisons, history, regressions, job queue) and the /api/v1 JSON API."""
-        import uvicorn
-
-        from deltabench.db.engine import get_engine
-        from deltabench.harness.errors import BadInput
-        from deltabench.web.app import create_app
-        from deltabench.web.config import Settings
-
-        if not 0 <= port <= 65535:
-            raise BadInput(f"--port {port}: use 0-65535")
-        settings = Settings.from_env(db_url=db)
-        application = create_app(settings)
-        engine = get_engine(settings.db_url)
-        if local_worker and not settings.broker_url:
-            _start_local_worker(engine.url.render_as_string(hide_password=False))
-        print(f"deltabench serve: http://{host}:{port}/ on {engine.url.render_as_string(hide_password=True)}")
-        uvicorn.run(application, host=host, port=port, log_level=log_level)
-        return 0
+    app.command("serve")(serve_command)

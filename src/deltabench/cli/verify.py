@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import typer
 
-__all__ = ["default_timeout_s", "register", "summarize_records"]
+from deltabench.cli.options import device_option, import_option, resolve_imports
+
+__all__ = ["default_timeout_s", "register", "summarize_records", "verify_impl"]
 
 
 def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
@@ -77,114 +79,213 @@ def _fmt(value: float | None) -> str:
     return f"{value:.2e}"
 
 
+def _parse_case(op: str, shape: str, has_imports: bool) -> tuple[Any, dict[str, int]]:
+    """(`op`'s contract, its dims from `shape`); an op unknown here but given `has_imports` is (None, the dims as
+    typed): the child, which imports the --import files, checks the shape against the op they register."""
+    from deltabench.harness.cases import parse_shape
+    from deltabench.harness.errors import BadInput, UnknownOp
+    from deltabench.harness.ops import get_op
+    from deltabench.references.contract import parse_dims
+
+    try:
+        contract = get_op(op)
+        return contract, parse_shape(shape, op)
+    except UnknownOp:
+        if not has_imports:
+            raise
+        # An op the --import file registers: the child, which imports it, checks the shape and the regimes
+        # against its contract.
+        try:
+            return None, parse_dims(shape)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+
+
+def _pick_regimes(regime: Sequence[str], contract: Any) -> list[str]:
+    """The gate regimes to check: those given (an unknown one is bad input), else every regime of the op's contract
+    (an imported op's: none here, the child reads them)."""
+    from deltabench.harness.cases import REGIMES
+    from deltabench.harness.errors import BadInput
+
+    known_regimes = contract.regimes if contract is not None else REGIMES
+    unknown = [r for r in regime if r not in known_regimes]
+    if unknown and contract is not None:
+        raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(known_regimes)}")
+    # none given: every regime of the op's contract (an imported op's: the child reads them)
+    return list(dict.fromkeys(regime)) or (list(known_regimes) if contract is not None else [])
+
+
+def _request(
+    op: str,
+    impl: str,
+    shape: str,
+    *,
+    dtype: str,
+    seeds: int,
+    seed: int,
+    regimes: Sequence[str],
+    initial_state: bool,
+    mode: str | None,
+    device: str | None,
+    imports: Sequence[str],
+    deterministic: bool,
+    reference: str,
+) -> tuple[dict[str, Any], Any]:
+    """(the child's request, the op's contract or None for an op an --import registers), the options checked."""
+    from deltabench.harness.cases import parse_dtype
+    from deltabench.harness.devices import default_device, parse_platform
+    from deltabench.harness.errors import BadInput
+
+    contract, dims = _parse_case(op, shape, bool(imports))
+    dtype = parse_dtype(dtype)
+    device = parse_platform(device) if device is not None else default_device().platform
+    if mode is not None and mode not in ("fwd", "fwd+bwd"):
+        raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+    regimes = _pick_regimes(regimes, contract)
+    if reference not in ("auto", "oracle", "torch_chunk"):
+        raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
+    request = {
+        "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regimes": regimes,
+        "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
+        "reference": reference, "imports": resolve_imports(list(imports)),
+    }  # fmt: skip
+    return request, contract
+
+
+def verify_impl(
+    op: str,
+    impl: str,
+    shape: str,
+    *,
+    dtype: str = "bf16",
+    seeds: int = 3,
+    seed: int = 0,
+    regimes: Sequence[str] = (),
+    initial_state: bool = True,
+    mode: str | None = None,
+    device: str | None = None,
+    as_json: bool = False,
+    imports: Sequence[str] = (),
+    deterministic: bool = False,
+    reference: str = "auto",
+    all_records: bool = False,
+    timeout: float | None = None,
+) -> int:
+    """Run the correctness gate on `impl` of `op` at `shape` (e.g. ``B=2,T=200,H=4,K=64``) in a child process and
+    print every check: a table, or with `as_json` the report and every record as JSON.
+
+    Returns:
+        0 when every gating check passed; 1 when one failed, or the child crashed, raised or hung past `timeout`
+        seconds (default: :func:`default_timeout_s`).
+
+    Raises:
+        BadInput: a malformed option, an --import file that raises or exits, a shape that cannot fit in host memory.
+    """
+    from rich.console import Console
+
+    from deltabench.correctness.verify_child import verify_in_child
+    from deltabench.harness.errors import BadInput
+
+    if timeout is not None and timeout <= 0:
+        raise BadInput("--timeout must be a positive number of seconds")
+    request, contract = _request(
+        op,
+        impl,
+        shape,
+        dtype=dtype,
+        seeds=seeds,
+        seed=seed,
+        regimes=regimes,
+        initial_state=initial_state,
+        mode=mode,
+        device=device,
+        imports=imports,
+        deterministic=deterministic,
+        reference=reference,
+    )
+    timeout_s = timeout if timeout is not None else default_timeout_s()
+    console = Console(stderr=as_json)
+    shape_id = "-".join(f"{k}{v}" for k, v in request["dims"].items())  # as typed: the child completes it
+    what = " ".join(x for x in (shape_id, request["dtype"], mode) if x)
+    with console.status(f"verifying {op}/{impl} on {what} ({request['device']}, in a child process)"):
+        outcome = verify_in_child(request, timeout_s)
+    if outcome.bad_input is not None:
+        raise BadInput(outcome.bad_input)
+    if outcome.report is None:
+        if outcome.crash is not None:
+            msg = f"{op}/{impl} {outcome.crash}"
+        else:
+            oom = ", out of memory" if outcome.oom else ""
+            msg = f"{op}/{impl} raised {outcome.error} (in {outcome.phase}{oom})"
+        _print_failure(console, msg, outcome, as_json)
+        return 1
+    report = outcome.report
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        _print_report(console, report, contract.title if contract else op, all_records)
+    return 0 if report.passed else 1
+
+
+def verify_command(
+    op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2, kda or sdm (see `deltabench list`)."),
+    impl: str = typer.Option(..., "--impl", help="Impl name (see `deltabench list`)."),
+    shape: str = typer.Option(..., "--shape", help="Dims, e.g. B=2,T=200,H=4,K=64,V=64 (V defaults to K)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
+    seed: int = typer.Option(0, "--seed", help="The first seed."),
+    regime: list[str] = typer.Option(
+        [], "--regime", help="Only this gate regime (repeatable): typical, long or strong (default: all three)."
+    ),
+    initial_state: bool = typer.Option(
+        True,
+        "--initial-state/--no-initial-state",
+        help="Kept for the record of the case; both variants (with and without) are always checked.",
+    ),
+    mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
+    device: str = device_option("cuda if present, else cpu"),
+    json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
+    import_: list[str] = import_option(),
+    deterministic: bool = typer.Option(
+        False,
+        "--deterministic",
+        help="Make bitwise determinism gating (two calls, and the first again in a fresh process).",
+    ),
+    reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
+    all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
+    ),
+) -> int:
+    """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness.
+
+    The case runs in a child process: a crash or a hang (past --timeout) is a failed verification that names
+    the signal or the phase (import, inputs, call, check), exit code 1. Exit code 2: bad input, an --import
+    file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
+    """
+    return verify_impl(
+        op,
+        impl,
+        shape,
+        dtype=dtype,
+        seeds=seeds,
+        seed=seed,
+        regimes=regime,
+        initial_state=initial_state,
+        mode=mode,
+        device=device,
+        as_json=json_,
+        imports=import_,
+        deterministic=deterministic,
+        reference=reference,
+        all_records=all_records,
+        timeout=timeout,
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``verify`` command to `app`."""
-
-    @app.command("verify")
-    def verify_command(
-        op: str = typer.Option(..., "--op", help="Op name: gdn, gdn2, kda or sdm (see `deltabench list`)."),
-        impl: str = typer.Option(..., "--impl", help="Impl name (see `deltabench list`)."),
-        shape: str = typer.Option(..., "--shape", help="Dims, e.g. B=2,T=200,H=4,K=64,V=64 (V defaults to K)."),
-        dtype: str = typer.Option("bf16", "--dtype", help="fp32, bf16 or fp16 (or float32, bfloat16, float16)."),
-        seeds: int = typer.Option(3, "--seeds", min=1, help="Consecutive seeds from --seed; one more is drawn."),
-        seed: int = typer.Option(0, "--seed", help="The first seed."),
-        regime: list[str] = typer.Option(
-            [], "--regime", help="Only this gate regime (repeatable): typical, long or strong (default: all three)."
-        ),
-        initial_state: bool = typer.Option(
-            True,
-            "--initial-state/--no-initial-state",
-            help="Kept for the record of the case; both variants (with and without) are always checked.",
-        ),
-        mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
-        device: str = typer.Option(None, "--device", help="cpu, cuda or tpu (default cuda when present)."),
-        json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
-        import_: list[str] = typer.Option([], "--import", help="A module or .py file that registers impls."),
-        deterministic: bool = typer.Option(
-            False,
-            "--deterministic",
-            help="Make bitwise determinism gating (two calls, and the first again in a fresh process).",
-        ),
-        reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
-        all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
-        timeout: float = typer.Option(
-            None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
-        ),
-    ) -> int:
-        """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness.
-
-        The case runs in a child process: a crash or a hang (past --timeout) is a failed verification that names
-        the signal or the phase (import, inputs, call, check), exit code 1. Exit code 2: bad input, an --import
-        file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
-        """
-        from deltabench.harness.cases import parse_dtype, parse_shape
-        from deltabench.harness.errors import BadInput, UnknownOp
-        from deltabench.harness.ops import get_op
-        from deltabench.references.contract import parse_dims
-
-        if timeout is not None and timeout <= 0:
-            raise BadInput("--timeout must be a positive number of seconds")
-        contract = None
-        try:
-            contract = get_op(op)
-            dims = parse_shape(shape, op)
-        except UnknownOp:
-            if not import_:
-                raise
-            # An op the --import file registers: the child, which imports it, checks the shape and the regimes
-            # against its contract.
-            try:
-                dims = parse_dims(shape)
-            except ValueError as exc:
-                raise BadInput(str(exc)) from None
-        dtype = parse_dtype(dtype)
-        from deltabench.harness.devices import default_device, parse_platform
-
-        device = parse_platform(device) if device is not None else default_device().platform
-        if mode is not None and mode not in ("fwd", "fwd+bwd"):
-            raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
-        from deltabench.harness.cases import REGIMES
-
-        known_regimes = contract.regimes if contract is not None else REGIMES
-        unknown = [r for r in regime if r not in known_regimes]
-        if unknown and contract is not None:
-            raise BadInput(f"unknown gate regime {unknown[0]!r}: use {', '.join(known_regimes)}")
-        # none given: every regime of the op's contract (an imported op's: the child reads them)
-        regimes = list(dict.fromkeys(regime)) or (list(known_regimes) if contract is not None else [])
-        if reference not in ("auto", "oracle", "torch_chunk"):
-            raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
-        request = {
-            "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regimes": regimes,
-            "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
-            "reference": reference, "imports": [_absolute(s) for s in import_],
-        }  # fmt: skip
-        timeout_s = timeout if timeout is not None else default_timeout_s()
-
-        from rich.console import Console
-
-        from deltabench.correctness.verify_child import verify_in_child
-
-        console = Console(stderr=json_)
-        shape_id = "-".join(f"{k}{v}" for k, v in dims.items())  # as typed: the child completes it
-        what = " ".join(x for x in (shape_id, dtype, mode) if x)
-        with console.status(f"verifying {op}/{impl} on {what} ({device}, in a child process)"):
-            outcome = verify_in_child(request, timeout_s)
-        if outcome.bad_input is not None:
-            raise BadInput(outcome.bad_input)
-        if outcome.report is None:
-            if outcome.crash is not None:
-                msg = f"{op}/{impl} {outcome.crash}"
-            else:
-                oom = ", out of memory" if outcome.oom else ""
-                msg = f"{op}/{impl} raised {outcome.error} (in {outcome.phase}{oom})"
-            _print_failure(console, msg, outcome, json_)
-            return 1
-        report = outcome.report
-        if json_:
-            print(json.dumps(report.to_dict(), indent=1))
-            return 0 if report.passed else 1
-        _print_report(console, report, contract.title if contract else op, all_records)
-        return 0 if report.passed else 1
+    app.command("verify")(verify_command)
 
 
 def default_timeout_s() -> float:
@@ -192,11 +293,6 @@ def default_timeout_s() -> float:
     from deltabench.runners.base import JobSpec
 
     return float(JobSpec.model_fields["timeout_s"].default)
-
-
-def _absolute(spec: str) -> str:
-    """A file import as an absolute path (the child may not share the working directory's meaning)."""
-    return str(Path(spec).resolve()) if spec.endswith(".py") or Path(spec).is_file() else spec
 
 
 def _print_failure(console: Any, msg: str, outcome: Any, json_: bool) -> None:

@@ -149,3 +149,11 @@ def test_list_shows_availability_and_full_reasons(capsys: pytest.CaptureFixture[
     flat = " ".join(table.split())
     for reason in reasons:  # each reason is printed whole, not cut off
         assert " ".join(reason.split()) in flat
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999", "-1", str(2**62)])
+def test_a_seed_out_of_range_is_bad_input(capsys: pytest.CaptureFixture[str], seed: str) -> None:
+    """Exit 2 with one line naming the range, before any kernel runs (an overflowing seed failed the kernel)."""
+    code, out, err = run_cli(capsys, "verify", "--op", "gdn", "--impl", "torch_chunk", "--shape", TINY, "--seed", seed)
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and "out of range" in err and str(2**62 - 1) in err, err

@@ -14,6 +14,7 @@ from .errors import BadInput
 
 __all__ = [
     "DTYPES",
+    "MAX_SEED",
     "MODES",
     "REGIMES",
     "Case",
@@ -41,6 +42,9 @@ _DTYPE_ALIASES = {
     "torch.float16": "fp16",
 }
 MODES = ("fwd", "fwd+bwd", "bwd")
+# The largest first seed of a case: its gate adds the seed's index and fixed offsets (cotangents) to it, which must
+# stay within torch's 64-bit generator seeds.
+MAX_SEED = 2**62 - 1
 
 
 def parse_dtype(text: str) -> str:
@@ -164,6 +168,8 @@ class Case:
             raise BadInput(f"unknown gate regime {regime!r}: use one of {', '.join(regimes)}")
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise BadInput(f"seed {seed!r} is out of range: use an integer from 0 to {MAX_SEED} (2**62 - 1)")
         set_ = object.__setattr__
         set_(self, "op", op)
         set_(self, "shape", tuple((d, int(v)) for d, v in given.items()))

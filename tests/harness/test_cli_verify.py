@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -157,3 +158,18 @@ def test_a_seed_out_of_range_is_bad_input(capsys: pytest.CaptureFixture[str], se
     code, out, err = run_cli(capsys, "verify", "--op", "gdn", "--impl", "torch_chunk", "--shape", TINY, "--seed", seed)
     assert code == 2 and out == "", out
     assert len(err.strip().splitlines()) == 1 and "out of range" in err and str(2**62 - 1) in err, err
+
+
+def test_a_piped_table_folds_rather_than_cuts(capsys: pytest.CaptureFixture[str]) -> None:
+    """Piped (80 columns), a wide row (a drawn seed of ten digits, a long worst index) folds its index onto the next
+    line: no bound, seed or verdict is cut short with an ellipsis."""
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "gdn", "--impl", "torch_chunk", "--shape", "B=2,T=400,H=3,K=16,V=16",
+        "--seeds", "1", "--seed", "1234567890", "--device", "cpu", "--regime", "typical",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    rows = [ln for ln in out.splitlines() if ln.strip().startswith(("output ", "grad:")) and len(ln.split()) >= 7]
+    assert rows and all(line.rstrip().endswith("pass") for line in rows), rows
+    assert all(re.fullmatch(r"\d\.\d\de-\d\d", line.split()[3]) for line in rows), rows  # every bound whole

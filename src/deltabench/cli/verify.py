@@ -332,7 +332,7 @@ def _value_text(row: dict[str, Any]) -> str:
 
 
 def _print_report(console: Any, report: Any, title: str, all_records: bool) -> None:
-    """The rich table of checks (fits 80 columns), its footnotes, the seeds, the reference and the verdict."""
+    """The rich table of checks (fits 80 columns, folding rather than cutting), its footnotes, the seeds, the reference and the verdict."""
     from rich import box
     from rich.table import Table
 
@@ -349,7 +349,10 @@ def _print_report(console: Any, report: Any, title: str, all_records: bool) -> N
         ("check", "left"), ("h0", "left"), ("rel err", "right"), ("bound", "right"), ("max abs", "right"),
         ("worst at", "left"), ("seed", "right"), ("ok", "left"),
     ):  # fmt: skip
-        table.add_column(col, justify=justify, no_wrap=True)
+        # The check's name and the worst element's index fold onto a second line when the row is wider than the
+        # console (80 columns when piped); numbers and the verdict never wrap, and so are never cut.
+        wraps = col in ("check", "worst at")
+        table.add_column(col, justify=justify, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
     if all_records:
         rows = [
             {

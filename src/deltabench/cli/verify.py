@@ -332,7 +332,8 @@ def _value_text(row: dict[str, Any]) -> str:
 
 
 def _print_report(console: Any, report: Any, title: str, all_records: bool) -> None:
-    """The rich table of checks (fits 80 columns, folding rather than cutting), its footnotes, the seeds, the reference and the verdict."""
+    """The rich table of checks (fits 80 columns, folding rather than cutting), its footnotes, the seeds, the
+    reference and the verdict."""
     from rich import box
     from rich.table import Table
 

@@ -240,3 +240,53 @@ def test_a_suite_narrows_the_gate_regimes(tmp_path):
         seen[label] = ({r.regime for r in job.verification if r.regime}, job.gate_reference)
     assert seen["narrow"][0] == {"long"} and "regimes long;" in seen["narrow"][1]
     assert seen["default"][0] == {"typical", "long", "strong"}
+
+
+def test_an_unreachable_store_is_refused_before_the_first_job(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The store is reached first: exit 2 with one line, no job run (it used to run the whole suite, then exit 2
+    without saying where the results were)."""
+    suite = tmp_path / "faults.toml"
+    suite.write_text(SUITE.replace('"planted_wrong", "planted_raise", "planted_segfault", "planted_cuda_only"', ""))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--suite", str(suite), "--db", "postgresql+psycopg://postgres@127.0.0.1:1/nowhere", "-q"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and "Connection refused" in err, err
+    assert "partial document" not in err
+
+
+def test_ctrl_c_says_how_many_jobs_were_saved_and_where(tmp_path: Path) -> None:
+    """Interrupted, the run names its partial document, how many of its jobs it holds, and how to store it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    suite = tmp_path / "slow.toml"
+    three = 'shapes = ["B=1,T=20,H=1,K=8,V=8", "B=1,T=40,H=1,K=8,V=8", "B=1,T=60,H=1,K=8,V=8"]'
+    text = SUITE.replace('"planted_wrong", "planted_raise", "planted_segfault", "planted_cuda_only"', "")
+    suite.write_text(text.replace('shapes = ["B=1,T=20,H=1,K=8,V=8"]', three))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable,
+        "-c",
+        "from deltabench.cli.app import main; main()",
+        "run",
+        "--suite",
+        str(suite),
+        "--no-db",
+    ]
+    with open(tmp_path / "err.log", "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 120
+        while "partial document" not in (tmp_path / "err.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    err = (tmp_path / "err.log").read_text()
+    found = re.search(r"interrupted: (\d+) of (\d+) jobs saved in (\S+) \(incomplete\); `deltabench ingest \3`", err)
+    assert found, err[-2000:]
+    assert int(found.group(2)) == 3 and int(found.group(1)) <= 3 and Path(found.group(3)).is_file()
+    assert proc.returncode == 130, err[-1000:]

@@ -47,6 +47,26 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _check_store(db_url: str | None) -> None:
+    """Reach the store before the first job (BadInput naming the database's error): a run into a store that cannot
+    be reached would otherwise end, after all its jobs, without storing them."""
+    try:
+        from sqlalchemy import text
+
+        from deltabench.db.engine import describe_error, get_engine, session_scope
+    except ModuleNotFoundError:  # no db layer installed: _save says so at the end
+        return
+    from deltabench.harness.errors import BadInput
+
+    try:
+        with session_scope(get_engine(db_url)) as session:
+            session.execute(text("SELECT 1"))
+    except Exception as exc:
+        if not type(exc).__module__.startswith("sqlalchemy."):
+            raise
+        raise BadInput(f"database: {describe_error(exc)} (use --no-db to run without storing)") from None
+
+
 def _store(doc, db_url: str | None) -> str:
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.ingest import ingest_document
@@ -202,7 +222,23 @@ class RunProgress:
 
     def on_begin(self, path) -> None:
         # Named up front: a run cut short (Ctrl-C, a lost machine) leaves its jobs so far in this file.
-        self.console.print(f"partial document (each job saved as it ends): {path}")
+        self.path = path
+        self.console.print(f"partial document (each job saved as it ends): {path}", soft_wrap=True, highlight=False)
+
+    def saved_line(self) -> str | None:
+        """``N of M jobs saved in FILE (incomplete); ...``: what a run that ends early leaves, and how to store it;
+        None before the document was begun."""
+        from deltabench.harness.document import ResultDocument
+
+        path = getattr(self, "path", None)
+        if path is None:
+            return None
+        try:
+            done = len(ResultDocument.from_json(Path(path).read_text()).jobs)
+        except (OSError, ValueError):
+            done = 0
+        total = len(self.plan.jobs) * self.plan.repeat
+        return f"{done} of {total} jobs saved in {path} (incomplete); `deltabench ingest {path}` stores it"
 
 
 def _execute(
@@ -226,7 +262,6 @@ def _execute(
     )
 
     from deltabench.cli.progress_lines import ProgressLines
-    from deltabench.runners.session import run_plan
 
     # Live only where someone watches: a pipe, a file or CI gets the tables and the summary alone.
     live = not quiet and sys.stdout.isatty() and console.is_terminal
@@ -244,23 +279,46 @@ def _execute(
         disable=not live,
     ) as progress:
         hooks = RunProgress(progress, plan, title, console, lines)
-        if base_ref is None:
-            docs = [
-                run_plan(
-                    plan,
-                    out=out,
-                    on_start=hooks.on_start,
-                    on_done=hooks.on_done,
-                    on_begin=hooks.on_begin,
-                    on_phase=hooks.on_phase,
-                    on_gated=hooks.on_gated,
-                    on_compiled=hooks.on_compiled,
-                )
-            ]
-        else:
-            progress.update(hooks.task, total=2 * len(plan.jobs) * plan.repeat)
-            docs = list(_run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done))
-        hooks.describe(f"{title}: done")
+        try:
+            return _run_under(hooks, plan, progress, console, title, out=out, base_ref=base_ref, base_out=base_out)
+        except KeyboardInterrupt:
+            saved = hooks.saved_line()
+            if saved:
+                console.print(f"interrupted: {saved}", soft_wrap=True, highlight=False)
+            raise
+
+
+def _run_under(
+    hooks: RunProgress,
+    plan: Any,
+    progress: Any,
+    console: Console,
+    title: str,
+    *,
+    out: Path | None,
+    base_ref: str | None,
+    base_out: Path | None,
+) -> list[ResultDocument]:
+    """The run itself, reporting to `hooks`."""
+    from deltabench.runners.session import run_plan
+
+    if base_ref is None:
+        docs = [
+            run_plan(
+                plan,
+                out=out,
+                on_start=hooks.on_start,
+                on_done=hooks.on_done,
+                on_begin=hooks.on_begin,
+                on_phase=hooks.on_phase,
+                on_gated=hooks.on_gated,
+                on_compiled=hooks.on_compiled,
+            )
+        ]
+    else:
+        progress.update(hooks.task, total=2 * len(plan.jobs) * plan.repeat)
+        docs = list(_run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done))
+    hooks.describe(f"{title}: done")
     return docs
 
 
@@ -375,6 +433,8 @@ def run_suite(
     if not plan.jobs:
         raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
     _check_memory(plan.jobs)
+    if not no_db:
+        _check_store(db)
     console = Console(stderr=True)
     docs = _execute(
         plan, f"suite {loaded.name} on {dev}", console, quiet=quiet, out=out, base_ref=base_ref, base_out=base_out

@@ -104,8 +104,7 @@ def test_same_bits_as_the_impl_it_picks(fused: bool, impl, monkeypatch: pytest.M
 
 def test_through_the_verification_engine() -> None:
     """The registered impl passes the harness gate (fp32, fwd+bwd, initial state) on the CPU interpreter."""
-    from deltabench.correctness.verify import verify_case
-
+    from deltabench.correctness.engine import verify_case
     from deltabench.harness.cases import Case
     from deltabench.harness.registry import get_impl
 

@@ -273,4 +273,4 @@ def test_tuned_head_size_takes_the_gpu_path(dtype: torch.dtype, monkeypatch: pyt
     _check_against_oracle(1, 130, 2, 128, 128, dtype, "long", True)
     cfg = local_bwd.LAUNCH
     assert cfg["split"]
-    assert launches == [(part, cfg["block_v"], cfg["warps"], cfg["stages"]) for part in (1, 2, 3)]
+    assert launches == [(part, *cfg["parts"][part - 1]) for part in (1, 2, 3)]

@@ -39,7 +39,17 @@ __all__ = ["LAUNCH", "local_bwd"]
 # v3 (2026-12-03, benchmarks/gpu/gdn_h16.py sweep, the three launches together): 3 stages 2.222 ms at 4x8192x16
 # against 2.320 for 2 (1x32768x16 2.327 / 2.417, 8x4096x6 0.851 / 0.892, 4x4096x6 0.447 / 0.465), every gradient
 # bit-identical; 64/4/2 about as fast (2.244) but not bit-identical; 128 columns 2.932; 32/4/2 2.618.
-LAUNCH = {"warps": 8, "block_v": 64, "stages": 3, "split": True}
+# `parts`: each split launch's own (V block, warps, stages), PARTs 1-3 in order; the three hold different work (two
+# V loops, then none), so one config need not suit them all. H200, 2026-12-04 (benchmarks/gpu/local_bwd_parts.py,
+# each part alone, us at 4x8192x16 / 1x32768x16): PART 3 (no V loop) at 4 warps 389 / 401 against 645 / 667 at 8
+# (2 warps 524, 16 warps 1211); PARTs 1 and 2 best at 64/8/3 (730 and 848; 4 warps spill 150-220 values).
+LAUNCH = {
+    "warps": 8,
+    "block_v": 64,
+    "stages": 3,
+    "split": True,
+    "parts": ((64, 8, 3), (64, 8, 3), (64, 4, 1)),
+}
 
 
 @triton.jit
@@ -237,10 +247,12 @@ def local_bwd(
     do: torch.Tensor,
     scale: float,
     config: tuple[int, ...] | None = None,
+    parts: tuple[tuple[int, ...], ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the chunk-local backward. Returns ``(dq, dk, dv, dg, dbeta)``; dg and dbeta are fp32 [B, T, H].
 
-    `config` ``(V block, warps, stages[, split])`` replaces LAUNCH's (for tuning scripts; None in the library)."""
+    `config` ``(V block, warps, stages[, split])`` replaces LAUNCH's, and `parts` LAUNCH's per-launch configs of
+    the split (for tuning scripts; None in the library)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -259,10 +271,16 @@ def local_bwd(
     # PART 2 leaves a partial of dA in L's strictly upper triangle, which nothing else reads
     dkp = torch.empty_like(dq, dtype=torch.float32) if split else None
     dgp = torch.empty_like(dg) if split else None
-    for part in (1, 2, 3) if split else (0,):
+    if split:
+        # the split's per-launch configs; a `config` without `parts` keeps the one config for all three
+        chosen = parts or (LAUNCH["parts"] if not config else [(BV, warps, stages)] * 3)
+        launches = list(zip((1, 2, 3), chosen, strict=True))
+    else:
+        launches = [(0, (BV, warps, stages))]
+    for part, (bv, nw, ns) in launches:
         local_bwd_kernel[(NT, B * H)](
             q, k, v, g, beta, L, h, dh, vnew, dvnew, do, dq, dk, dv, dg, dbeta, dkp, dgp, scale, T, NT,
-            H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, PREC=dot_precision(q.dtype), PART=part,
-            num_warps=warps, num_stages=stages,
+            H=H, K=K, V=V, BK=BK, BV=min(bv, padded(V)), C=CHUNK, PREC=dot_precision(q.dtype), PART=part,
+            num_warps=nw, num_stages=ns,
         )  # fmt: skip
     return dq, dk, dv, dg, dbeta

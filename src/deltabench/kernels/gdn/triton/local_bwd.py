@@ -40,16 +40,29 @@ __all__ = ["LAUNCH", "local_bwd"]
 # against 2.320 for 2 (1x32768x16 2.327 / 2.417, 8x4096x6 0.851 / 0.892, 4x4096x6 0.447 / 0.465), every gradient
 # bit-identical; 64/4/2 about as fast (2.244) but not bit-identical; 128 columns 2.932; 32/4/2 2.618.
 # `parts`: each split launch's own (V block, warps, stages), PARTs 1-3 in order; the three hold different work (two
-# V loops, then none), so one config need not suit them all. H200, 2026-12-04 (benchmarks/gpu/local_bwd_parts.py,
-# each part alone, us at 4x8192x16 / 1x32768x16): PART 3 (no V loop) at 4 warps 389 / 401 against 645 / 667 at 8
-# (2 warps 524, 16 warps 1211); PARTs 1 and 2 best at 64/8/3 (730 and 848; 4 warps spill 150-220 values).
+# V loops, then one), so one config need not suit them all. H200, 2026-12-04 (benchmarks/gpu/local_bwd_parts.py,
+# each part alone, us at 4x8192x16 / 1x32768x16): PART 1 64/8/3 729 / 756 (4 warps spill 220 values: 954);
+# PART 2 128/4/2 683 / 695 against 762 / 819 at 64/8/3 (108 spilled values, but two programs an SM instead of
+# one; 64/4/2 660 / 680, 64/4/3 881); PART 3 128/4/1 480 / 496 against 830 / 855 at 8 warps (before dv moved
+# into it: 389 at 4 warps, 645 at 8).
 LAUNCH = {
     "warps": 8,
     "block_v": 64,
     "stages": 3,
     "split": True,
-    "parts": ((64, 8, 3), (64, 8, 3), (64, 4, 1)),
+    "parts": ((64, 8, 3), (128, 4, 2), (128, 4, 1)),
 }
+
+
+@triton.jit
+def _dv_from_wy(TTd, dvnew, dv, row, mt, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """U = T v, so dv = T^T dv_new: `TTd` is T^T [C, C] in the inputs' dtype; dv stored by V blocks."""
+    for i_v in range(tl.cdiv(V, BV)):
+        rv = i_v * BV + tl.arange(0, BV)
+        mtv = mt[:, None] & (rv < V)[None, :]
+        dub = tl.load(dvnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        dvb = mma(TTd, dub, PREC)
+        tl.store(dv + row[:, None] * V + rv[None, :], dvb.to(dv.dtype.element_ty), mask=mtv)
 
 
 @triton.jit
@@ -65,12 +78,13 @@ def local_bwd_kernel(
 
     - PART 1, the query side and the state update: dq, and o's and the update's terms of dk and dg, left in
       fp32 in dkp / dgp;
-    - PART 2, W and U: dv, W's terms of dk and dg (added into dkp / dgp), dbeta's dT term (into dbeta), and
+    - PART 2, W and U: W's terms of dk and dg (added into dkp / dgp), dbeta's dT term (into dbeta), and
       Y = L^T dL, the first product of dA = -L^T dL L^T: its strictly lower part, all that dA needs, stored
       transposed into L's strictly upper triangle, which L = (I + A)^{-1} leaves unused (no extra memory; L's
       own lower triangle is never written);
     - PART 3, A: dA and its transpose from L's tile read in both orientations (loaded operands, never a
-      transposed product), A's terms of dk, dg and dbeta added, dk and dg stored."""
+      transposed product), A's terms of dk, dg and dbeta added, dk and dg stored; and dv = T^T dv_new, from
+      the L^T it holds (PART 2, at 250 registers, is the longer launch)."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -169,13 +183,8 @@ def local_bwd_kernel(
         LT = tl.trans(Lm)
         # W and U
         TT = LT * bc[:, None]
-        TTd = TT.to(dt)
-        for i_v in range(tl.cdiv(V, BV)):  # U = T v: dv = T^T dv_new
-            rv = i_v * BV + tl.arange(0, BV)
-            mtv = mt[:, None] & (rv < V)[None, :]
-            dub = tl.load(dvnew + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-            dvb = mma(TTd, dub, PREC)
-            tl.store(dv + row[:, None] * V + rv[None, :], dvb.to(dv.dtype.element_ty), mask=mtv)
+        if PART == 0:  # U = T v: dv = T^T dv_new (the split does it in PART 3, which holds L^T anyway)
+            _dv_from_wy(TT.to(dt), dvnew, dv, row, mt, V, BV, PREC)
         # W = T K^: dK^ = T^T dW = -T^T dw_acc; then dw_acc's last use, dT's K^ part
         dk_w = -mma(TT, dw_acc, PREC) * gam[:, None]
         dGv += tl.sum(dk_w * kc.to(tl.float32), axis=1)
@@ -211,6 +220,7 @@ def local_bwd_kernel(
             Yl = tl.where(lower, Lcol, 0.0)
             dA = tl.where(lower, -mma(Yl, LT, PREC), 0.0)
             dAT = tl.where(upper, -mma(Lm, YT, PREC), 0.0)
+            _dv_from_wy((LT * bc[:, None]).to(dt), dvnew, dv, row, mt, V, BV, PREC)
             db += tl.load(dbeta + row, mask=mt, other=0.0)
             dGv += tl.load(dgp + row, mask=mt, other=0.0)
         E_low = tl.where(lower, tl.exp(tl.where(lower, Gd, 0.0)), 0.0)  # exp(G_i - G_j), i > j

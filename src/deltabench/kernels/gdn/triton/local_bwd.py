@@ -42,15 +42,15 @@ __all__ = ["LAUNCH", "local_bwd"]
 # `parts`: each split launch's own (V block, warps, stages), PARTs 1-3 in order; the three hold different work (two
 # V loops, then one), so one config need not suit them all. H200, 2026-12-04 (benchmarks/gpu/local_bwd_parts.py,
 # each part alone, us at 4x8192x16 / 1x32768x16): PART 1 64/8/3 729 / 756 (4 warps spill 220 values: 954);
-# PART 2 128/4/2 683 / 695 against 762 / 819 at 64/8/3 (108 spilled values, but two programs an SM instead of
-# one; 64/4/2 660 / 680, 64/4/3 881); PART 3 128/4/1 480 / 496 against 830 / 855 at 8 warps (before dv moved
+# PART 2 64/4/2 660 / 680 against 762 / 819 at 64/8/3 (96 spilled values, but two programs an SM instead of
+# one; 128/4/2 683 / 695, 64/4/3 881); PART 3 128/4/1 480 / 496 against 830 / 855 at 8 warps (before dv moved
 # into it: 389 at 4 warps, 645 at 8).
 LAUNCH = {
     "warps": 8,
     "block_v": 64,
     "stages": 3,
     "split": True,
-    "parts": ((64, 8, 3), (128, 4, 2), (128, 4, 1)),
+    "parts": ((64, 8, 3), (64, 4, 2), (128, 4, 1)),
 }
 
 

@@ -55,8 +55,10 @@ def _tiny() -> dict:
         (lambda x: x.update(num_slots=None), "pass num_slots or initial_bank"),
         (lambda x: x.update(g=x["g"][:, :3]), r"g must be \[B, T, H\]"),
         (lambda x: x.update(k_idx=x["k_idx"].float()), "k_idx must be an int64"),
+        # typical draws signed write weights: under the key-weighted decay a negative one would grow its slot
+        (lambda x: x.update(key_weighted_decay=True), r"key_weighted_decay needs k_val >= 0"),
     ],
-    ids=["k-out-of-range", "q-negative", "repeated-write", "W>S", "no-S", "bad-shape", "float-index"],
+    ids=["k-out-of-range", "q-negative", "repeated-write", "W>S", "no-S", "bad-shape", "float-index", "kw-negative"],
 )
 def test_bad_input_is_one_line_value_error(edit, message: str) -> None:
     x = _tiny()

@@ -12,8 +12,9 @@ Per token t, for each (b, h)::
     y_t     = sum_m q_val[m] * M[q_idx[m]]
 
 With ``key_weighted_decay`` the decay of write n is ``exp(g_t * k_val[n])`` (a repeated slot takes the decay of its
-first entry, as SDM 2.0.0 does). The W write slots of a token must be distinct: a repeat is a ``ValueError`` unless
-``allow_repeated_writes=True``, which gives SDM 2.0.0's answer for it (decay once, every entry reads and writes).
+first entry, as SDM 2.0.0 does), and every k_val must be >= 0, so that it decays. The W write slots of a token
+must be distinct: a repeat is a ``ValueError`` unless ``allow_repeated_writes=True``, which gives SDM 2.0.0's
+answer for it (decay once, every entry reads and writes).
 
 Product-key top-k (``pk_topk``) is an op of its own: F factors of widths ``n_0..n_{F-1}`` (product S) side by side
 in ``raw [..., sum(n_f)]``; slot ``(..(c_0 n_1 + c_1)..) n_{F-1} + c_{F-1}`` scores the float32 sum of its factor
@@ -240,11 +241,16 @@ def sdm_recurrent(
     ``S = 65536, D = 1024``.
 
     Raises:
-        ValueError: a shape breaks the contract, an index is out of range, W or R > S, or a write slot repeats.
+        ValueError: a shape breaks the contract, an index is out of range, W or R > S, a write slot repeats, or a
+            write weight is negative under ``key_weighted_decay``.
     """
     B, T, H, S, D, W, R = check_sdm_inputs(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
     )
+    if key_weighted_decay and bool((k_val < 0).any()):
+        # exp(g * k_val) with g <= 0 is a decay only for k_val >= 0; the contract holds the key-weighted decay
+        # to that domain, where clamping g * k_val at 0 changes nothing
+        raise ValueError("key_weighted_decay needs k_val >= 0: a write decays its slot by exp(g * k_val)")
     k_val, q_val, v, g, beta = (x.to(torch.float64) for x in (k_val, q_val, v, g, beta))
     k_idx, q_idx = k_idx.long(), q_idx.long()
     first = first_write_mask(k_idx)

@@ -42,15 +42,16 @@ __all__ = ["LAUNCH", "local_bwd"]
 # `parts`: each split launch's own (V block, warps, stages), PARTs 1-3 in order; the three hold different work (two
 # V loops, then one), so one config need not suit them all. H200, 2026-12-04 (benchmarks/gpu/local_bwd_parts.py,
 # each part alone, us at 4x8192x16 / 1x32768x16): PART 1 64/8/3 729 / 756 (4 warps spill 220 values: 954);
-# PART 2 64/4/2 660 / 680 against 762 / 819 at 64/8/3 (96 spilled values, but two programs an SM instead of
-# one; 128/4/2 683 / 695, 64/4/3 881); PART 3 128/4/1 480 / 496 against 830 / 855 at 8 warps (before dv moved
+# PART 2 128/4/2 565 / 578 against 762 / 819 at 64/8/3 (30 spilled values, but two programs an SM instead of
+# one; 64/4/2 613 / 632; before dT's uses were moved ahead of dk's read-modify-write: 685 / 694 and 108 spilled,
+# 64/4/2 660 / 680); PART 3 128/4/1 480 / 496 against 830 / 855 at 8 warps (before dv moved
 # into it: 389 at 4 warps, 645 at 8).
 LAUNCH = {
     "warps": 8,
     "block_v": 64,
     "stages": 3,
     "split": True,
-    "parts": ((64, 8, 3), (64, 4, 2), (128, 4, 1)),
+    "parts": ((64, 8, 3), (128, 4, 2), (128, 4, 1)),
 }
 
 
@@ -178,6 +179,8 @@ def local_bwd_kernel(
         if PART == 1:
             tl.store(dkp + row[:, None] * K + rk[None, :], dk_acc, mask=mtk)
             tl.store(dgp + row, dGv, mask=mt)
+    lower = rI > rJ
+    upper = rI < rJ
     if PART == 0 or PART == 2:
         Lm = tl.load(L + row[:, None] * C + rJ, mask=mt[:, None] & (rJ <= rI), other=0.0)
         LT = tl.trans(Lm)
@@ -185,29 +188,28 @@ def local_bwd_kernel(
         TT = LT * bc[:, None]
         if PART == 0:  # U = T v: dv = T^T dv_new (the split does it in PART 3, which holds L^T anyway)
             _dv_from_wy(TT.to(dt), dvnew, dv, row, mt, V, BV, PREC)
-        # W = T K^: dK^ = T^T dW = -T^T dw_acc; then dw_acc's last use, dT's K^ part
-        dk_w = -mma(TT, dw_acc, PREC) * gam[:, None]
-        dGv += tl.sum(dk_w * kc.to(tl.float32), axis=1)
-        dk_acc += dk_w
+        # W = T K^: dT's K^ part, then dK^ = T^T dW = -T^T dw_acc (dw_acc's last use). dT's uses come first, so
+        # that its tile and L's are dead by dk's read-modify-write (PART 2 runs at 4 warps, near its registers)
         dT -= mma(dw_acc.to(dt), tl.trans(khat), PREC)
         # T = L diag(beta): dL = dT diag(beta), dbeta_j = sum_i dT_ij L_ij
         db += tl.sum(dT * Lm, axis=0)
+        if PART == 2:
+            # the first product of dA, Y = L^T dL; only its strictly lower part reaches dA's (L^T is upper
+            # triangular): (i, j), i > j, goes to row j, column i of L, its strictly upper triangle
+            Y = mma(LT, dT * bc[None, :], PREC)
+            tl.store(L + row[None, :] * C + rI, Y, mask=mt[None, :] & lower)
+        dk_w = -mma(TT, dw_acc, PREC) * gam[:, None]
+        dGv += tl.sum(dk_w * kc.to(tl.float32), axis=1)
+        dk_acc += dk_w
         if PART == 2:
             dkw = dk_acc + tl.load(dkp + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
             tl.store(dkp + row[:, None] * K + rk[None, :], dkw, mask=mtk)
             tl.store(dgp + row, dGv + tl.load(dgp + row, mask=mt, other=0.0), mask=mt)
             tl.store(dbeta + row, db, mask=mt)
-    lower = rI > rJ
-    upper = rI < rJ
     if PART == 0:
         # dA = -L^T dL L^T, strictly lower, and the same from the transposed side, from loaded operands
         dA = tl.where(lower, -mma(mma(LT, dT * bc[None, :], PREC), LT, PREC), 0.0)
         dAT = tl.where(upper, -mma(mma(Lm, dTT * bc[:, None], PREC), Lm, PREC), 0.0)
-    if PART == 2:
-        # the first product of dA, Y = L^T dL; only its strictly lower part reaches dA's (L^T is upper
-        # triangular): (i, j), i > j, goes to row j, column i of L, its strictly upper triangle
-        Y = mma(LT, dT * bc[None, :], PREC)
-        tl.store(L + row[None, :] * C + rI, Y, mask=mt[None, :] & lower)
     if PART == 0 or PART == 3:  # A
         if PART == 3:
             mtt = mt[:, None] & mt[None, :]

@@ -209,7 +209,8 @@ def _interleaved(repo: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tupl
 
 def test_same_code_interleaved_passes_the_gate(user_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, row = _interleaved(user_project, "same", monkeypatch)
-    assert code == 0, row["reason"]
+    assert code == 0 and row["verdict"] == "same", row["reason"]
+    assert row["stats"]["min_detectable_change"] <= 0.05
     assert row["stats"]["spread_source"] == "repetitions"
     assert (row["stats"]["base_repetitions"], row["stats"]["head_repetitions"]) == (REPEAT, REPEAT)
 

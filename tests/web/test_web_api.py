@@ -87,6 +87,10 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
     assert by_impl["torch_chunk"]["stats"]["ci_low"] > 1.0
     assert by_impl["triton_chunk"]["outcome"] == "within_noise"
     assert r.json()["failed"] is True
+    # Verdicts and power: the blind CPU row could not have seen a 5% change, and says how much it could have missed.
+    assert by_impl["torch_chunk"]["verdict"] == "different" and by_impl["triton_chunk"]["verdict"] == "unknown"
+    assert by_impl["triton_chunk"]["stats"]["min_detectable_change"] > 10.0
+    assert r.json()["verdict"] == "different" and r.json()["verdicts"] == {"same": 0, "different": 1, "unknown": 1}
     impls = client.get(
         "/api/v1/compare/impls", params={"run": base.run_id, "base_impl": "torch_chunk", "head_impl": "triton_chunk"}
     ).json()
@@ -101,12 +105,17 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
         "/api/v1/compare/impls", params={"run": head.run_id, "base_impl": "triton_chunk", "head_impl": "triton_chunk"}
     ).json()
     assert same["rows"][0]["outcome"] == "within_noise", same["rows"][0]
+    # One run's own samples see a 5% change between two of its impls: the same, with its minimum detectable change.
+    assert same["rows"][0]["verdict"] == "same" and same["rows"][0]["stats"]["min_detectable_change"] <= 0.05
+    assert same["verdict"] == "same"
     assert client.get("/api/v1/compare/runs", params={"base": "nope", "head": head.run_id}).status_code == 404
     itself = client.get("/api/v1/compare/runs", params={"base": head.run_id, "head": head.run_id[:10]})
     assert itself.status_code == 422 and "are the same run" in itself.text, itself.text
     # The page's outcome badges count what occurred: no red "0 correctness failures".
     page = client.get("/compare", params={"base": base.run_id, "head": head.run_id}).text
     assert "1 regression</span>" in page and "0 correctness failure" not in page and ">0 " not in page
+    assert '<strong class="verdict">DIFFERENT</strong>' in page and "1 unknown</span>" in page
+    assert "<th>min detectable</th>" in page and "could go unseen" in page
     bad_alpha = {"base": base.run_id, "head": head.run_id, "alpha": 2}
     assert client.get("/api/v1/compare/runs", params=bad_alpha).status_code == 422
 

@@ -89,7 +89,7 @@ def compare_job_pairs(
     if same_run:
         fallback = same_run_spread()
     elif default_sigma is not None:
-        fallback = RunSpread(sigma=default_sigma, source="default")
+        fallback = RunSpread(sigma=default_sigma, source="default", measured=True)
     else:
         fallback = default_spread(machine_kind or (base_env.machine_kind if base_env is not None else None))
     out: list[JobComparison | None] = []
@@ -121,7 +121,9 @@ def compare_job_pairs(
                 sampled.append(len(out))
             else:
                 v = rule.grade_summaries(bt, ht, spreads.get((op, impl, shape, dtype, mode), fallback))
-                verdict = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **common)
+                verdict = JobComparison(
+                    outcome=v.outcome, reason=v.reason, stats=v.evidence, verdict=v.verdict, **common
+                )
         out.append(verdict)
     timings = [(pairs[i][0].timing, pairs[i][1].timing) for i in sampled]  # type: ignore[union-attr]
     graded = rule.grade_samples(
@@ -131,7 +133,7 @@ def compare_job_pairs(
         interleaved=interleaved,
     )
     for i, v in zip(sampled, graded, strict=True):
-        out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **commons[i])
+        out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, verdict=v.verdict, **commons[i])
     return [r for r in out if r is not None]
 
 

@@ -25,6 +25,7 @@ from .result import (
     JobComparison,
 )
 from .rule import GradingRule
+from .sequential import looks_of, sequential_rule
 
 __all__ = ["RunJobs", "compare_documents", "compare_job_pairs", "compare_jobs", "interleaved", "latest_by_key"]
 
@@ -215,6 +216,10 @@ def compare_documents(
     """
     rule = rule or GradingRule()
     together = interleaved(base, head)
+    # A sequential run (`run --repeat auto`) looked at its evidence several times: each look spends alpha / looks
+    # (regression.sequential), and the gate grades at the level its run stopped on.
+    looks = max(looks_of(getattr(base, "meta", None)), looks_of(getattr(head, "meta", None))) if together else 1
+    rule = sequential_rule(rule, looks)
     bj, hj = latest_by_key(base), latest_by_key(head)
     keys = list(hj) + [k for k in bj if k not in hj]
     rows = compare_job_pairs(
@@ -240,4 +245,5 @@ def compare_documents(
         head_incomplete=_incomplete(head),
         allow_missing=allow_missing,
         interleaved=together,
+        looks=looks,
     )

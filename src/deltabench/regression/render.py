@@ -129,6 +129,8 @@ def summary_line(cmp: Comparison) -> str:
         return f"`{commit[:10]}` (run {run_id[:8]})" if commit else f"run {run_id[:8]}"
 
     together = "; interleaved in one invocation (same machine states)" if cmp.interleaved else ""
+    if cmp.looks > 1:
+        together += f"; sequential repetitions, alpha {cmp.alpha:g} a look over {cmp.looks} looks"
     resolve = ""
     if v[UNKNOWN] or cmp.verdict == UNKNOWN:
         could_miss = cmp.max_detectable_change
@@ -151,7 +153,7 @@ def _md_escape(text: str) -> str:
 def _md_table(rows: list[JobComparison], *, level: float, with_stats: bool) -> list[str]:
     if with_stats:
         head = (
-            f"| verdict | op | impl | shape | dtype | mode | base ms | head ms | ratio | {level:.0%} CI | p | noise "
+            f"| verdict | op | impl | shape | dtype | mode | base ms | head ms | ratio | {level * 100:.4g}% CI | p | noise "
             "| min detectable | why |"
         )
         lines = [head, "|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -219,7 +221,7 @@ def print_comparison(cmp: Comparison, console: Any) -> None:
     """The rich table of every job (worst first) and the summary line."""
     from rich.table import Table
 
-    table = Table(title=f"head vs base ({1 - cmp.alpha:.0%} intervals)", title_justify="left")
+    table = Table(title=f"head vs base ({(1 - cmp.alpha) * 100:.4g}% intervals)", title_justify="left")
     for col, justify in (
         ("verdict", "left"),
         ("outcome", "left"),

@@ -147,6 +147,7 @@ class Comparison(BaseModel):
     head_incomplete: bool = False  # the head document says the run was cut short (meta.complete false)
     allow_missing: bool = False  # jobs missing in the head, or a head cut short, do not fail the comparison
     interleaved: bool = False  # base and head ran interleaved in one invocation (`deltabench run --base-ref`)
+    looks: int = 1  # a sequential run (`run --repeat auto`) looked this many times: alpha is the gate's / looks
     rows: list[JobComparison]
     skipped_points: int = Field(0, description="stored points left out as unusable (fail today's validation)")
 

@@ -153,8 +153,8 @@ def _md_escape(text: str) -> str:
 def _md_table(rows: list[JobComparison], *, level: float, with_stats: bool) -> list[str]:
     if with_stats:
         head = (
-            f"| verdict | op | impl | shape | dtype | mode | base ms | head ms | ratio | {level * 100:.4g}% CI | p | noise "
-            "| min detectable | why |"
+            "| verdict | op | impl | shape | dtype | mode | base ms | head ms | ratio "
+            f"| {level * 100:.4g}% CI | p | noise | min detectable | why |"
         )
         lines = [head, "|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
         for r in rows:

@@ -157,6 +157,14 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     regs = client.get("/api/v1/regressions", params={"only_regressions": True}).json()
     assert regs["series_scanned"] == 2
     assert [r["impl"] for r in regs["data"]] == ["torch_chunk"]
+    # The alert names the benchmark, shape, measure, effect and the runs the step lies between; confirmed by the
+    # 11 runs after it.
+    alert = regs["data"][0]
+    assert alert["change_point"]["confirmed"] is True and alert["change_point"]["n_after"] == 12
+    assert alert["measure"] == "median_ms" and 0.1 < alert["effect"] < 0.2
+    assert alert["change_point"]["before_run_id"] == docs[17].run_id
+    assert alert["alert"].startswith("gdn/torch_chunk B2-T1024-H4-K64-V64 bf16 fwd on cpu: median time +1")
+    assert alert["change_point"]["before_commit"] == f"{17:040x}" and alert["alert"].endswith("(confirmed)")
     key = regs["data"][0]["series_key"]
     note = {"series_key": key, "kind": "expected", "note": "new masking", "run_id": docs[18].run_id}
     assert client.post("/api/v1/annotations", json=note).status_code == 401

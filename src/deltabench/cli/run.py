@@ -556,7 +556,7 @@ def run_command(
         "--base-ref",
         help="Also run every job on the code of this git ref (e.g. main), interleaved with the head job by job "
         "in one invocation, so both see the same machine states; gate the two documents with "
-        "`deltabench gate --base BASE_OUT --head OUT` (use --repeat N, N >= 5).",
+        "`deltabench gate --base BASE_OUT --head OUT` (use --repeat auto, or --repeat N with N >= 5).",
     ),
     base_out: Path = typer.Option(
         None, "--base-out", help="With --base-ref: the base run's document (default: OUT's name + .base.json)."

@@ -179,6 +179,28 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     assert "1 change point found in the 2 series active in the last" in page, page[:2000]
 
 
+def test_a_step_on_the_newest_run_alone_is_not_a_regression_until_a_later_run_confirms_it(
+    app_client, db_url, build
+) -> None:
+    client = app_client()
+    token = build.token(db_url)
+    start = dt.datetime.now(UTC) - dt.timedelta(days=30)
+
+    def doc(i: int, median: float):  # type: ignore[no-untyped-def]
+        when = start + dt.timedelta(days=i)
+        return build.document(created_at=when, commit=f"{i:040x}", jobs=[build.job(impl="torch_chunk", median=median)])
+
+    flat = [doc(i, 1 + 0.004 * ((i * 5) % 3 - 1)) for i in range(25)]
+    client.post("/api/v1/runs", json=build.body(*flat, doc(25, 1.4)), headers=_auth(token))
+    found = client.get("/api/v1/regressions").json()["data"]
+    assert len(found) == 1 and found[0]["change_point"]["confirmed"] is False, found
+    assert found[0]["alert"].endswith("(unconfirmed: one run so far)")
+    assert client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"] == []
+    client.post("/api/v1/runs", json=build.body(doc(26, 1.4)), headers=_auth(token))
+    (alert,) = client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"]
+    assert alert["change_point"]["confirmed"] is True and alert["change_point"]["n_after"] == 2
+
+
 def test_history_and_series_follow_the_harness_series_definition(app_client, db_url, build) -> None:
     """A torch major.minor upgrade starts a new series (harness/series.py); the history never mixes the two."""
     client = app_client()

@@ -13,8 +13,9 @@ to alpha), so the probability that unchanged code is ever called different, at a
 and <= alpha per comparison with the jobs' own split of alpha (``noise``, "repetitions"). Both documents record
 the schedule (``meta.sequential``), and ``deltabench gate`` grades them at the same alpha / L: the verdict the run
 stopped on is the verdict the gate gives. The cost is power at the first look: with L = 3 its 5+5 permutation null
-has 252 splits, fewer than 3 / alpha, so its bound is the null's extreme split; the 10+10 and 20+20 looks have
-splits to spare.
+has 252 splits, fewer than 3 / alpha, so its bound is the null's most extreme split, which the observed split cannot
+exceed: the first look can call a job same (a small bound) but not different, and a slowdown is called at the
+10+10 look (C(20, 10) = 184,756 splits, ample for alpha / (3 m) over m jobs).
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ from deltabench.regression.sequential import look_schedule, looks_of, sequential
 from deltabench.runners.timing import merge_repetitions, summarize
 
 
-def test_look_schedule_doubles_from_five_up_to_the_maximum() -> None:
-    assert look_schedule(20) == [5, 10, 20]
-    assert look_schedule(12) == [5, 10, 12]
+def test_the_first_look_can_reject_and_later_ones_double_up_to_the_maximum() -> None:
+    assert look_schedule(20) == [6, 12, 20]  # C(12, 6) = 924 >= 2 x 3 looks / 0.01; C(10, 5) = 252 is not
+    assert look_schedule(12) == [6, 12]
+    assert look_schedule(20, jobs=24) == [9, 18, 20]  # C(18, 9) = 48,620 >= 2 x 3 x 24 / 0.01
+    assert look_schedule(10) == [6, 10]
     assert look_schedule(5) == [5]
     with pytest.raises(ValueError):
         look_schedule(4)

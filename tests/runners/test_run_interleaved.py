@@ -234,7 +234,7 @@ def test_a_planted_slowdown_in_the_working_tree_fails_the_gate(
     assert "interleaved" in row["reason"] and row["stats"]["change"] > 1.5
 
 
-AUTO = ("--repeat", "auto", "--max-repeat", "10")  # looks at 5 and 10 repetitions: alpha / 2 each
+AUTO = ("--repeat", "auto", "--max-repeat", "10")  # looks at 6 and 10 repetitions: alpha / 2 each
 
 
 def test_repeat_auto_passes_unchanged_code(user_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,7 +245,7 @@ def test_repeat_auto_passes_unchanged_code(user_project: Path, monkeypatch: pyte
     assert code in (0, 3) and row["verdict"] in ("same", "unknown"), row["reason"]
     doc = ResultDocument.from_json((user_project.parent / "auto-same.json").read_text())
     seq = doc.meta["sequential"]
-    assert seq["schedule"] == [5, 10] and seq["looks"] == 2 and seq["rounds"] in (5, 10)
+    assert seq["schedule"] == [6, 10] and seq["looks"] == 2 and seq["rounds"] in (6, 10)
     assert row["stats"]["head_repetitions"] == seq["rounds"]
     if code == 3:  # unknown: it used every repetition it was allowed
         assert seq["rounds"] == 10 and row["stats"]["min_detectable_change"] > 0.05

@@ -30,8 +30,8 @@ __all__ = ["MAX_REPEAT", "RunProgress", "register", "run_suite"]
 
 # Repetitions of a job in one run: enough for any spread estimate; more is a long benchmark, not a CI run.
 MAX_REPEAT = 50
-# Repetitions a job may reach under `--repeat auto` unless `--max-repeat` says otherwise: looks at 5, 10 and 20
-# (regression.sequential).
+# Repetitions a job may reach under `--repeat auto` unless `--max-repeat` says otherwise: looks at 6, 12 and 20 for
+# one job (regression.sequential).
 DEFAULT_MAX_REPEAT = 20
 
 # How a job's phases (runners/job.py) read in the progress display: the first call is where an impl compiles.
@@ -104,8 +104,8 @@ def _sequential(auto: bool, plan: Any, console: Console) -> dict[str, Any]:
     from deltabench.regression import DEFAULT_ALPHA, DEFAULT_THRESHOLD, GradingRule, compare_documents
     from deltabench.regression.sequential import look_schedule, still_unknown
 
-    looks = look_schedule(plan.repeat)
     rule = GradingRule(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
+    looks = look_schedule(plan.repeat, jobs=len(plan.jobs), alpha=rule.alpha)
 
     def undecided(head: ResultDocument, base: ResultDocument) -> set:
         keys = still_unknown(compare_documents(base, head, rule=rule))
@@ -534,8 +534,8 @@ def run_command(
         "--repeat",
         help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
         "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs). "
-        "`auto` (with --base-ref): 5 interleaved repetitions, then more (doubling, up to --max-repeat) only for the "
-        "jobs the gate cannot yet tell from noise, alpha spent over the looks.",
+        "`auto` (with --base-ref): a few interleaved repetitions, then more (doubling, up to --max-repeat) only for "
+        "the jobs the gate cannot yet tell from noise, alpha spent over the looks.",
     ),
     max_repeat: int = typer.Option(
         None,

@@ -8,10 +8,11 @@ print, save and store the documents, summarize.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,31 +96,37 @@ def _check_memory(jobs: list) -> None:
         check_fits(case, reference=job.gate.reference, grads=grads, what=what)
 
 
-def _sequential(auto: bool, plan: Any, console: Console) -> dict[str, Any]:
+def _sequential(auto: bool, plan: Any, console: Console, steps: Callable[[int], None]) -> dict[str, Any]:
     """The keyword arguments of ``run_interleaved`` for ``--repeat auto`` (``regression.sequential``): its looks up
     to the plan's repetitions (``--max-repeat``), and the question asked after each look, which jobs the gate (at its
-    default threshold and alpha, spent over the looks) still calls unknown. Empty for a fixed ``--repeat N``."""
+    default threshold and alpha, spent over the looks) still calls unknown; `steps` is told how many job runs each
+    stage adds (the progress display's total). Empty for a fixed ``--repeat N``."""
     if not auto:
+        steps(2 * len(plan.jobs) * plan.repeat)
         return {}
     from deltabench.regression import DEFAULT_ALPHA, DEFAULT_THRESHOLD, GradingRule, compare_documents
     from deltabench.regression.sequential import look_schedule, still_unknown
 
     rule = GradingRule(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
     looks = look_schedule(plan.repeat, jobs=len(plan.jobs), alpha=rule.alpha)
+    steps(2 * len(plan.jobs) * looks[0])
+    stage = itertools.pairwise(looks)
 
     def undecided(head: ResultDocument, base: ResultDocument) -> set:
         keys = still_unknown(compare_documents(base, head, rule=rule))
-        done = max(len(set(j.timing.repetitions)) for j in head.jobs if j.timing is not None) if head.jobs else 0
+        done, following = next(stage)
         console.print(f"--repeat auto: {len(keys)} job(s) still unknown after {done} repetitions")
+        steps(2 * len(keys) * (following - done))
         return keys
 
     meta = {"threshold": rule.threshold, "alpha": rule.alpha, "max_repeat": plan.repeat}
     return {"looks": looks, "undecided": undecided, "sequential_meta": meta}
 
 
-def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done, auto: bool = False):
+def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done, auto: bool, steps):
     """(head, base) documents of `plan` run on this code and on git ref `base_ref`'s, interleaved
-    (``runners.interleave``), sequentially when `auto` (``--repeat auto``); the progress callbacks name the side."""
+    (``runners.interleave``), sequentially when `auto` (``--repeat auto``); the progress callbacks name the side,
+    `steps` is told the job runs each stage adds."""
     from deltabench.runners.interleave import base_tree, run_interleaved
 
     with base_tree(base_ref) as tree:
@@ -132,7 +139,7 @@ def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_d
             on_start=lambda job, side: on_start(job.model_copy(update={"impl": f"{job.impl} [{side}]"})),
             on_done=lambda job, result, side: on_done(job, result),
             on_begin=lambda path, side: console.print(f"partial document ({side}, each job saved as it ends): {path}"),
-            **_sequential(auto, plan, console),
+            **_sequential(auto, plan, console, steps),
         )
 
 
@@ -370,8 +377,15 @@ def _run_under(
             )
         ]
     else:
-        progress.update(hooks.task, total=2 * len(plan.jobs) * plan.repeat)
-        docs = list(_run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done, auto))
+        progress.update(hooks.task, total=0)
+
+        def steps(n: int) -> None:
+            task = next(t for t in progress.tasks if t.id == hooks.task)
+            progress.update(hooks.task, total=(task.total or 0) + n)
+
+        docs = list(
+            _run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done, auto, steps)
+        )
     hooks.describe(f"{title}: done")
     return docs
 

@@ -77,3 +77,23 @@ def test_constant_history_and_bad_values() -> None:
     assert robust_noise(np.zeros(30)) > 0
     with pytest.raises(ValueError):
         find_change_points([(0, 1.0), (1, -1.0)] * 5)
+
+
+def test_otava_finds_the_step_and_a_later_run_confirms_it() -> None:
+    """The dashboard's detector (Apache Otava): the step where it happened; with only the step's own run after it,
+    the change point is not confirmed (the dashboard does not call it a regression yet); one run later it is."""
+    from deltabench.regression.changepoints import DASHBOARD_DETECTOR, dashboard_change_points, find_change_points_otava
+
+    rng = np.random.default_rng(0)
+    v = 2.0 * _history(rng, 60)
+    v[40:] *= 1.10
+    (cp,) = find_change_points_otava([(f"c{i}", x) for i, x in enumerate(v)])
+    assert abs(cp.index - 40) <= 1 and cp.ratio == pytest.approx(1.10, abs=0.02) and cp.pvalue < 1e-3
+    assert cp.confirmed and cp.to_dict()["confirmed"] is True
+    assert DASHBOARD_DETECTOR == "otava"
+    assert [c.index for c in dashboard_change_points([(i, x) for i, x in enumerate(v)])] == [cp.index]
+    # The step's own run alone after it: not confirmed; a second run at the new level confirms it.
+    from deltabench.regression.changepoints import ChangePoint
+
+    one = ChangePoint(index=40, x=40, before=2.0, after=2.2, pvalue=1e-5, n_before=40, n_after=1)
+    assert not one.confirmed and ChangePoint(**{**one.__dict__, "n_after": 2}).confirmed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -98,11 +99,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def test_exit_codes(files: dict[str, str], tmp_path: Path) -> None:
-    assert _cli("gate", "--base", files["base"], "--head", files["same"]) == 0
+    # One run a side, no history: the spread is the machine class's assumed default, so no job can be SAME.
+    assert _cli("gate", "--base", files["base"], "--head", files["same"]) == 3
+    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--unknown", "pass") == 0
+    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--unknown", "fail") == 1
+    # A spread measured on this machine, small enough to see a 5% change: SAME.
+    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--default-spread", "1%") == 0
     assert _cli("gate", "--base", files["base"], "--head", files["slow"]) == 1
-    assert _cli("gate", "--base", files["base"], "--head", files["fast"]) == 0
+    assert _cli("gate", "--base", files["base"], "--head", files["slow"], "--unknown", "pass") == 1
+    assert _cli("gate", "--base", files["base"], "--head", files["fast"]) == 3  # the other impl's jobs: unknown
+    assert _cli("gate", "--base", files["base"], "--head", files["fast"], "--default-spread", "1%") == 0
     assert _cli("gate", "--base", files["base"], "--head", files["broken"]) == 1
-    assert _cli("gate", "--base", files["base"], "--head", files["a100"]) == 0  # not comparable: not a failure
+    assert _cli("gate", "--base", files["base"], "--head", files["a100"]) == 3  # nothing comparable: unknown
+    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--unknown", "maybe") == 2
     assert _cli("compare", files["base"], files["slow"]) == 0
     assert _cli("compare", files["base"], files["broken"]) == 0
     # Bad input: exit 2.
@@ -116,8 +125,9 @@ def test_exit_codes(files: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_a_stricter_threshold_still_needs_significance(files: dict[str, str]) -> None:
-    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--threshold", "0%") == 0
-    assert _cli("gate", "--base", files["base"], "--head", files["slow"], "--threshold", "15%") == 0
+    measured = ("--default-spread", "1%")
+    assert _cli("gate", "--base", files["base"], "--head", files["same"], "--threshold", "0%", *measured) == 3
+    assert _cli("gate", "--base", files["base"], "--head", files["slow"], "--threshold", "15%", *measured) == 0
 
 
 def test_markdown_comment(files: dict[str, str], tmp_path: Path) -> None:
@@ -129,22 +139,32 @@ def test_markdown_comment(files: dict[str, str], tmp_path: Path) -> None:
     assert lines[0] == "### deltabench performance gate"
     assert "#### Regressions (6)" in text and "#### Improvements" not in text
     assert "| 99% CI |" in text
-    rows = [ln for ln in lines if ln.startswith("| gdn | `triton_chunk`")]
+    assert "| min detectable |" in text
+    rows = [ln for ln in lines if ln.startswith("| DIFFERENT | gdn | `triton_chunk`")]
     assert len(rows) >= 6 and all("1.1" in ln and "[1.0" in ln for ln in rows[:6])
-    assert "<details><summary>6 within noise</summary>" in text
-    assert lines[-1].startswith("**FAIL**: 6 regressions, 0 correctness failures, 0 improvements, 6 within noise")
-    assert "`bbbbbbbbbb`" in lines[-1]
-    assert '"failed": true' in js.read_text()
+    # One run a side: the other impl's jobs are within noise but UNKNOWN, each with its smallest detectable change.
+    assert "#### Unknown (6): cannot tell a 5% change from noise" in text
+    assert "To resolve: run with --repeat auto --base-ref bbbbbbbbbb" in text
+    unknown = [ln for ln in lines if ln.startswith("| UNKNOWN | gdn | `fla_chunk`")]
+    assert len(unknown) == 6 and all("\u00b13.3%" in ln for ln in unknown)
+    assert lines[-1].startswith("**FAIL**: 0 same, 6 different, 6 unknown, 6 regressions, 0 correctness failures")
+    assert "`bbbbbbbbbb`" in lines[-1] and "to resolve: run with --repeat auto --base-ref" in lines[-1]
+    out = json.loads(js.read_text())
+    assert out["failed"] is True and out["verdict"] == "different"
+    assert out["verdicts"] == {"same": 0, "different": 6, "unknown": 6}
+    mdcs = [r["stats"]["min_detectable_change"] for r in out["rows"] if r["verdict"] == "unknown"]
+    assert len(mdcs) == 6 and all(m == pytest.approx(0.033, abs=0.001) for m in mdcs)
 
 
 def test_markdown_for_correctness_failures_and_improvements(files: dict[str, str]) -> None:
     base = load_run(files["base"])
     broken = render_markdown(compare_documents(base, load_run(files["broken"])))
     assert "#### Correctness failures (6)" in broken and "head incorrect: output rel_fro 0.31 > 0.01" in broken
-    assert broken.rstrip().splitlines()[-1].startswith("**FAIL**: 0 regressions, 6 correctness failures")
+    summary = broken.rstrip().splitlines()[-1]
+    assert summary.startswith("**FAIL**: 0 same, 6 different, 6 unknown, 0 regressions, 6 correctness failures")
     fast = render_markdown(compare_documents(base, load_run(files["fast"])))
     assert "#### Improvements (6)" in fast and "0.85" in fast
-    assert fast.rstrip().splitlines()[-1].startswith("**PASS**")
+    assert fast.rstrip().splitlines()[-1].startswith("**UNKNOWN**: 0 same, 6 different, 6 unknown")
     other = render_markdown(compare_documents(base, load_run(files["a100"])))
     assert "machine_kind h200 vs a100" in other and "12 not comparable" in other
 
@@ -194,7 +214,7 @@ def test_runs_from_the_database_by_run_id_and_git_ref(tmp_path: Path, monkeypatc
         monkeypatch.chdir(repo)
         # The base named by a git ref: the newest run stored for that commit.
         assert _cli("gate", "--base", "HEAD~1", "--head", slow.run_id, "--db", db) == 1
-        assert _cli("gate", "--base", "main~1", "--head", _write(tmp_path, "same.json", same), "--db", db) == 0
+        assert _cli("gate", "--base", "main~1", "--head", _write(tmp_path, "same.json", same), "--db", db) == 3
         assert load_run(base_sha[:12], db_url=db).run_id == base.run_id
         assert _cli("gate", "--base", "no-such-branch", "--head", slow.run_id, "--db", db) == 2
         assert _cli("gate", "--base", "0" * 40, "--head", slow.run_id, "--db", db) == 2
@@ -225,11 +245,11 @@ def test_history_in_the_database_sets_the_noise_bound(tmp_path: Path) -> None:
             ingest_document(session, doc)
     try:
         out = tmp_path / "cmp.json"
-        assert _cli("gate", "--base", runs[-1].run_id, "--head", head.run_id, "--db", db, "--json", str(out)) == 0
-        import json
-
+        # A history whose levels wander by ~8% cannot see a 5% change: unknown (exit 3), with what it could see.
+        assert _cli("gate", "--base", runs[-1].run_id, "--head", head.run_id, "--db", db, "--json", str(out)) == 3
         rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "triton_chunk"]
         assert all(r["stats"]["spread_source"] == "history" and r["stats"]["history_runs"] == 5 for r in rows)
+        assert all(r["verdict"] == "unknown" and r["stats"]["min_detectable_change"] > 0.15 for r in rows)
         # The history's centre is the geometric mean of each run's best sample (the run level), not of medians.
         for r in rows:
             bests = [
@@ -241,7 +261,7 @@ def test_history_in_the_database_sets_the_noise_bound(tmp_path: Path) -> None:
             assert r["stats"]["reference_ms"] == pytest.approx(float(np.exp(np.mean(np.log(bests)))))
         assert all("within run-to-run noise" in r["reason"] for r in rows)
         files = [_write(tmp_path, f"{n}.json", d) for n, d in (("b", runs[-1]), ("h", head))]
-        assert _cli("gate", "--base", files[0], "--head", files[1], "--json", str(out)) == 0
+        assert _cli("gate", "--base", files[0], "--head", files[1], "--json", str(out)) == 3
         rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "triton_chunk"]
         assert all(r["reason"].startswith("within noise: run-to-run spread unknown") for r in rows)
     finally:
@@ -256,7 +276,24 @@ def test_a_head_missing_jobs_or_cut_short_fails_unless_allowed(files: dict[str, 
     assert _cli("gate", "--base", files["base"], "--head", path, "--markdown", str(md)) == 1
     text = md.read_text()
     assert "cut short" in text and "1 missing in head (a failure; --allow-missing accepts it)" in text
-    assert _cli("gate", "--base", files["base"], "--head", path, "--allow-missing") == 0
+    assert _cli("gate", "--base", files["base"], "--head", path, "--allow-missing", "--default-spread", "1%") == 0
     assert _cli("compare", files["base"], path) == 0
     whole_but_cut = _write(tmp_path, "cut.json", head.model_copy(update={"meta": {"complete": False}}))
     assert _cli("gate", "--base", files["base"], "--head", whole_but_cut) == 1
+
+
+def test_a_blind_cpu_gate_is_unknown_never_pass(tmp_path: Path) -> None:
+    """The README's first gate: one CPU run a side, no history. A head 3x slower is within the assumed default
+    spread's bound, so the gate cannot tell: UNKNOWN, exit 3, the summary saying what it could have missed and what
+    would resolve it; never PASS."""
+    base = _write(tmp_path, "base.json", run_document(seed=1, machine_kind="cpu"))
+    slow = _write(tmp_path, "slow.json", run_document(seed=2, machine_kind="cpu", slow={"triton_chunk": 3.0}))
+    js, md = tmp_path / "cmp.json", tmp_path / "comment.md"
+    assert _cli("gate", "--base", base, "--head", slow, "--json", str(js), "--markdown", str(md)) == 3
+    summary = md.read_text().rstrip().splitlines()[-1]
+    assert summary.startswith("**UNKNOWN**: 0 same, 0 different, 12 unknown")
+    assert "changes up to +1201.6% could go unseen" in summary and "--repeat auto --base-ref" in summary
+    data = json.loads(js.read_text())
+    assert data["verdict"] == "unknown" and data["failed"] is False
+    assert data["max_detectable_change"] > 10.0  # the +1201% bound of the CPU's default spread
+    assert all(r["verdict"] == "unknown" and r["stats"]["min_detectable_change"] > 10.0 for r in data["rows"])

@@ -161,13 +161,17 @@ def test_gate_on_pytest_benchmark_files(tmp_path: Path, with_data: bool) -> None
     same = _write(tmp_path, "same.json", pytest_benchmark_file(seed=2, with_data=with_data))
     slow = _write(tmp_path, "slow.json", pytest_benchmark_file(1.10, seed=3, with_data=with_data))
     md = tmp_path / "comment.md"
-    assert _gate("--base", base, "--head", same) == 0
+    # Files carry no run-to-run evidence (no repetitions, no history): the gate cannot call them the same.
+    assert _gate("--base", base, "--head", same) == 3
+    # A head 10% slower is not a PASS either: without evidence it is unknown (exit 3), never exit 0.
+    assert _gate("--base", base, "--head", slow) == 3
     # pytest-benchmark machines are CPUs: without history, the spread of a quiet dedicated runner is given.
     assert _gate("--base", base, "--head", slow, "--markdown", str(md), "--default-spread", "2%") == 1
     assert _gate("--base", base, "--head", slow, "--default-spread", "nope") == 2
     text = md.read_text()
     assert "Regressions (2)" in text and "test_chunk_fwd[T4096]" in text
-    assert text.rstrip().splitlines()[-1].startswith("**FAIL**: 2 regressions")
+    assert text.rstrip().splitlines()[-1].startswith("**FAIL**: 0 same, 2 different")
+    assert ", 2 regressions," in text.rstrip().splitlines()[-1]
 
 
 def test_ingest_accepts_pytest_benchmark_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

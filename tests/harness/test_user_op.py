@@ -176,7 +176,7 @@ def test_run_stores_the_op_and_the_pages_and_the_gate_read_it(capsys, tmp_path, 
     base.write_text(json.dumps({**json.loads(head.read_text()), "run_id": "same-code-base"}))
     code, out, err = run_cli(
         capsys, "gate", "--import", EXAMPLE, "--base", str(base), "--head", str(head), "--no-history",
-        "--default-spread", "5%",
+        "--default-spread", "5%", "--unknown", "pass",
     )  # fmt: skip
     assert code == 0, out + err
     assert "cumdecay" in out

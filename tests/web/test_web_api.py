@@ -87,6 +87,10 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
     assert by_impl["torch_chunk"]["stats"]["ci_low"] > 1.0
     assert by_impl["triton_chunk"]["outcome"] == "within_noise"
     assert r.json()["failed"] is True
+    # Verdicts and power: the blind CPU row could not have seen a 5% change, and says how much it could have missed.
+    assert by_impl["torch_chunk"]["verdict"] == "different" and by_impl["triton_chunk"]["verdict"] == "unknown"
+    assert by_impl["triton_chunk"]["stats"]["min_detectable_change"] > 10.0
+    assert r.json()["verdict"] == "different" and r.json()["verdicts"] == {"same": 0, "different": 1, "unknown": 1}
     impls = client.get(
         "/api/v1/compare/impls", params={"run": base.run_id, "base_impl": "torch_chunk", "head_impl": "triton_chunk"}
     ).json()
@@ -101,12 +105,17 @@ def test_comparisons_grade_a_slower_head(app_client, db_url, build) -> None:
         "/api/v1/compare/impls", params={"run": head.run_id, "base_impl": "triton_chunk", "head_impl": "triton_chunk"}
     ).json()
     assert same["rows"][0]["outcome"] == "within_noise", same["rows"][0]
+    # One run's own samples see a 5% change between two of its impls: the same, with its minimum detectable change.
+    assert same["rows"][0]["verdict"] == "same" and same["rows"][0]["stats"]["min_detectable_change"] <= 0.05
+    assert same["verdict"] == "same"
     assert client.get("/api/v1/compare/runs", params={"base": "nope", "head": head.run_id}).status_code == 404
     itself = client.get("/api/v1/compare/runs", params={"base": head.run_id, "head": head.run_id[:10]})
     assert itself.status_code == 422 and "are the same run" in itself.text, itself.text
     # The page's outcome badges count what occurred: no red "0 correctness failures".
     page = client.get("/compare", params={"base": base.run_id, "head": head.run_id}).text
     assert "1 regression</span>" in page and "0 correctness failure" not in page and ">0 " not in page
+    assert '<strong class="verdict">DIFFERENT</strong>' in page and "1 unknown</span>" in page
+    assert "<th>min detectable</th>" in page and "could go unseen" in page
     bad_alpha = {"base": base.run_id, "head": head.run_id, "alpha": 2}
     assert client.get("/api/v1/compare/runs", params=bad_alpha).status_code == 422
 
@@ -148,6 +157,14 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     regs = client.get("/api/v1/regressions", params={"only_regressions": True}).json()
     assert regs["series_scanned"] == 2
     assert [r["impl"] for r in regs["data"]] == ["torch_chunk"]
+    # The alert names the benchmark, shape, measure, effect and the runs the step lies between; confirmed by the
+    # 11 runs after it.
+    alert = regs["data"][0]
+    assert alert["change_point"]["confirmed"] is True and alert["change_point"]["n_after"] == 12
+    assert alert["measure"] == "median_ms" and 0.1 < alert["effect"] < 0.2
+    assert alert["change_point"]["before_run_id"] == docs[17].run_id
+    assert alert["alert"].startswith("gdn/torch_chunk B2-T1024-H4-K64-V64 bf16 fwd on cpu: median time +1")
+    assert alert["change_point"]["before_commit"] == f"{17:040x}" and alert["alert"].endswith("(confirmed)")
     key = regs["data"][0]["series_key"]
     note = {"series_key": key, "kind": "expected", "note": "new masking", "run_id": docs[18].run_id}
     assert client.post("/api/v1/annotations", json=note).status_code == 401
@@ -160,6 +177,28 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     assert client.get("/api/v1/history", params=params).json()["annotations"][0]["kind"] == "expected"
     page = client.get("/regressions", params={"only_regressions": True}).text
     assert "1 change point found in the 2 series active in the last" in page, page[:2000]
+
+
+def test_a_step_on_the_newest_run_alone_is_not_a_regression_until_a_later_run_confirms_it(
+    app_client, db_url, build
+) -> None:
+    client = app_client()
+    token = build.token(db_url)
+    start = dt.datetime.now(UTC) - dt.timedelta(days=30)
+
+    def doc(i: int, median: float):  # type: ignore[no-untyped-def]
+        when = start + dt.timedelta(days=i)
+        return build.document(created_at=when, commit=f"{i:040x}", jobs=[build.job(impl="torch_chunk", median=median)])
+
+    flat = [doc(i, 1 + 0.004 * ((i * 5) % 3 - 1)) for i in range(25)]
+    client.post("/api/v1/runs", json=build.body(*flat, doc(25, 1.4)), headers=_auth(token))
+    found = client.get("/api/v1/regressions").json()["data"]
+    assert len(found) == 1 and found[0]["change_point"]["confirmed"] is False, found
+    assert found[0]["alert"].endswith("(unconfirmed: one run so far)")
+    assert client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"] == []
+    client.post("/api/v1/runs", json=build.body(doc(26, 1.4)), headers=_auth(token))
+    (alert,) = client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"]
+    assert alert["change_point"]["confirmed"] is True and alert["change_point"]["n_after"] == 2
 
 
 def test_history_and_series_follow_the_harness_series_definition(app_client, db_url, build) -> None:

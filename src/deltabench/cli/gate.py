@@ -1,5 +1,6 @@
-"""``deltabench gate`` (CI: exit 1 on a regression, a correctness failure, or a head missing base jobs) and
-``deltabench compare`` (same table, no gating).
+"""``deltabench gate`` (CI: exit 1 on a regression, a correctness failure, or a head missing base jobs; 3 when a
+job's verdict is unknown, ``--unknown`` choosing otherwise; 0 when every job is the same) and ``deltabench compare``
+(same table, no gating).
 
 A run is named by a result JSON file, a pytest-benchmark JSON file, a stored run id (or a unique prefix), or a git
 ref/commit (the newest stored run for that commit other than the head's own, preferring the head's machine class and
@@ -36,8 +37,13 @@ __all__ = [
     "parse_alpha",
     "parse_spread",
     "parse_threshold",
+    "parse_unknown",
     "register",
 ]
+
+# Exit code of a gate whose verdict is unknown (`--unknown exit3`, the default).
+EXIT_UNKNOWN = 3
+UNKNOWN_POLICIES = ("exit3", "pass", "fail")
 
 
 def _fraction(text: str, what: str, example: str) -> tuple[str, float]:
@@ -80,6 +86,29 @@ def parse_alpha(value: float) -> float:
     if not (0.0 < value <= 0.5):
         raise BadInput(f"alpha {value:g} out of range: use a probability in (0, 0.5], e.g. 0.01")
     return value
+
+
+def parse_unknown(text: str) -> str:
+    """Check what an unknown verdict does: ``exit3`` (exit 3), ``pass`` (exit 0) or ``fail`` (exit 1)."""
+    from deltabench.harness.errors import BadInput
+
+    value = str(text).strip().lower()
+    if value not in UNKNOWN_POLICIES:
+        raise BadInput(f"--unknown {text!r}: use one of {', '.join(UNKNOWN_POLICIES)}")
+    return value
+
+
+def gate_exit_code(cmp: Comparison, unknown: str = "exit3") -> int:
+    """1 when the comparison failed (a regression, a correctness failure, a head missing jobs); else, when its
+    verdict is unknown, 3 (`unknown` ``exit3``), 0 (``pass``) or 1 (``fail``); else 0 (every job the same or
+    improved)."""
+    from deltabench.regression.result import UNKNOWN
+
+    if cmp.failed:
+        return 1
+    if cmp.verdict == UNKNOWN:
+        return {"exit3": EXIT_UNKNOWN, "pass": 0, "fail": 1}[unknown]
+    return 0
 
 
 def _read_file(path: Path, role: str) -> ResultDocument:
@@ -235,17 +264,21 @@ def gate_runs(
     markdown: Path | None = None,
     json_out: Path | None = None,
     imports: Sequence[str] = (),
+    unknown: str = "exit3",
 ) -> int:
     """Gate `head` against `base` (each a result or pytest-benchmark JSON file, a stored run id or a git ref), after
     importing `imports`: print the comparison, write it as `markdown` / `json_out` when given.
 
     Returns:
         1 when a job regressed by more than `threshold` (at significance `alpha`, beyond the run-to-run noise) or
-        failed its correctness gate, or the head lacks base jobs or was cut short (unless `allow_missing`); else 0.
+        failed its correctness gate, or the head lacks base jobs or was cut short (unless `allow_missing`); else
+        3 when any job's verdict is unknown (the evidence could not have seen a threshold-sized change), or 0 / 1
+        for `unknown` ``pass`` / ``fail``; else 0.
 
     Raises:
-        BadInput: a run that names nothing, base == head, a malformed threshold, alpha or spread.
+        BadInput: a run that names nothing, base == head, a malformed threshold, alpha, spread or `unknown`.
     """
+    unknown = parse_unknown(unknown)
     load_imports(list(imports))
     cmp = _compare(
         base,
@@ -259,7 +292,7 @@ def gate_runs(
         markdown=markdown,
         json_out=json_out,
     )
-    return 1 if cmp.failed else 0
+    return gate_exit_code(cmp, unknown)
 
 
 def compare_runs(
@@ -301,6 +334,10 @@ _SPREAD_HELP = (
     "Run-to-run spread for jobs without history, e.g. 3% (measure yours with benchmarks/gate_calibration.py); "
     "default: the measured figure of the machine class (docs/guide/regression-gate.md)."
 )
+_UNKNOWN_HELP = (
+    "What a gate whose verdict is UNKNOWN (the evidence could not have seen a threshold-sized change) does: "
+    "exit3 (exit 3), pass (exit 0) or fail (exit 1)."
+)
 _RUN_HELP = "run: result/pytest-benchmark JSON, run id or git ref."
 
 
@@ -315,10 +352,13 @@ def gate_command(
     history: bool = typer.Option(True, "--history/--no-history", help=_HISTORY_HELP),
     allow_missing: bool = typer.Option(False, "--allow-missing", help=_MISSING_HELP),
     default_spread: str = typer.Option(None, "--default-spread", help=_SPREAD_HELP),
+    unknown: str = typer.Option("exit3", "--unknown", help=_UNKNOWN_HELP),
     import_: list[str] = import_option(),
 ) -> int:
     """Gate CI on performance: exit 1 when a job regressed or failed its correctness gate, or the head lacks base
-    jobs or was cut short (unless --allow-missing); else 0 (2: bad input, including base == head).
+    jobs or was cut short (unless --allow-missing); 3 when a job is UNKNOWN (the evidence could not have seen a
+    change of the threshold's size: --unknown pass|fail to choose); 0 when every job is the SAME or improved
+    (2: bad input, including base == head).
 
     A job regressed when its best time is slower by more than the threshold, the Mann-Whitney U test and the
     bootstrap interval
@@ -338,6 +378,7 @@ def gate_command(
         markdown=markdown,
         json_out=json_out,
         imports=import_,
+        unknown=unknown,
     )
 
 

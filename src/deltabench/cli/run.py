@@ -8,10 +8,11 @@ print, save and store the documents, summarize.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,9 @@ __all__ = ["MAX_REPEAT", "RunProgress", "register", "run_suite"]
 
 # Repetitions of a job in one run: enough for any spread estimate; more is a long benchmark, not a CI run.
 MAX_REPEAT = 50
+# Repetitions a job may reach under `--repeat auto` unless `--max-repeat` says otherwise: looks at 6, 12 and 20 for
+# one job (regression.sequential).
+DEFAULT_MAX_REPEAT = 20
 
 # How a job's phases (runners/job.py) read in the progress display: the first call is where an impl compiles.
 _PHASE_LABELS = {"first call": "compile (first call)", "gate": "correctness gate"}
@@ -92,9 +96,37 @@ def _check_memory(jobs: list) -> None:
         check_fits(case, reference=job.gate.reference, grads=grads, what=what)
 
 
-def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done):
+def _sequential(auto: bool, plan: Any, console: Console, steps: Callable[[int], None]) -> dict[str, Any]:
+    """The keyword arguments of ``run_interleaved`` for ``--repeat auto`` (``regression.sequential``): its looks up
+    to the plan's repetitions (``--max-repeat``), and the question asked after each look, which jobs the gate (at its
+    default threshold and alpha, spent over the looks) still calls unknown; `steps` is told how many job runs each
+    stage adds (the progress display's total). Empty for a fixed ``--repeat N``."""
+    if not auto:
+        steps(2 * len(plan.jobs) * plan.repeat)
+        return {}
+    from deltabench.regression import DEFAULT_ALPHA, DEFAULT_THRESHOLD, GradingRule, compare_documents
+    from deltabench.regression.sequential import look_schedule, still_unknown
+
+    rule = GradingRule(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
+    looks = look_schedule(plan.repeat, jobs=len(plan.jobs), alpha=rule.alpha)
+    steps(2 * len(plan.jobs) * looks[0])
+    stage = itertools.pairwise(looks)
+
+    def undecided(head: ResultDocument, base: ResultDocument) -> set:
+        keys = still_unknown(compare_documents(base, head, rule=rule))
+        done, following = next(stage)
+        console.print(f"--repeat auto: {len(keys)} job(s) still unknown after {done} repetitions")
+        steps(2 * len(keys) * (following - done))
+        return keys
+
+    meta = {"threshold": rule.threshold, "alpha": rule.alpha, "max_repeat": plan.repeat}
+    return {"looks": looks, "undecided": undecided, "sequential_meta": meta}
+
+
+def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done, auto: bool, steps):
     """(head, base) documents of `plan` run on this code and on git ref `base_ref`'s, interleaved
-    (``runners.interleave``); the progress callbacks name the side."""
+    (``runners.interleave``), sequentially when `auto` (``--repeat auto``); the progress callbacks name the side,
+    `steps` is told the job runs each stage adds."""
     from deltabench.runners.interleave import base_tree, run_interleaved
 
     with base_tree(base_ref) as tree:
@@ -107,6 +139,7 @@ def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_d
             on_start=lambda job, side: on_start(job.model_copy(update={"impl": f"{job.impl} [{side}]"})),
             on_done=lambda job, result, side: on_done(job, result),
             on_begin=lambda path, side: console.print(f"partial document ({side}, each job saved as it ends): {path}"),
+            **_sequential(auto, plan, console, steps),
         )
 
 
@@ -119,6 +152,7 @@ def _check_options(
     base_ref: str | None,
     out: Path | None,
     base_out: Path | None,
+    auto: bool = False,
 ) -> Path | None:
     """Refuse options that are malformed or do not go together (bad input, exit 2); return the base document's
     path (given, or named after `out` for an interleaved run; None when there is none)."""
@@ -129,6 +163,12 @@ def _check_options(
         raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     if timeout is not None and timeout <= 0:
         raise BadInput("--timeout must be a positive number of seconds")
+    from deltabench.regression.noise import MIN_REPETITIONS
+
+    if auto and base_ref is None:
+        raise BadInput("--repeat auto needs --base-ref: it adds interleaved repetitions until the gate can tell")
+    if auto and not MIN_REPETITIONS <= repeat <= MAX_REPEAT:
+        raise BadInput(f"--max-repeat {repeat}: use {MIN_REPETITIONS} to {MAX_REPEAT} repetitions of each job")
     if not 1 <= repeat <= MAX_REPEAT:
         raise BadInput(f"--repeat {repeat}: use 1 to {MAX_REPEAT} repetitions of each job")
     if gate_workers is not None and gate_workers < 1:
@@ -142,6 +182,22 @@ def _check_options(
     if base_ref is not None and out is not None and base_out.resolve() == out.resolve():
         raise BadInput(f"--base-out {base_out} is --out: name two files")
     return base_out
+
+
+def _parse_repeat(repeat: int | str, max_repeat: int | None) -> tuple[bool, int]:
+    """(sequential, repetitions) from ``--repeat`` (a count, or ``auto``) and ``--max-repeat`` (the most
+    repetitions of ``auto``; refused with a count)."""
+    from deltabench.harness.errors import BadInput
+
+    text = str(repeat).strip().lower()
+    if text == "auto":
+        return True, DEFAULT_MAX_REPEAT if max_repeat is None else max_repeat
+    if max_repeat is not None:
+        raise BadInput("--max-repeat needs --repeat auto")
+    try:
+        return False, int(text)
+    except ValueError:
+        raise BadInput(f"--repeat {repeat!r}: use a number of repetitions or auto") from None
 
 
 def _pick_device(device: str | None, suite_device: str | None) -> str:
@@ -250,8 +306,10 @@ def _execute(
     out: Path | None,
     base_ref: str | None,
     base_out: Path | None,
+    auto: bool = False,
 ) -> list[ResultDocument]:
-    """Run `plan` under its progress display: [the document], or [head, base] interleaved with `base_ref`'s code."""
+    """Run `plan` under its progress display: [the document], or [head, base] interleaved with `base_ref`'s code
+    (sequentially when `auto`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -280,7 +338,9 @@ def _execute(
     ) as progress:
         hooks = RunProgress(progress, plan, title, console, lines)
         try:
-            return _run_under(hooks, plan, progress, console, title, out=out, base_ref=base_ref, base_out=base_out)
+            return _run_under(
+                hooks, plan, progress, console, title, out=out, base_ref=base_ref, base_out=base_out, auto=auto
+            )
         except KeyboardInterrupt:
             saved = hooks.saved_line()
             if saved:
@@ -298,6 +358,7 @@ def _run_under(
     out: Path | None,
     base_ref: str | None,
     base_out: Path | None,
+    auto: bool = False,
 ) -> list[ResultDocument]:
     """The run itself, reporting to `hooks`."""
     from deltabench.runners.session import run_plan
@@ -316,8 +377,15 @@ def _run_under(
             )
         ]
     else:
-        progress.update(hooks.task, total=2 * len(plan.jobs) * plan.repeat)
-        docs = list(_run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done))
+        progress.update(hooks.task, total=0)
+
+        def steps(n: int) -> None:
+            task = next(t for t in progress.tasks if t.id == hooks.task)
+            progress.update(hooks.task, total=(task.total or 0) + n)
+
+        docs = list(
+            _run_interleaved(plan, base_ref, out, base_out, console, hooks.on_start, hooks.on_done, auto, steps)
+        )
     hooks.describe(f"{title}: done")
     return docs
 
@@ -382,14 +450,17 @@ def run_suite(
     imports: Sequence[str] = (),
     fmt: str = "table",
     quiet: bool = False,
-    repeat: int = 1,
+    repeat: int | str = 1,
     gate_workers: int | None = None,
     base_ref: str | None = None,
     base_out: Path | None = None,
+    max_repeat: int | None = None,
 ) -> int:
     """Run `suite` (a shipped suite's name or a .toml path), narrowed to `impls`, `ops`, `shapes` and `modes` when
     given: gate each job on correctness, time it, print the results in `fmt`, write them to `out` and store them
-    (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved.
+    (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved; `repeat`
+    ``"auto"`` (with `base_ref`) adds repetitions, up to `max_repeat`, only to the jobs the gate cannot yet tell
+    (``regression.sequential``).
 
     Returns:
         1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine), else 0.
@@ -403,6 +474,7 @@ def run_suite(
     from deltabench.harness.suites import load_suite
     from deltabench.runners.session import plan_run
 
+    auto, repeat = _parse_repeat(repeat, max_repeat)
     base_out = _check_options(
         fmt=fmt,
         timeout=timeout,
@@ -411,6 +483,7 @@ def run_suite(
         base_ref=base_ref,
         out=out,
         base_out=base_out,
+        auto=auto,
     )
     specs = resolve_imports(list(imports))
     load_imports(specs)
@@ -437,7 +510,14 @@ def run_suite(
         _check_store(db)
     console = Console(stderr=True)
     docs = _execute(
-        plan, f"suite {loaded.name} on {dev}", console, quiet=quiet, out=out, base_ref=base_ref, base_out=base_out
+        plan,
+        f"suite {loaded.name} on {dev}",
+        console,
+        quiet=quiet,
+        out=out,
+        base_ref=base_ref,
+        base_out=base_out,
+        auto=auto,
     )
     _print_results(docs[0], fmt)
     _save(docs, [out, base_out], console, db=db, no_db=no_db)
@@ -463,11 +543,18 @@ def run_command(
     import_: list[str] = import_option(),
     fmt: str = typer.Option("table", "--format", help="How to print the results: table, csv, json, markdown."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
-    repeat: int = typer.Option(
-        1,
+    repeat: str = typer.Option(
+        "1",
         "--repeat",
         help="Time every job N times, round by round in fresh worker processes (the gate runs once); "
-        "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs).",
+        "`deltabench gate` then judges a job without history on its repetitions (N >= 5 on both runs). "
+        "`auto` (with --base-ref): a few interleaved repetitions, then more (doubling, up to --max-repeat) only for "
+        "the jobs the gate cannot yet tell from noise, alpha spent over the looks.",
+    ),
+    max_repeat: int = typer.Option(
+        None,
+        "--max-repeat",
+        help=f"With --repeat auto: the most repetitions a job gets (default {DEFAULT_MAX_REPEAT}).",
     ),
     gate_workers: int = typer.Option(
         None,
@@ -483,7 +570,7 @@ def run_command(
         "--base-ref",
         help="Also run every job on the code of this git ref (e.g. main), interleaved with the head job by job "
         "in one invocation, so both see the same machine states; gate the two documents with "
-        "`deltabench gate --base BASE_OUT --head OUT` (use --repeat N, N >= 5).",
+        "`deltabench gate --base BASE_OUT --head OUT` (use --repeat auto, or --repeat N with N >= 5).",
     ),
     base_out: Path = typer.Option(
         None, "--base-out", help="With --base-ref: the base run's document (default: OUT's name + .base.json)."
@@ -511,6 +598,7 @@ def run_command(
         gate_workers=gate_workers,
         base_ref=base_ref,
         base_out=base_out,
+        max_repeat=max_repeat,
     )
 
 

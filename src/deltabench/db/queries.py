@@ -730,7 +730,8 @@ class ComparisonInput:
     environment: EnvironmentDoc
     jobs: list[JobResult]
     skipped: int = 0  # stored jobs left out: they fail the document's validation (stored by an older version)
-    # The run's ``interleaved_with`` (``run --base-ref``: the run it was interleaved with), for the comparison's rule.
+    # The run's ``interleaved_with`` (``run --base-ref``: the run it was interleaved with) and ``sequential`` (the
+    # looks of ``run --repeat auto``), for the comparison's rule.
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -750,9 +751,10 @@ def _valid_jobs(fields: list[dict[str, Any]]) -> tuple[list[JobResult], int]:
 
 
 def _interleaving(meta: dict[str, Any] | None) -> dict[str, Any]:
-    """The part of a stored run's meta a comparison reads: which run it was interleaved with, if any."""
-    other = (meta or {}).get("interleaved_with")
-    return {"interleaved_with": other} if other else {}
+    """The part of a stored run's meta a comparison reads: which run it was interleaved with, if any, and the looks
+    of a sequential run (``run --repeat auto``: ``regression.sequential``)."""
+    meta = meta or {}
+    return {k: meta[k] for k in ("interleaved_with", "sequential") if meta.get(k)}
 
 
 def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:

@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ChangePoint", "find_change_points", "point_values", "robust_noise"]
+__all__ = [
+    "DASHBOARD_DETECTOR",
+    "ChangePoint",
+    "dashboard_change_points",
+    "find_change_points",
+    "find_change_points_otava",
+    "point_values",
+    "robust_noise",
+]
 
 # Defaults calibrated with benchmarks/regression_detection.py (see the module docstring).
 DEFAULT_MAX_PVALUE = 0.001
@@ -60,6 +68,12 @@ class ChangePoint:
         return self.after / self.before
 
     @property
+    def confirmed(self) -> bool:
+        """True when a later run than the one where the step appeared shows the new level too: the dashboard calls
+        a change point a regression only then, never on the newest run alone."""
+        return self.n_after >= 2
+
+    @property
     def direction(self) -> str:
         """``"slower"`` or ``"faster"`` (for timings; the other way round for throughputs)."""
         return "slower" if self.ratio > 1.0 else "faster"
@@ -70,6 +84,7 @@ class ChangePoint:
         d["x"] = self.x if isinstance(self.x, (str, int, float)) or self.x is None else str(self.x)
         d["ratio"] = self.ratio
         d["direction"] = self.direction
+        d["confirmed"] = self.confirmed
         return d
 
 
@@ -185,3 +200,60 @@ def find_change_points(
         if abs(cp.ratio - 1.0) >= min_change:
             out.append(cp)
     return out
+
+
+# The detector the dashboard's history and regressions use: Apache Otava's, which scored the higher F1 on
+# otava-test-data's labelled series (docs/reference/changepoints.md, benchmarks/changepoints_f1.py): 0.73 against
+# 0.48 on level shifts, mostly from its precision on phase changes, where the PELT detector above opens many short
+# segments. The gate's history segmentation (noise.py) keeps the detector above, whose defaults its calibration used.
+DASHBOARD_DETECTOR = "otava"
+OTAVA_WINDOW = 50  # Otava's defaults (otava.analysis.compute_change_points)
+OTAVA_MAX_PVALUE = 0.001
+
+
+def find_change_points_otava(
+    points: Sequence[tuple[Hashable, float | Sequence[float]]],
+    *,
+    window: int = OTAVA_WINDOW,
+    max_pvalue: float = OTAVA_MAX_PVALUE,
+    min_change: float = 0.0,
+) -> list[ChangePoint]:
+    """Change points of a timing history, oldest first, found by Apache Otava (E-divisive means with a Student-t
+    significance test, Hunter's split and merge; the apache-otava package), as :class:`ChangePoint` objects with the
+    segments' medians either side and Otava's p-value. Same arguments as :func:`find_change_points`."""
+    from otava.analysis import compute_change_points
+
+    xs, vals = point_values(points)
+    if vals.size < 2 * DEFAULT_MIN_SIZE:
+        return []
+    # A plain list: otava slices the series interval by interval and raises on a numpy array of a noise-free step.
+    found, _ = compute_change_points(vals.tolist(), window_len=window, max_pvalue=max_pvalue)
+    bounds = [0, *sorted(int(cp.index) for cp in found), vals.size]
+    pvalues = {int(cp.index): float(cp.stats.pvalue) for cp in found}
+    out = []
+    for i in range(1, len(bounds) - 1):
+        a, b = vals[bounds[i - 1] : bounds[i]], vals[bounds[i] : bounds[i + 1]]
+        cp = ChangePoint(
+            index=bounds[i],
+            x=xs[bounds[i]],
+            before=float(np.median(a)),
+            after=float(np.median(b)),
+            pvalue=pvalues[bounds[i]],
+            n_before=a.size,
+            n_after=b.size,
+        )
+        if abs(cp.ratio - 1.0) >= min_change:
+            out.append(cp)
+    return out
+
+
+def dashboard_change_points(points: Sequence[tuple[Hashable, float | Sequence[float]]]) -> list[ChangePoint]:
+    """The change points the dashboard shows: :data:`DASHBOARD_DETECTOR`'s (Otava's when apache-otava is installed,
+    else :func:`find_change_points`)."""
+    if DASHBOARD_DETECTOR == "otava":
+        try:
+            import otava.analysis  # noqa: F401
+        except ImportError:
+            return find_change_points(points)
+        return find_change_points_otava(points)
+    return find_change_points(points)

@@ -25,6 +25,7 @@ from .result import (
     JobComparison,
 )
 from .rule import GradingRule
+from .sequential import looks_of, sequential_rule
 
 __all__ = ["RunJobs", "compare_documents", "compare_job_pairs", "compare_jobs", "interleaved", "latest_by_key"]
 
@@ -89,7 +90,7 @@ def compare_job_pairs(
     if same_run:
         fallback = same_run_spread()
     elif default_sigma is not None:
-        fallback = RunSpread(sigma=default_sigma, source="default")
+        fallback = RunSpread(sigma=default_sigma, source="default", measured=True)
     else:
         fallback = default_spread(machine_kind or (base_env.machine_kind if base_env is not None else None))
     out: list[JobComparison | None] = []
@@ -121,7 +122,9 @@ def compare_job_pairs(
                 sampled.append(len(out))
             else:
                 v = rule.grade_summaries(bt, ht, spreads.get((op, impl, shape, dtype, mode), fallback))
-                verdict = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **common)
+                verdict = JobComparison(
+                    outcome=v.outcome, reason=v.reason, stats=v.evidence, verdict=v.verdict, **common
+                )
         out.append(verdict)
     timings = [(pairs[i][0].timing, pairs[i][1].timing) for i in sampled]  # type: ignore[union-attr]
     graded = rule.grade_samples(
@@ -131,7 +134,7 @@ def compare_job_pairs(
         interleaved=interleaved,
     )
     for i, v in zip(sampled, graded, strict=True):
-        out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, **commons[i])
+        out[i] = JobComparison(outcome=v.outcome, reason=v.reason, stats=v.evidence, verdict=v.verdict, **commons[i])
     return [r for r in out if r is not None]
 
 
@@ -213,6 +216,10 @@ def compare_documents(
     """
     rule = rule or GradingRule()
     together = interleaved(base, head)
+    # A sequential run (`run --repeat auto`) looked at its evidence several times: each look spends alpha / looks
+    # (regression.sequential), and the gate grades at the level its run stopped on.
+    looks = max(looks_of(getattr(base, "meta", None)), looks_of(getattr(head, "meta", None))) if together else 1
+    rule = sequential_rule(rule, looks)
     bj, hj = latest_by_key(base), latest_by_key(head)
     keys = list(hj) + [k for k in bj if k not in hj]
     rows = compare_job_pairs(
@@ -238,4 +245,5 @@ def compare_documents(
         head_incomplete=_incomplete(head),
         allow_missing=allow_missing,
         interleaved=together,
+        looks=looks,
     )

@@ -151,6 +151,14 @@ class RunSpread:
     head_logs: tuple[float, ...] = ()
     family: int = 1  # repetitions: jobs of the comparison judged on repetitions (the bound is at alpha / family)
     interleaved: bool = False  # repetitions: base and head ran interleaved in one invocation (`run --base-ref`)
+    measured: bool = False  # default: the user measured it on this machine (`gate --default-spread`), not assumed
+
+    @property
+    def evidence(self) -> bool:
+        """True when the spread was measured for these runs or this machine (history, repetitions, the same run,
+        or a default the user measured); False for the machine class's assumed default. Only measured evidence can
+        call a job the same (``result``, "Verdicts")."""
+        return self.source != "default" or self.measured
 
     def bound(self, alpha: float) -> float:
         """The log-ratio a head of unchanged code exceeds with probability `alpha` (one-sided), against

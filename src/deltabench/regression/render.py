@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .noise import SAME_RUN
-from .result import OUTCOMES, Comparison, JobComparison
+from .result import DIFFERENT, OUTCOMES, SAME, UNKNOWN, Comparison, JobComparison
 
-__all__ = ["print_comparison", "render_markdown", "summary_line"]
+__all__ = ["print_comparison", "render_markdown", "resolution_hint", "summary_line"]
 
 _LABELS = {
     "correctness_failure": "correctness failure",
@@ -69,6 +69,33 @@ def _fmt_noise(r: JobComparison) -> str:
     return f"\u00b1{s.noise_bound:.1%} ({where})"
 
 
+def _fmt_mdc(r: JobComparison) -> str:
+    """The minimum detectable change of a timed job ("-" when it has none: nothing could have been seen)."""
+    s = r.stats
+    if s is None or s.min_detectable_change is None:
+        return "-"
+    return f"\u00b1{s.min_detectable_change:.1%}"
+
+
+def _fmt_verdict(r: JobComparison) -> str:
+    return (r.verdict or "-").upper()
+
+
+def resolution_hint(cmp: Comparison) -> str:
+    """What would resolve a comparison's unknown jobs ("" when none is unknown)."""
+    unknown = [r for r in cmp.rows if r.verdict == UNKNOWN]
+    if not unknown:
+        return "" if cmp.verdict != UNKNOWN else "nothing could be compared: run both sides on one machine class"
+    base = cmp.base_commit[:10] if cmp.base_commit else "BASE"
+    sources = {r.stats.spread_source if r.stats else None for r in unknown}
+    if cmp.interleaved or sources <= {"repetitions"}:
+        return f"run with more repetitions (deltabench run --repeat auto --base-ref {base} --max-repeat N)"
+    return (
+        f"run with --repeat auto --base-ref {base} (interleaved repetitions), or gate against a stored history "
+        "of 5+ runs (--db)"
+    )
+
+
 def _shape(r: JobComparison) -> str:
     from deltabench.harness.pytest_benchmark import EXTERNAL_OP
 
@@ -82,8 +109,10 @@ def _plural(n: int, word: str) -> str:
 def summary_line(cmp: Comparison) -> str:
     """One line: verdict, counts per outcome, the rule's parameters, and which runs were compared."""
     c = cmp.counts
-    verdict = "FAIL" if cmp.failed else "PASS"
+    v = cmp.verdicts
+    verdict = "FAIL" if cmp.failed else ("UNKNOWN" if cmp.verdict == UNKNOWN else "PASS")
     parts = [
+        f"{v[SAME]} same, {v[DIFFERENT]} different, {v[UNKNOWN]} unknown",
         _plural(c["regression"], "regression"),
         _plural(c["correctness_failure"], "correctness failure"),
         _plural(c["improvement"], "improvement"),
@@ -100,9 +129,20 @@ def summary_line(cmp: Comparison) -> str:
         return f"`{commit[:10]}` (run {run_id[:8]})" if commit else f"run {run_id[:8]}"
 
     together = "; interleaved in one invocation (same machine states)" if cmp.interleaved else ""
+    if cmp.looks > 1:
+        together += f"; sequential repetitions, alpha {cmp.alpha:g} a look over {cmp.looks} looks"
+    resolve = ""
+    if v[UNKNOWN] or cmp.verdict == UNKNOWN:
+        could_miss = cmp.max_detectable_change
+        if could_miss is not None and could_miss > cmp.threshold:
+            miss = f"changes up to {could_miss:+.1%} could go unseen; "
+        else:
+            miss = "run-to-run spread not measured; " if v[UNKNOWN] else ""
+        resolve = f"; {miss}to resolve: {resolution_hint(cmp)}"
     return (
         f"**{verdict}**: {', '.join(parts)}; threshold {cmp.threshold:.0%}, alpha {cmp.alpha:g}; "
         f"base {side(cmp.base_commit, cmp.base_run_id)} vs head {side(cmp.head_commit, cmp.head_run_id)}{together}"
+        f"{resolve}"
     )
 
 
@@ -112,14 +152,17 @@ def _md_escape(text: str) -> str:
 
 def _md_table(rows: list[JobComparison], *, level: float, with_stats: bool) -> list[str]:
     if with_stats:
-        head = f"| op | impl | shape | dtype | mode | base ms | head ms | ratio | {level:.0%} CI | p | noise | why |"
-        lines = [head, "|---|---|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
+        head = (
+            "| verdict | op | impl | shape | dtype | mode | base ms | head ms | ratio "
+            f"| {level * 100:.4g}% CI | p | noise | min detectable | why |"
+        )
+        lines = [head, "|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
         for r in rows:
             op, impl, _, dtype, mode = r.key
             lines.append(
-                f"| {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} | {_fmt_ms(r.base_median_ms)} "
-                f"| {_fmt_ms(r.head_median_ms)} | {_fmt_ratio(r)} | {_fmt_ci(r)} | {_fmt_p(r)} | {_fmt_noise(r)} "
-                f"| {_md_escape(r.reason)} |"
+                f"| {_fmt_verdict(r)} | {op} | `{_md_escape(impl)}` | {_shape(r)} | {dtype} | {mode} "
+                f"| {_fmt_ms(r.base_median_ms)} | {_fmt_ms(r.head_median_ms)} | {_fmt_ratio(r)} | {_fmt_ci(r)} "
+                f"| {_fmt_p(r)} | {_fmt_noise(r)} | {_fmt_mdc(r)} | {_md_escape(r.reason)} |"
             )
     else:
         lines = ["| op | impl | shape | dtype | mode | why |", "|---|---|---|---|---|---|"]
@@ -147,12 +190,23 @@ def render_markdown(cmp: Comparison, *, title: str = "deltabench performance gat
         rows = cmp.by_outcome(outcome)
         if rows:
             out += [f"#### {heading} ({len(rows)})", "", *_md_table(rows, level=level, with_stats=with_stats), ""]
+    unknown = [r for r in cmp.by_outcome("within_noise") if r.verdict == UNKNOWN]
+    if unknown:
+        out += [
+            f"#### Unknown ({len(unknown)}): cannot tell a {cmp.threshold:.0%} change from noise",
+            "",
+            f"To resolve: {resolution_hint(cmp)}.",
+            "",
+            *_md_table(unknown, level=level, with_stats=True),
+            "",
+        ]
     quiet = [("within_noise", True), ("not_comparable", False)]
     for outcome, with_stats in quiet:
-        rows = cmp.by_outcome(outcome)
+        rows = [r for r in cmp.by_outcome(outcome) if r.verdict != UNKNOWN]
         if rows:
+            label = "same (within noise)" if outcome == "within_noise" else _LABELS[outcome]
             out += [
-                f"<details><summary>{len(rows)} {_LABELS[outcome]}</summary>",
+                f"<details><summary>{len(rows)} {label}</summary>",
                 "",
                 *_md_table(rows, level=level, with_stats=with_stats),
                 "",
@@ -167,8 +221,9 @@ def print_comparison(cmp: Comparison, console: Any) -> None:
     """The rich table of every job (worst first) and the summary line."""
     from rich.table import Table
 
-    table = Table(title=f"head vs base ({1 - cmp.alpha:.0%} intervals)", title_justify="left")
+    table = Table(title=f"head vs base ({(1 - cmp.alpha) * 100:.4g}% intervals)", title_justify="left")
     for col, justify in (
+        ("verdict", "left"),
         ("outcome", "left"),
         ("op", "left"),
         ("impl", "left"),
@@ -181,6 +236,7 @@ def print_comparison(cmp: Comparison, console: Any) -> None:
         ("CI", "right"),
         ("p", "right"),
         ("noise", "right"),
+        ("min detectable", "right"),
         ("why", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -188,6 +244,7 @@ def print_comparison(cmp: Comparison, console: Any) -> None:
         for r in cmp.by_outcome(outcome):
             op, impl, _, dtype, mode = r.key
             table.add_row(
+                _fmt_verdict(r),
                 _LABELS[outcome],
                 op,
                 impl,
@@ -200,6 +257,7 @@ def print_comparison(cmp: Comparison, console: Any) -> None:
                 _fmt_ci(r),
                 _fmt_p(r),
                 _fmt_noise(r),
+                _fmt_mdc(r),
                 r.reason,
                 style=_STYLES[outcome] or None,
             )

@@ -11,20 +11,34 @@ Outcomes of a job, head vs base:
 - ``not_comparable``: missing on one side, failing on both, unsupported, no timing, or measured on a different
   machine class or major software. A job missing in the head (or a head run cut short) is also a gate failure
   unless the comparison allows missing jobs (``gate --allow-missing``).
+
+Verdicts, what the gate answers per job and per comparison (Chromium Pinpoint's three answers):
+
+- ``different``: a regression, an improvement or a correctness failure.
+- ``same``: within noise, and the evidence could have seen a change of the threshold's size: its minimum detectable
+  change (``TimingEvidence.min_detectable_change``, :mod:`.rule`) is at most the threshold, the change seen is
+  within the threshold, and the run-to-run spread was measured (a history, repetitions, the same run, or a spread
+  the user measured), not the machine class's assumed default.
+- ``unknown``: within noise, but the evidence cannot tell a threshold-sized change from noise; the row says the
+  smallest change it could have seen. A comparison is unknown when any job is, or when no job could be judged.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 __all__ = [
     "BAD_STATUSES",
     "CORRECTNESS_FAILURE",
+    "DIFFERENT",
     "FAILING_OUTCOMES",
     "IMPROVEMENT",
     "NOT_COMPARABLE",
     "OUTCOMES",
     "REGRESSION",
+    "SAME",
+    "UNKNOWN",
+    "VERDICTS",
     "WITHIN_NOISE",
     "Comparison",
     "JobComparison",
@@ -38,6 +52,10 @@ NOT_COMPARABLE = "not_comparable"
 CORRECTNESS_FAILURE = "correctness_failure"
 OUTCOMES: tuple[str, ...] = (CORRECTNESS_FAILURE, REGRESSION, IMPROVEMENT, WITHIN_NOISE, NOT_COMPARABLE)
 FAILING_OUTCOMES = frozenset({CORRECTNESS_FAILURE, REGRESSION})
+SAME = "same"
+DIFFERENT = "different"
+UNKNOWN = "unknown"
+VERDICTS: tuple[str, ...] = (SAME, DIFFERENT, UNKNOWN)
 BAD_STATUSES = frozenset({"incorrect", "failed", "timeout", "oom"})
 # The reason a job present in the base but absent in the head carries (counted by Comparison.missing_in_head).
 MISSING_IN_HEAD = "missing in head"
@@ -66,6 +84,9 @@ class TimingEvidence(BaseModel):
     noise_bound: float | None = None  # the change a head of unchanged code exceeds with probability alpha
     base_repetitions: int = 1  # repetitions (worker processes) of the job in the base run (`run --repeat N`)
     head_repetitions: int = 1
+    # The smallest change (either way, as a fraction) the rule could have flagged with this evidence: the wider of
+    # the run-to-run bound and the within-run interval's half-width, at alpha. None: nothing could be flagged.
+    min_detectable_change: float | None = None
 
 
 class JobComparison(BaseModel):
@@ -85,6 +106,20 @@ class JobComparison(BaseModel):
     base_median_ms: float | None = None
     head_median_ms: float | None = None
     stats: TimingEvidence | None = None
+    verdict: str | None = None  # same / different / unknown (module docstring); None: not comparable, not judged
+
+    @model_validator(mode="after")
+    def _fill_verdict(self) -> JobComparison:
+        """Outcomes other than within noise fix the verdict; within noise is unknown unless the rule said same."""
+        if self.outcome in (CORRECTNESS_FAILURE, REGRESSION, IMPROVEMENT):
+            want: str | None = DIFFERENT
+        elif self.outcome == WITHIN_NOISE:
+            want = self.verdict if self.verdict in (SAME, UNKNOWN) else UNKNOWN
+        else:
+            want = None
+        if want != self.verdict:
+            object.__setattr__(self, "verdict", want)
+        return self
 
     @property
     def key(self) -> tuple[str, str, str, str, str]:
@@ -112,6 +147,7 @@ class Comparison(BaseModel):
     head_incomplete: bool = False  # the head document says the run was cut short (meta.complete false)
     allow_missing: bool = False  # jobs missing in the head, or a head cut short, do not fail the comparison
     interleaved: bool = False  # base and head ran interleaved in one invocation (`deltabench run --base-ref`)
+    looks: int = 1  # a sequential run (`run --repeat auto`) looked this many times: alpha is the gate's / looks
     rows: list[JobComparison]
     skipped_points: int = Field(0, description="stored points left out as unusable (fail today's validation)")
 
@@ -123,6 +159,41 @@ class Comparison(BaseModel):
         for r in self.rows:
             c[r.outcome] += 1
         return c
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdicts(self) -> dict[str, int]:
+        """Number of jobs per verdict (same, different, unknown; every verdict present, zero or not)."""
+        c = dict.fromkeys(VERDICTS, 0)
+        for r in self.rows:
+            if r.verdict is not None:
+                c[r.verdict] += 1
+        return c
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict(self) -> str:
+        """The comparison's verdict: different when it failed (a regression, a correctness failure, a head missing
+        jobs), else unknown when any job is unknown or no job could be judged, else different when a job improved,
+        else same."""
+        c = self.verdicts
+        if self.failed:
+            return DIFFERENT
+        if c[UNKNOWN] or not (c[SAME] or c[DIFFERENT]):
+            return UNKNOWN
+        return DIFFERENT if c[DIFFERENT] else SAME
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def max_detectable_change(self) -> float | None:
+        """The largest minimum detectable change among the unknown jobs (None when none has one): the size of
+        change this comparison could miss."""
+        found = [
+            r.stats.min_detectable_change
+            for r in self.rows
+            if r.verdict == UNKNOWN and r.stats is not None and r.stats.min_detectable_change is not None
+        ]
+        return max(found) if found else None
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -27,11 +27,31 @@ Then:
     improvement  the mirror image
     within noise otherwise, the reason naming the first criterion the change did not pass
 
+Interleaved repetitions (``run --base-ref``) drop the two within-run criteria on pooled samples (p and [lo, hi]):
+there the permutation test on the repetitions' levels is the within-run test, exact under no change since both sides
+drew the same machine states, while the rank test and the bootstrap treat samples of one process as independent of
+each other, which they are not. A worker process sits in a fast or a slow state for its whole life, so pooled medians
+move with how many processes were slow: on the two-core CI machine a same-code interleaved job of 10 + 10
+repetitions had a best-time bound of 2.5% but a 99.5% interval of its ratio of medians [0.83, 0.98], which alone
+would have kept any change under 8% from being seen.
+
 Why each criterion: the threshold keeps real but harmless 1-2% shifts from failing CI; the within-run test keeps a
 noisy swing on a few samples from failing it; the run-to-run bound is what makes the false-failure rate on unchanged
 code hold on real runs, because the samples of one run never see the variance between processes and machine states.
 A head of unchanged code fails with probability at most alpha per job (one tail of the bound), less since the other
 criteria must also hold; ``benchmarks/regression_detection.py`` measures it on synthetic and on real runs.
+
+Verdict (``result``, "Verdicts"): a regression or an improvement is *different*. A change within noise is *same*
+only when the evidence could have seen a threshold-sized change; else *unknown*. What it could have seen is its
+minimum detectable change at alpha,
+
+    mdc = exp(max(bound, w)) - 1,   w = half the width of the log interval [lo, hi]
+
+the change at which the run-to-run criterion and the interval criterion start to flag (a change of exactly that
+size is flagged about half the time; Pinpoint's thresholds by sample size play the same role). Same needs
+``mdc <= threshold``, the change seen within the threshold (either way), and a measured spread (``RunSpread.evidence``):
+a run of one repetition without history has only the machine class's assumed spread, so it is unknown however
+small its change, and so is a job with too few samples to judge or no recorded spread.
 
 When raw samples are missing on a side (e.g. a pytest-benchmark file saved without ``--benchmark-save-data``), the
 within-run part is a z-test on the log ratio from each side's relative standard error.
@@ -48,7 +68,7 @@ import numpy as np
 from deltabench.harness.document import TimingStats
 
 from .noise import RUN_LEVEL, SAME_RUN, RunSpread, repetition_levels, run_level, spread_from_repetitions
-from .result import IMPROVEMENT, REGRESSION, WITHIN_NOISE, TimingEvidence
+from .result import DIFFERENT, IMPROVEMENT, REGRESSION, SAME, UNKNOWN, WITHIN_NOISE, TimingEvidence
 from .samples import (
     DEFAULT_RESAMPLES,
     bootstrap_ratio_cis,
@@ -71,6 +91,7 @@ class Verdict:
     outcome: str
     reason: str
     evidence: TimingEvidence
+    verdict: str = UNKNOWN  # same / different / unknown (module docstring, "Verdict")
 
 
 def _nan_none(x: float) -> float | None:
@@ -116,10 +137,14 @@ class GradingRule:
             or (not slower and 1.0 / (1.0 + change) - 1.0 <= self.threshold)
         ):
             return WITHIN_NOISE, f"{size} is within the {self.threshold:.0%} threshold"
-        if not pvalue < self.alpha:
+        if spread.source == "repetitions" and spread.interleaved:
+            pass  # the permutation test on the repetitions is the within-run test (module docstring)
+        elif not pvalue < self.alpha:
             return WITHIN_NOISE, f"~ {size} is not significant within the runs (p={pvalue:.2g} >= {self.alpha:g})"
         lo, hi = ci
-        if (slower and not lo > 1.0) or (not slower and not hi < 1.0):
+        if spread.source == "repetitions" and spread.interleaved:
+            pass
+        elif (slower and not lo > 1.0) or (not slower and not hi < 1.0):
             interval = f"the {self.level:.0%} interval of the ratio of medians [{lo:.3f}, {hi:.3f}]"
             if lo <= 1.0 <= hi:
                 return WITHIN_NOISE, f"~ {size}: {interval} holds 1"
@@ -147,6 +172,32 @@ class GradingRule:
             f"{size} vs the {where}: beyond the {self.threshold:.0%} threshold, significant (p={pvalue:.2g}) and "
             f"beyond run-to-run noise ({math.expm1(bound if slower else -bound):+.1%}, {spread.describe()})"
         )
+
+    def min_detectable_change(self, spread: RunSpread, ci: tuple[float, float]) -> float | None:
+        """The smallest change either way the rule could flag with this evidence (module docstring, "Verdict"):
+        the wider of the run-to-run bound and the interval's half-width on the log scale; None without an
+        interval."""
+        if spread.source == "repetitions" and spread.interleaved:
+            return math.expm1(spread.bound(self.alpha))  # the permutation test alone decides (module docstring)
+        lo, hi = ci
+        if not (lo > 0.0 and hi > 0.0 and math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        width = 0.5 * math.log(hi / lo)
+        return math.expm1(max(spread.bound(self.alpha), width))
+
+    def call(self, outcome: str, change: float, spread: RunSpread, mdc: float | None) -> tuple[str, str]:
+        """(verdict, what to add to the reason) of a graded job (module docstring, "Verdict")."""
+        if outcome != WITHIN_NOISE:
+            return DIFFERENT, ""
+        seen = "" if mdc is None else f"smallest detectable change {mdc:+.1%}"
+        if mdc is None or not mdc <= self.threshold:
+            why = seen or "no interval"
+            return UNKNOWN, f"; UNKNOWN: cannot tell a {self.threshold:.0%} change from noise ({why})"
+        if not spread.evidence:
+            return UNKNOWN, f"; UNKNOWN: run-to-run spread assumed, not measured ({seen})"
+        if abs(math.log1p(change)) > math.log1p(self.threshold):
+            return UNKNOWN, f"; UNKNOWN: {change:+.1%} is beyond the {self.threshold:.0%} threshold ({seen})"
+        return SAME, f"; SAME: a {self.threshold:.0%} change would have been seen ({seen})"
 
     def run_to_run(
         self,
@@ -191,6 +242,9 @@ class GradingRule:
         else:
             statistic = RUN_LEVEL
         outcome, reason = self.decide(change=change, pvalue=p, ci=ci, spread=spread, statistic=statistic)
+        mdc = self.min_detectable_change(spread, ci)
+        verdict, note = self.call(outcome, change, spread, mdc)
+        reason += note
         evidence = TimingEvidence(
             ratio=ratio,
             ci_low=_nan_none(ci[0]),
@@ -209,8 +263,9 @@ class GradingRule:
             noise_bound=math.expm1(spread.bound(self.alpha)),
             base_repetitions=repetitions[0],
             head_repetitions=repetitions[1],
+            min_detectable_change=mdc,
         )
-        return Verdict(outcome, reason, evidence)
+        return Verdict(outcome, reason, evidence, verdict)
 
     def grade_samples(
         self,
@@ -255,7 +310,10 @@ class GradingRule:
         out = []
         for i, (b, h) in enumerate(arrays):
             if i not in evidence:
-                reason = f"too few samples to judge at alpha={self.alpha:g} ({b.size} base, {h.size} head)"
+                reason = (
+                    f"too few samples to judge at alpha={self.alpha:g} ({b.size} base, {h.size} head); "
+                    "UNKNOWN: no change could have been seen"
+                )
                 ev = TimingEvidence(
                     ratio=ratios[i],
                     ci_low=None,
@@ -296,7 +354,7 @@ class GradingRule:
         se = math.hypot(rel_se_of_median(base), rel_se_of_median(head))
         nb, nh = len(base.samples_ms), len(head.samples_ms)
         if not se > 0.0 or not math.isfinite(se):
-            reason = "no spread recorded: cannot judge"
+            reason = "no spread recorded: cannot judge; UNKNOWN: no change could have been seen"
             ev = TimingEvidence(
                 ratio=ratio,
                 ci_low=None,
@@ -315,4 +373,4 @@ class GradingRule:
         reference = spread.center_ms if spread.center_ms is not None else run_level([], base.median_ms)
         v = self._verdict(ratio, ci, p, nb, nh, "summary", spread, run_level([], head.median_ms), reference)
         reason = f"{v.reason} (from summaries: no raw samples)"
-        return Verdict(v.outcome, reason, v.evidence.model_copy(update={"detail": reason}))
+        return Verdict(v.outcome, reason, v.evidence.model_copy(update={"detail": reason}), v.verdict)

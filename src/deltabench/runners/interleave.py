@@ -16,6 +16,11 @@ the base side (a file the change adds, absent there, is imported on the head sid
 are imported as they are on both sides. The head side's workers are started the same way, under this process's
 code, so that the two sides differ in their code only (not in how their processes were started).
 
+Sequential repetitions (``run --repeat auto``): `looks` names the repetition counts after which `undecided` is
+asked which jobs' verdicts are still unknown (``regression.sequential``); only those get the next look's rounds, and
+the run ends when none is left or the last look is reached. Both documents record the looks (``meta.sequential``),
+so the gate grades them at the level the run stopped on.
+
 Order: round r runs every job of the plan (the suite's impl-by-impl order) on both sides, base first when
 ``r + j`` is even for the plan's j-th job, head first otherwise (ABBA across rounds and jobs), so neither side always
 goes first; each round closes both sides' workers. The correctness gate runs on both sides in round 0. The parent
@@ -27,17 +32,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from deltabench.harness.document import JobResult, ResultDocument
 from deltabench.harness.errors import BadInput
+from deltabench.harness.series import JobKey, job_key
 
 from .base import JobSpec
 from .session import RunPlan, RunState, execution_order
@@ -153,10 +160,14 @@ def base_imports(imports: list[str], tree: BaseTree) -> list[str]:
     return out
 
 
+def _round(plan: RunPlan, rep: int) -> list[tuple[int, int, bool]]:
+    """(round, job index, base first) of round `rep`, in the order its jobs run (module docstring)."""
+    return [(rep, index, (rep + j) % 2 == 0) for j, index in enumerate(execution_order(plan))]
+
+
 def interleave_order(plan: RunPlan) -> list[tuple[int, int, bool]]:
     """(round, job index, base first) in the order the jobs run (module docstring)."""
-    order = execution_order(plan)
-    return [(rep, index, (rep + j) % 2 == 0) for rep in range(plan.repeat) for j, index in enumerate(order)]
+    return [step for rep in range(plan.repeat) for step in _round(plan, rep)]
 
 
 def run_interleaved(
@@ -169,10 +180,15 @@ def run_interleaved(
     on_done: Callable[[JobSpec, JobResult, str], None] | None = None,
     on_begin: Callable[[Path, str], None] | None = None,
     python: str | None = None,
+    looks: Sequence[int] | None = None,
+    undecided: Callable[[ResultDocument, ResultDocument], set[JobKey]] | None = None,
+    sequential_meta: dict | None = None,
 ) -> tuple[ResultDocument, ResultDocument]:
     """Run every job of `plan` on the head code (this process's) and on the base code of `tree`, interleaved;
     return (head document, base document), each saved job by job to `out` / `base_out`. The callbacks are told the
-    side (``"head"`` or ``"base"``) too."""
+    side (``"head"`` or ``"base"``) too. With `looks` (increasing repetition counts, the last at most
+    ``plan.repeat``) and `undecided` ((head, base) documents so far -> keys of the jobs still unknown), jobs stop
+    repeating once decided (module docstring); `sequential_meta` is recorded in both documents' ``meta.sequential``."""
     from .environment import collect_environment, kernel_hash
     from .isolated import make_runner
 
@@ -191,6 +207,8 @@ def run_interleaved(
     def begin(side: str) -> Callable[[Path], None] | None:
         return (lambda path: on_begin(path, side)) if on_begin else None
 
+    if looks is not None:
+        common["sequential"] = {**(sequential_meta or {}), "schedule": list(looks), "looks": len(looks)}
     head_meta = {**common, "side": "head", "interleaved_with": base_id}
     base_meta = {**common, "side": "base", "interleaved_with": head_id}
     head = RunState(plan, head_env, out, begin("head"), head_meta, run_id=head_id)
@@ -206,19 +224,36 @@ def run_interleaved(
     }
     states = {"head": head, "base": base}
     specs = {"head": plan.jobs, "base": base_specs}
+    stages = list(looks) if looks is not None else [plan.repeat]
+    if any(b <= a for a, b in itertools.pairwise(stages)) or not 1 <= stages[-1] <= plan.repeat:
+        raise ValueError(f"looks must increase up to the plan's {plan.repeat} repetitions, got {stages}")
+    active = set(range(len(plan.jobs)))
     try:
-        current = -1
-        for rep, index, base_first in interleave_order(plan):
-            if rep != current and rep > 0:
-                for runner in runners.values():
-                    close = getattr(runner, "close", None)
-                    if close is not None:
-                        close()  # each round in processes of its own, on both sides
-            current = rep
-            for side in ("base", "head") if base_first else ("head", "base"):
-                start = (lambda job, s=side: on_start(job, s)) if on_start else None
-                done = (lambda job, result, s=side: on_done(job, result, s)) if on_done else None
-                states[side].step(index, specs[side][index], rep, runners[side], start, done)
+        rounds = 0
+        for target in stages:
+            for rep in range(rounds, target):
+                if rep > 0:
+                    for runner in runners.values():
+                        close = getattr(runner, "close", None)
+                        if close is not None:
+                            close()  # each round in processes of its own, on both sides
+                for _, index, base_first in _round(plan, rep):
+                    if index not in active:
+                        continue
+                    for side in ("base", "head") if base_first else ("head", "base"):
+                        start = (lambda job, s=side: on_start(job, s)) if on_start else None
+                        done = (lambda job, result, s=side: on_done(job, result, s)) if on_done else None
+                        states[side].step(index, specs[side][index], rep, runners[side], start, done)
+            rounds = target
+            if undecided is None or target == stages[-1]:
+                break
+            keys = undecided(head.doc, base.doc)
+            active = {i for i in active if i in head.finished and job_key(head.finished[i]) in keys}
+            if not active:
+                break
+        if looks is not None:
+            for state in states.values():
+                state.doc.meta["sequential"] = {**state.doc.meta["sequential"], "rounds": rounds}
     finally:
         for runner in runners.values():
             close = getattr(runner, "close", None)

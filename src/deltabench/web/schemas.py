@@ -177,6 +177,11 @@ class ChangePointPublic(BaseModel):
     ratio: float
     pvalue: float
     direction: str
+    n_before: int = Field(0, description="points of the segment before the step")
+    n_after: int = Field(0, description="points of the segment from the step on, the step's own run included")
+    confirmed: bool = Field(False, description="a later run shows the new level too (n_after >= 2)")
+    before_run_id: str | None = Field(None, description="the last run before the step (it lies between it and run_id)")
+    before_commit: str | None = None
 
 
 class AnnotationCreate(_Body):
@@ -241,6 +246,9 @@ class RegressionPublic(BaseModel):
     software: str = Field("", description="major.minor software versions of the series, e.g. python=3.11,torch=2.13")
     change_point: ChangePointPublic
     annotation: AnnotationPublic | None
+    measure: str = Field("median_ms", description="what stepped: the series' median time per call")
+    effect: float = Field(0.0, description="after / before - 1 of the segments' medians: +0.1 is 10% slower")
+    alert: str = Field("", description="one line naming benchmark, shape, measure, effect and the runs it lies between")
 
 
 class RegressionsPublic(BaseModel):

@@ -280,6 +280,7 @@ def series_key_of(
 
 def _change_point_public(cp: Any, points: list[queries.SeriesPoint]) -> schemas.ChangePointPublic:
     at = points[cp.index]
+    before = points[cp.index - 1] if cp.index > 0 else None
     return schemas.ChangePointPublic(
         index=cp.index,
         run_id=at.run_id,
@@ -290,14 +291,19 @@ def _change_point_public(cp: Any, points: list[queries.SeriesPoint]) -> schemas.
         ratio=cp.ratio,
         pvalue=cp.pvalue,
         direction=cp.direction,
+        n_before=cp.n_before,
+        n_after=cp.n_after,
+        confirmed=cp.confirmed,
+        before_run_id=before.run_id if before is not None else None,
+        before_commit=before.git_commit if before is not None else None,
     )
 
 
 def _change_points(points: list[queries.SeriesPoint]) -> list[schemas.ChangePointPublic]:
-    from deltabench.regression.changepoints import find_change_points
+    from deltabench.regression.changepoints import dashboard_change_points
 
     timed = [p for p in points if p.median_ms is not None and p.median_ms > 0]
-    found = find_change_points([(i, p.median_ms) for i, p in enumerate(timed)])
+    found = dashboard_change_points([(i, p.median_ms) for i, p in enumerate(timed)])
     return [_change_point_public(cp, timed) for cp in found]
 
 
@@ -355,6 +361,18 @@ def series_history(session: Session, key: queries.SeriesKey, *, limit: int = HIS
     )
 
 
+def _alert_line(key: queries.SeriesKey, cp: schemas.ChangePointPublic) -> str:
+    """One line naming the benchmark, shape, measure, effect and the runs the step lies between."""
+    where = f"{key.op}/{key.impl} {key.shape_id} {key.dtype} {key.mode} on {key.machine_kind}"
+    since = (cp.before_commit or cp.before_run_id or "?")[:10]
+    until = (cp.git_commit or cp.run_id)[:10]
+    state = "confirmed" if cp.confirmed else "unconfirmed: one run so far"
+    return (
+        f"{where}: median time {cp.ratio - 1.0:+.1%} ({cp.before_ms:.4g} -> {cp.after_ms:.4g} ms, p={cp.pvalue:.2g}) "
+        f"between {since} and {until} ({state})"
+    )
+
+
 def latest_change_points(
     session: Session,
     *,
@@ -365,13 +383,17 @@ def latest_change_points(
     max_series: int = 500,
     points_per_series: int = 200,
 ) -> schemas.RegressionsPublic:
-    """The latest change point of every series with results in the last `since_days` days, slowdowns first.
+    """The latest change point of every series with results in the last `since_days` days, slowdowns first, one
+    alert per (benchmark, shape, dtype, mode, machine class, run): a step found in two series of one job (its
+    software versions) is listed once. `only_regressions`: confirmed slowdowns only (a later run shows the new
+    level too; the newest run alone never makes a regression).
 
     Each carries the newest annotation made on it (same series, same run) if any.
     """
     since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=since_days)
     keys = queries.list_series(session, op=op, machine_kind=machine_kind, since=since, limit=max_series)
     found: list[schemas.RegressionPublic] = []
+    alerted: set[tuple[str, ...]] = set()
     skipped = 0
     for key in keys:
         points = _points(session, key, points_per_series)
@@ -380,8 +402,12 @@ def latest_change_points(
         if not cps:
             continue
         latest = cps[-1]
-        if only_regressions and latest.ratio <= 1.0:
+        if only_regressions and (latest.ratio <= 1.0 or not latest.confirmed):
             continue
+        alert_key = (key.op, key.impl, key.shape_id, key.dtype, key.mode, key.machine_kind, latest.run_id)
+        if alert_key in alerted:
+            continue
+        alerted.add(alert_key)
         notes = queries.list_annotations(session, series_key=[key.key, key.legacy_key], limit=50)
         mine = next((a for a in notes if a.run_id in (None, latest.run_id)), None)
         found.append(
@@ -396,6 +422,8 @@ def latest_change_points(
                 software=key.software,
                 change_point=latest,
                 annotation=schemas.AnnotationPublic.model_validate(mine) if mine else None,
+                effect=latest.ratio - 1.0,
+                alert=_alert_line(key, latest),
             )
         )
     found.sort(key=lambda r: -r.change_point.ratio)

@@ -48,7 +48,9 @@ def _commit(value: str | None) -> str:
 
 
 templates.env.filters.update(num=_num, when=_when, commit=_commit, ceilings=ceiling_labels)
-templates.env.globals.update(outcome_class=OUTCOME_CLASS)
+# same / different / unknown (regression.result, "Verdicts")
+VERDICT_CLASS = {"same": "good", "different": "bad", "unknown": "warn"}
+templates.env.globals.update(outcome_class=OUTCOME_CLASS, verdict_class=VERDICT_CLASS)
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

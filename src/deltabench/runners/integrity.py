@@ -205,6 +205,8 @@ class TimedCallGuard:
         self.new_threads: set[str] = set()
         self.poisoned = 0
         self._last: Any = None
+        self._last_sampled = False
+        self._factors: dict[str, float] = {}
         self._pending: _Snapshot | None = None
         self._threads0: set[threading.Thread] = set()
         self._span: tuple[int, int, int, int] | None = None
@@ -214,11 +216,6 @@ class TimedCallGuard:
         self._threads0 = set(threading.enumerate())
         self._t0 = (_CLOCK_NS(), _OTHER_CLOCK_NS())
 
-    def stop(self) -> None:
-        """After the last timed call."""
-        self._span = (*self._t0, _CLOCK_NS(), _OTHER_CLOCK_NS())
-        self._last = None  # the impl's last output is not kept alive past the loop
-
     def before(self) -> None:
         """Before call number :attr:`calls`: poison the previous outputs where this call is sampled, perturb the
         inputs, and copy them for a sampled call."""
@@ -226,9 +223,10 @@ class TimedCallGuard:
         if sampled and self._last is not None:
             self._poison(self._last)
         if self.perturb:
+            self._factors = {n: self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH) for n in self.held}
             with torch.no_grad():
                 for n, t in self.held.items():
-                    t.copy_(self.base[n]).mul_(self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH))
+                    t.copy_(self.base[n]).mul_(self._factors[n])
         if sampled:
             snap = _Snapshot(self.calls, {n: t.detach().clone() for n, t in self.held.items()})
             snap.poisoned = self._last is not None
@@ -244,17 +242,31 @@ class TimedCallGuard:
         snap = self._pending
         if snap is not None:
             self._pending = None
-            for x in _tensors(out):
-                if x is None:
-                    snap.outputs.append(None)
-                elif type(x) is torch.Tensor or type(x) is torch.nn.Parameter:
-                    snap.outputs.append(x.detach().clone())
-                else:
-                    snap.problem = f"call {snap.index} returned a {type(x).__name__}, not a plain tensor"
-                    snap.outputs.append(None)
-            self.snapshots.append(snap)
-        self._last = out
+            self._keep(snap, out)
+        self._last, self._last_sampled = out, snap is not None
         self.calls += 1
+
+    def stop(self) -> None:
+        """After the last timed call: the clocks, and the last call checked as its outputs stand now (its inputs
+        rebuilt from their factors), which a result gone stale at any point of the loop cannot pass."""
+        self._span = (*self._t0, _CLOCK_NS(), _OTHER_CLOCK_NS())
+        if self._last is not None and not self._last_sampled and self.perturb:
+            with torch.no_grad():
+                inputs = {n: self.base[n].clone().mul_(f) for n, f in self._factors.items()}
+            self._keep(_Snapshot(self.calls - 1, inputs), self._last)
+        self._last = None  # the impl's last output is not kept alive past the loop
+
+    def _keep(self, snap: _Snapshot, out: Any) -> None:
+        """Copy `out`'s tensors into `snap` (a lazy object or a tensor subclass is a problem, never forced)."""
+        for x in _tensors(out):
+            if x is None:
+                snap.outputs.append(None)
+            elif type(x) is torch.Tensor or type(x) is torch.nn.Parameter:
+                snap.outputs.append(x.detach().clone())
+            else:
+                snap.problem = f"call {snap.index} returned a {type(x).__name__}, not a plain tensor"
+                snap.outputs.append(None)
+        self.snapshots.append(snap)
 
     def _poison(self, out: Any) -> None:
         with torch.no_grad():

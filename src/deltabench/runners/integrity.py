@@ -189,9 +189,7 @@ class TimedCallGuard:
         self.spec = get_op(case.op)
         diff = {a.name for a in self.spec.inputs if a.differentiable} | {self.spec.state_arg}
         self.held = {
-            n: t
-            for n, t in subject.held.items()
-            if n in diff and isinstance(t, torch.Tensor) and t.is_floating_point()
+            n: t for n, t in subject.held.items() if n in diff and isinstance(t, torch.Tensor) and t.is_floating_point()
         }
         self.perturb = perturb and case.mode != "bwd" and bool(self.held)
         self.base = {n: t.detach().clone() for n, t in self.held.items()} if self.perturb else {}
@@ -359,7 +357,8 @@ class TimedCallGuard:
             detail = "output holds the NaN poison put into the previous call's output: " + ", ".join(poisoned_at[:3])
             recs.append(_record("poison", "poisoned_outputs", float(len(poisoned_at)), 0.0, False, detail))
         else:
-            recs.append(_record("poison", "poisoned_outputs", 0.0, 0.0, True, f"{self.poisoned} output tensors poisoned"))
+            detail = f"{self.poisoned} output tensors poisoned"
+            recs.append(_record("poison", "poisoned_outputs", 0.0, 0.0, True, detail))
         return recs
 
     def _threads_record(self) -> CheckRecord:
@@ -383,7 +382,10 @@ class TimedCallGuard:
             if [float(x) for x in timing.samples_ms] != mine:
                 problems.append("the timing's samples are not the ones measured")
             elif mine and timing.median_ms != _MEDIAN(mine):
-                problems.append(f"the timing's median {timing.median_ms:.4g} ms is not its samples' {_MEDIAN(mine):.4g}")
+                problems.append(
+                    f"the timing's median {timing.median_ms:.4g} ms is not its samples' {_MEDIAN(mine):.4g} ms"
+                )
         ratio = span / wall if wall > 0 else None
-        detail = "; ".join(problems) or f"timed loop {wall / 1e6:.1f} ms on both clocks, samples {total_ns / 1e6:.1f} ms"
+        fine = f"timed loop {wall / 1e6:.1f} ms on both clocks, samples {total_ns / 1e6:.1f} ms"
+        detail = "; ".join(problems) or fine
         return _record("wall_clock", "ratio", ratio, _CLOCK_AGREEMENT, not problems, detail)

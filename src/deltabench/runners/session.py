@@ -387,7 +387,9 @@ class RunState:
     ) -> None:
         """Run repetition `rep` of the plan's job `index` (`job`: its spec for this side) on `runner`, unless an
         earlier repetition ended badly; record it and save the document."""
+        from . import integrity
         from .ceilings import work_figures
+        from .integrity import plausibility_record
 
         job = self._for_run(job)
         if rep > 0:
@@ -415,6 +417,11 @@ class RunState:
             result = _with_repetition(self.finished[index], latest, self.timings[index], rep, self.plan.repeat)
         median = result.timing.median_ms if result.timing else None
         result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, self.doc.ceilings)
+        if result.status == "ok" and job.gate.integrity:
+            w = result.work  # a later repetition's result carries the first one's record: judged anew
+            result.verification = [r for r in result.verification if r.check != "integrity:plausibility"]
+            found = plausibility_record(w.pct_of_floor, self.doc.ceilings, w.tflops, w.gbps)
+            integrity.flag(result, [found] if found else [])
         self._save(index, result)
         if on_done:
             on_done(job, result)

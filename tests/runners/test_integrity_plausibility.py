@@ -43,7 +43,9 @@ def test_the_record_names_the_ceiling_it_exceeds() -> None:
     assert plausibility_record(None, ceilings, None, None) is None
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ceilings: dict[str, float]) -> tuple[int, ResultDocument]:
+def _run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ceilings: dict[str, float], db: Path | None = None
+) -> tuple[int, ResultDocument]:
     cache = tmp_path / "cache"
     (cache / "deltabench").mkdir(parents=True)
     key = f"cpu:{collect_environment('cpu').device_name}"
@@ -52,12 +54,25 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ceilings: dict[str, fl
     suite, out = tmp_path / "s.toml", tmp_path / "out.json"
     suite.write_text(SUITE)
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", "--suite", str(suite), "--out", str(out), "--no-db", "-q"])
+        main(["run", "--suite", str(suite), "--out", str(out), *(["--db", str(db)] if db else ["--no-db"]), "-q"])
     return exit_info.value.code, ResultDocument.model_validate_json(out.read_text())
 
 
 def test_a_time_beyond_the_ceilings_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code, doc = _run(tmp_path, monkeypatch, {"matmul_tflops": 1e-9, "copy_gbps": 1e-6, "matmul_dtype_bits": 32.0})
+    """Rejected, stored with its integrity records, and shown among the run page's failing checks."""
+    from deltabench.db.engine import get_engine, session_scope
+    from deltabench.db.queries import load_run_document
+    from deltabench.web.services import run_tables
+
+    ceilings = {"matmul_tflops": 1e-9, "copy_gbps": 1e-6, "matmul_dtype_bits": 32.0}
+    code, doc = _run(tmp_path, monkeypatch, ceilings, db=tmp_path / "store.db")
+    with session_scope(get_engine(str(tmp_path / "store.db"))) as session:
+        stored = load_run_document(session, doc.run_id)
+    assert stored.jobs[0].integrity == doc.jobs[0].integrity != []
+    (table,) = run_tables(stored)
+    cells = [c for _, row in table.rows for c in row if c]
+    shown = [k["check"] for c in cells for k in c.get("failing_checks", [])]
+    assert "integrity:plausibility" in shown, table
     (job,) = doc.jobs
     assert code == 1
     assert job.status == "incorrect" and job.timing is None

@@ -93,12 +93,13 @@ def _time(
     """The job's timing by the timer the table gives the impl's backend on the case's platform
     (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device), and the integrity
     records of its timed calls (runners/integrity.py)."""
-    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if job.gate.integrity else None
-    request = TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard)
-    timed = timer_for(impl.backend, case.device)(request)
-    if guard is None:
+    timer = timer_for(impl.backend, case.device)
+    on = job.gate.integrity
+    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
+    timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    if not on:
         return timed, []
-    if timed.guarded:
+    if guard is not None and timed.guarded:
         return timed, guard.records(timed.timing)
     return timed, [integrity.clock_record()]  # a timer that calls the impl its own way: the clock alone
 

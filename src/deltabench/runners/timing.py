@@ -318,6 +318,7 @@ class Timer:
     name: str
     clock: str
     target: str
+    takes_guard: bool = False  # it calls the request's subject and tells its guard of each call
 
     def load(self) -> Callable[[TimerRequest], Timed]:
         """The timer's function."""
@@ -329,7 +330,7 @@ class Timer:
         return self.load()(request)
 
 
-HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job")
+HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job", takes_guard=True)
 CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
 JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
 

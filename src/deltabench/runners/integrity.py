@@ -10,12 +10,13 @@ timing (:func:`flag`).
   timing: no two timed calls see the same contents, so a cache keyed by pointer or by content gives stale outputs
   and one keyed by content never hits. A shrinking factor keeps every bounded input (gates, betas, unit norms) in
   its domain. Not applicable to ``bwd`` (one forward graph replayed) nor to a timer that does not take a guard.
-- ``integrity:recheck``: up to :data:`SAMPLE_BUCKETS` timed calls, drawn at random positions before timing
-  (from ``os.urandom``), have their outputs (``fwd``: output and final state; ``fwd+bwd``: the gradients) copied
-  the moment their clock stops, and their inputs the moment before; after the loop each is compared with the
-  reference for those very inputs (the float64 oracle where the gate affords it at this case, else the chunked
-  PyTorch reference in fp32) under the gate's bounds. An output that is not a plain tensor (a lazy object, a
-  tensor subclass) fails it.
+- ``integrity:recheck``: one timed call at a random position in each range of :data:`SAMPLE_BUCKETS` that the
+  loop reaches (drawn from ``os.urandom`` before timing) has its inputs copied the moment before it and its outputs
+  (``fwd``: output and final state; ``fwd+bwd``: the gradients) the moment its clock stops; the loop's last call is
+  added as its outputs stand after the loop (its inputs rebuilt from their factors). After the loop each is
+  compared with the reference for those very inputs (the op's built-in chunked PyTorch impl in fp32, else the
+  float64 oracle) under the gate's bounds. An output that is not a plain tensor (a lazy object, a tensor subclass)
+  fails it.
 - ``integrity:poison``: before each sampled call the previous call's output tensors (those sharing no storage with
   an input) are filled with NaN: an impl that hands back a buffer it did not write (a reused output object, a
   cached tensor) returns the poison, which the recheck finds; this record names it.
@@ -29,6 +30,10 @@ timing (:func:`flag`).
   samples and median are the ones the guard recorded itself.
 - ``integrity:plausibility`` (the run's parent, ``runners/session.py``): the achieved FLOP/s and bytes/s are below
   the machine's measured ceilings (``pct_of_floor`` <= :data:`PLAUSIBLE_PCT_OF_FLOOR`).
+- ``integrity:cost``: not a check (never gating): the seconds the guard spent in and after the loop.
+
+Only a timer that calls the job's subject itself takes a guard (``Timer.takes_guard``: the host clock); a job of
+another timer (CUDA events, JAX) gets the clock and plausibility records.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,9 @@ from typing import Any
 
 import torch
 
+from deltabench.correctness.calls import call_impl, fp32_inputs
+from deltabench.correctness.checks import rel_fro
+from deltabench.correctness.tolerances import threshold
 from deltabench.harness.cases import Case
 from deltabench.harness.document import CheckRecord, TimingStats
 from deltabench.harness.ops import get_op
@@ -63,6 +67,7 @@ __all__ = [
     "TimedCallGuard",
     "clock_record",
     "flag",
+    "guard_functions",
     "guarded_functions",
     "plausibility_record",
 ]
@@ -82,26 +87,36 @@ PLAUSIBLE_PCT_OF_FLOOR = 110.0
 _CLOCK_NS = time.perf_counter_ns  # the timer's clock, as it was before any user module ran
 _OTHER_CLOCK_NS = time.monotonic_ns  # the independent clock of the cross-check
 _MEDIAN = statistics.median
+_TIMERS = dict(_timing.TIMERS)  # the timer table as shipped
 
 
-def _function_table() -> dict[str, Any]:
-    return {
-        "time.perf_counter": (time, "perf_counter"),
-        "time.perf_counter_ns": (time, "perf_counter_ns"),
-        "time.monotonic": (time, "monotonic"),
-        "time.monotonic_ns": (time, "monotonic_ns"),
-        "statistics.median": (statistics, "median"),
-        "statistics.fmean": (statistics, "fmean"),
-        "statistics.stdev": (statistics, "stdev"),
-        **{
-            f"deltabench.runners.timing.{n}": (_timing, n)
-            for n in ("summarize", "sem_rel", "quantile", "adaptive_samples", "time_on_host_clock", "timer_for")
-        },
-        **{f"deltabench.runners.cpu.{n}": (_cpu, n) for n in ("time_callable", "time_job")},
-    }
+_TABLE: dict[str, tuple[Any, str]] = {}  # dotted name -> (owner, attribute) of every guarded function
+_RESOLVED: dict[str, Any] = {}  # dotted name -> the object resolved before any user module ran
 
 
-_RESOLVED: dict[str, Any] = {name: getattr(mod, attr) for name, (mod, attr) in _function_table().items()}
+def guard_functions(owner: Any, names: Sequence[str], prefix: str | None = None) -> None:
+    """Resolve `owner`'s attributes `names` now, for :func:`clock_record` to find unchanged later. Called at import
+    of deltabench's runner modules (this one, ``runners.job``), before any user module is imported."""
+    prefix = prefix if prefix is not None else getattr(owner, "__name__", repr(owner))
+    for n in names:
+        _TABLE[f"{prefix}.{n}"] = (owner, n)
+        _RESOLVED[f"{prefix}.{n}"] = getattr(owner, n)
+
+
+def _guard_defaults() -> None:
+    from deltabench.correctness import calls, checks, tolerances
+
+    guard_functions(time, ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns"))
+    guard_functions(statistics, ("median", "fmean", "stdev"))
+    guard_functions(threading, ("enumerate",))
+    guard_functions(torch.Tensor, ("clone", "copy_", "mul_", "fill_"), "torch.Tensor")
+    guard_functions(_timing, ("summarize", "sem_rel", "quantile", "adaptive_samples", "time_on_host_clock"))
+    guard_functions(_timing, ("timer_for", "merge_repetitions", "_clock_ns", "_clock_s"))
+    guard_functions(_timing.HOST_CLOCK, ("target",), "deltabench.runners.timing.HOST_CLOCK")
+    guard_functions(_cpu, ("time_callable", "time_job"))
+    guard_functions(checks, ("rel_fro",))
+    guard_functions(tolerances, ("threshold",))
+    guard_functions(calls, ("call_impl", "fp32_inputs"))
 
 
 def guarded_functions() -> dict[str, Any]:
@@ -123,9 +138,13 @@ def _record(defence: str, metric: str, value: float | None, threshold: float | N
 
 def clock_record() -> CheckRecord:
     """``integrity:clock``: every guarded timing function is still the object resolved before any user import."""
-    changed = [
-        name for name, (mod, attr) in _function_table().items() if getattr(mod, attr, None) is not _RESOLVED[name]
-    ]
+    changed = [name for name, (owner, attr) in _TABLE.items() if getattr(owner, attr, None) is not _RESOLVED[name]]
+    host = ("torch", "cpu")
+    if _timing.TIMERS.get(host) is not _TIMERS.get(host) or _timing.TIMERS.keys() != _TIMERS.keys():
+        changed.append("deltabench.runners.timing.TIMERS")
+    if any(_timing.TIMERS[k] is not v for k, v in _TIMERS.items() if k in _timing.TIMERS):
+        changed.append("deltabench.runners.timing.TIMERS")
+    changed = list(dict.fromkeys(changed))
     detail = "replaced after import: " + ", ".join(changed) if changed else f"{len(_RESOLVED)} timing functions intact"
     return _record("clock", "replaced", float(len(changed)), 0.0, not changed, detail)
 
@@ -325,8 +344,6 @@ class TimedCallGuard:
         return self.spec.oracle, "oracle"
 
     def _expected(self, snap: _Snapshot, ref: Callable[..., Any]) -> list[tuple[str, torch.Tensor | None]]:
-        from deltabench.correctness.calls import call_impl, fp32_inputs
-
         from .closures import cotangent
 
         inputs = {**self.inputs, **snap.inputs}
@@ -341,9 +358,6 @@ class TimedCallGuard:
         return [(f"grad:{n}", run.grads.get(n)) for n in names]
 
     def _recheck_records(self) -> list[CheckRecord]:
-        from deltabench.correctness.checks import rel_fro
-        from deltabench.correctness.tolerances import threshold
-
         if not self.snapshots:
             return [_record("recheck", "rel_fro", None, None, True, "no timed call sampled")]
         if self.case.mode == "bwd":
@@ -416,3 +430,8 @@ class TimedCallGuard:
         fine = f"timed loop {wall / 1e6:.1f} ms on both clocks, samples {total_ns / 1e6:.1f} ms"
         detail = "; ".join(problems) or fine
         return _record("wall_clock", "ratio", ratio, _CLOCK_AGREEMENT, not problems, detail)
+
+
+_guard_defaults()
+guard_functions(sys.modules[__name__], ("flag", "clock_record", "plausibility_record"))
+guard_functions(TimedCallGuard, ("start", "stop", "before", "after", "records"), f"{__name__}.TimedCallGuard")

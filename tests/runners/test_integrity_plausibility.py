@@ -87,3 +87,21 @@ def test_a_time_within_the_ceilings_passes(tmp_path: Path, monkeypatch: pytest.M
     assert code == 0 and job.status == "ok"
     assert all(r.passed for r in job.integrity)
     assert "integrity:plausibility" in {r.check for r in job.integrity}
+
+
+def test_the_regression_gate_counts_a_flagged_job_as_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`deltabench gate`: a head job flagged by an integrity defence, its base ok, is a correctness failure (exit 1)."""
+    base_dir, head_dir, db = tmp_path / "base", tmp_path / "head", tmp_path / "store.db"
+    base_dir.mkdir(), head_dir.mkdir()
+    code, _ = _run(base_dir, monkeypatch, {"matmul_tflops": 1e3, "copy_gbps": 1e6, "matmul_dtype_bits": 32.0}, db)
+    assert code == 0
+    code, head = _run(head_dir, monkeypatch, {"matmul_tflops": 1e-9, "copy_gbps": 1e-6, "matmul_dtype_bits": 32.0}, db)
+    assert head.jobs[0].status == "incorrect"
+    capsys.readouterr()
+    argv = ["gate", "--base", str(base_dir / "out.json"), "--head", str(head_dir / "out.json"), "--db", str(db)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    assert "correctness failure" in capsys.readouterr().out

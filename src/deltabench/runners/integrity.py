@@ -357,14 +357,29 @@ class TimedCallGuard:
         names = [n for n in self.held if n in run.grads] + [n for n in run.grads if n not in self.held]
         return [(f"grad:{n}", run.grads.get(n)) for n in names]
 
+    def _poison_record(self) -> CheckRecord:
+        """Whether a sampled call's output still held the NaN put into the previous call's outputs."""
+        held = [
+            f"call {snap.index}: output {i}"
+            for snap in self.snapshots
+            if snap.poisoned
+            for i, x in enumerate(snap.outputs)
+            if x is not None and x.is_floating_point() and bool(torch.isnan(x).any())
+        ]
+        if held:
+            detail = "output holds the NaN poison put into the previous call's output: " + ", ".join(held[:3])
+            return _record("poison", "poisoned_outputs", float(len(held)), 0.0, False, detail)
+        return _record("poison", "poisoned_outputs", 0.0, 0.0, True, f"{self.poisoned} output tensors poisoned")
+
     def _recheck_records(self) -> list[CheckRecord]:
         if not self.snapshots:
-            return [_record("recheck", "rel_fro", None, None, True, "no timed call sampled")]
+            return [_record("recheck", "rel_fro", None, None, True, "no timed call sampled"), self._poison_record()]
         if self.case.mode == "bwd":
-            return [_record("recheck", "rel_fro", None, None, True, "not re-checked: bwd replays one graph")]
+            note = "not re-checked: bwd replays one graph"
+            return [_record("recheck", "rel_fro", None, None, True, note), self._poison_record()]
         ref, ref_name = self._reference()
         profile = "triton_interpreter" if self.impl.backend == "triton" and self.case.device == "cpu" else "native"
-        worst, poisoned_at, problems = 0.0, [], []
+        worst, problems = 0.0, []
         fails: list[tuple[float, float, str]] = []
         for snap in self.snapshots:
             if snap.problem:
@@ -380,8 +395,6 @@ class TimedCallGuard:
                 bound = threshold(self.case.dtype, name, profile=profile, regime=self.case.regime, numel=want.numel())
                 err = rel_fro(have, want)
                 worst = max(worst, err)
-                if snap.poisoned and bool(torch.isnan(have).any()):
-                    poisoned_at.append(f"call {snap.index}: {name}")
                 if not err <= bound:
                     fails.append((err, bound, f"call {snap.index}: {name}"))
         calls = ", ".join(str(s.index) for s in self.snapshots)
@@ -394,12 +407,7 @@ class TimedCallGuard:
         limit_at_worst = fails[0][1] if fails else None
         value = None if problems or not math.isfinite(worst) else worst
         recs = [_record("recheck", "rel_fro", value, limit_at_worst, passed, detail)]
-        if poisoned_at:
-            detail = "output holds the NaN poison put into the previous call's output: " + ", ".join(poisoned_at[:3])
-            recs.append(_record("poison", "poisoned_outputs", float(len(poisoned_at)), 0.0, False, detail))
-        else:
-            detail = f"{self.poisoned} output tensors poisoned"
-            recs.append(_record("poison", "poisoned_outputs", 0.0, 0.0, True, detail))
+        recs.append(self._poison_record())
         return recs
 
     def _threads_record(self) -> CheckRecord:

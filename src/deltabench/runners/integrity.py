@@ -124,7 +124,9 @@ def guarded_functions() -> dict[str, Any]:
     return dict(_RESOLVED)
 
 
-def _record(defence: str, metric: str, value: float | None, threshold: float | None, passed: bool, detail: str):
+def _record(
+    defence: str, metric: str, value: float | None, threshold: float | None, passed: bool, detail: str
+) -> CheckRecord:
     return CheckRecord(
         check=f"{INTEGRITY_PREFIX}{defence}",
         metric=metric,
@@ -139,12 +141,9 @@ def _record(defence: str, metric: str, value: float | None, threshold: float | N
 def clock_record() -> CheckRecord:
     """``integrity:clock``: every guarded timing function is still the object resolved before any user import."""
     changed = [name for name, (owner, attr) in _TABLE.items() if getattr(owner, attr, None) is not _RESOLVED[name]]
-    host = ("torch", "cpu")
-    if _timing.TIMERS.get(host) is not _TIMERS.get(host) or _timing.TIMERS.keys() != _TIMERS.keys():
+    table = _timing.TIMERS
+    if table.keys() != _TIMERS.keys() or any(table[k] is not v for k, v in _TIMERS.items()):
         changed.append("deltabench.runners.timing.TIMERS")
-    if any(_timing.TIMERS[k] is not v for k, v in _TIMERS.items() if k in _timing.TIMERS):
-        changed.append("deltabench.runners.timing.TIMERS")
-    changed = list(dict.fromkeys(changed))
     detail = "replaced after import: " + ", ".join(changed) if changed else f"{len(_RESOLVED)} timing functions intact"
     return _record("clock", "replaced", float(len(changed)), 0.0, not changed, detail)
 

@@ -10,7 +10,7 @@ import typer
 
 from deltabench.cli.options import device_option, import_option, resolve_imports
 
-__all__ = ["default_timeout_s", "register", "summarize_records", "verify_impl"]
+__all__ = ["default_timeout_s", "register", "summarize_records", "verify_impl", "verify_integrity"]
 
 
 def summarize_records(records: list[Any]) -> list[dict[str, Any]]:
@@ -252,6 +252,12 @@ def verify_command(
         help="Make bitwise determinism gating (two calls, and the first again in a fresh process).",
     ),
     reference: str = typer.Option("auto", "--reference", help="auto, oracle or torch_chunk."),
+    integrity: bool = typer.Option(
+        False,
+        "--integrity",
+        help="Run the timing's integrity defences alone (no gate): a short timing in a child process, its timed "
+        "calls perturbed and re-checked, its clock checked, its rate held to the machine's ceilings.",
+    ),
     all_records: bool = typer.Option(False, "--all-records", help="One table row per record, every seed."),
     timeout: float = typer.Option(
         None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
@@ -262,7 +268,13 @@ def verify_command(
     The case runs in a child process: a crash or a hang (past --timeout) is a failed verification that names
     the signal or the phase (import, inputs, call, check), exit code 1. Exit code 2: bad input, an --import
     file that raises or exits, or a shape whose inputs and oracle cannot fit in host memory.
+    With --integrity the gate is skipped and the timing's integrity defences run alone (exit code 1 when one fails).
     """
+    if integrity:
+        return verify_integrity(
+            op, impl, shape, dtype=dtype, seed=seed, mode=mode, device=device, as_json=json_, imports=import_,
+            timeout=timeout,
+        )  # fmt: skip
     return verify_impl(
         op,
         impl,
@@ -281,6 +293,93 @@ def verify_command(
         all_records=all_records,
         timeout=timeout,
     )
+
+
+def verify_integrity(
+    op: str,
+    impl: str,
+    shape: str,
+    *,
+    dtype: str = "bf16",
+    seed: int = 0,
+    mode: str | None = None,
+    device: str | None = None,
+    as_json: bool = False,
+    imports: Sequence[str] = (),
+    timeout: float | None = None,
+) -> int:
+    """Run the timing's integrity defences alone (runners/integrity.py) on `impl` of `op` at `shape`: the job's
+    timing without its gate, in a child process, with a short budget, then the rate against the machine's ceilings;
+    print every ``integrity:*`` record (a table, or JSON). Returns 0 when every gating one passed, else 1.
+    """
+    from rich.console import Console
+
+    from deltabench.harness.cases import Case, parse_dtype, parse_shape
+    from deltabench.harness.devices import default_device, parse_platform
+    from deltabench.harness.errors import BadInput
+    from deltabench.harness.registry import get_impl
+    from deltabench.runners import integrity
+    from deltabench.runners.base import JobSpec
+    from deltabench.runners.ceilings import ceilings_for, work_figures
+    from deltabench.runners.environment import collect_environment
+    from deltabench.runners.isolated import IsolatedRunner
+
+    if timeout is not None and timeout <= 0:
+        raise BadInput("--timeout must be a positive number of seconds")
+    if mode is not None and mode not in ("fwd", "fwd+bwd"):
+        raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+    paths = resolve_imports(list(imports))
+    if paths:
+        from deltabench.cli.options import load_imports
+
+        load_imports(paths)
+    platform = parse_platform(device) if device is not None else default_device().platform
+    found = get_impl(op, impl)
+    mode = mode or ("fwd+bwd" if found.supports_backward else "fwd")
+    case = Case(op, shape=parse_shape(shape, op), dtype=parse_dtype(dtype), seed=seed, mode=mode, device=platform)
+    why = found.check_case(case)
+    if why:
+        raise BadInput(f"{op}/{impl} cannot run {case.shape_id} {case.dtype} {mode} on {platform}: {why}")
+    job = JobSpec.for_case(
+        case,
+        impl,
+        imports=paths,
+        stage="after_gate",  # the gate skipped: the defences alone
+        timing={"budget_s": 0.5, "min_reps": 10, "warmup_s": 0.1},
+        timeout_s=timeout if timeout is not None else default_timeout_s(),
+    )
+    console = Console(stderr=as_json)
+    with console.status(f"integrity of {op}/{impl} on {case.shape_id} {case.dtype} {mode} ({platform})"):
+        result = IsolatedRunner().run(job)
+        if result.status == "ok" and result.timing is not None:
+            ceilings = ceilings_for(platform, collect_environment(platform).device_name)
+            w = work_figures(op, case.dims, case.dtype, mode, result.timing.median_ms, ceilings)
+            found_rec = integrity.plausibility_record(w.pct_of_floor, ceilings, w.tflops, w.gbps)
+            integrity.flag(result, [found_rec] if found_rec else [])
+    records = result.integrity
+    passed = result.status == "ok"
+    if as_json:
+        out = {"passed": passed, "status": result.status, "reason": result.reason}
+        print(json.dumps({**out, "records": [r.model_dump() for r in records]}, indent=1))
+        return 0 if passed else 1
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"integrity of {op}/{impl}: {case.shape_id} {case.dtype} {mode}", box=box.SIMPLE_HEAD)
+    for col in ("defence", "value", "bound", "ok", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in records:
+        verdict = "info" if not r.gating else ("[green]pass[/]" if r.passed else "[red]FAIL[/]")
+        bound = "" if r.threshold is None else f"{r.threshold:g}"
+        value = "" if r.value is None else f"{r.value:.3g}"
+        table.add_row(r.check.removeprefix(integrity.INTEGRITY_PREFIX), value, bound, verdict, escape(r.detail))
+    console.print(table)
+    if passed:
+        console.print(f"[green]PASS[/]: {len(records)} integrity records, every defence passed")
+    else:
+        console.print(f"[red]FAIL[/]: {escape(result.reason or result.status)}", highlight=False, soft_wrap=True)
+    return 0 if passed else 1
 
 
 def register(app: typer.Typer) -> None:

@@ -371,6 +371,11 @@ class JobResult(_Model):
     started_at: _dt.datetime = Field(default_factory=_now)
     finished_at: _dt.datetime | None = None
 
+    @property
+    def integrity(self) -> list[CheckRecord]:
+        """The integrity records among :attr:`verification` (``integrity:<defence>``, runners/integrity.py)."""
+        return [r for r in self.verification if r.check.startswith("integrity:")]
+
     @model_validator(mode="after")
     def _timing_matches_status(self, info: ValidationInfo) -> JobResult:
         if self.status == "ok":

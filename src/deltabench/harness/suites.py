@@ -115,6 +115,11 @@ class GateSettings(_Settings):
     regimes: tuple[str, ...] | None = Field(
         default=None, min_length=1, description="the gate's input regimes (default: every regime of the op)"
     )
+    integrity: bool = Field(
+        default=True,
+        description="the timed calls' integrity defences (runners/integrity.py): perturbed inputs, re-checked "
+        "outputs, poisoned buffers, idle threads, the clock's identity and its cross-check",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,13 +28,15 @@ def time_callable(
     max_reps: int = TIMING_DEFAULTS.max_reps,
     warmup_s: float = TIMING_DEFAULTS.warmup_s,
     first_call_s: float | None = None,
+    guard: Any = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the host clock.
 
     The first call is timed apart (``compile_s``); then warm-up and repetitions follow the rules of
     :func:`deltabench.runners.timing.adaptive_samples`. Inputs must be built outside `fn`. A caller
     that already made and timed the first call (the job runner does, before the correctness gate)
-    passes its duration as `first_call_s`.
+    passes its duration as `first_call_s`; a `guard` (``runners.integrity.TimedCallGuard``) sees every timed
+    call (``timing.time_on_host_clock``).
 
     Example::
 
@@ -50,9 +52,11 @@ def time_callable(
         max_reps=max_reps,
         warmup_s=warmup_s,
         first_call_s=first_call_s,
+        guard=guard,
     )
 
 
 def time_job(request: TimerRequest) -> Timed:
     """The table's host-clock timer: `request`'s subject on the host clock, with the job's settings."""
-    return Timed(time_callable(request.subject, **request.rules, first_call_s=request.first_call_s))
+    timing = time_callable(request.subject, **request.rules, first_call_s=request.first_call_s, guard=request.guard)
+    return Timed(timing, guarded=request.guard is not None)

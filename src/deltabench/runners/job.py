@@ -40,6 +40,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
 from deltabench.harness.errors import is_out_of_memory
 
+from . import integrity
 from .base import JobSpec
 from .timing import Timed, TimerRequest, timer_for
 
@@ -86,11 +87,21 @@ def parse_phase_mark(line: str) -> tuple[str, float | None]:
         return text, None
 
 
-def _time(impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float) -> Timed:
+def _time(
+    impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float
+) -> tuple[Timed, list[CheckRecord]]:
     """The job's timing by the timer the table gives the impl's backend on the case's platform
-    (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device)."""
-    request = TimerRequest(subject, impl, case, inputs, job.timing, first_call_s)
-    return timer_for(impl.backend, case.device)(request)
+    (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device), and the integrity
+    records of its timed calls (runners/integrity.py)."""
+    timer = timer_for(impl.backend, case.device)
+    on = job.gate.integrity
+    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
+    timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    if not on:
+        return timed, []
+    if guard is not None and timed.guarded:
+        return timed, guard.records(timed.timing)
+    return timed, [integrity.clock_record()]  # a timer that calls the impl its own way: the clock alone
 
 
 def _memo_for(job: JobSpec) -> Any:
@@ -257,7 +268,7 @@ def execute(job: JobSpec) -> JobResult:
 
         phase = "timing"
         _phase(phase)
-        timed = _time(impl, case, subject, inputs, job, first_call_s)
+        timed, checks = _time(impl, case, subject, inputs, job, first_call_s)
         timing = timed.timing
         if isinstance(timing, TimingStats) and timing.compile_s is None:
             timing.compile_s = first_call_s
@@ -265,6 +276,7 @@ def execute(job: JobSpec) -> JobResult:
         result.memory = timed.memory if timed.memory is not None else mem
         result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
         result.status = "ok"
+        integrity.flag(result, checks)
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -288,3 +300,6 @@ class InProcessRunner:
     def run(self, job: JobSpec) -> JobResult:
         """Run `job` here."""
         return execute(job)
+
+
+integrity.guard_functions(sys.modules[__name__], ("execute", "_time", "_finish"))

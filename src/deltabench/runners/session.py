@@ -387,7 +387,9 @@ class RunState:
     ) -> None:
         """Run repetition `rep` of the plan's job `index` (`job`: its spec for this side) on `runner`, unless an
         earlier repetition ended badly; record it and save the document."""
+        from . import integrity
         from .ceilings import work_figures
+        from .integrity import plausibility_record
 
         job = self._for_run(job)
         if rep > 0:
@@ -415,6 +417,11 @@ class RunState:
             result = _with_repetition(self.finished[index], latest, self.timings[index], rep, self.plan.repeat)
         median = result.timing.median_ms if result.timing else None
         result.work = work_figures(case.op, case.dims, case.dtype, case.mode, median, self.doc.ceilings)
+        if result.status == "ok" and job.gate.integrity:
+            w = result.work  # a later repetition's result carries the first one's record: judged anew
+            result.verification = [r for r in result.verification if r.check != "integrity:plausibility"]
+            found = plausibility_record(w.pct_of_floor, self.doc.ceilings, w.tflops, w.gbps)
+            integrity.flag(result, [found] if found else [])
         self._save(index, result)
         if on_done:
             on_done(job, result)
@@ -433,7 +440,8 @@ class RunState:
         if gate.status != "ok":
             return gate
         result = runner.run(job.model_copy(update={"stage": "after_gate"}))
-        return result.model_copy(update={"verification": gate.verification, "gate_reference": gate.gate_reference})
+        records = [*gate.verification, *result.integrity]  # the gate's, then the timing's own integrity records
+        return result.model_copy(update={"verification": records, "gate_reference": gate.gate_reference})
 
     def finish(self) -> ResultDocument:
         """Mark the run complete, save and return its document."""
@@ -447,7 +455,8 @@ def _with_repetition(
 ) -> JobResult:
     """The job's result after its repetition `rep` (0-based) of `repeat`: the first repetition's result with every
     repetition's samples so far (``timing.merge_repetitions``), or, when this repetition did not end ok, its status
-    and reason (naming the repetition) with the first one's gate records and no timing."""
+    and reason (naming the repetition) with the first one's gate records, its own integrity records and no timing
+    (each repetition's timed calls pass the integrity defences on their own)."""
     from .timing import merge_repetitions
 
     if latest.status == "ok" and latest.timing is not None:
@@ -456,7 +465,7 @@ def _with_repetition(
     return latest.model_copy(
         update={
             "reason": f"repetition {rep + 1} of {repeat}: {latest.reason}",
-            "verification": first.verification,
+            "verification": [*(r for r in first.verification if r not in first.integrity), *latest.integrity],
             "gate_reference": first.gate_reference,
             "started_at": first.started_at,
             "timing": None,

@@ -54,6 +54,10 @@ __all__ = [
 WARMUP_AGREEMENT = 0.10  # two consecutive warm-up timings within 10% of each other: warm
 _MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi/2): asymptotic SE of the median over SE of the mean (normal samples)
 _UNKNOWN_SEM = 1.0  # stands for "unknown" with fewer than two samples (JSON has no infinity)
+# The clocks, resolved when deltabench's runner is imported, before any user module: a module that replaces
+# time.perf_counter_ns does not change what the timers read (runners/integrity.py checks it did not try).
+_clock_ns = time.perf_counter_ns
+_clock_s = time.perf_counter
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -170,20 +174,20 @@ def adaptive_samples(
     # Warm-up: until two consecutive timings agree within 10%, or the warm-up cap (time or count).
     warmup = 0
     prev: float | None = None
-    t0 = time.perf_counter()
+    t0 = _clock_s()
     while True:
         (cur,) = measure(1)
         warmup += 1
         if prev is not None and abs(cur - prev) <= WARMUP_AGREEMENT * min(cur, prev):
             break
-        if warmup >= max_warmup or time.perf_counter() - t0 >= warmup_s:
+        if warmup >= max_warmup or _clock_s() - t0 >= warmup_s:
             break
         prev = cur
     # Repetitions, in batches of about `batch_s` so that checking the SEM stays cheap for tiny kernels.
     per_call_s = max(cur / 1e3, 1e-7)
     batch = max(1, min(int(batch_s / per_call_s), 1000))
     samples: list[float] = []
-    start = time.perf_counter()
+    start = _clock_s()
     while True:
         n = min(batch, max_reps - len(samples))
         samples.extend(measure(n))
@@ -193,7 +197,7 @@ def adaptive_samples(
         if len(samples) >= max_reps:
             reason = "max_reps"
             break
-        if time.perf_counter() - start >= budget_s and len(samples) >= min_reps:
+        if _clock_s() - start >= budget_s and len(samples) >= min_reps:
             reason = "budget"
             break
     return Collected(samples_ms=samples, warmup=warmup, stop_reason=reason)
@@ -209,6 +213,7 @@ def time_on_host_clock(
     max_reps: int,
     warmup_s: float,
     first_call_s: float | None,
+    guard: Any = None,
 ) -> TimingStats:
     """Time the zero-argument `call` on the host's monotonic nanosecond clock, one reading around each call.
 
@@ -216,23 +221,49 @@ def time_on_host_clock(
     made it and passes its duration as `first_call_s`), then :func:`adaptive_samples`, then :func:`summarize`
     with the samples labelled `clock`. `call` must return only once its work is done (the JAX timer's blocks
     on the outputs).
+
+    A `guard` (``runners.integrity.TimedCallGuard``) is told of every call after the first, outside the clock
+    readings: ``before()`` each (it perturbs the inputs), ``after(output, ms)`` each, ``start()`` and ``stop()``
+    around them all.
     """
     if first_call_s is None:
-        t0 = time.perf_counter_ns()
+        t0 = _clock_ns()
         call()
-        first_call_s = (time.perf_counter_ns() - t0) / 1e9
+        first_call_s = (_clock_ns() - t0) / 1e9
 
     def measure(n: int) -> list[float]:
         out = []
         for _ in range(n):
-            start = time.perf_counter_ns()
+            start = _clock_ns()
             call()
-            out.append((time.perf_counter_ns() - start) / 1e6)
+            out.append((_clock_ns() - start) / 1e6)
         return out
 
-    got = adaptive_samples(
-        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
-    )
+    def guarded(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            guard.before()
+            start = _clock_ns()
+            result = call()
+            ms = (_clock_ns() - start) / 1e6
+            guard.after(result, ms)
+            out.append(ms)
+        return out
+
+    if guard is not None:
+        guard.start()
+    try:
+        got = adaptive_samples(
+            guarded if guard is not None else measure,
+            budget_s=budget_s,
+            target_sem=target_sem,
+            min_reps=min_reps,
+            max_reps=max_reps,
+            warmup_s=warmup_s,
+        )
+    finally:
+        if guard is not None:
+            guard.stop()
     return summarize(
         got.samples_ms, clock=clock, warmup=got.warmup, compile_s=first_call_s, stop_reason=got.stop_reason
     )
@@ -257,6 +288,7 @@ class TimerRequest:
     inputs: dict[str, Any]
     settings: Any
     first_call_s: float | None = None
+    guard: Any = None  # runners.integrity.TimedCallGuard, for a timer that takes one (the host clock's)
 
     @property
     def rules(self) -> dict[str, Any]:
@@ -266,11 +298,13 @@ class TimerRequest:
 
 @dataclasses.dataclass
 class Timed:
-    """A timer's answer: the timing, the memory it measured itself (the JAX timer's XLA figures) and a note."""
+    """A timer's answer: the timing, the memory it measured itself (the JAX timer's XLA figures), a note, and
+    whether the request's integrity guard saw the timed calls."""
 
     timing: TimingStats
     memory: MemoryStats | None = None
     note: str = ""
+    guarded: bool = False  # the request's guard saw every timed call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +318,7 @@ class Timer:
     name: str
     clock: str
     target: str
+    takes_guard: bool = False  # it calls the request's subject and tells its guard of each call
 
     def load(self) -> Callable[[TimerRequest], Timed]:
         """The timer's function."""
@@ -295,7 +330,7 @@ class Timer:
         return self.load()(request)
 
 
-HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job")
+HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job", takes_guard=True)
 CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
 JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
 

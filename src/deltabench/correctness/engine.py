@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import Case, has_backward
 from deltabench.harness.document import CheckRecord
 from deltabench.harness.errors import BadInput
 from deltabench.harness.ops import OpSpec, get_op
@@ -260,7 +260,7 @@ def warm_calls(impl: Callable[..., Any], case: Case) -> None:
     Nothing is checked: what an impl that compiles each shape compiled is kept in its own cache for the gate."""
     spec = get_op(case.op)
     grads = back_propagates(impl, case)
-    for variant in gate_variants(spec, (case.regime,)):
+    for variant in gate_variants(spec, (case.regime,), decode=case.mode == "decode"):
         run_impl(impl, spec, case, variant, seed=case.seed, grads=grads)
 
 
@@ -326,7 +326,7 @@ def verify_case(
         return make() if memo is None else memo.records(key, make)
 
     records: list[CheckRecord] = []
-    if case.mode != "fwd" and not grads:
+    if has_backward(case.mode) and not grads:
         records.append(note_record("gradients", "not checked: the impl is forward only", passed=True, gating=False))
     if grads and not getattr(impl, "state_grad", True):
         why = "the cotangent is on the output alone: the impl declares its final state without a gradient"
@@ -337,7 +337,7 @@ def verify_case(
     short = None if use_oracle else short_case(case, limit)
     lengths = sweep_cases(case, chosen_regimes, grads=grads, limit=limit)
     first_run: Item | None = None
-    variants = gate_variants(spec, chosen_regimes)
+    variants = gate_variants(spec, chosen_regimes, decode=case.mode == "decode")
     runs = [(s, v) for s in seed_list for v in variants]
     clock = _StageClock()
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there

@@ -211,7 +211,7 @@ class CaseSpec(_Model):
     V: int | None = Field(default=None, ge=1, le=_INT32)
     extra_dims: dict[str, int] = Field(default_factory=dict, max_length=16, description="dims besides B,T,H,K,V")
     dtype: Literal["fp32", "bf16", "fp16"]
-    mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
+    mode: Literal["fwd", "fwd+bwd", "bwd", "decode"] = "fwd"
     regime: str = Field(default="typical", max_length=16, pattern=r"^[a-z][a-z0-9_]*$")
     seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False

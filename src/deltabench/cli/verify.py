@@ -242,7 +242,11 @@ def verify_command(
         "--initial-state/--no-initial-state",
         help="Kept for the record of the case; both variants (with and without) are always checked.",
     ),
-    mode: str = typer.Option(None, "--mode", help="fwd, fwd+bwd or decode (default: fwd+bwd when the impl has a backward, decode for a decode-only impl, else fwd)."),
+    mode: str = typer.Option(
+        None,
+        "--mode",
+        help="fwd, fwd+bwd or decode (default: fwd+bwd with a backward, decode for a decode impl, else fwd).",
+    ),
     device: str = device_option("cuda if present, else cpu"),
     json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
     import_: list[str] = import_option(),

@@ -21,7 +21,9 @@ def require_state_cache(initial_state: torch.Tensor | None) -> torch.Tensor:
 
 
 def decode_in_place(
-    recurrent: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any, scale: float | None = None,
+    recurrent: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    *args: Any,
+    scale: float | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`recurrent` (an op's token-serial impl, ``(*args, scale=, initial_state=) -> (o, final_state)``) over the

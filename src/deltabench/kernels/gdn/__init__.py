@@ -47,9 +47,7 @@ IMPLS = (
         "gdn", "triton_recurrent", f"{_HERE}.triton.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False
     ),
     # Decode steps (mode decode): the new state written into the state cache given.
-    ImplDecl(
-        "gdn", "torch_decode", f"{_HERE}.torch.torch_decode:gdn_torch_decode", "torch", TORCH_DEVICES, **_DECODE
-    ),
+    ImplDecl("gdn", "torch_decode", f"{_HERE}.torch.torch_decode:gdn_torch_decode", "torch", TORCH_DEVICES, **_DECODE),
     ImplDecl("gdn", "triton_decode", f"{_HERE}.triton.decode:gdn_triton_decode", **_TRITON, **_DECODE),
     # Torch-facing wrappers of JAX (the gate checks the JAX forward and vjp); runners.jax times `.jax_fn` natively.
     ImplDecl(

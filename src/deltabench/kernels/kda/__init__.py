@@ -20,7 +20,13 @@ IMPLS = (
     ),
     ImplDecl("kda", "torch_chunk", "deltabench.kernels.kda.torch_chunk:kda_torch_chunk", "torch", TORCH_DEVICES),
     ImplDecl(
-        "kda", "torch_decode", "deltabench.kernels.kda.torch_decode:kda_torch_decode", "torch", TORCH_DEVICES,
-        backward=False, modes=("decode",), state_in_place=True,
-    ),  # fmt: skip
+        "kda",
+        "torch_decode",
+        "deltabench.kernels.kda.torch_decode:kda_torch_decode",
+        "torch",
+        TORCH_DEVICES,
+        backward=False,
+        modes=("decode",),
+        state_in_place=True,
+    ),
 )

@@ -142,3 +142,17 @@ def test_decode_work_model() -> None:
     tokens = 8 * 2 * 16 * (2 * 128 + 128 + 128) * 2 + 8 * 2 * 16 * (4 + 2)  # q, k, v, o in bf16; g fp32, beta bf16
     assert w["bytes"] == 2 * state + tokens
     assert w["flops"] == 8 * 2 * 16 * 7 * 128 * 128
+
+
+def test_decode_figures() -> None:
+    """A decode result's figures: us per step, new tokens per second, state GB/s and its share of the copy ceiling."""
+    from deltabench.runners.ceilings import work_figures
+
+    dims = {"B": 8, "T": 2, "H": 16, "K": 128, "V": 128}
+    fig = work_figures("gdn", dims, "bf16", "decode", 0.004, {"copy_gbps": 4000.0, "matmul_tflops": 500.0})
+    state = 2 * 8 * 16 * 128 * 128 * 4
+    assert fig.us_per_step == pytest.approx(4.0)
+    assert fig.tokens_per_s == pytest.approx(16 / 4e-6)
+    assert fig.state_gbps == pytest.approx(state / 4e-6 / 1e9)
+    assert fig.pct_of_copy == pytest.approx(100 * state / 4e-6 / 1e9 / 4000.0)
+    assert work_figures("gdn", dims, "bf16", "fwd", 0.004, {}).us_per_step is None

@@ -455,7 +455,7 @@ def run_command(
     shape: list[str] = typer.Option(
         [], "--shape", help="Only these shapes of the suite, e.g. B=1,T=8192,H=2,K=128 (repeatable)."
     ),
-    mode: list[str] = typer.Option([], "--mode", help="Only these modes: fwd, bwd, fwd+bwd (repeatable)."),
+    mode: list[str] = typer.Option([], "--mode", help="Only these modes: fwd, bwd, fwd+bwd, decode (repeatable)."),
     device: str = device_option("the suite's, else cuda if present"),
     db: str = db_option(),
     no_db: bool = typer.Option(False, "--no-db", help="Do not store the run in a database."),

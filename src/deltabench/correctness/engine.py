@@ -15,12 +15,13 @@ state, :func:`verify_case`
 - compares the output and the final state with the float64 oracle (on the very same rounded inputs; run on the
   case's GPU for a CUDA case, else on the CPU: :func:`oracle_device`): relative Frobenius error (gating) and max
   abs error with the worst element's index (reported);
-- when ``case.mode != "fwd"``, back-propagates random cotangents on ``o`` and on the final state through both and
+- in modes ``fwd+bwd`` and ``bwd``, back-propagates random cotangents on ``o`` and on the final state through both and
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
 
-then sweeps lengths at the first seed (B = 1, the case's other dims, long regime, with an initial state): T rounded
-to a multiple of :data:`LARGEST_CHUNK` (two to four chunks, as many as the oracle affords) streamed with its split
+(a ``decode`` case, T = 1..8 new tokens, steps from a state in every run, the state a 64-token prefix of the op
+leaves: harness/ops.decode_state; its length sweep is T = 1, 3 and 8), then sweeps lengths at the first seed
+(B = 1, the case's other dims, long regime, with an initial state): T rounded to a multiple of :data:`LARGEST_CHUNK` (two to four chunks, as many as the oracle affords) streamed with its split
 on a chunk boundary, a T inside one chunk streamed with its split inside it, and T = 1. A split on a chunk
 boundary makes a chunked kernel do the same arithmetic streamed and at once, but for the state carried across that
 boundary; its bound (``boundary`` in tolerances.py) is far below the oracle's at bf16, which is what catches a

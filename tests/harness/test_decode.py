@@ -156,3 +156,13 @@ def test_decode_figures() -> None:
     assert fig.state_gbps == pytest.approx(state / 4e-6 / 1e9)
     assert fig.pct_of_copy == pytest.approx(100 * state / 4e-6 / 1e9 / 4000.0)
     assert work_figures("gdn", dims, "bf16", "fwd", 0.004, {}).us_per_step is None
+
+
+def test_decode_gate_shapes() -> None:
+    """The shapes a decode gate calls an impl at (for the impls that compile each shape) are decode cases: the full
+    shape, its streaming halves and the sweep's T = 1, 3 and 8 with theirs."""
+    from deltabench.correctness.plan import gate_shapes
+
+    shapes = gate_shapes(get_impl("gdn", "torch_decode"), Case("gdn", **SHAPE, mode="decode"))
+    assert {c.mode for c in shapes} == {"decode"}
+    assert {(c.B, c.T) for c in shapes} == {(2, 2), (2, 1), (1, 1), (1, 3), (1, 2), (1, 8), (1, 4)}

@@ -126,10 +126,6 @@ BAD_INPUTS = {
         ["--op", "gdn", "--impl", "torch_decode", "--shape", TINY, "--mode", "fwd", "--device", "cpu"],
         "runs mode decode, not fwd",
     ),
-    "op without decode": (
-        ["--op", "sdm", "--impl", "torch_chunk", "--shape", "B=1,T=1,H=1,S=16,D=8,W=2,R=2", "--mode", "decode"],
-        "has no decode mode",
-    ),
 }
 
 

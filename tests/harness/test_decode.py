@@ -103,6 +103,15 @@ def test_planted_decode_bug_fails(bug: str, fails: set[str], planted: Any) -> No
     assert fails <= {r.check for r in report.failures}, {r.check for r in report.failures}
 
 
+def test_sdm_torch_decode_passes() -> None:
+    """sdm's torch_decode (its bank updated in place) passes the decode gate in every sdm regime."""
+    case = Case("sdm", B=1, T=2, H=2, S=32, D=8, W=3, R=2, mode="decode")
+    report = verify_case(get_impl("sdm", "torch_decode"), case, **FAST)
+    assert report.passed, [(r.check, r.detail) for r in report.failures]
+    w = work("sdm", case.dims, "fp32", "decode")
+    assert w["state_bytes"] == 1 * 2 * 2 * 8 * 4 * (2 * 3 + 2)  # the slots touched: W read and written, R read
+
+
 def test_decode_state_is_a_prefix_state() -> None:
     """The state a decode case steps from is the oracle's after the seeded prefix: not zero, not the random start,
     the same for the same seed, another for another seed; a fwd case's state is still the plain draw."""
@@ -119,13 +128,26 @@ def test_decode_state_is_a_prefix_state() -> None:
     assert "initial_state" not in make_case_inputs(spec, case.replace(mode="fwd"))
 
 
+@pytest.fixture
+def no_decode_op() -> Iterator[None]:
+    """gdn's contract registered as op ``no_decode_op`` without a decode mode, for the test's duration."""
+    import dataclasses
+
+    from deltabench.harness.ops import OPS, register_op
+
+    register_op(dataclasses.replace(get_op("gdn"), name="no_decode_op", decode=False))
+    yield
+    OPS.pop("no_decode_op", None)
+
+
+@pytest.mark.usefixtures("no_decode_op")
 def test_decode_rules() -> None:
     """T is 1..8 in decode; an op without a decode mode refuses it; decode does not back-propagate; impls run only
     their declared modes (a decode impl decodes only, a full-sequence impl may decode too)."""
     with pytest.raises(BadInput, match="T from 1 to 8"):
         Case("gdn", B=1, T=9, H=1, K=8, V=8, mode="decode")
     with pytest.raises(BadInput, match="no decode mode"):
-        Case("sdm", B=1, T=1, H=1, S=16, D=8, W=2, R=2, mode="decode")
+        Case("no_decode_op", B=1, T=1, H=1, K=8, V=8, mode="decode")
     assert not has_backward("decode") and has_backward("fwd+bwd") and not has_backward("fwd")
     case = Case("gdn", **SHAPE, mode="decode")
     assert get_impl("gdn", "torch_decode").check_case(case.replace(mode="fwd")) == "runs mode decode, not fwd"

@@ -111,18 +111,20 @@ def chunked_delta_work(contract: OpContract, dims: Mapping[str, int], elem: int,
     """
     B, T, H, K, V = (dims[d] for d in INDEXED_DIMS)
     if mode == "decode":
-        return decode_work(B * T * H * 7 * K * V, *io_bytes(contract, dims, elem))
+        # 7*K*V per token and head: decay, S^T k, the rank-1 update, S^T q
+        inputs, out, state = io_bytes(contract, dims, elem)
+        return decode_work(B * T * H * 7 * K * V, inputs, out, 2 * state)
     C = CHUNK
     fwd_flops = B * T * H * (5 * C * (K + V) + 6 * K * V + C * C / 3)
     return fwd_bwd_work(fwd_flops, *io_bytes(contract, dims, elem), mode)
 
 
-def decode_work(flops: float, inputs: int, out: int, state: int) -> dict[str, float]:
+def decode_work(flops: float, inputs: int, out: int, state_traffic: float) -> dict[str, float]:
     """``{"flops", "bytes", "state_bytes"}`` of a decode step (mode ``decode``): the token-serial recurrence's FLOP
-    (the delta family's ``7*K*V`` per token and head: decay, ``S^T k``, the rank-1 update, ``S^T q``), and the floor
-    of its traffic: the state read and written once (``state_bytes``, which bounds a decode step at any batch),
-    the new tokens' inputs read and their outputs written."""
-    return {"flops": float(flops), "bytes": float(inputs + out + 2 * state), "state_bytes": float(2 * state)}
+    and the floor of its traffic: the state's (``state_bytes``: the delta family's whole state read and written
+    once, which bounds a decode step at any batch; sdm's touched slots), the new tokens' inputs read and their
+    outputs written."""
+    return {"flops": float(flops), "bytes": float(inputs + out + state_traffic), "state_bytes": float(state_traffic)}
 
 
 def fwd_bwd_work(fwd_flops: float, inputs: int, out: int, state: int, mode: str) -> dict[str, float]:
@@ -176,7 +178,8 @@ class OpContract:
         check_dims: ``check_dims(dims) -> str | None``, why a shape is not a valid instance of the op beyond every
             dim being at least 1 (sdm: W and R at most S), or None (:meth:`dims_problem`).
         decode: the op has mode ``decode`` (T = 1..8 new tokens from a given state; its oracle steps from that
-            state, drawn as :data:`DECODE_PREFIX` tokens of the op itself leave it: harness/ops.make_case_inputs).
+            state, drawn as :data:`DECODE_PREFIX` tokens of the op itself leave it: harness/ops.make_case_inputs);
+            its work model then counts the step's state traffic as ``state_bytes`` (:func:`decode_work`).
     """
 
     name: str

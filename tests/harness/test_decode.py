@@ -188,3 +188,19 @@ def test_decode_gate_shapes() -> None:
     shapes = gate_shapes(get_impl("gdn", "torch_decode"), Case("gdn", **SHAPE, mode="decode"))
     assert {c.mode for c in shapes} == {"decode"}
     assert {(c.B, c.T) for c in shapes} == {(2, 2), (2, 1), (1, 1), (1, 3), (1, 2), (1, 8), (1, 4)}
+
+
+def test_decode_timer_rotation_and_refusals() -> None:
+    """The decode timer (CUDA only, tried on a GPU by benchmarks/gpu/decode_timer.py) imports here; its rotation
+    overflows L2 twice per pass (at least 2 copies, at most 512), and it refuses a case it cannot time."""
+    from deltabench.runners.decode_timer import rotation_copies, time_decode
+
+    l2 = 60 * 2**20  # an H200's
+    state = 16 * 128 * 128 * 4  # B = 1, H = 16, K = V = 128, float32: 1 MiB
+    assert rotation_copies(2 * state, l2) == 60
+    assert rotation_copies(512 * 2 * state, l2) == 2
+    assert rotation_copies(100, l2) == 512
+    with pytest.raises(ValueError, match="positive"):
+        rotation_copies(0, l2)
+    with pytest.raises(ValueError, match="decode case on cuda"):
+        time_decode(get_impl("gdn", "torch_decode"), Case("gdn", **SHAPE, mode="decode"))

@@ -23,7 +23,12 @@ __all__ = ["IMPLS", "gdn_torch_chunk", "gdn_torch_recurrent"]
 _HERE = "deltabench.kernels.gdn"
 # The Triton kernels run on the CPU through the Triton interpreter; they hold a key and a value row in one tile.
 _TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256))
-_DECODE = dict(backward=False, modes=("decode",), state_in_place=True)
+_DECODE = dict(
+    backward=False,
+    modes=("decode",),
+    state_in_place=True,
+    notes="decode steps (mode decode), the state updated in place",
+)
 
 IMPLS = (
     ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),

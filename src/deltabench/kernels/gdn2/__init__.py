@@ -67,6 +67,7 @@ IMPLS = (
         backward=False,
         modes=("decode",),
         state_in_place=True,
+        notes="decode steps (mode decode): torch_recurrent's token loop, the state updated in place",
     ),
     ImplDecl(
         "gdn2", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)

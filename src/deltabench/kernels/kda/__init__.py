@@ -28,5 +28,6 @@ IMPLS = (
         backward=False,
         modes=("decode",),
         state_in_place=True,
+        notes="decode steps (mode decode): torch_recurrent's token loop, the state updated in place",
     ),
 )

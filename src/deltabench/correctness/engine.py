@@ -19,17 +19,18 @@ state, :func:`verify_case`
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
 
-(a ``decode`` case, T = 1..8 new tokens, steps from a state in every run, the state a 64-token prefix of the op
-leaves: harness/ops.decode_state; its length sweep is T = 1, 3 and 8), then sweeps lengths at the first seed (B = 1,
-the case's other dims, long regime, with an initial state): T rounded to a multiple of :data:`LARGEST_CHUNK` (two to
-four chunks, as many as the oracle affords) streamed with its split on a chunk boundary, a T inside one chunk
-streamed with its split inside it, and T = 1. A split on a chunk boundary makes a chunked kernel do the same
-arithmetic streamed and at once, but for the state carried across that boundary; its bound (``boundary`` in
-tolerances.py) is far below the oracle's at bf16, which is what catches a forward-only bf16 kernel carrying its
-state wrongly. Finally it calls the impl twice on identical inputs to report bitwise determinism (gating when asked,
-or when the op's contract demands it), and where asked (``fresh_process``: the CLI and the runner do whenever
-determinism gates) replays the first of those calls in a fresh interpreter (correctness/fresh_process.py) and holds
-it to the same bits (``determinism:process``).
+then sweeps lengths at the first seed (B = 1, the case's other dims, long regime, with an initial state): T rounded
+to a multiple of :data:`LARGEST_CHUNK` (two to four chunks, as many as the oracle affords) streamed with its split
+on a chunk boundary, a T inside one chunk streamed with its split inside it, and T = 1. A split on a chunk
+boundary makes a chunked kernel do the same arithmetic streamed and at once, but for the state carried across that
+boundary; its bound (``boundary`` in tolerances.py) is far below the oracle's at bf16, which is what catches a
+forward-only bf16 kernel carrying its state wrongly. Finally it calls the impl twice on identical inputs to report
+bitwise determinism (gating when asked, or when the op's contract demands it), and where asked
+(``fresh_process``: the CLI and the runner do whenever determinism gates) replays the first of those calls in a
+fresh interpreter (correctness/fresh_process.py) and holds it to the same bits (``determinism:process``).
+
+A ``decode`` case (T = 1..8 new tokens) steps from a state in every run, the state a 64-token prefix of the op
+leaves (harness/ops.decode_state); its length sweep is T = 1, 3 and 8 new tokens, and nothing back-propagates.
 
 An impl declared ``state_grad=False`` (a third-party op returning its final state detached) is back-propagated with
 a zero cotangent on the final state, and so is its reference: its gradients are those of the output alone.

@@ -42,6 +42,17 @@ def test_verify_passes_and_prints_the_table(capsys: pytest.CaptureFixture[str]) 
     assert max(len(line) for line in out.splitlines()) <= 80  # readable in a plain terminal
 
 
+def test_verify_decode_as_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    """The decode gate of docs/guide: a decode-only impl defaults to mode decode; no gradient is checked."""
+    code, out, _ = run_cli(
+        capsys, "verify", "--op", "gdn", "--impl", "torch_decode", "--mode", "decode",
+        "--shape", "B=4,T=2,H=2,K=32,V=32", "--device", "cpu", "--seeds", "1", "--regime", "long",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "PASS" in out and "grad:" not in out and "lengths T=1, T=3, T=8" in out
+    assert "gdn (Gated DeltaNet) / torch_decode: B4-T2-H2-K32-V32 bf16 decode" in out.replace("\n", " ")
+
+
 def test_verify_json_lists_every_record(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(
         capsys, "verify", "--op", "kda", "--impl", "torch_recurrent", "--shape", TINY, "--dtype", "fp32",
@@ -107,6 +118,14 @@ BAD_INPUTS = {
     ),
     "missing import": (["--op", "gdn", "--impl", "x", "--shape", TINY, "--import", "no/such.py"], "no such file"),
     "missing option": (["--op", "gdn", "--shape", TINY], "--impl"),
+    "decode past 8 tokens": (
+        ["--op", "gdn", "--impl", "torch_decode", "--shape", "B=1,T=9,H=1,K=8,V=8", "--mode", "decode"],
+        "mode decode takes T from 1 to 8",
+    ),
+    "decode impl at fwd": (
+        ["--op", "gdn", "--impl", "torch_decode", "--shape", TINY, "--mode", "fwd", "--device", "cpu"],
+        "runs mode decode, not fwd",
+    ),
 }
 
 

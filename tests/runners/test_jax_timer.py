@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from deltabench.harness.cases import Case  # noqa: E402
-from deltabench.harness.ops import get_op  # noqa: E402
+from deltabench.harness.ops import get_op, make_case_inputs  # noqa: E402
 from deltabench.harness.registry import get_impl  # noqa: E402
 from deltabench.runners import jax as jax_runner  # noqa: E402
 
@@ -87,3 +87,14 @@ def test_run_timing_rejects_an_impl_without_pure_jax_functions() -> None:
     inputs = get_op("gdn").make_inputs(1, 8, 1, 4, 4)
     with pytest.raises(TypeError, match="jax_fn"):
         jax_runner.run_timing(get_impl("gdn", "torch_recurrent"), case, inputs, **QUICK)
+
+
+def test_run_timing_times_a_decode_step_as_the_forward() -> None:
+    """Mode decode is the forward from the given state: the compiled program's arguments are exactly the inputs
+    (a pullback's would be its residuals and the cotangents)."""
+    case = Case("gdn", 2, 4, 2, 8, 8, mode="decode")
+    inputs = make_case_inputs(get_op("gdn"), case)
+    stats, memory = jax_runner.run_timing(get_impl("gdn", "jax_chunk"), case, inputs, **QUICK)
+    assert_sane(stats)
+    assert memory is not None
+    assert memory.inputs_bytes == sum(t.numel() * t.element_size() for t in inputs.values())

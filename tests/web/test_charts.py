@@ -163,3 +163,14 @@ def test_ceiling_labels_name_their_units() -> None:
         "matmul dtype 16 bit",
         "other 3",
     ]
+
+
+def test_decode_jobs_get_their_own_panel(build) -> None:  # type: ignore[no-untyped-def]
+    """Decode steps are a mode of their own: a bar panel titled decode, triangles on the roofline."""
+    jobs = [_job(build, impl, mode, 4, median) for impl, median in MEDIANS.items() for mode in ("fwd", "decode")]
+    doc = build.document(jobs=jobs).model_copy(update={"ceilings": CEILINGS})
+    (fig,) = charts.op_bar_figures(doc)
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["fwd", "decode"]
+    assert _trace(fig, "triton_chunk", xaxis="x2")["y"] == [1.0]
+    roof = charts.roofline_figure(doc)
+    assert "triangle-up" in _trace(roof, "triton_chunk")["marker"]["symbol"]

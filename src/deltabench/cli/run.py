@@ -83,15 +83,16 @@ def _check_memory(jobs: list) -> None:
     """Exit 2 before any job starts when a job's inputs and oracle cannot fit in host memory (one line with the
     estimate, see correctness/memory_need.py)."""
     from deltabench.correctness.memory_need import check_fits
+    from deltabench.harness.cases import has_backward
     from deltabench.harness.errors import BadInput
     from deltabench.harness.registry import get_impl
 
     for job in jobs:
         case = job.to_case()
         try:
-            grads = case.mode != "fwd" and get_impl(case.op, job.impl).supports_backward
+            grads = has_backward(case.mode) and get_impl(case.op, job.impl).supports_backward
         except BadInput:  # an impl the planner reports as unknown: judged as if it had a backward
-            grads = case.mode != "fwd"
+            grads = has_backward(case.mode)
         what = f"{case.op}/{job.impl} at {case.shape_id} {case.dtype} {case.mode} on {case.device}"
         check_fits(case, reference=job.gate.reference, grads=grads, what=what)
 
@@ -534,7 +535,7 @@ def run_command(
     shape: list[str] = typer.Option(
         [], "--shape", help="Only these shapes of the suite, e.g. B=1,T=8192,H=2,K=128 (repeatable)."
     ),
-    mode: list[str] = typer.Option([], "--mode", help="Only these modes: fwd, bwd, fwd+bwd (repeatable)."),
+    mode: list[str] = typer.Option([], "--mode", help="Only these modes: fwd, bwd, fwd+bwd, decode (repeatable)."),
     device: str = device_option("the suite's, else cuda if present"),
     db: str = db_option(),
     no_db: bool = typer.Option(False, "--no-db", help="Do not store the run in a database."),

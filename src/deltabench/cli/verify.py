@@ -139,8 +139,8 @@ def _request(
     contract, dims = _parse_case(op, shape, bool(imports))
     dtype = parse_dtype(dtype)
     device = parse_platform(device) if device is not None else default_device().platform
-    if mode is not None and mode not in ("fwd", "fwd+bwd"):
-        raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+    if mode is not None and mode not in ("fwd", "fwd+bwd", "decode"):
+        raise BadInput(f"unknown mode {mode!r}: use fwd, fwd+bwd or decode")
     regimes = _pick_regimes(regimes, contract)
     if reference not in ("auto", "oracle", "torch_chunk"):
         raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
@@ -242,7 +242,11 @@ def verify_command(
         "--initial-state/--no-initial-state",
         help="Kept for the record of the case; both variants (with and without) are always checked.",
     ),
-    mode: str = typer.Option(None, "--mode", help="fwd or fwd+bwd (default fwd+bwd when the impl has one)."),
+    mode: str = typer.Option(
+        None,
+        "--mode",
+        help="fwd, fwd+bwd or decode (default: fwd+bwd with a backward, decode for a decode impl, else fwd).",
+    ),
     device: str = device_option("cuda if present, else cpu"),
     json_: bool = typer.Option(False, "--json", help="Print the report and every record as JSON."),
     import_: list[str] = import_option(),

@@ -120,7 +120,8 @@ def call_impl(
 ) -> Run:
     """Call `fn` on fresh leaf copies of `inputs`; back-propagate `cotangents` when given. `inputs` themselves are
     never handed out: the copies are compared with them afterwards, bit for bit, and any that changed is named in
-    ``mutated``."""
+    ``mutated``; but for an impl declared ``state_in_place``, whose final state is read from the state buffer it was
+    given (an impl that did not write it back then fails against the reference)."""
     want_grad = cotangents is not None
     leaves = {
         n: t.detach().clone().requires_grad_(want_grad and is_differentiable(spec, n, t))
@@ -146,7 +147,12 @@ def call_impl(
         names = [n for n, t in leaves.items() if t.requires_grad]
         values = torch.autograd.grad(outs, [leaves[n] for n in names], cots, allow_unused=True) if outs else []
         grads = dict(zip(names, values, strict=True)) if outs else dict.fromkeys(names)
-    mutated = [n for n, t in leaves.items() if not is_unchanged(t.detach(), inputs[n].detach())]
+    in_place = spec.state_arg if getattr(fn, "state_in_place", False) and spec.state_arg in leaves else None
+    if in_place is not None:
+        # The impl declares that it writes the new state into the buffer it was given (a fresh copy, as every
+        # input is): that buffer is its final state, whatever it returned.
+        state = leaves[in_place].detach()
+    mutated = [n for n, t in leaves.items() if n != in_place and not is_unchanged(t.detach(), inputs[n].detach())]
     return Run(o=o, state=state, grads=grads, mutated=mutated)
 
 

@@ -15,7 +15,7 @@ state, :func:`verify_case`
 - compares the output and the final state with the float64 oracle (on the very same rounded inputs; run on the
   case's GPU for a CUDA case, else on the CPU: :func:`oracle_device`): relative Frobenius error (gating) and max
   abs error with the worst element's index (reported);
-- when ``case.mode != "fwd"``, back-propagates random cotangents on ``o`` and on the final state through both and
+- in modes ``fwd+bwd`` and ``bwd``, back-propagates random cotangents on ``o`` and on the final state through both and
   compares every gradient (q, k, v, each gate, initial_state) by name;
 - streams: ``T1`` tokens, then the other ``T - T1`` from the returned state, must equal all ``T`` at once;
 
@@ -28,6 +28,9 @@ forward-only bf16 kernel carrying its state wrongly. Finally it calls the impl t
 bitwise determinism (gating when asked, or when the op's contract demands it), and where asked
 (``fresh_process``: the CLI and the runner do whenever determinism gates) replays the first of those calls in a
 fresh interpreter (correctness/fresh_process.py) and holds it to the same bits (``determinism:process``).
+
+A ``decode`` case (T = 1..8 new tokens) steps from a state in every run, the state a 64-token prefix of the op
+leaves (harness/ops.decode_state); its length sweep is T = 1, 3 and 8 new tokens, and nothing back-propagates.
 
 An impl declared ``state_grad=False`` (a third-party op returning its final state detached) is back-propagated with
 a zero cotangent on the final state, and so is its reference: its gradients are those of the output alone.
@@ -59,7 +62,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import Case, has_backward
 from deltabench.harness.document import CheckRecord
 from deltabench.harness.errors import BadInput
 from deltabench.harness.ops import OpSpec, get_op
@@ -260,7 +263,7 @@ def warm_calls(impl: Callable[..., Any], case: Case) -> None:
     Nothing is checked: what an impl that compiles each shape compiled is kept in its own cache for the gate."""
     spec = get_op(case.op)
     grads = back_propagates(impl, case)
-    for variant in gate_variants(spec, (case.regime,)):
+    for variant in gate_variants(spec, (case.regime,), decode=case.mode == "decode"):
         run_impl(impl, spec, case, variant, seed=case.seed, grads=grads)
 
 
@@ -326,7 +329,7 @@ def verify_case(
         return make() if memo is None else memo.records(key, make)
 
     records: list[CheckRecord] = []
-    if case.mode != "fwd" and not grads:
+    if has_backward(case.mode) and not grads:
         records.append(note_record("gradients", "not checked: the impl is forward only", passed=True, gating=False))
     if grads and not getattr(impl, "state_grad", True):
         why = "the cotangent is on the output alone: the impl declares its final state without a gradient"
@@ -337,7 +340,7 @@ def verify_case(
     short = None if use_oracle else short_case(case, limit)
     lengths = sweep_cases(case, chosen_regimes, grads=grads, limit=limit)
     first_run: Item | None = None
-    variants = gate_variants(spec, chosen_regimes)
+    variants = gate_variants(spec, chosen_regimes, decode=case.mode == "decode")
     runs = [(s, v) for s in seed_list for v in variants]
     clock = _StageClock()
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there

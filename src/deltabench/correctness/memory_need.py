@@ -68,11 +68,13 @@ def _oracle_bytes(case: Case, grads: bool) -> float:
 def estimate_need(case: Case, *, reference: str = "auto", grads: bool | None = None) -> MemoryNeed:
     """A lower bound of the host memory verifying (and timing) `case` needs; see the module docstring.
 
-    `grads` defaults to ``case.mode != "fwd"`` (an impl without a backward passes False)."""
+    `grads` defaults to the mode's (``fwd+bwd`` and ``bwd``) (an impl without a backward passes False)."""
     from .plan import ORACLE_MAX_ELEMENTS, ORACLE_MAX_ELEMENTS_GRAD, SHORT_T
 
     if grads is None:
-        grads = case.mode != "fwd"
+        from deltabench.harness.cases import has_backward
+
+        grads = has_backward(case.mode)
     mode = "fwd+bwd" if grads else "fwd"
     drawn = _call_bytes(case, "fp32", "fwd")
     impl = _call_bytes(case, case.dtype, "fwd") + _call_bytes(case, case.dtype, mode) if case.device == "cpu" else 0.0

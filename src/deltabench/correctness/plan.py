@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import DECODE_MAX_T, Case, has_backward
 from deltabench.harness.errors import BadInput
 from deltabench.harness.ops import OpSpec, get_op
 
@@ -123,14 +123,15 @@ def fitting_T(T: int, need_a: float, need_b: float, t_a: int, t_b: int, budget: 
     return max(t, 2 * LARGEST_CHUNK)
 
 
-def gate_variants(spec: OpSpec, regimes: tuple[str, ...]) -> list[Variant]:
+def gate_variants(spec: OpSpec, regimes: tuple[str, ...], *, decode: bool = False) -> list[Variant]:
     """The runs of one seed: each regime without and with an initial state; the runs with one pass the
     non-default scale (and are streamed), and the last regime's run without one draws q and k off the unit sphere.
     The runs without an initial state keep the default scale, the arguments the runner times with: a compiling
-    impl (JAX, whose ``scale`` is static) reuses that program."""
+    impl (JAX, whose ``scale`` is static) reuses that program. A `decode` gate steps from a state in every run
+    (a decode step has no stateless call): its first runs keep the default scale instead."""
     out = []
     for i, regime in enumerate(regimes):
-        out.append(Variant(regime, h0=False, unit_qk=i != len(regimes) - 1 or not spec.unit_norm_variant))
+        out.append(Variant(regime, h0=decode, unit_qk=i != len(regimes) - 1 or not spec.unit_norm_variant))
         out.append(Variant(regime, h0=True, scale_factor=ALT_SCALE if spec.scale is not None else None))
     return out
 
@@ -146,10 +147,17 @@ def gate_regimes(spec: OpSpec, regimes: str | tuple[str, ...] | list[str] | None
     return tuple(dict.fromkeys(chosen))
 
 
+# A decode gate's length sweep: one token, an odd few, and the most a decode step takes.
+DECODE_SWEEP_T = (1, 3, DECODE_MAX_T)
+
+
 def sweep_cases(case: Case, regimes: tuple[str, ...], *, grads: bool, limit: float) -> list[tuple[Case, int | None]]:
-    """The length sweep's cases (B = 1, the case's other dims, the long regime where it is run) and their splits."""
+    """The length sweep's cases (B = 1, the case's other dims, the long regime where it is run) and their splits;
+    a decode case's are :data:`DECODE_SWEEP_T` new tokens, split near their middle."""
     regime = "long" if "long" in regimes else regimes[0]
     batch = {"B": SWEEP_B} if "B" in case.dims else {}
+    if case.mode == "decode":
+        return [(case.replace(**batch, T=T, regime=regime), T // 2 or None) for T in DECODE_SWEEP_T]
     mode = case.mode if grads else "fwd"
     return [
         (case.replace(**batch, T=T, regime=regime, mode=mode), t1)
@@ -159,7 +167,7 @@ def sweep_cases(case: Case, regimes: tuple[str, ...], *, grads: bool, limit: flo
 
 def back_propagates(impl: Callable[..., Any], case: Case) -> bool:
     """Whether a gate of `impl` at `case` back-propagates: a mode other than ``fwd`` and an impl with a backward."""
-    return case.mode != "fwd" and getattr(impl, "supports_backward", True)
+    return has_backward(case.mode) and getattr(impl, "supports_backward", True)
 
 
 def oracle_choice(case: Case, grads: bool, reference: str, oracle_max_elements: float | None) -> tuple[float, bool]:
@@ -208,7 +216,8 @@ def gate_shapes(
     shapes: dict[str, Case] = {}
 
     def add(sub: Case, back: bool) -> None:
-        sub = sub.replace(regime=case.regime, mode=case.mode if back else "fwd", seed=case.seed)
+        mode = case.mode if back or case.mode == "decode" else "fwd"
+        sub = sub.replace(regime=case.regime, mode=mode, seed=case.seed)
         if shapes.get(sub.shape_id) is None or back:
             shapes[sub.shape_id] = sub
 

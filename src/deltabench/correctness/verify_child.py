@@ -70,7 +70,7 @@ class _Traced:
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
     """The child's work: imports, the impl, the case, then verify_case with the phases marked."""
-    from deltabench.harness.cases import Case
+    from deltabench.harness.cases import Case, has_backward
     from deltabench.harness.errors import BadInput
     from deltabench.harness.ops import OPS, get_op
     from deltabench.harness.registry import get_impl, load_module
@@ -93,9 +93,10 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         if device == "cpu" and chosen.backend == "triton":
             # Before anything imports triton (the impls are lazy), so that the kernel runs under the interpreter.
             os.environ["TRITON_INTERPRET"] = "1"
-        mode = request["mode"] or ("fwd+bwd" if chosen.supports_backward else "fwd")
-        if mode not in ("fwd", "fwd+bwd"):
-            raise BadInput(f"unknown mode {mode!r}: use fwd or fwd+bwd")
+        default = chosen.modes[0] if chosen.modes else ("fwd+bwd" if chosen.supports_backward else "fwd")
+        mode = request["mode"] or default
+        if mode not in ("fwd", "fwd+bwd", "decode"):
+            raise BadInput(f"unknown mode {mode!r}: use fwd, fwd+bwd or decode")
         settings = {k: request[k] for k in ("dtype", "seed", "initial_state")}
         regimes = tuple(request["regimes"]) or get_op(request["op"]).regimes
         case = Case(request["op"], **request["dims"], **settings, regime=regimes[0], mode=mode, device=device)
@@ -103,7 +104,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         if why:
             raise BadInput(f"{case.op}/{chosen.name} cannot run {case.shape_id} {case.dtype} {mode} on {device}: {why}")
         # Before any input is drawn: an impossible shape is the user's, not the kernel's, failure.
-        check_fits(case, reference=request["reference"], grads=mode != "fwd" and chosen.supports_backward)
+        check_fits(case, reference=request["reference"], grads=has_backward(mode) and chosen.supports_backward)
     except BadInput as exc:
         return {"bad_input": str(exc)}
 

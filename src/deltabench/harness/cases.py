@@ -13,12 +13,14 @@ from .devices import parse_device, parse_platform
 from .errors import BadInput
 
 __all__ = [
+    "DECODE_MAX_T",
     "DTYPES",
     "MAX_SEED",
     "MODES",
     "REGIMES",
     "Case",
     "dtype_name",
+    "has_backward",
     "parse_dtype",
     "parse_shape",
     "torch_dtype",
@@ -41,10 +43,18 @@ _DTYPE_ALIASES = {
     "f16": "fp16",
     "torch.float16": "fp16",
 }
-MODES = ("fwd", "fwd+bwd", "bwd")
+# ``decode``: a forward of T = 1..DECODE_MAX_T new tokens from a given state (a serving step: one token, or a few
+# speculative or multi-token-prediction ones), returning the outputs and the new state; no backward.
+MODES = ("fwd", "fwd+bwd", "bwd", "decode")
+DECODE_MAX_T = 8
 # The largest first seed of a case: its gate adds the seed's index and fixed offsets (cotangents) to it, which must
 # stay within torch's 64-bit generator seeds.
 MAX_SEED = 2**62 - 1
+
+
+def has_backward(mode: str) -> bool:
+    """Whether `mode` back-propagates (``fwd+bwd`` and ``bwd``; ``fwd`` and ``decode`` are forward only)."""
+    return mode in ("fwd+bwd", "bwd")
 
 
 def parse_dtype(text: str) -> str:
@@ -109,6 +119,14 @@ def parse_shape(text: str, op: str | None = None) -> dict[str, int]:
     return {d: given[d] for d in names}
 
 
+def _check_decode(op: str, contract: Any, dims: dict[str, int]) -> None:
+    """BadInput unless `op` has a decode mode (its contract's ``decode``) and T is 1..DECODE_MAX_T new tokens."""
+    if contract is None or not getattr(contract, "decode", False):
+        raise BadInput(f"op {op!r} has no decode mode")
+    if dims.get("T", 1) > DECODE_MAX_T:
+        raise BadInput(f"mode decode takes T from 1 to {DECODE_MAX_T} new tokens, got T={dims['T']}")
+
+
 _CASE_FIELDS = ("dtype", "seed", "regime", "initial_state", "mode", "device")
 
 
@@ -168,6 +186,8 @@ class Case:
             raise BadInput(f"unknown gate regime {regime!r}: use one of {', '.join(regimes)}")
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+        if mode == "decode":
+            _check_decode(op, contract, given)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise BadInput(f"seed {seed!r} is out of range: use an integer from 0 to {MAX_SEED} (2**62 - 1)")
         set_ = object.__setattr__

@@ -211,7 +211,7 @@ class CaseSpec(_Model):
     V: int | None = Field(default=None, ge=1, le=_INT32)
     extra_dims: dict[str, int] = Field(default_factory=dict, max_length=16, description="dims besides B,T,H,K,V")
     dtype: Literal["fp32", "bf16", "fp16"]
-    mode: Literal["fwd", "fwd+bwd", "bwd"] = "fwd"
+    mode: Literal["fwd", "fwd+bwd", "bwd", "decode"] = "fwd"
     regime: str = Field(default="typical", max_length=16, pattern=r"^[a-z][a-z0-9_]*$")
     seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False
@@ -349,6 +349,12 @@ class WorkFigures(_Model):
     gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     floor_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     pct_of_floor: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="100 * floor / measured")
+    # A decode step's figures (mode decode): its time per step, new tokens per second, the state's traffic (read
+    # and written once) per second and as a share of the machine's measured copy ceiling.
+    us_per_step: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    tokens_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    state_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    pct_of_copy: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="100 * state_gbps / copy")
 
 
 class JobResult(_Model):

@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from deltabench.references import builtin_op_modules
-from deltabench.references.contract import CHUNK, ArgSpec, OpContract
+from deltabench.references.contract import CHUNK, DECODE_PREFIX, ArgSpec, OpContract
 
 from .document import register_op_name
 from .errors import BadInput, UnknownOp
@@ -85,17 +85,52 @@ def get_op(name: str) -> OpContract:
 def make_case_inputs(contract: OpContract, case: Any, *, unit_qk: bool = True) -> dict[str, Any]:
     """The seeded inputs of `case` (a harness Case) as the contract's ``make_inputs`` draws them, on the case's torch
     device in its dtype; the initial state when the case has one. `unit_qk=False` (ops with
-    ``unit_norm_variant``) draws q and k off the unit sphere."""
+    ``unit_norm_variant``) draws q and k off the unit sphere. A ``decode`` case always has a state, the one
+    :func:`decode_state` draws."""
     draws = {"unit_qk": unit_qk} if contract.unit_norm_variant else {}
-    return contract.make_inputs(
+    decode = case.mode == "decode"
+    inputs = contract.make_inputs(
         **case.dims,
         dtype=case.torch_dtype,
         device=case.torch_device,
         seed=case.seed,
         regime=case.regime,
-        **{contract.state_arg: case.initial_state},
+        **{contract.state_arg: case.initial_state or decode},
         **draws,
     )
+    if decode:
+        inputs[contract.state_arg] = decode_state(contract, case, unit_qk=unit_qk)
+    return inputs
+
+
+# The prefix's inputs come from a stream of their own, apart from the new tokens' (seed + this).
+_PREFIX_SEED_OFFSET = 7_000_003
+
+
+def decode_state(contract: OpContract, case: Any, *, unit_qk: bool = True) -> Any:
+    """The state a decode case steps from: the op's float64 oracle run over :data:`DECODE_PREFIX` seeded tokens of
+    the case's regime (B, H and the other dims the case's; float32 inputs) from a random state, rounded to float32.
+    Such a state has the magnitude and the structure (the decayed sum of rank-1 writes along past keys) that a
+    served sequence leaves, which a zero or white-noise state lacks: a kernel that drops the decay or the delta
+    correction is then off by the state's own size."""
+    import torch
+
+    draws = {"unit_qk": unit_qk} if contract.unit_norm_variant else {}
+    prefix = contract.make_inputs(
+        **{**case.dims, "T": DECODE_PREFIX},
+        dtype=torch.float32,
+        device=case.torch_device,
+        seed=case.seed + _PREFIX_SEED_OFFSET,
+        regime=case.regime,
+        **{contract.state_arg: True},
+        **draws,
+    )
+    options = {n: x for n, x in prefix.items() if not isinstance(x, torch.Tensor)}
+    scale = {"scale": contract.default_scale(case.dims)} if contract.scale is not None else {}
+    h0 = {contract.state_arg: prefix[contract.state_arg]}
+    with torch.no_grad():
+        _, state = contract.oracle(*(prefix[n] for n in contract.args), **scale, **h0, **options)
+    return state.to(torch.float32).contiguous()
 
 
 _ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -23,7 +23,7 @@ from typing import Any
 
 from deltabench.kernels.declare import ImplDecl
 
-from .cases import Case, parse_dtype
+from .cases import MODES, Case, has_backward, parse_dtype
 from .devices import absent_reason, parse_device
 from .errors import BadInput, ImplUnavailable, UnknownImpl
 from .ops import OPS, get_op, load_entry_point_ops
@@ -64,6 +64,8 @@ class Impl:
     jit: str = ""  # the JIT library whose kernels a dry run lists (kernels/declare.ImplDecl.jit)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
+    modes: tuple[str, ...] = ()  # the modes it runs; empty: all its backward allows (kernels/declare.ImplDecl.modes)
+    state_in_place: bool = False  # writes the new state into the buffer given (kernels/declare.ImplDecl)
 
     def missing_requirement(self) -> str | None:
         """The reason this impl cannot be imported here, or None."""
@@ -95,7 +97,9 @@ class Impl:
         """Why this impl cannot run `case`, or None: dtype, backward, device, then its own constraint."""
         if case.dtype not in self.dtypes:
             return f"supports {', '.join(self.dtypes)}, not {case.dtype}"
-        if case.mode != "fwd" and not self.supports_backward:
+        if self.modes and case.mode not in self.modes:
+            return f"runs mode {', '.join(self.modes)}, not {case.mode}"
+        if has_backward(case.mode) and not self.supports_backward:
             return "forward only (no backward)"
         why = self.unavailable_reason(case.device)
         if why:
@@ -121,6 +125,8 @@ def register_impl(
     compiles_per_shape: bool = False,
     autotunes: bool = False,
     jit: str = "",
+    modes: tuple[str, ...] = (),
+    state_in_place: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -139,8 +145,10 @@ def register_impl(
     kernels by a dry run and build each once, side by side, before those gates. `autotunes=True` declares a kernel
     that picks its launch configurations by timing them (``triton.autotune``): the gates of one tuning group (the same
     dims but B and T, and dtype) stay in one process, so that each configuration is tuned once, and the timing uses
-    the pick its gate checked (made on a device the run's other gates may share). Registering a name twice
-    replaces the earlier entry (a user's file may be re-imported).
+    the pick its gate checked (made on a device the run's other gates may share). `modes` narrows the modes it runs
+    (``("decode",)`` for a decode kernel; empty: every mode its backward allows); `state_in_place=True` declares
+    that it writes the new state into the state buffer it is given (the gate checks that buffer). Registering a
+    name twice replaces the earlier entry (a user's file may be re-imported).
     """
     get_op(op)
     if backend not in BACKENDS:
@@ -151,6 +159,9 @@ def register_impl(
         if jit not in FAMILIES:
             raise BadInput(f"impl {name!r}: unknown jit {jit!r}, expected one of {', '.join(sorted(FAMILIES))}")
     dts = tuple(parse_dtype(d) for d in dtypes)
+    unknown_modes = [m for m in modes if m not in MODES]
+    if unknown_modes:
+        raise BadInput(f"impl {name!r}: unknown mode {unknown_modes[0]!r}, expected some of {', '.join(MODES)}")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         _REGISTRY[(op, name)] = Impl(
@@ -167,6 +178,8 @@ def register_impl(
             compiles_per_shape=compiles_per_shape,
             autotunes=autotunes,
             jit=jit,
+            modes=tuple(modes),
+            state_in_place=state_in_place,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -192,6 +205,8 @@ def register_impls(decls: Any) -> None:
             compiles_per_shape=d.compiles_per_shape,
             autotunes=d.autotunes,
             jit=d.jit,
+            modes=d.modes,
+            state_in_place=d.state_in_place,
         )(lazy(d.target))
 
 

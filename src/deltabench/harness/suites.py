@@ -9,7 +9,7 @@ level apply to every op unless the op overrides them. Shipped suites live in ``s
     device = "cuda"                       # optional: cpu, cuda or tpu; `deltabench run --device` overrides it
     shapes = ["B=8,T=4096,H=6,K=128,V=128"]
     dtypes = ["bf16"]
-    modes = ["fwd", "fwd+bwd"]            # fwd, fwd+bwd, bwd
+    modes = ["fwd", "fwd+bwd"]            # fwd, fwd+bwd, bwd, decode
     timeout_s = 900                       # per job
     isolation = "impl"                    # "impl": the jobs of one impl share one process, one after another
                                           #   (a timeout, crash, OOM or failure ends it; the next job gets a

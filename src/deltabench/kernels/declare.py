@@ -45,6 +45,10 @@ class ImplDecl:
             kernels/common/jit_units.FAMILIES): on a GPU a run builds each of those kernels once, side by side,
             before the impl's gates, instead of its gates building them one after another.
         notes: shown by ``deltabench list`` and stored with results.
+        modes: the modes it runs (``("decode",)`` for a decode kernel); empty: every mode its backward allows
+            (``fwd``, ``decode``, and ``fwd+bwd``, ``bwd`` with a backward).
+        state_in_place: it writes the new state into the state buffer it is given (a decode kernel's cache
+            update) and returns that buffer; the gate gives it a fresh copy each call and checks that buffer.
     """
 
     op: str
@@ -61,3 +65,5 @@ class ImplDecl:
     autotunes: bool = False
     jit: str = ""
     notes: str = ""
+    modes: tuple[str, ...] = ()
+    state_in_place: bool = False

@@ -17,12 +17,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
+    "DECODE_PREFIX",
     "DTYPE_RULES",
     "INDEXED_DIMS",
     "REGIMES",
     "ArgSpec",
     "OpContract",
     "chunked_delta_work",
+    "decode_work",
     "delta_contract",
     "fwd_bwd_work",
     "io_bytes",
@@ -39,6 +41,9 @@ INDEXED_DIMS = ("B", "T", "H", "K", "V")
 # "float": the case's dtype; "float32": float32 whatever the case's dtype (a log-decay, a state); "index": int64.
 DTYPE_RULES = ("float", "float32", "index")
 _ELEM_BYTES = {"float32": 4, "index": 8}
+# The prefix a decode case's state is drawn after: the op's own recurrence over this many seeded tokens (the
+# case's regime, from a random state), so that the state has the magnitude and structure a served sequence leaves.
+DECODE_PREFIX = 64
 _DIM_NAME = re.compile(r"[A-Z]+")  # letters only: a shape id such as B2-T200 then reads back one way
 
 
@@ -105,9 +110,21 @@ def chunked_delta_work(contract: OpContract, dims: Mapping[str, int], elem: int,
     once (:func:`io_bytes`); the backward reads the inputs and ``do`` and writes a gradient of each input.
     """
     B, T, H, K, V = (dims[d] for d in INDEXED_DIMS)
+    if mode == "decode":
+        # 7*K*V per token and head: decay, S^T k, the rank-1 update, S^T q
+        inputs, out, state = io_bytes(contract, dims, elem)
+        return decode_work(B * T * H * 7 * K * V, inputs, out, 2 * state)
     C = CHUNK
     fwd_flops = B * T * H * (5 * C * (K + V) + 6 * K * V + C * C / 3)
     return fwd_bwd_work(fwd_flops, *io_bytes(contract, dims, elem), mode)
+
+
+def decode_work(flops: float, inputs: int, out: int, state_traffic: float) -> dict[str, float]:
+    """``{"flops", "bytes", "state_bytes"}`` of a decode step (mode ``decode``): the token-serial recurrence's FLOP
+    and the floor of its traffic: the state's (``state_bytes``: the delta family's whole state read and written
+    once, which bounds a decode step at any batch; sdm's touched slots), the new tokens' inputs read and their
+    outputs written."""
+    return {"flops": float(flops), "bytes": float(inputs + out + state_traffic), "state_bytes": float(state_traffic)}
 
 
 def fwd_bwd_work(fwd_flops: float, inputs: int, out: int, state: int, mode: str) -> dict[str, float]:
@@ -160,6 +177,9 @@ class OpContract:
             ``key_weighted_decay``), passed to the impl and the oracle as they are.
         check_dims: ``check_dims(dims) -> str | None``, why a shape is not a valid instance of the op beyond every
             dim being at least 1 (sdm: W and R at most S), or None (:meth:`dims_problem`).
+        decode: the op has mode ``decode`` (T = 1..8 new tokens from a given state; its oracle steps from that
+            state, drawn as :data:`DECODE_PREFIX` tokens of the op itself leave it: harness/ops.make_case_inputs);
+            its work model then counts the step's state traffic as ``state_bytes`` (:func:`decode_work`).
     """
 
     name: str
@@ -183,6 +203,7 @@ class OpContract:
     zero_token_is_identity: bool = True
     options: tuple[str, ...] = ()
     check_dims: Callable[[Mapping[str, int]], str | None] | None = None
+    decode: bool = False
 
     def __post_init__(self) -> None:
         bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]
@@ -293,7 +314,7 @@ def delta_contract(
         scale=("q", "K"),
         unit_norm_variant=True,
         oracle_shrink=("B", "H"),
-        **options,
+        **{"decode": True, **options},
     )
 
 

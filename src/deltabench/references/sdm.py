@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from . import _inputs as _in
-from .contract import ArgSpec, OpContract, fwd_bwd_work, io_bytes
+from .contract import ArgSpec, OpContract, decode_work, fwd_bwd_work, io_bytes
 
 __all__ = [
     "CONTRACT",
@@ -529,6 +529,10 @@ def _sdm_work(contract: OpContract, dims: Mapping[str, int], elem: int, mode: st
     """FLOP and minimum-byte counts of one sdm call: per token and head, the W written slots' decay, read and write
     (about 6 D FLOP each) and the R read slots (2 D each); bytes the I/O floor (references/contract.io_bytes)."""
     B, T, H, D, W, R = (dims[d] for d in ("B", "T", "H", "D", "W", "R"))
+    if mode == "decode":
+        # the bank's traffic is the slots a token touches: W written (read and written), R read, D float32 each
+        inputs, out, _ = io_bytes(contract, dims, elem)
+        return decode_work(B * T * H * D * (6 * W + 2 * R), inputs, out, B * T * H * D * 4 * (2 * W + R))
     return fwd_bwd_work(B * T * H * D * (6 * W + 2 * R), *io_bytes(contract, dims, elem), mode)
 
 
@@ -571,4 +575,5 @@ CONTRACT = OpContract(
     # every kernel of the op is built to give the same bits on every call (kernels/sdm): the gate holds it to that
     deterministic=True,
     check_dims=_check_sdm_dims,
+    decode=True,
 )

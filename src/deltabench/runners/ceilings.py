@@ -104,7 +104,9 @@ def ceilings_for(device: str, device_name: str, *, refresh: bool = False) -> dic
 def work_figures(
     op: str, dims: dict[str, int], dtype: str, mode: str, median_ms: float | None, ceilings: dict[str, float]
 ) -> WorkFigures:
-    """FLOP and bytes of one call, with the achieved rates and the roofline floor when a time is known."""
+    """FLOP and bytes of one call, with the achieved rates and the roofline floor when a time is known; for a decode
+    step also its microseconds, new tokens (B*T) per second and state bandwidth (the work model's ``state_bytes``,
+    the state read and written once) with its share of the measured copy ceiling."""
     w = work(op, dims, dtype, mode)
     fig = WorkFigures(flops=w["flops"], bytes=w["bytes"])
     if not median_ms or median_ms <= 0:
@@ -113,6 +115,11 @@ def work_figures(
     fig.tflops = w["flops"] / seconds / 1e12
     fig.gbps = w["bytes"] / seconds / 1e9
     peak, bw = ceilings.get("matmul_tflops"), ceilings.get("copy_gbps")
+    if mode == "decode":
+        fig.us_per_step = median_ms * 1e3
+        fig.tokens_per_s = dims["B"] * dims["T"] / seconds
+        fig.state_gbps = w["state_bytes"] / seconds / 1e9
+        fig.pct_of_copy = 100 * fig.state_gbps / bw if bw else None
     if peak and bw:
         fig.floor_ms = max(w["flops"] / (peak * 1e12), w["bytes"] / (bw * 1e9)) * 1e3
         fig.pct_of_floor = 100 * fig.floor_ms / median_ms

@@ -46,7 +46,7 @@ def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Su
     state_arg = spec.state_arg
     # what make_inputs returned beside the tensors (the contract's options) goes to every call as keywords
     options = {n: x for n, x in inputs.items() if not isinstance(x, torch.Tensor)}
-    if case.mode == "fwd":
+    if case.mode in ("fwd", "decode"):  # a decode step is a forward from the state its inputs hold
         args = [inputs[n] for n in spec.args]
         h0 = {state_arg: inputs.get(state_arg), **options}
 

@@ -37,7 +37,7 @@ __all__ = [
 # {"id": DOM id, "title": str, "data": [trace, ...], "layout": {...}}, and "op" for the charts of one op.
 Figure = dict[str, Any]
 
-MODES = ("fwd", "fwd+bwd", "bwd")
+MODES = ("fwd", "fwd+bwd", "bwd", "decode")
 # Plotly's default qualitative colours, so an impl keeps its colour in every chart of a page.
 PALETTE = (
     "#1f77b4",
@@ -236,7 +236,7 @@ def _roofline(latest: list[dict[str, Any]], ceilings: dict[str, float]) -> Figur
         return None
     colors = _colors(r["impl"] for r in rows)
     data: list[dict[str, Any]] = []
-    symbols = {"fwd": "circle", "fwd+bwd": "diamond", "bwd": "square"}
+    symbols = {"fwd": "circle", "fwd+bwd": "diamond", "bwd": "square", "decode": "triangle-up"}
     intensity = {id(r): 1e3 * r["tflops"] / r["gbps"] for r in rows}  # TFLOP/s over GB/s, in FLOP per byte
     for impl in colors:
         mine = [r for r in rows if r["impl"] == impl]
@@ -267,7 +267,10 @@ def _roofline(latest: list[dict[str, Any]], ceilings: dict[str, float]) -> Figur
     xs = list(intensity.values())
     lo, hi = min(xs) / 4, max(xs) * 4
     peak, bandwidth = ceilings.get("matmul_tflops"), ceilings.get("copy_gbps")
-    title = "Roofline: achieved TFLOP/s vs arithmetic intensity (circles fwd, diamonds fwd+bwd, squares bwd)"
+    title = (
+        "Roofline: achieved TFLOP/s vs arithmetic intensity "
+        "(circles fwd, diamonds fwd+bwd, squares bwd, triangles decode)"
+    )
     if _finite(peak) and _finite(bandwidth) and peak > 0 and bandwidth > 0:
         ridge = 1e3 * peak / bandwidth  # FLOP/byte where the copy roof meets the matmul roof
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)

@@ -33,14 +33,14 @@ def _check_host_memory(ops: list[str], shapes: list[str], dtypes: list[str], mod
     """BadInput naming the need when a case of the job cannot fit in this host's memory (with its gradients where
     the mode has a backward: the largest need of any impl)."""
     from deltabench.correctness.memory_need import check_fits
-    from deltabench.harness.cases import Case, parse_shape
+    from deltabench.harness.cases import Case, has_backward, parse_shape
 
     for op in ops:
         for shape in shapes:
             dims = parse_shape(shape, op)
             for dtype in dtypes:
                 for mode in modes:
-                    check_fits(Case(op, dtype=dtype, mode=mode, shape=dims), grads=mode != "fwd")
+                    check_fits(Case(op, dtype=dtype, mode=mode, shape=dims), grads=has_backward(mode))
 
 
 def validate_job(body: JobSubmit) -> dict[str, Any]:

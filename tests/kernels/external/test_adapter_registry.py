@@ -127,3 +127,14 @@ def test_opengdn_triton_is_bf16_cuda_only():
 
 def test_packages_hidden_are_the_ones_named(adapter_packages):
     assert {ADAPTERS[key] for key in ADAPTERS} <= set(adapter_packages)
+
+
+def test_fla_recurrent_runs_decode_steps():
+    """FLA's fused_recurrent_gated_delta_rule is its decode path: fla_recurrent takes mode decode (forward only)."""
+    from deltabench.harness import Case, get_impl
+
+    impl = get_impl("gdn", "fla_recurrent")
+    case = Case("gdn", B=1, T=1, H=16, K=128, V=128, dtype="bf16", mode="decode", device="cuda")
+    assert not impl.modes and not impl.supports_backward
+    why = impl.check_case(case) or ""
+    assert "forward only" not in why and "mode" not in why

@@ -8,7 +8,8 @@ A folder per backend, each module named in the declarations below as its impl's 
 - ``torch/``: :func:`gdn_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
 - ``triton/``: ``triton_chunk``, ``triton_chunk_split``, ``triton_chunk_auto`` (one of the two by shape),
-  ``triton_recurrent``;
+  ``triton_recurrent``, ``triton_decode`` (mode decode, the state updated in place);
+- ``torch/torch_decode.py``: ``torch_decode`` (mode decode: ``torch_recurrent``'s loop, the state updated in place);
 - ``jax/``: ``jax_chunk``, ``jax_scan``.
 """
 
@@ -22,6 +23,12 @@ __all__ = ["IMPLS", "gdn_torch_chunk", "gdn_torch_recurrent"]
 _HERE = "deltabench.kernels.gdn"
 # The Triton kernels run on the CPU through the Triton interpreter; they hold a key and a value row in one tile.
 _TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256))
+_DECODE = dict(
+    backward=False,
+    modes=("decode",),
+    state_in_place=True,
+    notes="decode steps (mode decode), the state updated in place",
+)
 
 IMPLS = (
     ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),
@@ -44,6 +51,9 @@ IMPLS = (
     ImplDecl(
         "gdn", "triton_recurrent", f"{_HERE}.triton.fused_recurrent:gdn_triton_recurrent", **_TRITON, backward=False
     ),
+    # Decode steps (mode decode): the new state written into the state cache given.
+    ImplDecl("gdn", "torch_decode", f"{_HERE}.torch.torch_decode:gdn_torch_decode", "torch", TORCH_DEVICES, **_DECODE),
+    ImplDecl("gdn", "triton_decode", f"{_HERE}.triton.decode:gdn_triton_decode", **_TRITON, **_DECODE),
     # Torch-facing wrappers of JAX (the gate checks the JAX forward and vjp); runners.jax times `.jax_fn` natively.
     ImplDecl(
         "gdn", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)

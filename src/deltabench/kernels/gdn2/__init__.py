@@ -59,6 +59,17 @@ IMPLS = (
     ImplDecl("gdn2", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn2_torch_recurrent", "torch", TORCH_DEVICES),
     ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES),
     ImplDecl(
+        "gdn2",
+        "torch_decode",
+        f"{_HERE}.torch.torch_decode:gdn2_torch_decode",
+        "torch",
+        TORCH_DEVICES,
+        backward=False,
+        modes=("decode",),
+        state_in_place=True,
+        notes="decode steps (mode decode): torch_recurrent's token loop, the state updated in place",
+    ),
+    ImplDecl(
         "gdn2", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)
     ),
     ImplDecl(

@@ -19,4 +19,15 @@ IMPLS = (
         "kda", "torch_recurrent", "deltabench.kernels.kda.torch_recurrent:kda_torch_recurrent", "torch", TORCH_DEVICES
     ),
     ImplDecl("kda", "torch_chunk", "deltabench.kernels.kda.torch_chunk:kda_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "kda",
+        "torch_decode",
+        "deltabench.kernels.kda.torch_decode:kda_torch_decode",
+        "torch",
+        TORCH_DEVICES,
+        backward=False,
+        modes=("decode",),
+        state_in_place=True,
+        notes="decode steps (mode decode): torch_recurrent's token loop, the state updated in place",
+    ),
 )

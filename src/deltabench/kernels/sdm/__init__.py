@@ -131,4 +131,16 @@ IMPLS = (
         constraint=_interpreted_size,
         notes="deterministic chunked forward and backward (C = 64), bitwise the same on every call",
     ),
+    ImplDecl(
+        "sdm",
+        "torch_decode",
+        f"{_HERE}.torch.torch_decode:sdm_torch_decode",
+        "torch",
+        TORCH_DEVICES,
+        backward=False,
+        constraint=_cpu_traffic(_recurrent_traffic),
+        modes=("decode",),
+        state_in_place=True,
+        notes="decode steps: torch_recurrent's token loop, the bank updated in place",
+    ),
 )

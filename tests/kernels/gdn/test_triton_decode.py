@@ -1,0 +1,42 @@
+"""deltabench's Triton GDN decode step (in place) against the float64 oracle, under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltabench.correctness.engine import verify_case
+from deltabench.harness import Case, get_impl, get_op
+from deltabench.harness.ops import make_case_inputs
+from deltabench.kernels.gdn.triton.decode import gdn_triton_decode
+from deltabench.references.gdn import gdn_recurrent
+
+
+@pytest.mark.parametrize(("T", "dtype"), [(1, "fp32"), (3, "bf16")])
+def test_decode_updates_the_state_it_was_given(T: int, dtype: str) -> None:
+    """The outputs and the new state match the oracle stepping from the same state, the new state written into
+    the buffer given (the one returned)."""
+    case = Case("gdn", B=2, T=T, H=3, K=32, V=48, dtype=dtype, mode="decode", regime="long")
+    x = make_case_inputs(get_op("gdn"), case)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ro, rht = gdn_recurrent(*args, initial_state=x["initial_state"])
+    cache = x["initial_state"].clone()
+    o, ht = gdn_triton_decode(*args, initial_state=cache)
+    assert ht.data_ptr() == cache.data_ptr() and o.dtype == case.torch_dtype
+    bound = 1e-5 if dtype == "fp32" else 1e-2
+    assert ((o.double() - ro).norm() / ro.norm()).item() < bound
+    assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
+
+
+def test_decode_refuses_a_state_it_cannot_update() -> None:
+    x = make_case_inputs(get_op("gdn"), Case("gdn", B=1, T=1, H=1, K=16, V=16, mode="decode"))
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    with pytest.raises(ValueError, match="needs the state"):
+        gdn_triton_decode(*args)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        gdn_triton_decode(*args, initial_state=x["initial_state"].double())
+
+
+def test_triton_decode_passes_the_gate() -> None:
+    case = Case("gdn", B=2, T=2, H=2, K=16, V=32, mode="decode")
+    report = verify_case(get_impl("gdn", "triton_decode"), case, seeds=1, extra_seed=False, regimes=("long",))
+    assert report.passed, [(r.check, r.detail) for r in report.failures]

@@ -46,13 +46,13 @@ def _check_host_memory(ops: list[str], shapes: list[str], dtypes: list[str], mod
 def validate_job(body: JobSubmit) -> dict[str, Any]:
     """The spec to store for `body`; BadInput (422) naming the first thing wrong."""
     from deltabench.harness.cases import MODES, parse_dtype, parse_shape
-    from deltabench.harness.ops import OPS
+    from deltabench.harness.document import SERVER_REMEDY
+    from deltabench.harness.ops import get_op
     from deltabench.harness.suites import load_suite, shipped_suites
 
     ops = list(dict.fromkeys(body.ops))
     for op in ops:
-        if op not in OPS:
-            raise BadInput(f"unknown op {op!r}: ops are {', '.join(sorted(OPS))}")
+        get_op(op, SERVER_REMEDY)
     if body.suite is not None:
         if body.suite not in shipped_suites():
             raise BadInput(f"unknown suite {body.suite!r}: suites are {', '.join(shipped_suites())}")

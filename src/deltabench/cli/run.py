@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,6 +172,7 @@ class RunProgress:
         # Each repetition of a job is a step; jobs that end badly in the first round are not repeated.
         self.task = progress.add_task(title, total=len(plan.jobs) * plan.repeat)
         self.job: str | None = None  # the current job's label
+        self.job_started = 0.0  # when the current job (this repetition of it) started, time.monotonic()
         self.gate_task: Any = None  # the gate phase's own bar, made when the phase starts (gate_workers > 1)
         self.compile_task: Any = None  # the compiles' own bar, made when they start (runners/session.py)
 
@@ -182,6 +184,7 @@ class RunProgress:
         c = job.to_case()
         rep = f" (repetition {job.repetition + 1} of {self.plan.repeat})" if self.plan.repeat > 1 else ""
         self.job = f"{_job_label(c, job.impl)}{rep}"
+        self.job_started = time.monotonic()
         self.describe(f"{self.job}: starting")
 
     def on_phase(self, job, phase: str) -> None:
@@ -193,9 +196,10 @@ class RunProgress:
         self.progress.advance(self.task, 1 + skipped)
         if self.lines:
             task = self.progress.tasks[self.task]
-            self.lines.line(
-                f"[{int(task.completed)}/{int(task.total or 0)}] {self.job or job.impl}: {self.lines.outcome(result)}"
-            )
+            # A repetition's result spans every repetition so far: its line times this repetition alone.
+            took = time.monotonic() - self.job_started if job.repetition else None
+            outcome = self.lines.outcome(result, took)
+            self.lines.line(f"[{int(task.completed)}/{int(task.total or 0)}] {self.job or job.impl}: {outcome}")
 
     def on_gated(self, done: int, total: int, result) -> None:
         lines = self.lines

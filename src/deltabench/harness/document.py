@@ -283,6 +283,15 @@ class CheckRecord(_Model):
     reference: str = "oracle"
     detail: str = ""
 
+    @property
+    def where(self) -> str:
+        """Where the check ran, in words: its seed, regime and variant (with or without an initial state), e.g.
+        ``seed 0, regime long, initial state``; empty when the record names none."""
+        state = {True: "initial state", False: "zero state", None: ""}[self.initial_state]
+        seed = "" if self.seed is None else f"seed {self.seed}"
+        regime = f"regime {self.regime}" if self.regime else ""
+        return ", ".join(x for x in (seed, regime, state) if x)
+
 
 class TimingStats(_Model):
     """Timing of one job: every raw sample, and its summary (milliseconds)."""

@@ -79,6 +79,7 @@ def _failing_checks(job: JobResult) -> list[dict[str, Any]]:
             "value": r.value,
             "threshold": r.threshold,
             "seed": r.seed,
+            "where": r.where,
             "reference": r.reference,
             "detail": r.detail,
             "worst_index": r.worst_index,

@@ -67,6 +67,11 @@ class TimingEvidence(BaseModel):
     base_repetitions: int = 1  # repetitions (worker processes) of the job in the base run (`run --repeat N`)
     head_repetitions: int = 1
 
+    @property
+    def tested(self) -> bool:
+        """Whether a test ran, so that the p-value means something (not with too few samples to judge)."""
+        return self.method != "too few samples"
+
 
 class JobComparison(BaseModel):
     """One matched job, head vs base: its outcome, why, and the evidence."""

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from deltabench.harness.devices import DEVICE_SHARE_ENV
 from deltabench.harness.document import GATE_ONLY, JobResult
+from deltabench.harness.errors import crash_words
 from deltabench.harness.suites import ISOLATIONS
 
 from .base import JobSpec
@@ -74,8 +75,8 @@ def _job_payload(job: JobSpec) -> dict:
 
 
 def _log_tail(log: str) -> str:
-    lines = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith(PHASE_MARK)]
-    return " | ".join(lines[-4:])[-_LOG_TAIL:]
+    """The crash's own words (the crashing frame, as ``verify`` quotes it), else the log's last lines."""
+    return crash_words([ln for ln in log.splitlines() if not ln.startswith(PHASE_MARK)], _LOG_TAIL)
 
 
 def _phases(log: str) -> list[tuple[str, float | None]]:

@@ -76,23 +76,6 @@ def _store(doc, db_url: str | None) -> str:
         return ingest_document(session, doc)
 
 
-def _check_memory(jobs: list) -> None:
-    """Exit 2 before any job starts when a job's inputs and oracle cannot fit in host memory (one line with the
-    estimate, see correctness/memory_need.py)."""
-    from deltabench.correctness.memory_need import check_fits
-    from deltabench.harness.errors import BadInput
-    from deltabench.harness.registry import get_impl
-
-    for job in jobs:
-        case = job.to_case()
-        try:
-            grads = case.mode != "fwd" and get_impl(case.op, job.impl).supports_backward
-        except BadInput:  # an impl the planner reports as unknown: judged as if it had a backward
-            grads = case.mode != "fwd"
-        what = f"{case.op}/{job.impl} at {case.shape_id} {case.dtype} {case.mode} on {case.device}"
-        check_fits(case, reference=job.gate.reference, grads=grads, what=what)
-
-
 def _run_interleaved(plan, base_ref: str, out, base_out, console, on_start, on_done):
     """(head, base) documents of `plan` run on this code and on git ref `base_ref`'s, interleaved
     (``runners.interleave``); the progress callbacks name the side."""
@@ -403,6 +386,7 @@ def run_suite(
     """
     from rich.console import Console
 
+    from deltabench.correctness.memory_need import check_jobs_fit
     from deltabench.harness.errors import BadInput
     from deltabench.harness.suites import load_suite
     from deltabench.runners.session import plan_run
@@ -436,7 +420,7 @@ def run_suite(
     )
     if not plan.jobs:
         raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
-    _check_memory(plan.jobs)
+    check_jobs_fit((job.to_case(), job.impl, job.gate.reference) for job in plan.jobs)  # exit 2 before any job
     if not no_db:
         _check_store(db)
     console = Console(stderr=True)

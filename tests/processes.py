@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -63,9 +63,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_dashboard(db: Path, token_name: str) -> Iterator[tuple[str, str]]:
+def serve_dashboard(db: Path, token_name: str, args: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
     """``deltabench serve`` on the SQLite file `db` (no broker) and a free port, with a write token made by
-    ``deltabench token create --name token_name``: yields (base URL, token); the server is stopped on exit."""
+    ``deltabench token create --name token_name`` and `args` (more options of serve, e.g. ``--import FILE``):
+    yields (base URL, token); the server is stopped on exit."""
     env = {k: v for k, v in os.environ.items() if k not in ("DELTABENCH_BROKER", "DELTABENCH_DB")}
     cli = [sys.executable, "-c", "from deltabench.cli.app import main; main()"]
     token = subprocess.run(
@@ -78,7 +79,7 @@ def serve_dashboard(db: Path, token_name: str) -> Iterator[tuple[str, str]]:
     port = free_port()
     with open(db.with_suffix(".log"), "w") as log:
         proc = subprocess.Popen(
-            [*cli, "serve", "--db", str(db), "--port", str(port), "--log-level", "warning"],
+            [*cli, "serve", "--db", str(db), "--port", str(port), "--log-level", "warning", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -34,7 +34,7 @@ def _count(url: str, model) -> int:  # type: ignore[no-untyped-def]
         (lambda d: d["jobs"][0]["timing"].update(samples_ms=[1.0, math.nan]), "samples_ms[1] must be finite"),
         (lambda d: d["jobs"][0].update(timing=None), "status 'ok' needs a timing"),
         (lambda d: d["jobs"][3].update(timing=d["jobs"][0]["timing"]), "status 'incorrect' carries no timing"),
-        (lambda d: d["jobs"][0]["case"].update(op="nope"), "jobs.0.case.op: Value error, unknown op 'nope'"),
+        (lambda d: d["jobs"][0]["case"].update(op="nope"), "bad.json: unknown op 'nope': give the command --import"),
         (lambda d: d.update(schema_version=999), "schema_version: Input should be less than or equal to 2"),
         (lambda d: d.update(created_at="9999-01-01T00:00:00Z"), "created_at: Value error, created_at 9999"),
         (lambda d: d.update(created_at="0001-01-01T00:00:00Z"), "created_at 0001-01-01T00:00:00+00:00 is before 2020"),

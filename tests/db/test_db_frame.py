@@ -171,3 +171,24 @@ def test_parquet_without_pyarrow_is_one_line_and_exit_2(sqlite_url, tmp_path: pa
         done.stderr == "deltabench: error: --format parquet needs pyarrow: pip install pyarrow (or 'deltabench[db]')\n"
     )
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_the_notebook_guides_pivot_keeps_modes_and_dtypes_apart(db_url, factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """docs/guide/notebooks.md's own snippet, run on a store of one shape in fwd and fwd+bwd, fp32 and bf16: four
+    rows, each its own median, never their average."""
+    import re
+
+    guide = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guide" / "notebooks.md"
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL) if "pivot_table" in b]
+    medians = {("bf16", "fwd"): 1.0, ("bf16", "fwd+bwd"): 3.0, ("fp32", "fwd"): 2.0, ("fp32", "fwd+bwd"): 6.0}
+    jobs = [factory.job(dtype=d, mode=m, median=v) for (d, m), v in medians.items()]
+    with session_scope(get_engine(db_url)) as session:
+        ingest_document(session, factory.document(created_at=dt.datetime(2026, 1, 10, tzinfo=UTC), jobs=jobs))
+    monkeypatch.setenv("DELTABENCH_DB", db_url)
+    *setup, last = snippet.strip().splitlines()
+    scope: dict = {}
+    exec("\n".join(setup), scope)
+    pivot = eval(last, scope)
+    got = {(shape, dtype, mode): v for (shape, dtype, mode), v in pivot["torch_chunk"].items()}
+    assert {k[1:]: v for k, v in got.items()} == pytest.approx(medians)
+    assert len(got) == 4

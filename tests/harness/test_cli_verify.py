@@ -171,6 +171,29 @@ def test_list_shows_availability_and_full_reasons(capsys: pytest.CaptureFixture[
         assert " ".join(reason.split()) in flat
 
 
+def test_list_prints_each_ops_own_signature() -> None:
+    """Each op's call from its own contract (sdm's inputs and options, a user op's dims), never the delta family's
+    ``scale, initial_state -> (o, ...)`` for every op."""
+    import os
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "cumdecay_op.py"
+    argv = [sys.executable, "-m", "deltabench.cli.app", "list", "--device", "cpu", "--import", str(example)]
+    env = {**os.environ, "COLUMNS": "250"}  # one table row a line
+    table = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    listed = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    expected = {
+        "gdn": "gdn(q, k, v, g, beta, scale, initial_state=None) -> (o, final_state)",
+        "sdm": "sdm(k_idx, k_val, q_idx, q_val, v, g, beta, key_weighted_decay, num_slots, initial_bank=None)"
+        " -> (y, final_state)",
+        "cumdecay": "cumdecay(x, g, reset, initial_state=None) -> (y, final_state)",
+    }
+    assert table.returncode == 0, table.stderr
+    for op, signature in expected.items():
+        assert listed["ops"][op]["signature"] == signature
+        [row] = [line for line in table.stdout.splitlines() if line.split()[:1] == [op] and " -> " in line]
+        assert row.rstrip().endswith(signature), row
+
+
 @pytest.mark.parametrize("seed", ["99999999999999999999", "-1", str(2**62)])
 def test_a_seed_out_of_range_is_bad_input(capsys: pytest.CaptureFixture[str], seed: str) -> None:
     """Exit 2 with one line naming the range, before any kernel runs (an overflowing seed failed the kernel)."""

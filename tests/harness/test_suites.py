@@ -151,3 +151,15 @@ def test_a_suite_records_its_source_without_this_machines_paths(tmp_path, monkey
     (tmp_path / "mine.toml").write_text('shapes = ["B=1,T=8,H=1,K=4"]\n[ops.gdn]\nimpls = ["torch_chunk"]\n')
     monkeypatch.chdir(tmp_path)
     assert load_suite("mine.toml").source == "mine.toml"
+
+
+def test_every_shipped_suite_times_enough_samples_to_be_judged() -> None:
+    """A job as slow as the suite's budget gets min_reps samples: the regression gate must be able to judge that
+    many at its default alpha (smoke's torch_recurrent fwd+bwd got 3, always 'too few samples to judge')."""
+    from deltabench.harness.suites import TimingSettings
+    from deltabench.regression.rule import DEFAULT_ALPHA
+    from deltabench.regression.samples import min_attainable_p
+
+    for name in shipped_suites():
+        n = TimingSettings(**load_suite(name).timing).min_reps
+        assert min_attainable_p(n, n) < DEFAULT_ALPHA, f"suite {name}: min_reps = {n} cannot be judged"

@@ -100,6 +100,9 @@ def test_raising_and_crashing_impls_fail_with_their_message(faulty_run):
     crashed = _job(faulty_run[1], "planted_segfault")
     assert crashed.status == "failed"
     assert "SIGSEGV" in crashed.reason
+    # The crashing frame, innermost first (as verify quotes it), not the bottom of the stack (the job's main).
+    words = crashed.reason.split("Fatal Python error: Segmentation fault | ", 1)[1]
+    assert words.startswith('File "') and "string_at" in words and "job_main" not in words, crashed.reason
     assert raised.timing is None and crashed.timing is None
 
 

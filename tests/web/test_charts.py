@@ -116,6 +116,18 @@ def test_speedup_is_baseline_over_impl_across_shapes(doc) -> None:  # type: igno
     assert fig["layout"]["yaxis"]["title"]["text"] == "speedup vs torch_chunk (×, log scale)"
 
 
+def test_speedup_axis_labels_decades_not_minor_ticks(build) -> None:  # type: ignore[no-untyped-def]
+    """A speedup of 37x: ticks 1x, 10x, 100x and the axis reaching 100x (plotly labelled 2..6 above 10 and no
+    100); a span within a decade: 1-2-5 ticks around the data."""
+    jobs = [build.job(impl="torch_chunk", median=37.0), build.job(impl="triton_chunk", median=1.0)]
+    (fig,) = charts.speedup_figures(build.document(jobs=jobs))
+    axis = fig["layout"]["yaxis"]
+    assert (axis["tickvals"], axis["ticktext"]) == ([1.0, 10.0, 100.0], ["1×", "10×", "100×"])
+    assert axis["range"][0] <= 0 and axis["range"][1] >= 2  # log10: 1x to 100x
+    assert charts.log_ticks(0.5, 3.0) == [0.5, 1.0, 2.0, 5.0]
+    assert charts.log_ticks(0.004, 1.0) == [0.001, 0.01, 0.1, 1.0]
+
+
 def test_ratio_figure_draws_each_rows_interval_coloured_by_outcome(build) -> None:  # type: ignore[no-untyped-def]
     base = build.document(jobs=[build.job(impl=i, median=1.0, n=40) for i in ("torch_chunk", "triton_chunk")])
     head = build.document(

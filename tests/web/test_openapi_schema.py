@@ -24,3 +24,18 @@ def test_every_ref_resolves_and_the_ingest_body_is_a_batch_of_documents(app_clie
     assert ingest["required"] == ["documents"]
     item = ingest["properties"]["documents"]["items"]["$ref"].split("/")[-1]
     assert {"run_id", "jobs", "environment", "created_at"} <= set(components[item]["properties"])
+
+
+def test_open_reads_declare_a_token_optional_and_writes_required(app_client) -> None:  # type: ignore[no-untyped-def]
+    """Reads are open by default: their security lists ``{}`` (no token) beside the bearer token; writes need one.
+    With read tokens required, reads need one too."""
+    bearer = {"HTTPBearer": []}
+    paths = app_client().get("/api/v1/openapi.json").json()["paths"]
+    reads = [(p, m) for p, ops in paths.items() for m in ops if m == "get" and not p.endswith("/docs")]
+    writes = [(p, m) for p, ops in paths.items() for m in ops if m in ("post", "delete")]
+    assert len(reads) >= 10 and len(writes) >= 5
+    assert all(paths[p][m]["security"] == [{}, bearer] for p, m in reads), reads
+    assert all(paths[p][m]["security"] == [bearer] for p, m in writes), writes
+    closed = app_client(read_token_required=True).get("/api/v1/openapi.json", headers={})
+    if closed.status_code == 200:  # the schema itself may be a read that needs a token
+        assert all(closed.json()["paths"][p][m]["security"] == [bearer] for p, m in reads)

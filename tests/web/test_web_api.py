@@ -325,3 +325,15 @@ def test_reads_can_require_a_token(app_client, db_url, build) -> None:
     assert client.get("/api/v1/runs", headers=_auth(token)).status_code == 200
     open_client = app_client()
     assert open_client.get("/api/v1/runs").status_code == 200
+
+
+def test_a_job_of_an_unknown_op_says_how_to_load_it(app_client, db_url, build) -> None:  # type: ignore[no-untyped-def]
+    client = app_client()
+    token = build.token(db_url, "alice")
+    job = {"ops": ["leaky"], "shapes": ["B=1,T=8,D=4"], "device_kind": "cpu"}
+    refused = client.post("/api/v1/jobs", json=job, headers=_auth(token))
+    assert refused.status_code == 422
+    assert (
+        "unknown op 'leaky': start the server with --import FILE or install its deltabench.ops entry point"
+        in refused.json()["detail"]
+    ), refused.text

@@ -160,6 +160,10 @@ def test_run_page_draws_bars_roofline_and_speedups(server, runs, page) -> None: 
     assert _legend(speedup) == ["triton_chunk", "jax_chunk", "torch_chunk (baseline, 1×)"]
     assert speedup.locator(".scatterlayer .trace").nth(0).locator(".point").count() == 4
     assert "speedup vs torch_chunk" in speedup.text_content()
+    # The log axis labels its own 1-2-5 ticks, never plotly's minor ones (3, 4, 6 times a decade).
+    labels = speedup.locator(".ytick text").all_text_contents()
+    assert "1×" in labels and "2×" in labels, labels
+    assert all(label.rstrip("×").replace("0.", "").lstrip("0") in ("1", "2", "5", "10") for label in labels), labels
     _shot(page, "run-charts")
 
 

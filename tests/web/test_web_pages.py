@@ -76,3 +76,20 @@ def test_token_commands(sqlite_url, capsys) -> None:  # type: ignore[no-untyped-
     assert cli("token", "revoke", "nobody", "--db", sqlite_url) == 2
     with session_scope(get_engine(sqlite_url)) as session:
         assert authenticate(session, token) is None
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_row_without_a_test_shows_no_p_value(app_client, db_url, build) -> None:
+    """Three samples a side: too few to judge, no test ran; its p cell says '-' (as the CLI), not 'p = 1'."""
+    import re
+
+    client = app_client()
+    token = build.token(db_url)
+    base, head = (build.document(jobs=[build.job(median=m, n=3)]) for m in (1.0, 1.1))
+    for doc in (base, head):
+        assert client.post("/api/v1/runs", json=build.body(doc), headers=_auth(token)).status_code == 201
+    page = client.get(f"/compare?base={base.run_id}&head={head.run_id}").text
+    [row] = re.findall(r"<tr class=\"o-[^\"]*\">(.*?)</tr>", page, flags=re.DOTALL)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.DOTALL)
+    assert "too few samples" in cells[-1]
+    assert cells[9] == "-", cells  # the p column

@@ -50,7 +50,10 @@ def list_impls(device: str | None = None, *, imports: Sequence[str] = (), as_jso
     device = parse_platform(device) if device is not None else default_device().platform
     rows = _impl_rows(device)
     if as_json:
-        ops = {name: {"title": s.title, "args": list(s.args), "rule": s.rule} for name, s in OPS.items()}
+        ops = {
+            name: {"title": s.title, "args": list(s.args), "signature": s.signature, "rule": s.rule}
+            for name, s in OPS.items()
+        }
         print(json.dumps({"device": device, "ops": ops, "impls": rows}, indent=1))
         return 0
     console = Console()
@@ -85,7 +88,7 @@ def _print_ops(console: Any, ops: dict[str, Any]) -> None:
     for col in ("op", "name", "call"):
         table.add_column(col, no_wrap=col != "call")
     for name, spec in ops.items():
-        table.add_row(name, spec.title, f"{name}({', '.join(spec.args)}, scale, initial_state) -> (o, final_state)")
+        table.add_row(name, spec.title, spec.signature)
     console.print(table)
     for name, spec in ops.items():
         console.print(f"  {name}: {spec.rule}", highlight=False, soft_wrap=True)

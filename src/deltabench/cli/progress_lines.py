@@ -30,11 +30,14 @@ class ProgressLines:
         )
 
     @staticmethod
-    def outcome(result: JobResult) -> str:
+    def outcome(result: JobResult, took_s: float | None = None) -> str:
         """`result` in a few words: its status, its median where timed, its reason's first line otherwise, and how
-        long it took."""
+        long it took: `took_s` when given (one repetition of a job, whose result spans every repetition so far),
+        else the result's own span."""
         took = ""
-        if result.finished_at is not None:
+        if took_s is not None:
+            took = f" in {took_s:.1f} s"
+        elif result.finished_at is not None:
             took = f" in {(result.finished_at - result.started_at).total_seconds():.1f} s"
         if result.status == "ok":
             median = f", median {result.timing.median_ms:.3g} ms" if result.timing is not None else ""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import typer
 
-from deltabench.cli.options import db_option
+from deltabench.cli.options import db_option, import_option, load_imports
 
 __all__ = ["register", "show_results"]
 
@@ -30,10 +30,12 @@ def show_results(
     since: str | None = None,
     until: str | None = None,
     out: str | None = None,
+    imports: Sequence[str] = (),
 ) -> int:
     """Show stored run `run` (an id, a unique prefix, None for the latest) in `fmt` (table, markdown, json), or
     export the results of that run (of every run with `every_run`, narrowed by `op`, `impl`, `machine`, `since`,
-    `until`) as csv or parquet; to `out` when given, else standard output. Returns 0.
+    `until`) as csv or parquet; to `out` when given, else standard output. `imports` register a user's ops first
+    (their titles and work models). Returns 0.
 
     Raises:
         BadInput: an unknown format, --all with --run, filters with a format that shows one run, no such run.
@@ -41,6 +43,7 @@ def show_results(
     from deltabench.harness.errors import BadInput
     from deltabench.harness.report import FORMATS
 
+    load_imports(list(imports))
     if fmt not in (*FORMATS, *EXPORTS):
         raise BadInput(f"unknown format {fmt!r}: use one of {', '.join(sorted({*FORMATS, *EXPORTS}))}")
     if every_run and run:
@@ -102,6 +105,7 @@ def results_command(
     since: str = typer.Option(None, "--since", help="csv/parquet: runs created at or after this ISO date/time."),
     until: str = typer.Option(None, "--until", help="csv/parquet: runs created at or before this ISO date/time."),
     out: str = typer.Option(None, "--out", help="Write to this file instead of standard output."),
+    import_: list[str] = import_option(),
 ) -> int:
     """Print a stored run's results: per op, impl x shape with median, IQR, speedup, TFLOP/s, memory, status."""
     return show_results(
@@ -115,6 +119,7 @@ def results_command(
         since=since,
         until=until,
         out=out,
+        imports=import_,
     )
 
 

@@ -12,6 +12,7 @@ import itertools
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,24 +78,6 @@ def _store(doc, db_url: str | None) -> str:
 
     with session_scope(get_engine(db_url)) as session:
         return ingest_document(session, doc)
-
-
-def _check_memory(jobs: list) -> None:
-    """Exit 2 before any job starts when a job's inputs and oracle cannot fit in host memory (one line with the
-    estimate, see correctness/memory_need.py)."""
-    from deltabench.correctness.memory_need import check_fits
-    from deltabench.harness.cases import has_backward
-    from deltabench.harness.errors import BadInput
-    from deltabench.harness.registry import get_impl
-
-    for job in jobs:
-        case = job.to_case()
-        try:
-            grads = has_backward(case.mode) and get_impl(case.op, job.impl).supports_backward
-        except BadInput:  # an impl the planner reports as unknown: judged as if it had a backward
-            grads = has_backward(case.mode)
-        what = f"{case.op}/{job.impl} at {case.shape_id} {case.dtype} {case.mode} on {case.device}"
-        check_fits(case, reference=job.gate.reference, grads=grads, what=what)
 
 
 def _sequential(auto: bool, plan: Any, console: Console, steps: Callable[[int], None]) -> dict[str, Any]:
@@ -228,6 +211,7 @@ class RunProgress:
         # Each repetition of a job is a step; jobs that end badly in the first round are not repeated.
         self.task = progress.add_task(title, total=len(plan.jobs) * plan.repeat)
         self.job: str | None = None  # the current job's label
+        self.job_started = 0.0  # when the current job (this repetition of it) started, time.monotonic()
         self.gate_task: Any = None  # the gate phase's own bar, made when the phase starts (gate_workers > 1)
         self.compile_task: Any = None  # the compiles' own bar, made when they start (runners/session.py)
 
@@ -239,6 +223,7 @@ class RunProgress:
         c = job.to_case()
         rep = f" (repetition {job.repetition + 1} of {self.plan.repeat})" if self.plan.repeat > 1 else ""
         self.job = f"{_job_label(c, job.impl)}{rep}"
+        self.job_started = time.monotonic()
         self.describe(f"{self.job}: starting")
 
     def on_phase(self, job, phase: str) -> None:
@@ -250,9 +235,10 @@ class RunProgress:
         self.progress.advance(self.task, 1 + skipped)
         if self.lines:
             task = self.progress.tasks[self.task]
-            self.lines.line(
-                f"[{int(task.completed)}/{int(task.total or 0)}] {self.job or job.impl}: {self.lines.outcome(result)}"
-            )
+            # A repetition's result spans every repetition so far: its line times this repetition alone.
+            took = time.monotonic() - self.job_started if job.repetition else None
+            outcome = self.lines.outcome(result, took)
+            self.lines.line(f"[{int(task.completed)}/{int(task.total or 0)}] {self.job or job.impl}: {outcome}")
 
     def on_gated(self, done: int, total: int, result) -> None:
         lines = self.lines
@@ -471,6 +457,7 @@ def run_suite(
     """
     from rich.console import Console
 
+    from deltabench.correctness.memory_need import check_jobs_fit
     from deltabench.harness.errors import BadInput
     from deltabench.harness.suites import load_suite
     from deltabench.runners.session import plan_run
@@ -506,7 +493,7 @@ def run_suite(
     )
     if not plan.jobs:
         raise BadInput(f"suite {loaded.name!r} has no jobs for the filters given")
-    _check_memory(plan.jobs)
+    check_jobs_fit((job.to_case(), job.impl, job.gate.reference) for job in plan.jobs)  # exit 2 before any job
     if not no_db:
         _check_store(db)
     console = Console(stderr=True)

@@ -20,15 +20,17 @@ still run out of memory (a job then ends ``oom``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from deltabench.harness.cases import Case
 from deltabench.harness.errors import BadInput
 from deltabench.harness.ops import get_op, work
 
-__all__ = ["MemoryNeed", "check_fits", "estimate_need", "format_bytes", "host_memory_available"]
+__all__ = ["MemoryNeed", "check_fits", "check_jobs_fit", "estimate_need", "format_bytes", "host_memory_available"]
 
 # float64 bytes per (token x state element) the oracle's autograd keeps: three [B,H,K,V] tensors per token is
 # the floor (ORACLE_MAX_ELEMENTS_GRAD's 4e7 element-steps use about 1.2 GB).
@@ -142,3 +144,21 @@ def check_fits(case: Case, *, reference: str = "auto", grads: bool | None = None
             f"{format_bytes(need.reference)}); {format_bytes(avail)} is available: use a smaller shape"
         )
     return need
+
+
+def check_jobs_fit(jobs: Iterable[tuple[Case, str | None, str]]) -> None:
+    """Raise BadInput naming the first job that cannot fit in host memory, before any starts (``deltabench run``,
+    a job submitted to the service). Each job is (case, impl, gate reference): its gradients count where its mode
+    has a backward and the impl has one; an impl that is None or not registered here counts as having one (the
+    largest need of any impl)."""
+    from deltabench.harness.cases import has_backward
+    from deltabench.harness.registry import get_impl
+
+    for case, impl, reference in jobs:
+        grads = has_backward(case.mode)
+        if grads and impl is not None:
+            # An impl not registered in this process (a worker's --import) is judged as having a backward.
+            with contextlib.suppress(BadInput):
+                grads = get_impl(case.op, impl).supports_backward
+        what = f"{case.op}/{impl} at {case.shape_id} {case.dtype} {case.mode} on {case.device}" if impl else ""
+        check_fits(case, reference=reference, grads=grads, what=what)

@@ -155,12 +155,9 @@ def _last_phase(log: str) -> str:
 
 def _log_tail(log: str) -> str:
     """The crash's own words: faulthandler's error and innermost frame (the kernel), else the log's last lines."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip() and not ln.startswith(PHASE_MARK)]
-    fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
-    if fatal:
-        frames = [ln for ln in lines[fatal[-1] :] if ln.startswith("File ")]
-        return " | ".join([lines[fatal[-1]], *frames[:1]])[-_LOG_TAIL:]
-    return " | ".join(lines[-3:])[-_LOG_TAIL:]
+    from deltabench.harness.errors import crash_words
+
+    return crash_words([ln for ln in log.splitlines() if not ln.startswith(PHASE_MARK)], _LOG_TAIL)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -28,10 +28,12 @@ from deltabench.harness.document import (
     ResultDocument,
     TimingStats,
     WorkFigures,
+    known_ops,
     timing_problem,
+    unknown_op_reason,
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
-from deltabench.harness.errors import BadInput
+from deltabench.harness.errors import BadInput, UnknownOp
 from deltabench.harness.series import SeriesKey as HarnessSeriesKey
 from deltabench.harness.series import parse_software
 from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims, shape_id
@@ -766,6 +768,7 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
 
     Raises:
         BadInput: no such run.
+        UnknownOp: the run holds jobs of an op not registered in this process (a user's op: ``--import``).
     """
     runs, envs = Run.__table__, Environment.__table__
     env_columns = [envs.c[name] for name in EnvironmentDoc.model_fields]
@@ -783,6 +786,9 @@ def load_comparison_input(session: Session, *, run_id: str) -> ComparisonInput:
         .where(results.c.run_pk == head.id)
         .order_by(results.c.position, results.c.id)
     ).all()
+    unknown = sorted({row.op for row in rows} - known_ops())
+    if unknown:  # this process lacks the op's contract: say how to load it, not that the jobs are bad
+        raise UnknownOp(unknown_op_reason(unknown[0]))
     run_created_at = utc(head.run_created_at)
     jobs, skipped = _valid_jobs([_comparison_job(row, run_created_at) for row in rows])
     return ComparisonInput(
@@ -1053,7 +1059,6 @@ def series_key(
 
 def _series_dims(op: str) -> tuple[str, ...] | None:
     """The dims of `op`'s contract, or None for an op not registered in this process (stored by a user's file)."""
-    from deltabench.harness.errors import UnknownOp
     from deltabench.harness.ops import get_op
 
     try:

@@ -55,6 +55,7 @@ __all__ = [
     "known_ops",
     "register_op_name",
     "timing_problem",
+    "unknown_op_reason",
 ]
 
 # 2: CaseSpec's extra_dims, and H, K, V optional (ops with other dims); version 1 documents read unchanged.
@@ -80,6 +81,16 @@ BUILTIN_OPS: tuple[str, ...] = builtin_op_modules()
 IMPORTED_OP = "pytest-benchmark"
 _registered_ops: set[str] = set()
 _entry_point_ops: frozenset[str] | None = None
+# Validation context key: how the reader of an unknown op's error loads ops (a command's option or the server's).
+UNKNOWN_OP_REMEDY = "unknown_op_remedy"
+SERVER_REMEDY = "start the server with --import FILE"
+CLI_REMEDY = "give the command --import FILE"
+
+
+def unknown_op_reason(op: str, remedy: str = SERVER_REMEDY) -> str:
+    """The one wording of an op no contract is registered for: how to load it (`remedy`: the server's --import by
+    default, :data:`CLI_REMEDY` for a command's), or its package's entry point."""
+    return f"unknown op {op[:64]!r}: {remedy} or install its deltabench.ops entry point"
 
 
 def register_op_name(name: str) -> None:
@@ -218,13 +229,9 @@ class CaseSpec(_Model):
 
     @field_validator("op")
     @classmethod
-    def _known_op(cls, op: str) -> str:
-        known = known_ops()
-        if op not in known:
-            raise ValueError(
-                f"unknown op {op[:64]!r}: known ops are {', '.join(sorted(known))} "
-                "(a plug-in registers its op with deltabench.harness.ops.register_op)"
-            )
+    def _known_op(cls, op: str, info: ValidationInfo) -> str:
+        if op not in known_ops():
+            raise ValueError(unknown_op_reason(op, (info.context or {}).get(UNKNOWN_OP_REMEDY, SERVER_REMEDY)))
         return op
 
     @field_validator("extra_dims")
@@ -275,6 +282,15 @@ class CheckRecord(_Model):
     initial_state: bool | None = None
     reference: str = "oracle"
     detail: str = ""
+
+    @property
+    def where(self) -> str:
+        """Where the check ran, in words: its seed, regime and variant (with or without an initial state), e.g.
+        ``seed 0, regime long, initial state``; empty when the record names none."""
+        state = {True: "initial state", False: "zero state", None: ""}[self.initial_state]
+        seed = "" if self.seed is None else f"seed {self.seed}"
+        regime = f"regime {self.regime}" if self.regime else ""
+        return ", ".join(x for x in (seed, regime, state) if x)
 
 
 class TimingStats(_Model):

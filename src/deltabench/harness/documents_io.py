@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .document import ResultDocument
-from .errors import BadInput
+from .document import CLI_REMEDY, UNKNOWN_OP_REMEDY, ResultDocument
+from .errors import BadInput, UnknownOp
 
 __all__ = ["Converter", "load_documents", "parse_documents", "register_converter"]
 
@@ -39,6 +39,14 @@ def _builtin_converters() -> list[Converter]:
     except ImportError:  # pragma: no cover - the interop module is optional
         return []
     return [(is_pytest_benchmark, to_document)]
+
+
+def _unknown_op(exc: ValidationError) -> str | None:
+    """The reason of `exc` when its first error is an op no contract is registered for, else None."""
+    first = exc.errors()[0]
+    if first.get("loc", ())[-2:] == ("case", "op") and first["type"] == "value_error":
+        return str(first["ctx"]["error"])
+    return None
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -62,9 +70,12 @@ def parse_documents(obj: Any, *, source: str = "input") -> list[ResultDocument]:
         if not isinstance(item, dict):
             raise BadInput(f"{source}: not a deltabench result document (a JSON {type(item).__name__})")
         try:
-            docs.append(ResultDocument.model_validate(item))
+            docs.append(ResultDocument.model_validate(item, context={UNKNOWN_OP_REMEDY: CLI_REMEDY}))
         except ValidationError as exc:
             where = f"{source}[{i}]" if isinstance(obj, list) else source
+            unknown = _unknown_op(exc)
+            if unknown:  # not a bad document: the command lacks the op's contract, and says how to load it
+                raise UnknownOp(f"{where}: {unknown}") from None
             raise BadInput(f"{where}: not a valid deltabench result document: {_validation_message(exc)}") from None
     return docs
 

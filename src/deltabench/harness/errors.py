@@ -19,6 +19,7 @@ __all__ = [
     "ImplUnavailable",
     "UnknownImpl",
     "UnknownOp",
+    "crash_words",
     "is_out_of_memory",
     "oom_figures",
 ]
@@ -74,3 +75,15 @@ def oom_figures(reason: str) -> str:
     process ran out at its own share or the device was full of others'."""
     found = [fmt.format(m.group(1)) for fmt, pattern in _OOM_FIGURES if (m := pattern.search(reason))]
     return ", ".join(found)
+
+
+def crash_words(lines: list[str], limit: int) -> str:
+    """What a process that died said about it, from its log's `lines` (progress marks left out), at most `limit`
+    characters: faulthandler's error and the innermost frame of the crashing thread (the kernel's call, which
+    faulthandler lists first), else the log's last lines."""
+    lines = [ln.strip() for ln in lines if ln.strip()]
+    fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
+    if fatal:
+        frames = [ln for ln in lines[fatal[-1] :] if ln.startswith("File ")]
+        return " | ".join([lines[fatal[-1]], *frames[:1]])[-limit:]
+    return " | ".join(lines[-4:])[-limit:]

@@ -16,7 +16,7 @@ from typing import Any
 from deltabench.references import builtin_op_modules
 from deltabench.references.contract import CHUNK, DECODE_PREFIX, ArgSpec, OpContract
 
-from .document import register_op_name
+from .document import CLI_REMEDY, register_op_name, unknown_op_reason
 from .errors import BadInput, UnknownOp
 
 __all__ = ["CHUNK", "OPS", "ArgSpec", "OpContract", "OpSpec", "get_op", "make_case_inputs", "register_op", "work"]
@@ -72,14 +72,15 @@ def load_entry_point_ops() -> None:
             print(f"deltabench: op entry point {ep.name!r} failed to load: {exc}", file=sys.stderr)
 
 
-def get_op(name: str) -> OpContract:
-    """The contract of op `name`, or UnknownOp naming the known ones."""
+def get_op(name: str, remedy: str = CLI_REMEDY) -> OpContract:
+    """The contract of op `name`, or UnknownOp saying how to load it (`remedy`: a command's --import by default;
+    the server passes its own) and naming the known ones."""
     if name not in OPS:
         load_entry_point_ops()
     try:
         return OPS[name]
     except KeyError:
-        raise UnknownOp(f"unknown op {name!r}: known ops are {', '.join(OPS)}") from None
+        raise UnknownOp(f"{unknown_op_reason(name, remedy)} (known ops: {', '.join(OPS)})") from None
 
 
 def make_case_inputs(contract: OpContract, case: Any, *, unit_qk: bool = True) -> dict[str, Any]:

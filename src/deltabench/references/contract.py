@@ -224,6 +224,13 @@ class OpContract:
         return tuple(a.name for a in self.inputs)
 
     @property
+    def signature(self) -> str:
+        """How an impl of the op is called and what it returns, as the gate and the timers call it: the inputs
+        in order, then ``scale`` where the op takes one, the options ``make_inputs`` returns, and the state."""
+        keywords = (*(("scale",) if self.scale is not None else ()), *self.options, f"{self.state_arg}=None")
+        return f"{self.name}({', '.join((*self.args, *keywords))}) -> ({self.output.name}, final_state)"
+
+    @property
     def gates(self) -> tuple[ArgSpec, ...]:
         """The delta family's gates: the inputs after q, k, v (the one gate list; kernels' checks read it)."""
         return self.inputs[3:] if self.args[:3] == ("q", "k", "v") else ()

@@ -48,7 +48,7 @@ def _fmt_ci(r: JobComparison) -> str:
 
 def _fmt_p(r: JobComparison) -> str:
     s = r.stats
-    if s is None or s.method == "too few samples":
+    if s is None or not s.tested:
         return "-"
     return f"{s.pvalue:.1e}" if s.pvalue < 1e-3 else f"{s.pvalue:.3f}"
 

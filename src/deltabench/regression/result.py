@@ -88,6 +88,11 @@ class TimingEvidence(BaseModel):
     # the run-to-run bound and the within-run interval's half-width, at alpha. None: nothing could be flagged.
     min_detectable_change: float | None = None
 
+    @property
+    def tested(self) -> bool:
+        """Whether a test ran, so that the p-value means something (not with too few samples to judge)."""
+        return self.method != "too few samples"
+
 
 class JobComparison(BaseModel):
     """One matched job, head vs base: its outcome, why, and the evidence."""

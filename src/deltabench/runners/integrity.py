@@ -53,7 +53,7 @@ import torch
 from deltabench.correctness.calls import call_impl, fp32_inputs
 from deltabench.correctness.checks import rel_fro
 from deltabench.correctness.tolerances import threshold
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import Case, has_backward
 from deltabench.harness.document import CheckRecord, TimingStats
 from deltabench.harness.ops import get_op
 
@@ -347,7 +347,7 @@ class TimedCallGuard:
 
         inputs = {**self.inputs, **snap.inputs}
         spec, case = self.spec, self.case
-        if case.mode == "fwd":
+        if not has_backward(case.mode):
             run = call_impl(ref, spec, fp32_inputs(inputs), None)
             return [(spec.output.name, run.o), ("final_state", run.state)]
         do = cotangent(case, torch.empty(spec.output.shape(case.dims), dtype=case.torch_dtype, device=case.device))

@@ -35,8 +35,10 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from deltabench.harness.cases import has_backward
 from deltabench.harness.devices import DEVICE_SHARE_ENV
 from deltabench.harness.document import GATE_ONLY, JobResult
+from deltabench.harness.errors import crash_words
 from deltabench.harness.suites import ISOLATIONS
 
 from .base import JobSpec
@@ -74,8 +76,8 @@ def _job_payload(job: JobSpec) -> dict:
 
 
 def _log_tail(log: str) -> str:
-    lines = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith(PHASE_MARK)]
-    return " | ".join(lines[-4:])[-_LOG_TAIL:]
+    """The crash's own words (the crashing frame, as ``verify`` quotes it), else the log's last lines."""
+    return crash_words([ln for ln in log.splitlines() if not ln.startswith(PHASE_MARK)], _LOG_TAIL)
 
 
 def _phases(log: str) -> list[tuple[str, float | None]]:
@@ -475,7 +477,7 @@ def _compiles(jobs: Mapping[int, JobSpec], keys: list[int]) -> bool:
 
 def _mode_rank(job: JobSpec) -> int:
     """0 for a gate that runs a backward (its calls build the forward's kernels too), 1 for a forward-only one."""
-    return 1 if job.to_case().mode == "fwd" else 0
+    return 0 if has_backward(job.to_case().mode) else 1
 
 
 def _split_chains(

@@ -59,16 +59,19 @@ def case_spec(case: Case) -> CaseSpec:
 
 
 def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:
-    """A one-line reason naming the first failing gating checks, e.g. ``output rel_fro 3.1e-01 > 1.0e-02``."""
-    bad = [r for r in records if r.gating and not r.passed]
-    parts = []
-    for r in bad[:limit]:
-        value = "n/a" if r.value is None else f"{r.value:.2e}"
-        limit_txt = "" if r.threshold is None else f" > {r.threshold:.1e}"
-        seed = "" if r.seed is None else f" (seed {r.seed})"
-        parts.append(f"{r.check} {r.metric} {value}{limit_txt}{seed}")
-    more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
-    return "failed the gate: " + "; ".join(parts) + more if parts else "failed the gate"
+    """A one-line reason naming the first failing gating checks, one clause per failure with where it ran, e.g.
+    ``output rel_fro 3.1e-01 > 1.0e-02 (seed 0, regime long, initial state)``; a clause that repeats word for word
+    is said once."""
+    clauses: list[str] = []
+    for r in records:
+        if r.gating and not r.passed:
+            value = "n/a" if r.value is None else f"{r.value:.2e}"
+            limit_txt = "" if r.threshold is None else f" > {r.threshold:.1e}"
+            where = r.where
+            clauses.append(f"{r.check} {r.metric} {value}{limit_txt}" + (f" ({where})" if where else ""))
+    clauses = list(dict.fromkeys(clauses))
+    more = f" and {len(clauses) - limit} more" if len(clauses) > limit else ""
+    return "failed the gate: " + "; ".join(clauses[:limit]) + more if clauses else "failed the gate"
 
 
 def _phase(name: str) -> None:

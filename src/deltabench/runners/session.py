@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import Case, has_backward
 from deltabench.harness.document import Environment, JobResult, ResultDocument, TimingStats
 from deltabench.harness.errors import oom_figures
 from deltabench.harness.registry import get_impl
@@ -80,7 +80,7 @@ def compile_jobs(jobs: list[JobSpec]) -> dict[int, JobSpec]:
         listed = gate_shapes(impl, case, regimes=job.gate.regimes, reference=job.gate.reference)
         for shape in listed:
             key = (job.impl, shape.op, shape.shape_id, shape.dtype)
-            if key not in shapes or shape.mode != "fwd":
+            if key not in shapes or has_backward(shape.mode):
                 shapes[key] = job.model_copy(update={"case": shape.to_dict(), "stage": "compile"})
     listed_by_dry_run: dict[tuple[str, str], list[JobSpec]] = {}
     compiles: list[JobSpec] = []

@@ -16,6 +16,7 @@ import gc
 import logging
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -172,6 +173,54 @@ def _declare_body_schemas(app: FastAPI, models: dict[str, type[BaseModel]]) -> N
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _dependency_calls(dependant: Any) -> set[Any]:
+    """Every dependency function of a route, nested ones included."""
+    calls = set()
+    for dep in dependant.dependencies:
+        calls.add(dep.call)
+        calls |= _dependency_calls(dep)
+    return calls
+
+
+def _declare_open_reads(app: FastAPI) -> None:
+    """Mark the reads that need no token (reads are open unless ``read_token_required``) as such in the OpenAPI
+    schema: ``security: [{}, {HTTPBearer: []}]``, a token optional. FastAPI declares the bearer scheme of their
+    optional credentials as required, which tells clients a read needs a token it does not."""
+    from fastapi.routing import APIRoute
+
+    from .deps import require_read_access, require_write_token
+
+    try:  # FastAPI >= 0.13x includes routers lazily: its route contexts carry each route's full path
+        from fastapi.routing import iter_route_contexts
+
+        routes = [(c.original_route, c.path) for c in iter_route_contexts(app.routes)]
+    except ImportError:  # pragma: no cover - older FastAPI lists every route, with its full path
+        routes = [(r, getattr(r, "path_format", "")) for r in app.routes]
+    if app.state.settings.read_token_required:
+        return
+    open_reads = {
+        (path, method.lower())
+        for route, path in routes
+        if isinstance(route, APIRoute)
+        and require_read_access in (calls := _dependency_calls(route.dependant))
+        and require_write_token not in calls
+        for method in route.methods
+    }
+    plain = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = plain()
+            for path, operations in schema.get("paths", {}).items():
+                for method, operation in operations.items():
+                    if (path, method) in open_reads and operation.get("security"):
+                        operation["security"] = [{}, *operation["security"]]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The dashboard and API for `settings` (default: from the environment); migrates the database on start."""
     settings = settings or Settings.from_env()
@@ -190,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_page_error_handlers(app)
     app.include_router(api_router)
     _declare_body_schemas(app, {"RunsIngest": RunsIngest})
+    _declare_open_reads(app)
     install_api_docs(app)
 
     from .pages.routes import router as pages_router

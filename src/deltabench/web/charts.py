@@ -313,6 +313,17 @@ def speedup_figures(doc: ResultDocument) -> list[Figure]:
     return _speedups(_latest_rows(doc), doc.baselines)
 
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick values of a log axis covering `low`..`high` (positive): every decade from the one at or below `low`
+    to the one at or above `high` when the span passes a decade, else 1, 2 and 5 times each decade, so an axis
+    never labels plotly's minor ticks (2, 3, ..., 6 times a decade) and always labels the decade above the data."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    steps = (1.0,) if high / low > 10 else (1.0, 2.0, 5.0)
+    ticks = [round(m * 10.0**e, 12) for e in range(first, last + 1) for m in steps]
+    below, above = max(t for t in ticks if t <= low), min(t for t in ticks if t >= high)
+    return [t for t in ticks if below <= t <= above]
+
+
 def _speedups(latest: list[dict[str, Any]], baselines: dict[str, str]) -> list[Figure]:
     timed = _timed(latest)
     rows = [r for r in timed if _finite(r["speedup"])]
@@ -352,10 +363,18 @@ def _speedups(latest: list[dict[str, Any]], baselines: dict[str, str]) -> list[F
                 "hoverinfo": "name",
             }
         )
+        ticks = log_ticks(*(f([1.0, *(r["speedup"] for r in mine)]) for f in (min, max)))
         layout = {
             "margin": {"t": 30, "r": 20, "b": 90, "l": 70},
             "xaxis": {"type": "category", "title": {"text": "shape, dtype, mode"}, "automargin": True},
-            "yaxis": {"type": "log", "title": {"text": f"speedup vs {_t(baseline)} (×, log scale)"}},
+            "yaxis": {
+                "type": "log",
+                "title": {"text": f"speedup vs {_t(baseline)} (×, log scale)"},
+                "tickvals": ticks,
+                "ticktext": [f"{t:g}×" for t in ticks],
+                # The axis spans the ticks, so the decade above the fastest impl is drawn and labelled.
+                "range": [math.log10(ticks[0]) - 0.05, math.log10(ticks[-1]) + 0.05],
+            },
             "legend": {"orientation": "h", "y": -0.35},
         }
         figures.append(

@@ -29,30 +29,17 @@ def _known_impls(ops: list[str]) -> set[str]:
     return {impl.name for op in ops for impl in impls_for(op)}
 
 
-def _check_host_memory(ops: list[str], shapes: list[str], dtypes: list[str], modes: list[str]) -> None:
-    """BadInput naming the need when a case of the job cannot fit in this host's memory (with its gradients where
-    the mode has a backward: the largest need of any impl)."""
-    from deltabench.correctness.memory_need import check_fits
-    from deltabench.harness.cases import Case, has_backward, parse_shape
-
-    for op in ops:
-        for shape in shapes:
-            dims = parse_shape(shape, op)
-            for dtype in dtypes:
-                for mode in modes:
-                    check_fits(Case(op, dtype=dtype, mode=mode, shape=dims), grads=has_backward(mode))
-
-
 def validate_job(body: JobSubmit) -> dict[str, Any]:
     """The spec to store for `body`; BadInput (422) naming the first thing wrong."""
-    from deltabench.harness.cases import MODES, parse_dtype, parse_shape
-    from deltabench.harness.ops import OPS
+    from deltabench.correctness.memory_need import check_jobs_fit
+    from deltabench.harness.cases import MODES, Case, parse_dtype, parse_shape
+    from deltabench.harness.document import SERVER_REMEDY
+    from deltabench.harness.ops import get_op
     from deltabench.harness.suites import load_suite, shipped_suites
 
     ops = list(dict.fromkeys(body.ops))
     for op in ops:
-        if op not in OPS:
-            raise BadInput(f"unknown op {op!r}: ops are {', '.join(sorted(OPS))}")
+        get_op(op, SERVER_REMEDY)
     if body.suite is not None:
         if body.suite not in shipped_suites():
             raise BadInput(f"unknown suite {body.suite!r}: suites are {', '.join(shipped_suites())}")
@@ -82,7 +69,15 @@ def validate_job(body: JobSubmit) -> dict[str, Any]:
         if unknown:
             raise BadInput(f"unknown impl(s) {', '.join(map(repr, unknown))} for {', '.join(scope)}")
     if body.device_kind == "cpu":
-        _check_host_memory(scope, shapes, dtypes or ["fp32"], list(body.modes) or ["fwd"])
+        # A case that cannot fit in this host's memory (with gradients where the mode has a backward: the
+        # largest need of any impl) is refused now, not stored as an oom point by the worker.
+        check_jobs_fit(
+            (Case(op, dtype=dtype, mode=mode, shape=parse_shape(shape, op)), None, "auto")
+            for op in scope
+            for shape in shapes
+            for dtype in dtypes or ["fp32"]
+            for mode in list(body.modes) or ["fwd"]
+        )
     return {
         "suite": body.suite,
         "ops": ops,

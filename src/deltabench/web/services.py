@@ -79,6 +79,7 @@ def _failing_checks(job: JobResult) -> list[dict[str, Any]]:
             "value": r.value,
             "threshold": r.threshold,
             "seed": r.seed,
+            "where": r.where,
             "reference": r.reference,
             "detail": r.detail,
             "worst_index": r.worst_index,
@@ -90,7 +91,9 @@ def _failing_checks(job: JobResult) -> list[dict[str, Any]]:
 
 def run_tables(doc: ResultDocument) -> list[OpTable]:
     """Per op the impl x case pivot of a run, each cell with the figures ``harness.report`` computes."""
-    from deltabench.harness.ops import OPS
+    from deltabench.harness.document import unknown_op_reason
+    from deltabench.harness.errors import UnknownOp
+    from deltabench.harness.ops import get_op
     from deltabench.harness.report import result_rows
 
     rows = result_rows(doc)
@@ -99,8 +102,11 @@ def run_tables(doc: ResultDocument) -> list[OpTable]:
     for job, row in zip(doc.jobs, rows, strict=True):
         op = job.case.op
         if op not in tables:
-            spec = OPS.get(op)
-            tables[op] = OpTable(op, spec.title if spec else op, doc.baselines.get(op), [], [], "")
+            try:
+                title = get_op(op).title
+            except UnknownOp:  # the op's contract is not loaded here: say how to load it
+                title = unknown_op_reason(op)
+            tables[op] = OpTable(op, title, doc.baselines.get(op), [], [], "")
             cells[op] = {}
         table = tables[op]
         if job.impl not in table.impls:

@@ -26,7 +26,8 @@ __all__ = ["dispatch_job", "dispatch_to_workers", "router", "submit"]
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
 
-JobId = Annotated[int, Path(ge=1, le=2**62)]
+# The queue's id column is an INTEGER (32 bits on PostgreSQL): a larger id is malformed, not a database error.
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 Status = Annotated[str | None, Query(pattern="^(queued|running|done|failed|cancelled)$")]
 Kind = Annotated[str | None, Query(pattern=schemas.DEVICE_KIND_PATTERN)]
 

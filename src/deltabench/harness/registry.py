@@ -62,6 +62,7 @@ class Impl:
     compiles_per_shape: bool = False  # gated job by job side by side (kernels/declare.ImplDecl.compiles_per_shape)
     autotunes: bool = False  # its gates kept in one process per tuning group (kernels/declare.ImplDecl.autotunes)
     jit: str = ""  # the JIT library whose kernels a dry run lists (kernels/declare.ImplDecl.jit)
+    varlen: bool = False  # takes packed sequences, cu_seqlens= (kernels/declare.ImplDecl.varlen)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
 
@@ -97,6 +98,8 @@ class Impl:
             return f"supports {', '.join(self.dtypes)}, not {case.dtype}"
         if case.mode != "fwd" and not self.supports_backward:
             return "forward only (no backward)"
+        if case.seqlens is not None and not self.varlen:
+            return "does not take cu_seqlens (packed variable-length sequences)"
         why = self.unavailable_reason(case.device)
         if why:
             return why
@@ -121,6 +124,7 @@ def register_impl(
     compiles_per_shape: bool = False,
     autotunes: bool = False,
     jit: str = "",
+    varlen: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -139,7 +143,9 @@ def register_impl(
     kernels by a dry run and build each once, side by side, before those gates. `autotunes=True` declares a kernel
     that picks its launch configurations by timing them (``triton.autotune``): the gates of one tuning group (the same
     dims but B and T, and dtype) stay in one process, so that each configuration is tuned once, and the timing uses
-    the pick its gate checked (made on a device the run's other gates may share). Registering a name twice
+    the pick its gate checked (made on a device the run's other gates may share). `varlen=True` declares an impl
+    that takes packed sequences (``cu_seqlens=``, FLA's convention); one without is refused at a packed case.
+    Registering a name twice
     replaces the earlier entry (a user's file may be re-imported).
     """
     get_op(op)
@@ -167,6 +173,7 @@ def register_impl(
             compiles_per_shape=compiles_per_shape,
             autotunes=autotunes,
             jit=jit,
+            varlen=varlen,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -192,6 +199,7 @@ def register_impls(decls: Any) -> None:
             compiles_per_shape=d.compiles_per_shape,
             autotunes=d.autotunes,
             jit=d.jit,
+            varlen=d.varlen,
         )(lazy(d.target))
 
 

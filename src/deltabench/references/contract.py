@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "CU_SEQLENS",
     "DTYPE_RULES",
     "INDEXED_DIMS",
     "REGIMES",
@@ -39,6 +40,9 @@ INDEXED_DIMS = ("B", "T", "H", "K", "V")
 # "float": the case's dtype; "float32": float32 whatever the case's dtype (a log-decay, a state); "index": int64.
 DTYPE_RULES = ("float", "float32", "index")
 _ELEM_BYTES = {"float32": 4, "index": 8}
+# The keyword of packed variable-length batches (FLA's convention): int32 [N + 1] offsets of N sequences packed along
+# T of a batch of one; the initial and final states then hold one row per sequence, [N, ...] in place of [B, ...].
+CU_SEQLENS = "cu_seqlens"
 _DIM_NAME = re.compile(r"[A-Z]+")  # letters only: a shape id such as B2-T200 then reads back one way
 
 
@@ -160,6 +164,8 @@ class OpContract:
             ``key_weighted_decay``), passed to the impl and the oracle as they are.
         check_dims: ``check_dims(dims) -> str | None``, why a shape is not a valid instance of the op beyond every
             dim being at least 1 (sdm: W and R at most S), or None (:meth:`dims_problem`).
+        varlen: the op takes packed sequences (:data:`CU_SEQLENS`): B = 1, the sequences concatenated along T,
+            the state one row per sequence; its oracle is then run sequence by sequence.
     """
 
     name: str
@@ -183,6 +189,7 @@ class OpContract:
     zero_token_is_identity: bool = True
     options: tuple[str, ...] = ()
     check_dims: Callable[[Mapping[str, int]], str | None] | None = None
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]
@@ -278,7 +285,7 @@ def delta_contract(
 ) -> OpContract:
     """A delta-rule op: ``fn(q, k, v, *gates, scale=None, initial_state=None) -> (o, final_state)`` over dims
     B, T, H, K, V (V defaults to K), q, k ``[B,T,H,K]``, v and o ``[B,T,H,V]``, a float32 state ``[B,H,K,V]``, the
-    chunked-delta work model, the oracle cut along B then H."""
+    chunked-delta work model, the oracle cut along B then H; packed sequences (``cu_seqlens``) allowed."""
     return OpContract(
         name=name,
         title=title,
@@ -293,6 +300,7 @@ def delta_contract(
         scale=("q", "K"),
         unit_norm_variant=True,
         oracle_shrink=("B", "H"),
+        varlen=True,
         **options,
     )
 
@@ -308,9 +316,14 @@ def order_dims(dims: Mapping[str, int]) -> dict[str, int]:
     return ordered
 
 
-def shape_id(dims: Mapping[str, int]) -> str:
-    """The readable id of a shape, ``B2-T200-H4-K64-V64`` (``B2-T100-D8`` for an op of dims B, T, D)."""
-    return "-".join(f"{d}{v}" for d, v in order_dims(dims).items())
+def shape_id(dims: Mapping[str, int], seqlens: Sequence[int] | None = None, seqlens_from: str = "") -> str:
+    """The readable id of a shape, ``B2-T200-H4-K64-V64`` (``B2-T100-D8`` for an op of dims B, T, D); packed
+    sequences add their count N and, when drawn, their distribution (``B1-T300-H2-K32-V32-N4``,
+    ``B1-T32768-H16-K128-V128-N17-lognormal(mean=2048,sigma=1,total=32768,seed=0)``)."""
+    base = "-".join(f"{d}{v}" for d, v in order_dims(dims).items())
+    if seqlens is None:
+        return base
+    return f"{base}-N{len(seqlens)}" + (f"-{seqlens_from}" if seqlens_from else "")
 
 
 def parse_dims(text: str) -> dict[str, int]:

@@ -21,11 +21,18 @@ __all__ = ["IMPLS", "gdn_torch_chunk", "gdn_torch_recurrent"]
 
 _HERE = "deltabench.kernels.gdn"
 # The Triton kernels run on the CPU through the Triton interpreter; they hold a key and a value row in one tile.
-_TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256))
+_TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256), varlen=True)
 
 IMPLS = (
-    ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),
-    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "gdn",
+        "torch_recurrent",
+        f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent",
+        "torch",
+        TORCH_DEVICES,
+        varlen=True,
+    ),
+    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES, varlen=True),
     ImplDecl("gdn", "triton_chunk", f"{_HERE}.triton.chunk:gdn_triton_chunk", **_TRITON),
     ImplDecl(
         "gdn",

@@ -223,3 +223,29 @@ def test_a_length_one_sequence_is_named_by_the_per_sequence_record() -> None:
     out = [r for r in full if r.check == "output" and r.metric == "rel_fro"]
     assert out and all("sequence 2 (length 1)" in r.detail for r in out)
     assert all(r.worst_index and r.worst_index[1] == 81 for r in out)
+
+
+# ------------------------------------------------------------------------------------------------ FLA's adapter
+
+
+def test_the_fla_adapter_passes_cu_seqlens_to_flas_varlen_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLA cannot run here: a stand-in for ``fla.ops.gated_delta_rule`` with FLA's signature (our torch_chunk
+    behind it) checks what the adapter passes, and the gate checks that the result is the packed one."""
+    import types
+
+    from deltabench.kernels.external import fla
+
+    seen: list[dict] = []
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None):  # fmt: skip
+        seen.append({"cu_seqlens": cu_seqlens, "output_final_state": output_final_state})
+        chunk = get_impl("gdn", "torch_chunk")
+        return chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+    fake = types.SimpleNamespace(chunk_gated_delta_rule=chunk_gated_delta_rule)
+    monkeypatch.setattr(fla, "_modules", {"gated_delta_rule": fake, "chunk_o": None})
+    report = gate(fla.gdn_fla_chunk, packed_case(mode="fwd+bwd"), regimes=("long",))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    assert seen and all(s["cu_seqlens"] is not None and s["output_final_state"] for s in seen[:1])
+    assert get_impl("gdn", "fla_chunk").varlen and get_impl("kda", "fla_chunk").varlen

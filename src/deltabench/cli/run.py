@@ -386,10 +386,12 @@ def run_suite(
     gate_workers: int | None = None,
     base_ref: str | None = None,
     base_out: Path | None = None,
+    seqlens: str | None = None,
 ) -> int:
     """Run `suite` (a shipped suite's name or a .toml path), narrowed to `impls`, `ops`, `shapes` and `modes` when
-    given: gate each job on correctness, time it, print the results in `fmt`, write them to `out` and store them
-    (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved.
+    given (with `seqlens`, ``17,64,1,218``, its shapes of B = 1 and T = their sum packing those sequences, the
+    others left out): gate each job on correctness, time it, print the results in `fmt`, write them to `out` and
+    store them (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved.
 
     Returns:
         1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine), else 0.
@@ -415,6 +417,10 @@ def run_suite(
     specs = resolve_imports(list(imports))
     load_imports(specs)
     loaded = load_suite(suite)
+    if seqlens is not None:
+        from deltabench.harness.seqlens import parse_seqlens
+
+        loaded = loaded.packed(parse_seqlens(seqlens))
     dev = _pick_device(device, loaded.device)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -488,6 +494,12 @@ def run_command(
     base_out: Path = typer.Option(
         None, "--base-out", help="With --base-ref: the base run's document (default: OUT's name + .base.json)."
     ),
+    seqlens: str = typer.Option(
+        None,
+        "--seqlens",
+        help="Pack sequences of these lengths (cu_seqlens), e.g. 17,64,1,218: only the suite's shapes of B=1 "
+        "and T = their sum run, packed.",
+    ),
 ) -> int:
     """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
 
@@ -511,6 +523,7 @@ def run_command(
         gate_workers=gate_workers,
         base_ref=base_ref,
         base_out=base_out,
+        seqlens=seqlens,
     )
 
 

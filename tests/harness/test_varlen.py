@@ -249,3 +249,28 @@ def test_the_fla_adapter_passes_cu_seqlens_to_flas_varlen_path(monkeypatch: pyte
     assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
     assert seen and all(s["cu_seqlens"] is not None and s["output_final_state"] for s in seen[:1])
     assert get_impl("gdn", "fla_chunk").varlen and get_impl("kda", "fla_chunk").varlen
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "bwd"])
+def test_the_timed_call_gets_the_offsets(mode: str) -> None:
+    """The runner times the packed call, not the dense one over the same tokens."""
+    from deltabench.runners.closures import build_subject
+
+    case = packed_case(mode=mode, initial_state=True)
+    seen: list[object] = []
+
+    def impl(*args, **kwargs):
+        seen.append(kwargs.get("cu_seqlens"))
+        return get_impl("gdn", "torch_chunk")(*args, **kwargs)
+
+    build_subject(impl, case, make_case_inputs(get_op("gdn"), case))()
+    assert seen and all(c is not None and c.tolist() == [0, 17, 81, 82, 150] for c in seen)
+
+
+def test_a_packed_case_too_costly_for_the_oracle_gates_against_torch_chunk() -> None:
+    """Against torch_chunk at the full shape, the oracle at the packing's first 256 tokens: a leak still fails."""
+    case = Case("gdn", B=1, T=300, H=2, K=16, V=16, seqlens=(17, 64, 1, 218), mode="fwd+bwd")
+    good = gate(get_impl("gdn", "torch_recurrent"), case, reference="torch_chunk", regimes=("long",))
+    assert good.passed and "oracle at B1-T256-H2-K16-V16-N4" in good.reference
+    bad = gate(state_carried_over, case, reference="torch_chunk", regimes=("long",))
+    assert not bad.passed and {"output", "final_state"} <= {r.check for r in bad.failures}

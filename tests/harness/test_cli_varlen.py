@@ -156,3 +156,13 @@ def test_run_with_seqlens_packs_the_suite_and_stores_the_lengths(
     assert result["case"]["seqlens"] == [17, 64, 1, 68] and result["status"] == "ok"
     code, _, err = run_cli(capsys, "run", "--suite", str(suite), "--seqlens", "17,64", "--no-db", "--quiet")
     assert code == 2 and "has no shape B=1,T=81" in err
+
+
+def test_list_says_which_impls_take_packed_sequences(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "list", "--json", "--device", "cpu")
+    varlen = {(r["op"], r["impl"]): r["varlen"] for r in json.loads(out)["impls"]}
+    assert code == 0
+    assert varlen[("gdn", "triton_chunk")] and varlen[("gdn", "torch_chunk")] and varlen[("kda", "torch_chunk")]
+    assert not varlen[("gdn", "jax_chunk")] and not varlen[("sdm", "torch_chunk")]
+    code, out, _ = run_cli(capsys, "list", "--device", "cpu")
+    assert "varlen" in out

@@ -134,9 +134,17 @@ def test_torch_references_pass_the_packed_gate(op: str, name: str) -> None:
     assert {"output", "final_state", "grad:initial_state", "grad:q", "grad:g"} <= checks
 
 
-@pytest.mark.parametrize("name", ["triton_chunk", "triton_chunk_split"])
-def test_triton_gdn_passes_the_packed_gate_under_the_interpreter(name: str) -> None:
-    report = gate(get_impl("gdn", name), packed_case(mode="fwd+bwd"), regimes=("strong",))
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("triton_chunk", "fwd+bwd"),
+        ("triton_chunk_split", "fwd+bwd"),
+        ("triton_chunk_auto", "fwd+bwd"),
+        ("triton_recurrent", "fwd"),
+    ],
+)
+def test_triton_gdn_passes_the_packed_gate_under_the_interpreter(name: str, mode: str) -> None:
+    report = gate(get_impl("gdn", name), packed_case(mode=mode), regimes=("strong",))
     assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
 
 

@@ -282,3 +282,14 @@ def test_a_packed_case_too_costly_for_the_oracle_gates_against_torch_chunk() -> 
     assert good.passed and "oracle at B1-T256-H2-K16-V16-N4" in good.reference
     bad = gate(state_carried_over, case, reference="torch_chunk", regimes=("long",))
     assert not bad.passed and {"output", "final_state"} <= {r.check for r in bad.failures}
+
+
+def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
+    """triton_chunk's packed layout: sequence i starts on a chunk of its own; first/last name each chunk's."""
+    from deltabench.kernels.gdn.triton.varlen import chunk_layout
+
+    offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
+    positions, first, last, NT = chunk_layout(offsets, 150)
+    assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
+    assert first.tolist() == [0, 1, 2, 3, -1] and last.tolist() == [0, 1, 2, -1, 3]
+    assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ...common.varlen import run_packed
 from . import walk
 from .local_bwd import local_bwd
 from .state import state_bwd, state_fwd
@@ -152,9 +151,9 @@ def gdn_triton_chunk(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk``): ``chunk_gated_delta_rule`` with the final state returned.
-    ``cu_seqlens``: packed sequences (kernels/common/varlen.run_packed)."""
+    ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py)."""
     if cu_seqlens is not None:
-        return run_packed(
-            gdn_triton_chunk, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
-        )
+        from .varlen import packed_chunk_gated_delta_rule
+
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     return chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state=True)

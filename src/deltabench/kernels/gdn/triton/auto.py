@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import torch
 
-from ...common.varlen import run_packed
 from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_bwd, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
 from .chunk_split import chunk_split_fwd
 from .wy import CHUNK, TUNED_K, padded
@@ -117,9 +116,10 @@ def gdn_triton_chunk_auto(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state.
-    ``cu_seqlens``: packed sequences (kernels/common/varlen.run_packed)."""
+    ``cu_seqlens``: packed sequences take the fused path, each sequence on chunks of its own (triton/varlen.py; the
+    split forward has no per-sequence walk)."""
     if cu_seqlens is not None:
-        return run_packed(
-            gdn_triton_chunk_auto, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
-        )
+        from .varlen import packed_chunk_gated_delta_rule
+
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     return chunk_gated_delta_rule_auto(q, k, v, g, beta, scale, initial_state, output_final_state=True)

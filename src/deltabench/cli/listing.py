@@ -27,6 +27,7 @@ def _impl_rows(device: str) -> list[dict[str, Any]]:
                 "devices": list(impl.devices),
                 "dtypes": list(impl.dtypes),
                 "backward": impl.supports_backward,
+                "varlen": impl.varlen,
                 "available": why is None,
                 "reason": why or "",
                 "source": impl.source,
@@ -108,7 +109,7 @@ def _print_impls(console: Any, rows: list[dict[str, Any]], device: str) -> None:
         padding=(0, 1),
         collapse_padding=True,
     )
-    for col in ("op", "impl", "backend", "devices", "dtypes", "bwd", "here"):
+    for col in ("op", "impl", "backend", "devices", "dtypes", "bwd", "varlen", "here"):
         table.add_column(col, no_wrap=True)
     for r in rows:
         dtypes = "all" if sorted(r["dtypes"]) == sorted(_ALL_DTYPES) else ",".join(r["dtypes"])
@@ -119,6 +120,7 @@ def _print_impls(console: Any, rows: list[dict[str, Any]], device: str) -> None:
             ",".join(r["devices"]),
             dtypes,
             "yes" if r["backward"] else "no",
+            "yes" if r["varlen"] else "no",  # takes packed sequences (cu_seqlens)
             "[green]yes[/]" if r["available"] else "[red]no[/]",
         )
     console.print(table)

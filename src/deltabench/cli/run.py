@@ -442,12 +442,14 @@ def run_suite(
     base_ref: str | None = None,
     base_out: Path | None = None,
     max_repeat: int | None = None,
+    seqlens: str | None = None,
 ) -> int:
     """Run `suite` (a shipped suite's name or a .toml path), narrowed to `impls`, `ops`, `shapes` and `modes` when
-    given: gate each job on correctness, time it, print the results in `fmt`, write them to `out` and store them
-    (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved; `repeat`
-    ``"auto"`` (with `base_ref`) adds repetitions, up to `max_repeat`, only to the jobs the gate cannot yet tell
-    (``regression.sequential``).
+    given (with `seqlens`, ``17,64,1,218``, its shapes of B = 1 and T = their sum packing those sequences, the
+    others left out): gate each job on correctness, time it, print the results in `fmt`, write them to `out` and
+    store them (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved;
+    `repeat` ``"auto"`` (with `base_ref`) adds repetitions, up to `max_repeat`, only to the jobs the gate cannot yet
+    tell (``regression.sequential``).
 
     Returns:
         1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine), else 0.
@@ -476,6 +478,10 @@ def run_suite(
     specs = resolve_imports(list(imports))
     load_imports(specs)
     loaded = load_suite(suite)
+    if seqlens is not None:
+        from deltabench.harness.seqlens import parse_seqlens
+
+        loaded = loaded.packed(parse_seqlens(seqlens))
     dev = _pick_device(device, loaded.device)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -563,6 +569,12 @@ def run_command(
     base_out: Path = typer.Option(
         None, "--base-out", help="With --base-ref: the base run's document (default: OUT's name + .base.json)."
     ),
+    seqlens: str = typer.Option(
+        None,
+        "--seqlens",
+        help="Pack sequences of these lengths (cu_seqlens), e.g. 17,64,1,218: only the suite's shapes of B=1 "
+        "and T = their sum run, packed.",
+    ),
 ) -> int:
     """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
 
@@ -587,6 +599,7 @@ def run_command(
         base_ref=base_ref,
         base_out=base_out,
         max_repeat=max_repeat,
+        seqlens=seqlens,
     )
 
 

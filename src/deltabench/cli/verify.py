@@ -101,6 +101,20 @@ def _parse_case(op: str, shape: str, has_imports: bool) -> tuple[Any, dict[str, 
             raise BadInput(str(exc)) from None
 
 
+def _packed(op: str, dims: dict[str, int], seqlens: str | None, contract: Any) -> dict[str, Any]:
+    """The request's packed sequences from ``--seqlens`` (``{}`` without it): lengths summing to the shape's T
+    at B = 1, checked here (an imported op's contract is checked in the child)."""
+    if seqlens is None:
+        return {}
+    from deltabench.harness.cases import Case
+    from deltabench.harness.seqlens import parse_seqlens
+
+    lengths = parse_seqlens(seqlens)
+    if contract is not None:
+        Case(op, **dims, seqlens=lengths)  # BadInput: a sum other than T, B other than 1, an op without them
+    return {"seqlens": list(lengths)}
+
+
 def _pick_regimes(regime: Sequence[str], contract: Any) -> list[str]:
     """The gate regimes to check: those given (an unknown one is bad input), else every regime of the op's contract
     (an imported op's: none here, the child reads them)."""
@@ -130,6 +144,7 @@ def _request(
     imports: Sequence[str],
     deterministic: bool,
     reference: str,
+    seqlens: str | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """(the child's request, the op's contract or None for an op an --import registers), the options checked."""
     from deltabench.harness.cases import parse_dtype
@@ -144,10 +159,11 @@ def _request(
     regimes = _pick_regimes(regimes, contract)
     if reference not in ("auto", "oracle", "torch_chunk"):
         raise BadInput(f"unknown reference {reference!r}: use auto, oracle or torch_chunk")
+    packed = _packed(op, dims, seqlens, contract)
     request = {
         "op": op, "impl": impl, "dims": dims, "dtype": dtype, "seed": seed, "seeds": seeds, "regimes": regimes,
         "initial_state": initial_state, "mode": mode, "device": device, "deterministic": deterministic,
-        "reference": reference, "imports": resolve_imports(list(imports)),
+        "reference": reference, "imports": resolve_imports(list(imports)), **packed,
     }  # fmt: skip
     return request, contract
 
@@ -170,6 +186,7 @@ def verify_impl(
     reference: str = "auto",
     all_records: bool = False,
     timeout: float | None = None,
+    seqlens: str | None = None,
 ) -> int:
     """Run the correctness gate on `impl` of `op` at `shape` (e.g. ``B=2,T=200,H=4,K=64``) in a child process and
     print every check: a table, or with `as_json` the report and every record as JSON.
@@ -202,10 +219,13 @@ def verify_impl(
         imports=imports,
         deterministic=deterministic,
         reference=reference,
+        seqlens=seqlens,
     )
     timeout_s = timeout if timeout is not None else default_timeout_s()
     console = Console(stderr=as_json)
     shape_id = "-".join(f"{k}{v}" for k, v in request["dims"].items())  # as typed: the child completes it
+    if "seqlens" in request:
+        shape_id += f"-N{len(request['seqlens'])}"
     what = " ".join(x for x in (shape_id, request["dtype"], mode) if x)
     with console.status(f"verifying {op}/{impl} on {what} ({request['device']}, in a child process)"):
         outcome = verify_in_child(request, timeout_s)
@@ -266,6 +286,11 @@ def verify_command(
     timeout: float = typer.Option(
         None, "--timeout", help="Seconds before the case's child process is killed (default: run's, 900)."
     ),
+    seqlens: str = typer.Option(
+        None,
+        "--seqlens",
+        help="Pack sequences of these lengths along T (cu_seqlens, B=1; they must sum to T), e.g. 17,64,1,218.",
+    ),
 ) -> int:
     """Check an impl against the float64 oracle: outputs, states, gradients, streaming, finiteness.
 
@@ -296,6 +321,7 @@ def verify_command(
         reference=reference,
         all_records=all_records,
         timeout=timeout,
+        seqlens=seqlens,
     )
 
 

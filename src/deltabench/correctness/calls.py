@@ -19,6 +19,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.document import CheckRecord
 from deltabench.harness.ops import OpSpec, make_case_inputs
 from deltabench.references._inputs import generator, randn
+from deltabench.references.contract import CU_SEQLENS
 
 from .checks import finite_record, note_record
 
@@ -90,7 +91,7 @@ def draw_cotangents(spec: OpSpec, case: Case, seed: int) -> tuple[torch.Tensor, 
     (float32), in the contract's shapes, drawn where the case's inputs are (references/_inputs.py)."""
     gen = generator(seed + _COTANGENT_SEED_OFFSET, case.torch_device)
     do = randn(gen, *spec.output.shape(case.dims)).to(case.torch_dtype)
-    dht = randn(gen, *spec.state.shape(case.dims))
+    dht = randn(gen, *spec.state.shape(case.state_dims))
     return do, dht
 
 
@@ -129,9 +130,14 @@ def call_impl(
         if isinstance(t, torch.Tensor)
     }
     options = call_options(inputs)
+    # packed sequences: their offsets passed by keyword, as FLA's kernels take them (a copy, checked like the rest)
+    packed = {CU_SEQLENS: leaves[CU_SEQLENS]} if CU_SEQLENS in leaves else {}
     with torch.enable_grad() if want_grad else torch.no_grad():
         o, state = fn(
-            *(leaves[n] for n in spec.args), **call_kwargs(spec, scale, leaves.get(spec.state_arg)), **options
+            *(leaves[n] for n in spec.args),
+            **call_kwargs(spec, scale, leaves.get(spec.state_arg)),
+            **packed,
+            **options,
         )
     grads: dict[str, torch.Tensor | None] = {}
     if want_grad:
@@ -175,9 +181,10 @@ def fp32_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def contract_records(run: Run, spec: OpSpec, case: Case, **where: Any) -> list[CheckRecord]:
     """The output contract: the output and the final state have the contract's shapes (the delta family's o
-    [B,T,H,V] in the case's dtype, state [B,H,K,V]), the output in the case's dtype (float32 where it says so)."""
+    [B,T,H,V] in the case's dtype, state [B,H,K,V], [N,H,K,V] for N packed sequences), the output in the case's
+    dtype (float32 where it says so)."""
     problems = []
-    o_shape, s_shape = list(spec.output.shape(case.dims)), list(spec.state.shape(case.dims))
+    o_shape, s_shape = list(spec.output.shape(case.dims)), list(spec.state.shape(case.state_dims))
     o_dtype = torch.float32 if spec.output.dtype == "float32" else case.torch_dtype
     name = spec.output.name
     if not isinstance(run.o, torch.Tensor) or list(run.o.shape) != o_shape:

@@ -195,7 +195,7 @@ def _length_sweep(
     for item, ref, t1 in zip(items, oracle_runs(spec, items, limit), splits, strict=True):
         records += compare_items([item], [ref], f"oracle at {item.case.shape_id}", grads=grads, profile=profile)
         stream, calls = [], []
-        if spec.streaming:
+        if spec.streaming and item.case.seqlens is None:
             stream, calls = streaming_records(
                 impl, spec, item.case, item.inputs, item.run, seed=seed, h0=True, profile=profile, t1=t1
             )
@@ -248,7 +248,7 @@ def _memo_key(kind: str, impl: Callable[..., Any], *parts: Any) -> tuple[Any, ..
 
     def frozen(x: Any) -> Any:
         if isinstance(x, Case):
-            return tuple(sorted(x.to_dict().items()))
+            return tuple(sorted((k, frozen(v)) for k, v in x.to_dict().items()))
         if isinstance(x, (list, tuple)):
             return tuple(frozen(y) for y in x)
         return x
@@ -345,11 +345,17 @@ def verify_case(
     clock = _StageClock()
     grad_t = case.T  # where the chunked reference's backward runs: below the case's T when it does not fit there
 
+    # Packed sequences are not streamed: a split would cut a sequence, whose rest starts from no row of the state.
+    streams = spec.streaming and case.seqlens is None
+    if spec.streaming and not streams:
+        why = "not checked for packed sequences (a split cuts one); every sequence is checked against the oracle"
+        records.append(note_record("streaming", why, passed=True, gating=False))
+
     def streamed(it: Item) -> list[CheckRecord]:
         """`it` streamed where it has an initial state (the resumed half has one anyway), at the default scale (a
         compiling impl keeps to the shapes and static arguments it already has), and its inputs-unchanged record."""
         stream, stream_calls = [], []
-        if it.variant.h0 and spec.streaming:
+        if it.variant.h0 and streams:
             with clock("streaming"):
                 stream, stream_calls = streaming_records(
                     impl, spec, it.case, it.inputs, it.run, seed=it.seed, h0=True, profile=profile,

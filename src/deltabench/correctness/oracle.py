@@ -17,6 +17,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.devices import allocator_fraction, device_share
 from deltabench.harness.ops import OpSpec, make_case_inputs
 from deltabench.references._inputs import draw_device, draw_origin
+from deltabench.references._varlen import by_sequence
 
 from .calls import Item, Run, call_impl, call_kwargs, call_options, draw_cotangents, fp32_inputs
 from .plan import LARGEST_CHUNK, ORACLE_MAX_ELEMENTS, case_cost, fitting_T
@@ -98,8 +99,9 @@ def oracle_runs(spec: OpSpec, items: list[Item], limit: float) -> list[Run]:
     runs: list[Run | None] = [None] * len(items)
     for g in groups:
         group = [items[i] for i in g]
+        compute = _oracle_packed if group[0].case.seqlens is not None else _oracle_stacked
         for i, run in zip(
-            g, _shared_runs("oracle", group, lambda group=group: _oracle_stacked(spec, group)), strict=True
+            g, _shared_runs("oracle", group, lambda group=group, compute=compute: compute(spec, group)), strict=True
         ):
             runs[i] = run
     return [r for r in runs if r is not None]
@@ -107,6 +109,8 @@ def oracle_runs(spec: OpSpec, items: list[Item], limit: float) -> list[Run]:
 
 def stacks_onto(spec: OpSpec, group: list[Item], it: Item, limit: float) -> bool:
     """Whether `it` joins `group` in one stacked oracle call (:func:`oracle_runs`; `limit` as given there)."""
+    if group[0].case.seqlens is not None or it.case.seqlens is not None:
+        return False  # packed sequences: each run its own oracle call (_oracle_packed)
     if _stack_key(group[0]) != _stack_key(it):
         return False
     if not spec.zero_token_is_identity and group[0].case.T != it.case.T:
@@ -132,6 +136,9 @@ def _shared_runs(kind: str, items: list[Item], compute: Callable[[], list[Run]])
         f"B{it.case.B},T{it.case.T},s{it.seed},{it.case.regime},h{int(it.variant.h0)},{it.variant.label()}"
         for it in items
     )
+    packed = [it.case.seqlens for it in items if it.case.seqlens is not None]
+    if packed:  # the sequences' lengths decide the reference as much as the draws do
+        draws += ";seqlens " + "|".join(".".join(map(str, lengths)) for lengths in packed)
     origin = draw_origin(items[0].case.torch_device)
     if origin != "cpu":  # the draws, and so the reference, depend on the generator's device (references/_inputs.py)
         draws += f";drawn on {origin}"
@@ -218,6 +225,22 @@ def _oracle_stacked(spec: OpSpec, items: list[Item]) -> list[Run]:
             grads.pop(spec.state_arg, None)
         runs.append(Run(o=whole.o[rows, :t], state=whole.state[rows], grads=grads))
     return runs
+
+
+def _oracle_packed(spec: OpSpec, items: list[Item]) -> list[Run]:
+    """The oracle on one run of packed sequences (``items`` holds one): each sequence alone from its own state
+    row (references/_varlen.by_sequence), on :func:`oracle_device`, at the run's own scale."""
+    (it,) = items
+    dev = oracle_device(it.case)
+
+    def on_dev(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.detach().to(dev, torch.float64) if x.is_floating_point() else x.detach().to(dev)
+
+    inputs = {n: on_dev(x) for n, x in it.inputs.items()}
+    cot = None if it.cot is None else (on_dev(it.cot[0]), on_dev(it.cot[1]))
+    return [call_impl(by_sequence(spec), spec, inputs, cot, scale=it.variant.scale(spec, it.case.dims))]
 
 
 def chunk_run(case: Case, spec: OpSpec, item: Item) -> Run:

@@ -223,7 +223,7 @@ def gate_shapes(
 
     for sub, t1 in called:
         add(sub, grads)
-        if spec.streaming and t1 is not None:
+        if spec.streaming and t1 is not None and sub.seqlens is None:
             t1, _ = split_the_impl_runs(impl, sub, t1)
             if t1 is not None:
                 add(sub.replace(T=t1), False)

@@ -13,9 +13,10 @@ import torch
 from deltabench.harness.cases import Case
 from deltabench.harness.document import CheckRecord
 from deltabench.harness.ops import OpSpec, get_op
+from deltabench.harness.seqlens import cu_seqlens
 
 from .calls import Item, Run, call_impl, call_options
-from .checks import compare, note_record
+from .checks import compare, note_record, rel_fro
 from .plan import LARGEST_CHUNK, split_point, split_the_impl_runs
 from .tolerances import threshold
 
@@ -59,10 +60,68 @@ def compare_runs(
         if not isinstance(x, torch.Tensor):
             records.append(note_record(check, "the impl returned no value (no gradient reached this input)", **where))
             continue
+        if case.seqlens is not None and tuple(x.shape) == tuple(r.shape) and _sequence_axis(check, case) is not None:
+            records += _compare_by_sequence(check, x, r, case, family=family, profile=profile, where=where)
+            continue
         # The bound of the regime the inputs were drawn in, and of the tensor's size (tolerances.py).
         bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=r.numel())
         records += compare(check, x, r, threshold=bound, **where)
     return records
+
+
+def _sequence_axis(check: str, case: Case) -> int | None:
+    """Along which dim `check`'s tensor holds packed sequences: 1 (T) for the output and a sequence input's
+    gradient, 0 (a row per sequence) for the final state and the initial state's gradient, None for the rest."""
+    spec = get_op(case.op)
+    if check in ("final_state", f"grad:{spec.state_arg}"):
+        return 0
+    if check == "output":
+        return 1
+    name = check.removeprefix("grad:")
+    return 1 if check.startswith("grad:") and spec.arg(name).sequence else None
+
+
+def _compare_by_sequence(
+    check: str,
+    x: torch.Tensor,
+    r: torch.Tensor,
+    case: Case,
+    *,
+    family: str | None,
+    profile: str,
+    where: dict[str, Any],
+) -> list[CheckRecord]:
+    """`x` against `r` one packed sequence at a time, each against the bound for its own size: the records of the
+    sequence furthest over (or nearest to) its bound, naming it. A whole-tensor norm would let a short sequence's
+    error drown in the long ones' (a length-1 sequence is 1/T of the output)."""
+    axis = _sequence_axis(check, case)
+    assert case.seqlens is not None and axis is not None
+    bounds = cu_seqlens(case.seqlens) if axis == 1 else list(range(len(case.seqlens) + 1))
+    worst: tuple[float, int] | None = None
+    for i in range(len(bounds) - 1):
+        xi, ri = (
+            x.narrow(axis, bounds[i], bounds[i + 1] - bounds[i]),
+            r.narrow(axis, bounds[i], bounds[i + 1] - bounds[i]),
+        )
+        bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=ri.numel())
+        ratio = rel_fro(xi, ri) / bound
+        if worst is None or not ratio <= worst[0]:  # a NaN ratio is worst
+            worst = (ratio, i)
+    assert worst is not None
+    i = worst[1]
+    n = bounds[i + 1] - bounds[i]
+    xi, ri = x.narrow(axis, bounds[i], n), r.narrow(axis, bounds[i], n)
+    bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=ri.numel())
+    out = []
+    for rec in compare(check, xi, ri, threshold=bound, **where):
+        index = list(rec.worst_index or [])
+        if index:
+            index[axis] += bounds[i]
+        detail = f"worst of {len(case.seqlens)} sequences: sequence {i} (length {case.seqlens[i]})"
+        out.append(
+            rec.model_copy(update={"worst_index": index, "detail": "; ".join(x for x in (detail, rec.detail) if x)})
+        )
+    return out
 
 
 def compare_items(

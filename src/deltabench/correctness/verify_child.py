@@ -99,7 +99,8 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
             raise BadInput(f"unknown mode {mode!r}: use fwd, fwd+bwd or decode")
         settings = {k: request[k] for k in ("dtype", "seed", "initial_state")}
         regimes = tuple(request["regimes"]) or get_op(request["op"]).regimes
-        case = Case(request["op"], **request["dims"], **settings, regime=regimes[0], mode=mode, device=device)
+        packed = {"seqlens": request["seqlens"]} if request.get("seqlens") else {}
+        case = Case(request["op"], **request["dims"], **settings, **packed, regime=regimes[0], mode=mode, device=device)
         why = chosen.check_case(case)
         if why:
             raise BadInput(f"{case.op}/{chosen.name} cannot run {case.shape_id} {case.dtype} {mode} on {device}: {why}")

@@ -12,9 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from deltabench.harness.document import CaseSpec
 from deltabench.references.contract import INDEXED_DIMS, order_dims
 
-__all__ = ["ABSENT", "case_dim_fields", "dims_columns", "dims_of", "extra_dims_text"]
+__all__ = ["ABSENT", "case_dim_fields", "dims_columns", "dims_of", "extra_dims_text", "stored_dims"]
 
 ABSENT = 0  # an indexed dim the op does not have
 
@@ -31,6 +32,14 @@ def dims_columns(dims: Mapping[str, int]) -> dict[str, Any]:
     values: dict[str, Any] = {d: int(dims.get(d) or ABSENT) for d in INDEXED_DIMS}
     values["extra_dims"] = extra_dims_text({d: v for d, v in dims.items() if d not in INDEXED_DIMS})
     return values
+
+
+def stored_dims(case: CaseSpec) -> dict[str, int]:
+    """The dims a document's case (harness.document.CaseSpec) is stored under: its dims, and for packed sequences
+    their count as the extra dim ``N`` (so that a packed job's series is not its dense shape's, and its stored
+    shape id reads ``B1-T300-H2-K32-V32-N4`` as the case's does)."""
+    packed = {} if case.seqlens is None else {"N": len(case.seqlens)}
+    return {**case.dims, **packed}
 
 
 def dims_of(B: int, T: int, H: int, K: int, V: int, extra_dims: str | None) -> dict[str, int]:

@@ -25,7 +25,7 @@ from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.document import JobResult, ResultDocument
 from deltabench.harness.series import series_software
 
-from .dims import dims_columns
+from .dims import dims_columns, stored_dims
 from .models import Check, Environment, Machine, Result, ResultSamples, Run
 
 __all__ = [
@@ -146,7 +146,7 @@ def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument)
         "position": position,
         "op": case.op,
         "impl": job.impl,
-        **dims_columns(case.dims),
+        **dims_columns(stored_dims(case)),
         "dtype": case.dtype,
         "mode": case.mode,
         "regime": case.regime,

@@ -11,6 +11,7 @@ from deltabench.references.contract import INDEXED_DIMS, REGIMES, parse_dims, sh
 
 from .devices import parse_device, parse_platform
 from .errors import BadInput
+from .seqlens import prefix_seqlens, seqlens_problem
 
 __all__ = [
     "DECODE_MAX_T",
@@ -128,6 +129,7 @@ def _check_decode(op: str, contract: Any, dims: dict[str, int]) -> None:
 
 
 _CASE_FIELDS = ("dtype", "seed", "regime", "initial_state", "mode", "device")
+_PACKED_FIELDS = ("seqlens", "seqlens_from")  # in a case's dict only when it packs sequences
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -137,6 +139,9 @@ class Case:
     Dims are given by name (``Case("gdn", B=1, T=64, H=2, K=16, V=16)``, V defaulting to K as the contract says) or
     positionally in the contract's order (``Case("gdn", 1, 64, 2, 16, 16)``) and read as attributes
     (``case.T``) or as :attr:`dims`. An op not registered here keeps the dims it is given, as given.
+
+    `seqlens` packs sequences of those lengths along T (B = 1, FLA's ``cu_seqlens``; harness/seqlens.py): the state
+    then has one row per sequence (:attr:`state_dims`). `seqlens_from` names the distribution they were drawn from.
     """
 
     op: str
@@ -147,6 +152,8 @@ class Case:
     initial_state: bool = False
     mode: str = "fwd"
     device: str = "cpu"
+    seqlens: tuple[int, ...] | None = None
+    seqlens_from: str = ""
 
     def __init__(
         self,
@@ -159,6 +166,8 @@ class Case:
         mode: str = "fwd",
         device: str = "cpu",
         shape: Any = None,
+        seqlens: Any = None,
+        seqlens_from: str = "",
         **named: int,
     ) -> None:
         contract = _contract(op)
@@ -190,6 +199,15 @@ class Case:
             _check_decode(op, contract, given)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise BadInput(f"seed {seed!r} is out of range: use an integer from 0 to {MAX_SEED} (2**62 - 1)")
+        if seqlens is not None:
+            seqlens = tuple(int(n) for n in seqlens)
+            if contract is not None and not contract.varlen:
+                raise BadInput(f"op {op!r} does not take packed sequences (seqlens)")
+            if mode == "decode":
+                raise BadInput("mode decode steps a batch of states: it takes no packed sequences (seqlens)")
+            problem = seqlens_problem(seqlens, int(given.get("T", 0)), int(given.get("B", 0)))
+            if problem:
+                raise BadInput(f"op {op!r}: {problem}")
         set_ = object.__setattr__
         set_(self, "op", op)
         set_(self, "shape", tuple((d, int(v)) for d, v in given.items()))
@@ -200,6 +218,8 @@ class Case:
         set_(self, "mode", mode)
         # a platform only: the runners compare it as such; a GPU is chosen with CUDA_VISIBLE_DEVICES
         set_(self, "device", parse_platform(device))
+        set_(self, "seqlens", seqlens)
+        set_(self, "seqlens_from", str(seqlens_from) if seqlens is not None else "")
 
     def __getattr__(self, name: str) -> int:
         # Only called when normal lookup fails: a dim of the case's shape (``case.T``).
@@ -221,9 +241,15 @@ class Case:
         return dict(self.shape)
 
     @property
+    def state_dims(self) -> dict[str, int]:
+        """The dims the state is laid out over: :attr:`dims`, but one state row per packed sequence (B = N)."""
+        return self.dims if self.seqlens is None else {**self.dims, "B": len(self.seqlens)}
+
+    @property
     def shape_id(self) -> str:
-        """A readable id such as ``B2-T200-H4-K64-V64`` (references/contract.shape_id: the one spelling)."""
-        return shape_id(self.dims)
+        """A readable id such as ``B2-T200-H4-K64-V64`` (references/contract.shape_id: the one spelling); packed
+        sequences add their count and, when drawn, their distribution (``B1-T300-H2-K32-V32-N4``)."""
+        return shape_id(self.dims, self.seqlens, self.seqlens_from)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -231,13 +257,18 @@ class Case:
         return DTYPES[self.dtype]
 
     def replace(self, **changes: Any) -> Case:
-        """A copy with some fields or dims changed (``case.replace(T=64, regime="long")``)."""
-        fields = {f: changes.pop(f, getattr(self, f)) for f in _CASE_FIELDS}
+        """A copy with some fields or dims changed (``case.replace(T=64, regime="long")``). A packed case cut to a
+        shorter T keeps the sequences of its first T tokens (harness/seqlens.prefix_seqlens)."""
+        if self.seqlens is not None and "seqlens" not in changes and changes.get("T", self.T) != self.T:
+            changes["seqlens"] = prefix_seqlens(self.seqlens, changes["T"])
+        fields = {f: changes.pop(f, getattr(self, f)) for f in (*_CASE_FIELDS, *_PACKED_FIELDS)}
         return Case(self.op, **{**self.dims, **changes}, **fields)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (for JSON and result documents): op, each dim by name, then the other fields."""
-        return {"op": self.op, **self.dims, **{f: getattr(self, f) for f in _CASE_FIELDS}}
+        """Plain-dict form (for JSON and result documents): op, each dim by name, then the other fields (the packed
+        lengths and their distribution only where the case packs sequences)."""
+        packed = {} if self.seqlens is None else {"seqlens": list(self.seqlens), "seqlens_from": self.seqlens_from}
+        return {"op": self.op, **self.dims, **{f: getattr(self, f) for f in _CASE_FIELDS}, **packed}
 
     def __str__(self) -> str:
         init = "+h0" if self.initial_state else ""

@@ -226,6 +226,10 @@ class CaseSpec(_Model):
     regime: str = Field(default="typical", max_length=16, pattern=r"^[a-z][a-z0-9_]*$")
     seed: int = Field(default=0, ge=-_INT64 - 1, le=_INT64)
     initial_state: bool = False
+    seqlens: list[int] | None = Field(
+        default=None, min_length=1, max_length=1 << 20, description="packed sequences' lengths (B = 1, sum = T)"
+    )
+    seqlens_from: str = Field(default="", max_length=128, description="the distribution the lengths were drawn from")
 
     @field_validator("op")
     @classmethod
@@ -261,8 +265,9 @@ class CaseSpec(_Model):
 
     @property
     def shape_id(self) -> str:
-        """``B8-T4096-H6-K128-V128`` (``B2-T100-D8`` for an op of dims B, T, D)."""
-        return shape_id(self.dims)
+        """``B8-T4096-H6-K128-V128`` (``B2-T100-D8`` for an op of dims B, T, D); packed sequences add their count
+        and distribution, as harness/cases.Case.shape_id spells them."""
+        return shape_id(self.dims, self.seqlens, self.seqlens_from)
 
 
 class CheckRecord(_Model):

@@ -13,11 +13,14 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
+import torch
+
 from deltabench.references import builtin_op_modules
-from deltabench.references.contract import CHUNK, DECODE_PREFIX, ArgSpec, OpContract
+from deltabench.references.contract import CHUNK, CU_SEQLENS, DECODE_PREFIX, ArgSpec, OpContract
 
 from .document import CLI_REMEDY, register_op_name, unknown_op_reason
 from .errors import BadInput, UnknownOp
+from .seqlens import cu_seqlens
 
 __all__ = ["CHUNK", "OPS", "ArgSpec", "OpContract", "OpSpec", "get_op", "make_case_inputs", "register_op", "work"]
 
@@ -85,23 +88,31 @@ def get_op(name: str, remedy: str = CLI_REMEDY) -> OpContract:
 
 def make_case_inputs(contract: OpContract, case: Any, *, unit_qk: bool = True) -> dict[str, Any]:
     """The seeded inputs of `case` (a harness Case) as the contract's ``make_inputs`` draws them, on the case's torch
-    device in its dtype; the initial state when the case has one. `unit_qk=False` (ops with
-    ``unit_norm_variant``) draws q and k off the unit sphere. A ``decode`` case always has a state, the one
-    :func:`decode_state` draws."""
+    device in its dtype; the initial state when the case has one; for packed sequences (``case.seqlens``) also
+    ``cu_seqlens`` (int32 [N + 1]) and a state of N rows. `unit_qk=False` (ops with ``unit_norm_variant``) draws q
+    and k off the unit sphere. A ``decode`` case always has a state, the one :func:`decode_state` draws."""
     draws = {"unit_qk": unit_qk} if contract.unit_norm_variant else {}
+    common = {"dtype": case.torch_dtype, "device": case.torch_device, "regime": case.regime, **draws}
+    packed = getattr(case, "seqlens", None)
     decode = case.mode == "decode"
-    inputs = contract.make_inputs(
-        **case.dims,
-        dtype=case.torch_dtype,
-        device=case.torch_device,
-        seed=case.seed,
-        regime=case.regime,
-        **{contract.state_arg: case.initial_state or decode},
-        **draws,
-    )
+    with_state = (case.initial_state or decode) and packed is None
+    inputs = contract.make_inputs(**case.dims, seed=case.seed, **{contract.state_arg: with_state}, **common)
     if decode:
         inputs[contract.state_arg] = decode_state(contract, case, unit_qk=unit_qk)
+    if packed is not None:
+        # One state row per sequence: drawn as the state of a batch of N one-token rows, from a seed of its own.
+        if case.initial_state:
+            rows = {**case.dims, "B": len(packed), "T": 1}
+            drawn = contract.make_inputs(
+                **rows, seed=case.seed + _PACKED_STATE_SEED, **{contract.state_arg: True}, **common
+            )
+            inputs[contract.state_arg] = drawn[contract.state_arg]
+        inputs[CU_SEQLENS] = torch.tensor(cu_seqlens(packed), dtype=torch.int32, device=case.torch_device)
     return inputs
+
+
+# The packed states' draws: a stream apart from the sequences' (and from the cotangents', correctness/calls.py).
+_PACKED_STATE_SEED = 2_000_003
 
 
 # The prefix's inputs come from a stream of their own, apart from the new tokens' (seed + this).
@@ -114,8 +125,6 @@ def decode_state(contract: OpContract, case: Any, *, unit_qk: bool = True) -> An
     Such a state has the magnitude and the structure (the decayed sum of rank-1 writes along past keys) that a
     served sequence leaves, which a zero or white-noise state lacks: a kernel that drops the decay or the delta
     correction is then off by the state's own size."""
-    import torch
-
     draws = {"unit_qk": unit_qk} if contract.unit_norm_variant else {}
     prefix = contract.make_inputs(
         **{**case.dims, "T": DECODE_PREFIX},

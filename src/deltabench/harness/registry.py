@@ -62,6 +62,7 @@ class Impl:
     compiles_per_shape: bool = False  # gated job by job side by side (kernels/declare.ImplDecl.compiles_per_shape)
     autotunes: bool = False  # its gates kept in one process per tuning group (kernels/declare.ImplDecl.autotunes)
     jit: str = ""  # the JIT library whose kernels a dry run lists (kernels/declare.ImplDecl.jit)
+    varlen: bool = False  # takes packed sequences, cu_seqlens= (kernels/declare.ImplDecl.varlen)
     source: str = "builtin"  # "builtin", an entry point, or a user module path
     notes: str = ""  # shown by `deltabench list` and stored with results (e.g. a bypassed guard)
     modes: tuple[str, ...] = ()  # the modes it runs; empty: all its backward allows (kernels/declare.ImplDecl.modes)
@@ -101,6 +102,8 @@ class Impl:
             return f"runs mode {', '.join(self.modes)}, not {case.mode}"
         if has_backward(case.mode) and not self.supports_backward:
             return "forward only (no backward)"
+        if case.seqlens is not None and not self.varlen:
+            return "does not take cu_seqlens (packed variable-length sequences)"
         why = self.unavailable_reason(case.device)
         if why:
             return why
@@ -127,6 +130,7 @@ def register_impl(
     jit: str = "",
     modes: tuple[str, ...] = (),
     state_in_place: bool = False,
+    varlen: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as impl `name` of `op`; returns the function unchanged.
 
@@ -147,8 +151,9 @@ def register_impl(
     dims but B and T, and dtype) stay in one process, so that each configuration is tuned once, and the timing uses
     the pick its gate checked (made on a device the run's other gates may share). `modes` narrows the modes it runs
     (``("decode",)`` for a decode kernel; empty: every mode its backward allows); `state_in_place=True` declares
-    that it writes the new state into the state buffer it is given (the gate checks that buffer). Registering a
-    name twice replaces the earlier entry (a user's file may be re-imported).
+    that it writes the new state into the state buffer it is given (the gate checks that buffer). `varlen=True`
+    declares an impl that takes packed sequences (``cu_seqlens=``, FLA's convention); one without is refused at a
+    packed case. Registering a name twice replaces the earlier entry (a user's file may be re-imported).
     """
     get_op(op)
     if backend not in BACKENDS:
@@ -180,6 +185,7 @@ def register_impl(
             jit=jit,
             modes=tuple(modes),
             state_in_place=state_in_place,
+            varlen=varlen,
             source=getattr(fn, "__deltabench_source__", _source_of(fn)),
             notes=notes,
         )
@@ -207,6 +213,7 @@ def register_impls(decls: Any) -> None:
             jit=d.jit,
             modes=d.modes,
             state_in_place=d.state_in_place,
+            varlen=d.varlen,
         )(lazy(d.target))
 
 

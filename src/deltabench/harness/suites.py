@@ -27,6 +27,10 @@ level apply to every op unless the op overrides them. Shipped suites live in ``s
     impls = ["torch_chunk", "my_chunk"]
     baseline = "torch_chunk"
     shapes = [{B = 1, T = 1024, H = 6, K = 128}]   # a string or a table; V defaults to K
+    # packed sequences (cu_seqlens; a table with B = 1): lengths summing to T, or a distribution drawn once,
+    # recorded with the lengths it gave
+    #   {B = 1, T = 300, H = 2, K = 32, seqlens = [17, 64, 1, 218]}
+    #   {B = 1, T = 32768, H = 16, K = 128, seqlens = "lognormal(mean=2048, sigma=1.0, total=32768, seed=0)"}
 
 Jobs are expanded op by op, then shape, dtype, mode and impl, so that a table reads in that order.
 """
@@ -43,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .cases import MODES, REGIMES, Case, parse_dtype, parse_shape
 from .devices import parse_platform
 from .errors import BadInput
+from .seqlens import draw_seqlens
 from .timing_defaults import TIMING_DEFAULTS as _DEFAULTS
 
 if sys.version_info >= (3, 11):
@@ -129,7 +134,7 @@ class OpPlan:
     op: str
     impls: tuple[str, ...]
     baseline: str
-    shapes: tuple[dict[str, int], ...]
+    shapes: tuple[dict[str, Any], ...]  # dims, and packed sequences' seqlens and seqlens_from where given
     dtypes: tuple[str, ...]
     modes: tuple[str, ...]
 
@@ -191,7 +196,7 @@ class Suite:
             # impls named by the caller run in the caller's order (a run cut short then has the first ones)
             order = [i for i in dict.fromkeys(impls) if i in plan.impls] if impls else list(plan.impls)
             for dims in plan.shapes:
-                if wanted_shapes is not None and dims not in wanted_shapes[plan.op]:
+                if wanted_shapes is not None and dims_only(dims) not in wanted_shapes[plan.op]:
                     continue
                 for dtype in plan.dtypes:
                     for mode in plan.modes:
@@ -211,6 +216,26 @@ class Suite:
                             out.append((case, impl))
         return out
 
+    def packed(self, seqlens: tuple[int, ...]) -> Suite:
+        """The suite with its shapes of B = 1 and T = ``sum(seqlens)`` packing those sequences, its other shapes
+        (and ops that take no packed sequences) left out; BadInput when no shape is left."""
+        from .ops import get_op
+
+        T = sum(seqlens)
+        plans = []
+        for plan in self.ops:
+            if not get_op(plan.op).varlen:
+                continue
+            shapes = tuple({**dims_only(s), "seqlens": seqlens} for s in plan.shapes if s["B"] == 1 and s["T"] == T)
+            if shapes:
+                plans.append(dataclasses.replace(plan, shapes=shapes))
+        if not plans:
+            have = sorted({f"B={s['B']},T={s['T']}" for p in self.ops for s in p.shapes})
+            raise BadInput(
+                f"--seqlens sum to T={T}: suite {self.name!r} has no shape B=1,T={T} (it has {', '.join(have)})"
+            )
+        return dataclasses.replace(self, ops=tuple(plans))
+
     def _wanted_shapes(self, shapes: list[str]) -> dict[str, list[dict[str, int]]]:
         """Per op, the suite's shapes among `shapes` (each read by that op's dims; one an op cannot read is not
         its). Raises BadInput for a shape no op of the suite has, naming the suite's shapes."""
@@ -222,7 +247,7 @@ class Suite:
                     dims = parse_shape(text, plan.op)
                 except BadInput:
                     continue
-                if dims in plan.shapes:
+                if dims in [dims_only(x) for x in plan.shapes]:
                     wanted[plan.op].append(dims)
                     found = True
             if not found:
@@ -244,7 +269,12 @@ def _list(value: Any, what: str, where: str) -> list[Any]:
     return value
 
 
-def _shape(value: Any, where: str, op: str | None = None) -> dict[str, int]:
+def _shape(value: Any, where: str, op: str | None = None) -> dict[str, Any]:
+    """A suite's shape: its dims, and for packed sequences ``seqlens`` (and ``seqlens_from`` when drawn)."""
+    if isinstance(value, dict) and "seqlens" in value:
+        rest = {k: v for k, v in value.items() if k != "seqlens"}
+        dims = _shape(rest, where, op)
+        return {**dims, **_packed(value["seqlens"], dims, where, op)}
     if isinstance(value, dict):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
             raise BadInput(f"{where}: shape {value!r} must map dimensions to integers")
@@ -255,6 +285,29 @@ def _shape(value: Any, where: str, op: str | None = None) -> dict[str, int]:
         return parse_shape(value, op)
     except BadInput as exc:
         raise BadInput(f"{where}: {exc}") from None
+
+
+def _packed(value: Any, dims: dict[str, int], where: str, op: str | None) -> dict[str, Any]:
+    """``seqlens`` of a suite's shape (a list of lengths or a distribution's spelling) as Case fields, checked."""
+    if isinstance(value, str):
+        try:
+            lengths, drawn = draw_seqlens(value, dims.get("T"))
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc}") from None
+    elif isinstance(value, list) and value and all(isinstance(n, int) and not isinstance(n, bool) for n in value):
+        lengths, drawn = tuple(value), ""
+    else:
+        raise BadInput(f"{where}: seqlens must be a list of lengths or a distribution, not {value!r}")
+    try:
+        Case(op or "gdn", **dims, seqlens=lengths)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc}") from None
+    return {"seqlens": lengths, "seqlens_from": drawn}
+
+
+def dims_only(shape: dict[str, Any]) -> dict[str, int]:
+    """A suite's shape without its packed lengths (what ``--shape`` names)."""
+    return {k: v for k, v in shape.items() if k not in ("seqlens", "seqlens_from")}
 
 
 def _dtypes(value: Any, where: str) -> tuple[str, ...]:

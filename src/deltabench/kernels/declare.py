@@ -44,6 +44,8 @@ class ImplDecl:
         jit: the JIT library its kernels build with, where a dry run can list them (``"tilelang"``,
             kernels/common/jit_units.FAMILIES): on a GPU a run builds each of those kernels once, side by side,
             before the impl's gates, instead of its gates building them one after another.
+        varlen: it takes packed sequences, ``cu_seqlens=`` (FLA's convention: B = 1, int32 offsets [N + 1], the
+            states [N, H, K, V]); an impl without it is refused at a packed case ("does not take cu_seqlens").
         notes: shown by ``deltabench list`` and stored with results.
         modes: the modes it runs (``("decode",)`` for a decode kernel); empty: every mode its backward allows
             (``fwd``, ``decode``, and ``fwd+bwd``, ``bwd`` with a backward).
@@ -64,6 +66,7 @@ class ImplDecl:
     compiles_per_shape: bool = False
     autotunes: bool = False
     jit: str = ""
+    varlen: bool = False
     notes: str = ""
     modes: tuple[str, ...] = ()
     state_in_place: bool = False

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "CU_SEQLENS",
     "DECODE_PREFIX",
     "DTYPE_RULES",
     "INDEXED_DIMS",
@@ -44,6 +45,9 @@ _ELEM_BYTES = {"float32": 4, "index": 8}
 # The prefix a decode case's state is drawn after: the op's own recurrence over this many seeded tokens (the
 # case's regime, from a random state), so that the state has the magnitude and structure a served sequence leaves.
 DECODE_PREFIX = 64
+# The keyword of packed variable-length batches (FLA's convention): int32 [N + 1] offsets of N sequences packed along
+# T of a batch of one; the initial and final states then hold one row per sequence, [N, ...] in place of [B, ...].
+CU_SEQLENS = "cu_seqlens"
 _DIM_NAME = re.compile(r"[A-Z]+")  # letters only: a shape id such as B2-T200 then reads back one way
 
 
@@ -180,6 +184,8 @@ class OpContract:
         decode: the op has mode ``decode`` (T = 1..8 new tokens from a given state; its oracle steps from that
             state, drawn as :data:`DECODE_PREFIX` tokens of the op itself leave it: harness/ops.make_case_inputs);
             its work model then counts the step's state traffic as ``state_bytes`` (:func:`decode_work`).
+        varlen: the op takes packed sequences (:data:`CU_SEQLENS`): B = 1, the sequences concatenated along T,
+            the state one row per sequence; its oracle is then run sequence by sequence.
     """
 
     name: str
@@ -204,6 +210,7 @@ class OpContract:
     options: tuple[str, ...] = ()
     check_dims: Callable[[Mapping[str, int]], str | None] | None = None
     decode: bool = False
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]
@@ -306,7 +313,7 @@ def delta_contract(
 ) -> OpContract:
     """A delta-rule op: ``fn(q, k, v, *gates, scale=None, initial_state=None) -> (o, final_state)`` over dims
     B, T, H, K, V (V defaults to K), q, k ``[B,T,H,K]``, v and o ``[B,T,H,V]``, a float32 state ``[B,H,K,V]``, the
-    chunked-delta work model, the oracle cut along B then H."""
+    chunked-delta work model, the oracle cut along B then H; packed sequences (``cu_seqlens``) allowed."""
     return OpContract(
         name=name,
         title=title,
@@ -321,6 +328,7 @@ def delta_contract(
         scale=("q", "K"),
         unit_norm_variant=True,
         oracle_shrink=("B", "H"),
+        varlen=True,
         **{"decode": True, **options},
     )
 
@@ -336,9 +344,14 @@ def order_dims(dims: Mapping[str, int]) -> dict[str, int]:
     return ordered
 
 
-def shape_id(dims: Mapping[str, int]) -> str:
-    """The readable id of a shape, ``B2-T200-H4-K64-V64`` (``B2-T100-D8`` for an op of dims B, T, D)."""
-    return "-".join(f"{d}{v}" for d, v in order_dims(dims).items())
+def shape_id(dims: Mapping[str, int], seqlens: Sequence[int] | None = None, seqlens_from: str = "") -> str:
+    """The readable id of a shape, ``B2-T200-H4-K64-V64`` (``B2-T100-D8`` for an op of dims B, T, D); packed
+    sequences add their count N and, when drawn, their distribution (``B1-T300-H2-K32-V32-N4``,
+    ``B1-T32768-H16-K128-V128-N17-lognormal(mean=2048,sigma=1,total=32768,seed=0)``)."""
+    base = "-".join(f"{d}{v}" for d, v in order_dims(dims).items())
+    if seqlens is None:
+        return base
+    return f"{base}-N{len(seqlens)}" + (f"-{seqlens_from}" if seqlens_from else "")
 
 
 def parse_dims(text: str) -> dict[str, int]:

@@ -16,6 +16,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.ops import get_op
 from deltabench.harness.registry import Impl
 from deltabench.references._inputs import generator, randn
+from deltabench.references.contract import CU_SEQLENS
 
 __all__ = ["Subject", "build_subject", "cotangent"]
 
@@ -46,6 +47,8 @@ def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Su
     state_arg = spec.state_arg
     # what make_inputs returned beside the tensors (the contract's options) goes to every call as keywords
     options = {n: x for n, x in inputs.items() if not isinstance(x, torch.Tensor)}
+    if CU_SEQLENS in inputs:  # packed sequences: their offsets go by keyword, as in the gate's calls
+        options[CU_SEQLENS] = inputs[CU_SEQLENS]
     if case.mode in ("fwd", "decode"):  # a decode step is a forward from the state its inputs hold
         args = [inputs[n] for n in spec.args]
         h0 = {state_arg: inputs.get(state_arg), **options}

@@ -99,6 +99,7 @@ def gdn_fla_chunk(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet through FLA's chunked Triton path (``chunk_gated_delta_rule``), FlashQLA dispatch off.
 
@@ -106,13 +107,22 @@ def gdn_fla_chunk(
         q, k: ``[B, T, H, K]``, already L2-normalised. v: ``[B, T, H, V]``.
         g: ``[B, T, H]`` log-decay (float32). beta: ``[B, T, H]``.
         scale: default ``K ** -0.5``. initial_state: optional ``[B, H, K, V]`` float32.
+        cu_seqlens: int32 ``[N + 1]`` offsets of packed sequences (B = 1, states ``[N, H, K, V]``), FLA's varlen path.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state`` ``[B, H, K, V]`` float32.
     """
     fla_gdn = load_fla()["gated_delta_rule"]
     return call_fla_convention(
-        fla_gdn.chunk_gated_delta_rule, q, k, v, g, beta, scale=scale, initial_state=initial_state
+        fla_gdn.chunk_gated_delta_rule,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
     )
 
 
@@ -124,6 +134,7 @@ def gdn_fla_recurrent(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet through FLA's token-serial fused kernel (``fused_recurrent_gated_delta_rule``).
 
@@ -132,7 +143,15 @@ def gdn_fla_recurrent(
     """
     fla_gdn = load_fla()["gated_delta_rule"]
     return call_fla_convention(
-        fla_gdn.fused_recurrent_gated_delta_rule, q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state
+        fla_gdn.fused_recurrent_gated_delta_rule,
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
     )
 
 
@@ -164,11 +183,14 @@ def kda_fla_chunk(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA through FLA's ``chunk_kda``: g ``[B, T, H, K]`` natural-log decay (``use_gate_in_kernel=False``),
     beta ``[B, T, H]`` already in (0, 1) (``use_beta_sigmoid_in_kernel=False``). FLA asserts K <= 256."""
     fla_kda = _submodule("kda")
-    return call_fla_convention(fla_kda.chunk_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)
+    return call_fla_convention(
+        fla_kda.chunk_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens
+    )
 
 
 _FLA_KV = kv_at_most(256, " in FLA")
@@ -198,6 +220,7 @@ IMPLS = (
         "fla_chunk",
         f"{__name__}:gdn_fla_chunk",
         **_FLA_IMPL,
+        varlen=True,
         notes=f"{_NOTE}; bwd guard bypassed (FLA #640) on Hopper with Triton >=3.4,<3.7.1: the gate judges it",
     ),
     ImplDecl(
@@ -206,8 +229,9 @@ IMPLS = (
         f"{__name__}:gdn_fla_recurrent",
         **{**_FLA_IMPL, "constraint": _FLA_KV},
         backward=False,
+        varlen=True,
         notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
     ),
     ImplDecl("gdn2", "fla_chunk", f"{__name__}:gdn2_fla_chunk", **_FLA_IMPL, notes=_NOTE),
-    ImplDecl("kda", "fla_chunk", f"{__name__}:kda_fla_chunk", **_FLA_IMPL, notes=_NOTE),
+    ImplDecl("kda", "fla_chunk", f"{__name__}:kda_fla_chunk", **_FLA_IMPL, varlen=True, notes=_NOTE),
 )

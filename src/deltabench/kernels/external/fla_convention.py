@@ -20,14 +20,17 @@ def call_fla_convention(
     *args: torch.Tensor,
     scale: float | None,
     initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call `entry(*args, scale=, initial_state=, output_final_state=True, use_qk_l2norm_in_kernel=False, **kwargs)`.
+    """Call `entry(*args, scale=, initial_state=, output_final_state=True, use_qk_l2norm_in_kernel=False, **kwargs)`,
+    with ``cu_seqlens=`` for packed sequences (FLA's varlen path: B = 1, the states one row per sequence).
 
     Args:
         entry: an FLA-convention function, e.g. ``fla.ops.kda.chunk_kda`` or ``flash_qla.chunk_gated_delta_rule``.
         args: the tensors it takes positionally (q, k, v and the gates its signature puts there).
-        scale, initial_state: passed through; kwargs: any other keyword (e.g. gates it takes by keyword).
+        scale, initial_state: passed through; cu_seqlens: passed only when given (an entry without a varlen path
+            then still takes the call); kwargs: any other keyword (e.g. gates it takes by keyword).
 
     Returns:
         ``(o, final_state)`` with the final state in float32.
@@ -42,6 +45,7 @@ def call_fla_convention(
         initial_state=initial_state,
         output_final_state=True,
         use_qk_l2norm_in_kernel=False,
+        **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}),
         **kwargs,
     )
     # FLA and FlashQLA return the state in float32 already; the cast is a no-op then and keeps the contract if it

@@ -22,17 +22,25 @@ __all__ = ["IMPLS", "gdn_torch_chunk", "gdn_torch_recurrent"]
 
 _HERE = "deltabench.kernels.gdn"
 # The Triton kernels run on the CPU through the Triton interpreter; they hold a key and a value row in one tile.
-_TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256))
+_TRITON = dict(backend="triton", devices=("cuda", "cpu"), requires=("triton",), constraint=kv_at_most(256), varlen=True)
 _DECODE = dict(
     backward=False,
     modes=("decode",),
     state_in_place=True,
+    varlen=False,  # one state row per batch row: decode steps of packed sequences are not a case
     notes="decode steps (mode decode), the state updated in place",
 )
 
 IMPLS = (
-    ImplDecl("gdn", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent", "torch", TORCH_DEVICES),
-    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "gdn",
+        "torch_recurrent",
+        f"{_HERE}.torch.torch_recurrent:gdn_torch_recurrent",
+        "torch",
+        TORCH_DEVICES,
+        varlen=True,
+    ),
+    ImplDecl("gdn", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn_torch_chunk", "torch", TORCH_DEVICES, varlen=True),
     ImplDecl("gdn", "triton_chunk", f"{_HERE}.triton.chunk:gdn_triton_chunk", **_TRITON),
     ImplDecl(
         "gdn",
@@ -53,7 +61,7 @@ IMPLS = (
     ),
     # Decode steps (mode decode): the new state written into the state cache given.
     ImplDecl("gdn", "torch_decode", f"{_HERE}.torch.torch_decode:gdn_torch_decode", "torch", TORCH_DEVICES, **_DECODE),
-    ImplDecl("gdn", "triton_decode", f"{_HERE}.triton.decode:gdn_triton_decode", **_TRITON, **_DECODE),
+    ImplDecl("gdn", "triton_decode", f"{_HERE}.triton.decode:gdn_triton_decode", **{**_TRITON, **_DECODE}),
     # Torch-facing wrappers of JAX (the gate checks the JAX forward and vjp); runners.jax times `.jax_fn` natively.
     ImplDecl(
         "gdn", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)

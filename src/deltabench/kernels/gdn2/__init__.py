@@ -56,8 +56,15 @@ def pallas_case(case: Any) -> str | None:
 
 
 IMPLS = (
-    ImplDecl("gdn2", "torch_recurrent", f"{_HERE}.torch.torch_recurrent:gdn2_torch_recurrent", "torch", TORCH_DEVICES),
-    ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "gdn2",
+        "torch_recurrent",
+        f"{_HERE}.torch.torch_recurrent:gdn2_torch_recurrent",
+        "torch",
+        TORCH_DEVICES,
+        varlen=True,
+    ),
+    ImplDecl("gdn2", "torch_chunk", f"{_HERE}.torch.torch_chunk:gdn2_torch_chunk", "torch", TORCH_DEVICES, varlen=True),
     ImplDecl(
         "gdn2",
         "torch_decode",

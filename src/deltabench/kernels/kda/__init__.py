@@ -16,9 +16,16 @@ __all__ = ["IMPLS", "kda_torch_chunk", "kda_torch_recurrent"]
 
 IMPLS = (
     ImplDecl(
-        "kda", "torch_recurrent", "deltabench.kernels.kda.torch_recurrent:kda_torch_recurrent", "torch", TORCH_DEVICES
+        "kda",
+        "torch_recurrent",
+        "deltabench.kernels.kda.torch_recurrent:kda_torch_recurrent",
+        "torch",
+        TORCH_DEVICES,
+        varlen=True,
     ),
-    ImplDecl("kda", "torch_chunk", "deltabench.kernels.kda.torch_chunk:kda_torch_chunk", "torch", TORCH_DEVICES),
+    ImplDecl(
+        "kda", "torch_chunk", "deltabench.kernels.kda.torch_chunk:kda_torch_chunk", "torch", TORCH_DEVICES, varlen=True
+    ),
     ImplDecl(
         "kda",
         "torch_decode",

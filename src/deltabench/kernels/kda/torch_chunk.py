@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
+from ..common.varlen import run_packed
 
 __all__ = ["kda_torch_chunk"]
 
@@ -23,6 +24,7 @@ def kda_torch_chunk(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA by chunks of `chunk_size` tokens, any T (a partial last chunk is zero-padded, exactly).
 
@@ -37,6 +39,8 @@ def kda_torch_chunk(
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: C, default 64.
+        cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
+            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -47,6 +51,19 @@ def kda_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = kda_torch_chunk(**x)
     """
+    if cu_seqlens is not None:
+        return run_packed(
+            kda_torch_chunk,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            cu_seqlens=cu_seqlens,
+            scale=scale,
+            initial_state=initial_state,
+            chunk_size=chunk_size,
+        )
     B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
     scale = default_scale(scale, K)
     erase = beta[..., None].expand(B, T, H, K)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common import check_op_inputs, default_scale
+from ..common.varlen import run_packed
 
 __all__ = ["kda_torch_recurrent"]
 
@@ -22,6 +23,7 @@ def kda_torch_recurrent(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA one token at a time, the state kept in float32.
 
@@ -38,6 +40,8 @@ def kda_torch_recurrent(
         beta: ``[B, T, H]`` write strength.
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
+        cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
+            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -48,6 +52,10 @@ def kda_torch_recurrent(
         >>> x = make_inputs(2, 100, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = kda_torch_recurrent(**x)
     """
+    if cu_seqlens is not None:
+        return run_packed(
+            kda_torch_recurrent, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
     B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
     scale = default_scale(scale, K)
     state = v.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()

@@ -113,6 +113,13 @@ def gdn_triton_chunk_auto(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state."""
+    """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state.
+    ``cu_seqlens``: packed sequences take the fused path, each sequence on chunks of its own (triton/varlen.py; the
+    split forward has no per-sequence walk)."""
+    if cu_seqlens is not None:
+        from .varlen import packed_chunk_gated_delta_rule
+
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     return chunk_gated_delta_rule_auto(q, k, v, g, beta, scale, initial_state, output_final_state=True)

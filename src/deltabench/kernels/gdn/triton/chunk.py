@@ -148,6 +148,12 @@ def gdn_triton_chunk(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (impl ``triton_chunk``): ``chunk_gated_delta_rule`` with the final state returned."""
+    """Registry entry (impl ``triton_chunk``): ``chunk_gated_delta_rule`` with the final state returned.
+    ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py)."""
+    if cu_seqlens is not None:
+        from .varlen import packed_chunk_gated_delta_rule
+
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     return chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ...common.varlen import run_packed
 from . import walk
 from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
 from .output import chunk_output
@@ -95,6 +96,12 @@ def gdn_triton_chunk_split(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (impl ``triton_chunk_split``): ``chunk_gated_delta_rule_split`` with the final state."""
+    """Registry entry (impl ``triton_chunk_split``): ``chunk_gated_delta_rule_split`` with the final state.
+    ``cu_seqlens``: packed sequences (kernels/common/varlen.run_packed)."""
+    if cu_seqlens is not None:
+        return run_packed(
+            gdn_triton_chunk_split, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
     return chunk_gated_delta_rule_split(q, k, v, g, beta, scale, initial_state, output_final_state=True)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.varlen import run_packed
+
 __all__ = ["fused_recurrent_gated_delta_rule", "gdn_triton_recurrent"]
 
 
@@ -111,7 +113,13 @@ def gdn_triton_recurrent(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (impl ``triton_recurrent``): forward only, final state returned."""
+    """Registry entry (impl ``triton_recurrent``): forward only, final state returned.
+    ``cu_seqlens``: packed sequences (kernels/common/varlen.run_packed)."""
+    if cu_seqlens is not None:
+        return run_packed(
+            gdn_triton_recurrent, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
     with torch.no_grad():
         return fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state=True)

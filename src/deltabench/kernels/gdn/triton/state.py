@@ -32,6 +32,12 @@ __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launc
 
 
 @triton.jit
+def _at(seq, BK: tl.constexpr, BV: tl.constexpr):
+    """A [BK, BV] mask, true where `seq` (a packed sequence's index, -1 for none) names one."""
+    return (tl.zeros([BK, BV], dtype=tl.int32) + seq) >= 0
+
+
+@triton.jit
 def _chunk_gates(g, row, mt):
     """In-chunk cumulative log-decay G [C] (0 past T) and the chunk total G_C."""
     gc = tl.load(g + row, mask=mt, other=0.0).to(tl.float32)
@@ -40,12 +46,15 @@ def _chunk_gates(g, row, mt):
 
 @triton.jit
 def state_fwd_kernel(
-    q, k, w, u, g, h0, h, vnew, o, ht,
+    q, k, w, u, g, h0, h, vnew, o, ht, first, last,
     scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
+    VARLEN: tl.constexpr = False,
 ):  # fmt: skip
-    """Walk the chunks of one (batch, head) for one block of V columns: outputs, states, final state."""
+    """Walk the chunks of one (batch, head) for one block of V columns: outputs, states, final state. VARLEN:
+    packed sequences laid out chunk-aligned (a batch of one): ``first[n]`` / ``last[n]`` name the sequence chunk n
+    starts / ends (-1: none); its state row of h0 is loaded at its first chunk and stored to ht after its last."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -67,6 +76,14 @@ def state_fwd_kernel(
         t = n * C + rc
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
+        if VARLEN:
+            f = tl.load(first + n)
+            seq_off = (tl.maximum(f, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
+            if HAS_H0:
+                S0 = tl.load(h0 + seq_off, mask=mkv & _at(f, BK, BV), other=0.0).to(tl.float32)
+            else:
+                S0 = tl.zeros([BK, BV], dtype=tl.float32)
+            S = tl.where(_at(f, BK, BV), S0, S)
         if STORE_STATES:
             h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
             tl.store(h + h_off + rk[:, None] * V + rv[None, :], S.to(dt), mask=mkv)
@@ -91,7 +108,11 @@ def state_fwd_kernel(
         # walk.py's update, the same arithmetic: k^T (exp(G_C - G) * v_new), k read transposed
         vs = (vn * tl.exp(G_last - G)[:, None]).to(dt)
         S = mma_acc(kT, vs, S * tl.exp(G_last), PREC)
-    if STORE_FINAL:
+        if VARLEN and STORE_FINAL:
+            e = tl.load(last + n)
+            seq_off = (tl.maximum(e, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
+            tl.store(ht + seq_off, S, mask=mkv & _at(e, BK, BV))
+    if STORE_FINAL and not VARLEN:
         tl.store(ht + state_off, S, mask=mkv)
 
 
@@ -121,14 +142,16 @@ def _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt: tl.constexp
 
 @triton.jit
 def state_bwd_kernel(
-    q, k, w, g, do, dht, dh, dvnew, dh0,
+    q, k, w, g, do, dht, dh, dvnew, dh0, first, last,
     scale, T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_DHT: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """Walk the chunks of one (batch, head) backwards for one block of V columns. SEGMENTED: grid axis 2 is a
     segment of SEG chunks, dht holds the gradient entering each segment ``[P, B*H, K, V]`` (fp32, from
-    :func:`state_bwd`'s segments) and only the first segment stores dh0."""
+    :func:`state_bwd`'s segments) and only the first segment stores dh0. VARLEN (never segmented): as
+    :func:`state_fwd_kernel`'s, dht's row of a sequence enters at its last chunk and dh0's is stored after its
+    first."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -162,6 +185,14 @@ def state_bwd_kernel(
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
+        if VARLEN:
+            e = tl.load(last + n)
+            seq_off = (tl.maximum(e, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
+            if HAS_DHT:
+                D0 = tl.load(dht + seq_off, mask=mkv & _at(e, BK, BV), other=0.0).to(tl.float32)
+            else:
+                D0 = tl.zeros([BK, BV], dtype=tl.float32)
+            dH = tl.where(_at(e, BK, BV), D0, dH)
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
@@ -173,7 +204,12 @@ def state_bwd_kernel(
         G, G_last = _chunk_gates(g, row, mt)
         dvnd, dH = _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt, PREC)
         tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
-    tl.store(dh0 + state_off, dH, mask=mkv_first)
+        if VARLEN:
+            f = tl.load(first + n)
+            seq_off = (tl.maximum(f, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
+            tl.store(dh0 + seq_off, dH, mask=mkv & _at(f, BK, BV))
+    if not VARLEN:
+        tl.store(dh0 + state_off, dH, mask=mkv_first)
 
 
 @triton.jit
@@ -288,11 +324,14 @@ def state_fwd(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     store_states: bool,
+    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Launch the forward sequential stage.
 
     Returns ``(o, final_state, h, v_new)``: o ``[B, T, H, V]``; final_state ``[B, H, K, V]`` fp32 or None;
     h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new ``[B, T, H, V]`` when `store_states`.
+    `packed` ``(first, last, N)``: N sequences laid out chunk-aligned in a batch of one (triton/varlen.py), the
+    initial and final states ``[N, H, K, V]``.
     """
     B, T, H, K = q.shape
     V = u.shape[-1]
@@ -300,14 +339,15 @@ def state_fwd(
     o = torch.empty_like(u)
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
-    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    first, last, rows = packed if packed is not None else (None, None, B)
+    ht = q.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = padded(K)
     BV, warps, stages = fwd_launch_config(V, B * H, BK, NT)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, u, g, initial_state, h, vnew, o, ht, scale, T, NT,
+        q, k, w, u, g, initial_state, h, vnew, o, ht, first, last, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
-        PREC=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        PREC=dot_precision(q.dtype), VARLEN=packed is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o, ht, h, vnew
 
@@ -322,6 +362,7 @@ def state_bwd(
     scale: float,
     config: tuple[int, int, int] | None = None,
     segments: int = 1,
+    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
     [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts).
@@ -329,16 +370,19 @@ def state_bwd(
     With `segments` > 1 the chunks are cut into that many runs walked side by side (walk.state_walk's segments,
     in reverse): (1) each segment's affine map of the gradient entering it, ``dS_start = M dH_end + b``
     (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering each segment, from the last
-    down (walk.compose_segments); (3) every segment's walk at once, storing dh and dv_new, the first segment dh0."""
+    down (walk.compose_segments); (3) every segment's walk at once, storing dh and dv_new, the first segment dh0.
+    `packed` as :func:`state_fwd`'s (dht and dh0 ``[N, H, K, V]``): walked serially, a segment may hold a
+    boundary."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    seg, P = walk_segments(NT, segments)
+    seg, P = walk_segments(NT, 1 if packed is not None else segments)
+    first, last, rows = packed if packed is not None else (None, None, B)
     BK = padded(K)
     BV, warps, stages = config or bwd_launch_config(V, B * H * P, BK, seg)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
-    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+    dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     entering = dht
     if P > 1:
         BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
@@ -352,8 +396,8 @@ def state_bwd(
         last = dht.reshape(B * H, K, V) if dht is not None else b.new_zeros(B * H, K, V)
         entering = compose_segments(M, b, last, reverse=True)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H, P)](
-        q, k, w, g, do, entering, dh, dvnew, dh0, scale, T, NT, seg,
+        q, k, w, g, do, entering, dh, dvnew, dh0, first, last, scale, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=entering is not None, PREC=dot_precision(q.dtype),
-        SEGMENTED=P > 1, num_warps=warps, num_stages=stages,
+        SEGMENTED=P > 1, VARLEN=packed is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dh, dvnew, dh0

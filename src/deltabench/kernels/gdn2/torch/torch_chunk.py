@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...common import check_op_inputs, default_scale, per_channel_delta_chunk
+from ...common.varlen import run_packed
 
 __all__ = ["gdn2_torch_chunk"]
 
@@ -24,6 +25,7 @@ def gdn2_torch_chunk(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet-2 by chunks of `chunk_size` tokens, any T (a partial last chunk is zero-padded, exactly).
 
@@ -40,6 +42,8 @@ def gdn2_torch_chunk(
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: C, default 64.
+        cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
+            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -50,6 +54,20 @@ def gdn2_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = gdn2_torch_chunk(**x)
     """
+    if cu_seqlens is not None:
+        return run_packed(
+            gdn2_torch_chunk,
+            q,
+            k,
+            v,
+            g,
+            b,
+            w,
+            cu_seqlens=cu_seqlens,
+            scale=scale,
+            initial_state=initial_state,
+            chunk_size=chunk_size,
+        )
     K = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3]
     scale = default_scale(scale, K)
     o, final_state = per_channel_delta_chunk(q, k, v, g, b, w, scale, initial_state, chunk_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...common import check_op_inputs, default_scale
+from ...common.varlen import run_packed
 
 __all__ = ["gdn2_torch_recurrent"]
 
@@ -23,6 +24,7 @@ def gdn2_torch_recurrent(
     w: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet-2 one token at a time, the state kept in float32.
 
@@ -40,6 +42,8 @@ def gdn2_torch_recurrent(
         w: ``[B, T, H, V]`` write strength per value channel.
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
+        cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
+            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -50,6 +54,10 @@ def gdn2_torch_recurrent(
         >>> x = make_inputs(2, 100, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = gdn2_torch_recurrent(**x)
     """
+    if cu_seqlens is not None:
+        return run_packed(
+            gdn2_torch_recurrent, q, k, v, g, b, w, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
     B, T, H, K, V = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)
     scale = default_scale(scale, K)
     state = v.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()

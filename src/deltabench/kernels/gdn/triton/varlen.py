@@ -1,0 +1,97 @@
+"""Packed sequences (FLA's ``cu_seqlens``) through the chunked Triton GDN kernels, each sequence on chunks of its
+own.
+
+The N sequences of a batch of one are laid out chunk-aligned: sequence i starts at chunk ``c_i`` (the chunks of the
+ones before it, each ``ceil(len / 64)``), its last chunk zero-padded, so no chunk holds two sequences. The chunk-local
+stages (wy.py's WY/UT factors, local_bwd.py's gradients) then run as they are: a zero token has no decay and writes
+nothing. The sequential stages (state.py) walk the chunks of the row and, at the first chunk of a sequence, start from
+that sequence's row of the initial state; after its last they store its final state (and in reverse, its gradient
+enters at its last chunk and the initial state's leaves at its first). The layout wastes at most 63 tokens a
+sequence, where a dense batch padded to the longest sequence (kernels/common/varlen.py) wastes up to ``N * max - T``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .chunk import prepare_chunk_inputs
+from .local_bwd import local_bwd
+from .state import state_bwd, state_fwd
+from .wy import CHUNK, wy_fwd
+
+__all__ = ["chunk_layout", "packed_chunk_gated_delta_rule"]
+
+
+def chunk_layout(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """``(positions, first, last, NT)``: where each packed token goes in the chunk-aligned row (int64 [T]), the
+    sequence each chunk starts and ends (int32 [NT], -1 for none), and the row's chunks."""
+    from ...common.varlen import seq_offsets
+
+    offsets = seq_offsets(cu_seqlens, T, 1)
+    positions, first, last, chunk = [], [], [], 0
+    for i, (bos, eos) in enumerate(itertools.pairwise(offsets)):
+        n = -(-(eos - bos) // CHUNK)
+        positions.append(torch.arange(eos - bos) + chunk * CHUNK)
+        first += [i] + [-1] * (n - 1)
+        last += [-1] * (n - 1) + [i]
+        chunk += n
+    device = cu_seqlens.device
+    return (
+        torch.cat(positions).to(device),
+        torch.tensor(first, dtype=torch.int32, device=device),
+        torch.tensor(last, dtype=torch.int32, device=device),
+        chunk,
+    )
+
+
+class _PackedChunkFunction(torch.autograd.Function):
+    """The chunked forward and backward on the chunk-aligned row, the states one row per sequence."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, first, last, n):  # type: ignore[no-untyped-def]
+        packed = (first, last, n)
+        L, w, u = wy_fwd(k, v, g, beta)
+        o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, True, True, packed=packed)
+        ctx.save_for_backward(q, k, v, g, beta, L, w, h, vnew, first, last)
+        ctx.scale, ctx.n, ctx.has_h0, ctx.beta_dtype = scale, n, initial_state is not None, beta.dtype
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):  # type: ignore[no-untyped-def]
+        q, k, v, g, beta, L, w, h, vnew, first, last = ctx.saved_tensors
+        do = do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, ctx.scale, packed=(first, last, ctx.n))
+        dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, ctx.scale)
+        dh0 = dh0 if ctx.has_h0 else None
+        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0, None, None, None
+
+
+def packed_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked Triton GDN over packed sequences: q, k ``[1, T, H, K]`` ..., int32 `cu_seqlens` ``[N + 1]``, the
+    initial state ``[N, H, K, V]`` or None. Returns ``(o [1, T, H, V], final_state [N, H, K, V] fp32)``."""
+    T = q.shape[1]
+    positions, first, last, NT = chunk_layout(cu_seqlens, T)
+    n = cu_seqlens.numel() - 1
+    if initial_state is not None and initial_state.shape[0] != n:
+        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
+
+    def aligned(x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(1, NT * CHUNK, *x.shape[2:]).index_copy(1, positions, x)
+
+    scale, tensors, initial_state, _ = prepare_chunk_inputs(
+        "triton_chunk", *(aligned(x) for x in (q, k, v, g, beta)), scale, initial_state
+    )
+    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, first, last, n)
+    return o.index_select(1, positions), ht

@@ -1,0 +1,295 @@
+"""Packed variable-length batches (cu_seqlens, FLA's convention): the case, the per-sequence oracle, the gate's
+per-sequence comparison, the impls that take them, and bugs at sequence boundaries that the gate must reject.
+
+The planted bugs are the ways a varlen kernel goes wrong at a boundary: a state carried over it, a chunk straddling
+it (a boundary inside a chunk, the chunk run whole as its first sequence's), and a length-1 sequence mishandled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from deltabench.correctness.engine import verify_case
+from deltabench.harness import Case, get_impl, get_op
+from deltabench.harness.errors import BadInput
+from deltabench.harness.ops import make_case_inputs
+from deltabench.harness.seqlens import draw_seqlens, parse_seqlens, prefix_seqlens
+from deltabench.kernels.gdn.torch.torch_recurrent import gdn_torch_recurrent
+from deltabench.references._varlen import by_sequence
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# Boundaries at 17, 81 and 82 lie inside 64-token chunks; the third sequence is one token long.
+SEQLENS = (17, 64, 1, 68)
+SHAPE = {"B": 1, "T": sum(SEQLENS), "H": 2, "K": 16, "V": 16}
+CHUNK = 64
+
+
+def packed_case(op: str = "gdn", **fields: object) -> Case:
+    return Case(op, **SHAPE, seqlens=SEQLENS, **fields)
+
+
+def gate(fn: Callable[..., object], case: Case, **kw: object) -> object:
+    return verify_case(fn, case, seeds=1, extra_seed=False, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ the case
+
+
+def test_a_packed_case_names_n_and_keeps_its_lengths() -> None:
+    case = packed_case(mode="fwd+bwd")
+    assert case.shape_id == "B1-T150-H2-K16-V16-N4"
+    assert case.state_dims["B"] == 4
+    again = Case(**case.to_dict())
+    assert again == case and again.seqlens == SEQLENS
+    drawn, spelled = draw_seqlens("lognormal(mean=20, sigma=1.0, total=150, seed=0)", 150)
+    assert sum(drawn) == 150 and min(drawn) >= 1
+    assert draw_seqlens("lognormal(mean=20, sigma=1.0, total=150, seed=0)", 150)[0] == drawn  # seeded
+    drawn_case = Case("gdn", **SHAPE, seqlens=drawn, seqlens_from=spelled)
+    assert drawn_case.shape_id == f"B1-T150-H2-K16-V16-N{len(drawn)}-lognormal(mean=20,sigma=1,total=150,seed=0)"
+
+
+def test_a_shorter_packed_case_keeps_the_sequences_of_its_first_tokens() -> None:
+    assert prefix_seqlens(SEQLENS, 128) == (17, 64, 1, 46)
+    assert packed_case().replace(T=64).seqlens == (17, 47)
+    assert packed_case().replace(T=1).seqlens == (1,)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"seqlens": (17, 64)}, "sum to 81, not T=150"),
+        ({"seqlens": (150,), "B": 2}, "take B=1"),
+        ({"seqlens": (0, 150)}, "at least 1"),
+    ],
+)
+def test_bad_lengths_are_bad_input(fields: dict, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        Case("gdn", **{**SHAPE, **{k: v for k, v in fields.items() if k != "seqlens"}}, seqlens=fields["seqlens"])
+
+
+def test_lengths_parse_and_a_bad_list_or_distribution_is_bad_input() -> None:
+    assert parse_seqlens("17,64,1,218") == (17, 64, 1, 218)
+    for bad in ("17,,3", "17,-1", "a"):
+        with pytest.raises(BadInput):
+            parse_seqlens(bad)
+    with pytest.raises(BadInput, match="equal the shape's T"):
+        draw_seqlens("lognormal(mean=20, total=100)", 150)
+    with pytest.raises(BadInput):
+        draw_seqlens("zipf(a=2)", 150)
+
+
+def test_an_op_without_packed_sequences_refuses_them() -> None:
+    with pytest.raises(BadInput, match="does not take packed sequences"):
+        Case("sdm", B=1, T=8, H=1, S=16, D=8, R=2, W=2, seqlens=(4, 4))
+
+
+def test_an_impl_that_does_not_take_cu_seqlens_is_refused_with_the_reason() -> None:
+    impl = get_impl("gdn", "jax_chunk")
+    assert not impl.varlen
+    assert "does not take cu_seqlens" in (impl.check_case(packed_case()) or "")
+    assert impl.check_case(Case("gdn", **SHAPE)) != impl.check_case(packed_case())
+    assert get_impl("gdn", "triton_chunk").varlen and get_impl("gdn", "torch_chunk").varlen
+
+
+def test_the_inputs_carry_offsets_and_a_state_row_per_sequence() -> None:
+    x = make_case_inputs(get_op("gdn"), packed_case(initial_state=True))
+    assert x["cu_seqlens"].dtype == torch.int32 and x["cu_seqlens"].tolist() == [0, 17, 81, 82, 150]
+    assert list(x["initial_state"].shape) == [4, 2, 16, 16]
+    assert list(x["q"].shape) == [1, 150, 2, 16]
+
+
+# ------------------------------------------------------------------------------------------------ the oracle
+
+
+def test_the_packed_oracle_equals_the_dense_oracle_on_equal_lengths() -> None:
+    """Four sequences of 25 packed in one row against the same four as a dense batch of four rows."""
+    spec = get_op("gdn")
+    dense = spec.make_inputs(4, 25, 2, 8, 8, dtype=torch.float64, initial_state=True)
+    o, ht = spec.oracle(**dense)
+    packed = {n: x.reshape(1, 100, *x.shape[2:]) for n, x in dense.items() if n != "initial_state"}
+    offsets = torch.tensor([0, 25, 50, 75, 100], dtype=torch.int32)
+    po, pht = by_sequence(spec)(
+        *(packed[n] for n in spec.args), initial_state=dense["initial_state"], cu_seqlens=offsets
+    )
+    torch.testing.assert_close(po, o.reshape(1, 100, 2, 8), rtol=0, atol=0)
+    torch.testing.assert_close(pht, ht, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------ impls pass
+
+
+@pytest.mark.parametrize(
+    ("op", "name"),
+    [("gdn", "torch_chunk"), ("gdn", "torch_recurrent"), ("gdn2", "torch_chunk"), ("kda", "torch_chunk")],
+)
+def test_torch_references_pass_the_packed_gate(op: str, name: str) -> None:
+    report = gate(get_impl(op, name), packed_case(op, mode="fwd+bwd"))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    checks = {r.check for r in report.records}
+    assert {"output", "final_state", "grad:initial_state", "grad:q", "grad:g"} <= checks
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("triton_chunk", "fwd+bwd"),
+        ("triton_chunk_split", "fwd+bwd"),
+        ("triton_chunk_auto", "fwd+bwd"),
+        ("triton_recurrent", "fwd"),
+    ],
+)
+def test_triton_gdn_passes_the_packed_gate_under_the_interpreter(name: str, mode: str) -> None:
+    report = gate(get_impl("gdn", name), packed_case(mode=mode), regimes=("strong",))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+
+
+# ------------------------------------------------------------------------------------------------ planted bugs
+
+
+def _offsets(cu_seqlens: torch.Tensor) -> list[int]:
+    return [int(x) for x in cu_seqlens.tolist()]
+
+
+def state_carried_over(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None):
+    """The whole packed row as one sequence from the first state row: each sequence's final state is the state at
+    its end, the state carried over every boundary."""
+    offsets = _offsets(cu_seqlens)
+    h0 = None if initial_state is None else initial_state[:1]
+    outs, states, S = [], [], h0
+    for bos, eos in itertools.pairwise(offsets):
+        o, S = gdn_torch_recurrent(
+            q[:, bos:eos], k[:, bos:eos], v[:, bos:eos], g[:, bos:eos], beta[:, bos:eos], scale, S
+        )
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, dim=1), torch.cat(states)
+
+
+def chunk_straddles(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None):
+    """Sequences found by chunk index (offset // 64): a chunk holding a boundary runs whole as the sequence its
+    first token belongs to."""
+    offsets = _offsets(cu_seqlens)
+    T = offsets[-1]
+    snapped = [o - o % CHUNK for o in offsets[:-1]] + [T]
+    outs, states = [], []
+    for i, (bos, eos) in enumerate(itertools.pairwise(snapped)):
+        S = None if initial_state is None else initial_state[i : i + 1]
+        if eos == bos:
+            states.append(S if S is not None else q.new_zeros(1, q.shape[2], q.shape[3], v.shape[3]))
+            continue
+        o, S = gdn_torch_recurrent(
+            q[:, bos:eos], k[:, bos:eos], v[:, bos:eos], g[:, bos:eos], beta[:, bos:eos], scale, S
+        )
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, dim=1), torch.cat(states)
+
+
+def length_one_skipped(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None):
+    """Right for every sequence but those of one token: their output left zero, their state passed through."""
+    offsets = _offsets(cu_seqlens)
+    outs, states = [], []
+    for i, (bos, eos) in enumerate(itertools.pairwise(offsets)):
+        S = None if initial_state is None else initial_state[i : i + 1]
+        if eos - bos == 1:
+            outs.append(torch.zeros_like(v[:, bos:eos]))
+            states.append(S if S is not None else q.new_zeros(1, q.shape[2], q.shape[3], v.shape[3]))
+            continue
+        o, S = gdn_torch_recurrent(
+            q[:, bos:eos], k[:, bos:eos], v[:, bos:eos], g[:, bos:eos], beta[:, bos:eos], scale, S
+        )
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, dim=1), torch.cat(states)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("bug", "failing"),
+    [
+        (state_carried_over, {"output", "final_state"}),
+        (chunk_straddles, {"output", "final_state"}),
+        (length_one_skipped, {"output", "final_state"}),
+    ],
+)
+def test_a_boundary_bug_fails_the_gate(bug: Callable[..., object], failing: set[str], dtype: str) -> None:
+    report = gate(bug, packed_case(dtype=dtype, mode="fwd+bwd"))
+    assert not report.passed
+    assert failing <= {r.check for r in report.failures}
+
+
+def test_a_length_one_sequence_is_named_by_the_per_sequence_record() -> None:
+    """Only the one-token sequence is wrong: the failing record names it (a whole-tensor norm would average its
+    error over the 150 tokens)."""
+    report = gate(length_one_skipped, packed_case(mode="fwd"))
+    full = [r for r in report.failures if not r.reference.startswith("oracle at")]  # the sweep's are shorter
+    out = [r for r in full if r.check == "output" and r.metric == "rel_fro"]
+    assert out and all("sequence 2 (length 1)" in r.detail for r in out)
+    assert all(r.worst_index and r.worst_index[1] == 81 for r in out)
+
+
+# ------------------------------------------------------------------------------------------------ FLA's adapter
+
+
+def test_the_fla_adapter_passes_cu_seqlens_to_flas_varlen_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLA cannot run here: a stand-in for ``fla.ops.gated_delta_rule`` with FLA's signature (our torch_chunk
+    behind it) checks what the adapter passes, and the gate checks that the result is the packed one."""
+    import types
+
+    from deltabench.kernels.external import fla
+
+    seen: list[dict] = []
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None):  # fmt: skip
+        seen.append({"cu_seqlens": cu_seqlens, "output_final_state": output_final_state})
+        chunk = get_impl("gdn", "torch_chunk")
+        return chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+    fake = types.SimpleNamespace(chunk_gated_delta_rule=chunk_gated_delta_rule)
+    monkeypatch.setattr(fla, "_modules", {"gated_delta_rule": fake, "chunk_o": None})
+    report = gate(fla.gdn_fla_chunk, packed_case(mode="fwd+bwd"), regimes=("long",))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    assert seen and all(s["cu_seqlens"] is not None and s["output_final_state"] for s in seen[:1])
+    assert get_impl("gdn", "fla_chunk").varlen and get_impl("kda", "fla_chunk").varlen
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "bwd"])
+def test_the_timed_call_gets_the_offsets(mode: str) -> None:
+    """The runner times the packed call, not the dense one over the same tokens."""
+    from deltabench.runners.closures import build_subject
+
+    case = packed_case(mode=mode, initial_state=True)
+    seen: list[object] = []
+
+    def impl(*args, **kwargs):
+        seen.append(kwargs.get("cu_seqlens"))
+        return get_impl("gdn", "torch_chunk")(*args, **kwargs)
+
+    build_subject(impl, case, make_case_inputs(get_op("gdn"), case))()
+    assert seen and all(c is not None and c.tolist() == [0, 17, 81, 82, 150] for c in seen)
+
+
+def test_a_packed_case_too_costly_for_the_oracle_gates_against_torch_chunk() -> None:
+    """Against torch_chunk at the full shape, the oracle at the packing's first 256 tokens: a leak still fails."""
+    case = Case("gdn", B=1, T=300, H=2, K=16, V=16, seqlens=(17, 64, 1, 218), mode="fwd+bwd")
+    good = gate(get_impl("gdn", "torch_recurrent"), case, reference="torch_chunk", regimes=("long",))
+    assert good.passed and "oracle at B1-T256-H2-K16-V16-N4" in good.reference
+    bad = gate(state_carried_over, case, reference="torch_chunk", regimes=("long",))
+    assert not bad.passed and {"output", "final_state"} <= {r.check for r in bad.failures}
+
+
+def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
+    """triton_chunk's packed layout: sequence i starts on a chunk of its own; first/last name each chunk's."""
+    from deltabench.kernels.gdn.triton.varlen import chunk_layout
+
+    offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
+    positions, first, last, NT = chunk_layout(offsets, 150)
+    assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
+    assert first.tolist() == [0, 1, 2, 3, -1] and last.tolist() == [0, 1, 2, -1, 3]
+    assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191

@@ -185,6 +185,14 @@ def find_change_points(
             break
         del bounds[worst + 1]
     ps = _pvalues(yc, bounds)
+    return _change_points(xs, vals, bounds, ps, min_change)
+
+
+def _change_points(
+    xs: Sequence[Hashable], vals: np.ndarray, bounds: list[int], pvalues: Sequence[float], min_change: float
+) -> list[ChangePoint]:
+    """One :class:`ChangePoint` per inner bound of the segmentation `bounds` (0, ..., len(vals)), with the medians
+    of the segments either side and `pvalues[i]` for the i-th inner bound; steps smaller than `min_change` dropped."""
     out = []
     for i in range(1, len(bounds) - 1):
         a, b = vals[bounds[i - 1] : bounds[i]], vals[bounds[i] : bounds[i + 1]]
@@ -193,7 +201,7 @@ def find_change_points(
             x=xs[bounds[i]],
             before=float(np.median(a)),
             after=float(np.median(b)),
-            pvalue=ps[i - 1],
+            pvalue=float(pvalues[i - 1]),
             n_before=a.size,
             n_after=b.size,
         )
@@ -229,22 +237,8 @@ def find_change_points_otava(
     # A plain list: otava slices the series interval by interval and raises on a numpy array of a noise-free step.
     found, _ = compute_change_points(vals.tolist(), window_len=window, max_pvalue=max_pvalue)
     bounds = [0, *sorted(int(cp.index) for cp in found), vals.size]
-    pvalues = {int(cp.index): float(cp.stats.pvalue) for cp in found}
-    out = []
-    for i in range(1, len(bounds) - 1):
-        a, b = vals[bounds[i - 1] : bounds[i]], vals[bounds[i] : bounds[i + 1]]
-        cp = ChangePoint(
-            index=bounds[i],
-            x=xs[bounds[i]],
-            before=float(np.median(a)),
-            after=float(np.median(b)),
-            pvalue=pvalues[bounds[i]],
-            n_before=a.size,
-            n_after=b.size,
-        )
-        if abs(cp.ratio - 1.0) >= min_change:
-            out.append(cp)
-    return out
+    pvalues = [float(cp.stats.pvalue) for cp in sorted(found, key=lambda cp: int(cp.index))]
+    return _change_points(xs, vals, bounds, pvalues, min_change)
 
 
 def dashboard_change_points(points: Sequence[tuple[Hashable, float | Sequence[float]]]) -> list[ChangePoint]:

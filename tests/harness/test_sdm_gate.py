@@ -51,11 +51,12 @@ def _failed(report) -> set[str]:  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------- the op and its impls
 
 
-def test_sdm_is_built_in_with_its_three_impls_and_the_package_adapter(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sdm_is_built_in_with_its_impls_and_the_package_adapter(capsys: pytest.CaptureFixture[str]) -> None:
     assert "sdm" in OPS and "sdm" in BUILTIN_OPS and OPS["sdm"] is sdm.CONTRACT
     assert sdm.CONTRACT.deterministic
     names = {i.name: i for i in registry.impls_for("sdm")}
-    assert set(names) == {"torch_recurrent", "torch_chunk", "triton_chunk", "sdm_pkg_chunk"}
+    assert set(names) == {"torch_recurrent", "torch_chunk", "triton_chunk", "torch_decode", "sdm_pkg_chunk"}
+    assert names["torch_decode"].modes == ("decode",) and names["torch_decode"].state_in_place
     assert names["sdm_pkg_chunk"].devices == ("cuda",) and not names["sdm_pkg_chunk"].state_grad
     assert names["triton_chunk"].backend == "triton" and set(names["triton_chunk"].devices) == {"cuda", "cpu"}
     code, out, _ = run_cli(capsys, "list", "--device", "cpu", "--json")

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_bwd, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
+from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_bwd, chunk_gdn_fwd, save_for_chunk_bwd
 from .chunk_split import chunk_split_fwd
+from .inputs import prepare_chunk_inputs
 from .wy import CHUNK, TUNED_K, padded
 
 __all__ = ["RULE", "chunk_gated_delta_rule_auto", "gdn_triton_chunk_auto", "pick"]

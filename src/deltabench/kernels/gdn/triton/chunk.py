@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import walk
+from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
 from .state import state_bwd, state_fwd
 from .wy import wy_fwd
@@ -66,32 +67,6 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             q, k, v, g, beta, ctx.scale, saved, do.contiguous(), None if dht is None else dht.contiguous()
         )
         return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0 if ctx.has_h0 else None, None
-
-
-def prepare_chunk_inputs(
-    name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None,
-    initial_state: torch.Tensor | None,
-) -> tuple[float, tuple[torch.Tensor, ...], torch.Tensor | None, bool]:
-    """What every chunked entry point does first: ``(scale, (q, k, v, g, beta), initial_state, needs_grad)``.
-
-    The default scale K^-0.5; K and V checked against the kernels' 256 limit (`name` says who refused);
-    contiguous inputs with g and the initial state in fp32, as the kernels read them; and whether autograd
-    needs the backward (a grad-enabled call with any input that requires it).
-    """
-    K, V = q.shape[-1], v.shape[-1]
-    if max(K, V) > 256:
-        raise ValueError(f"{name} supports K and V up to 256, got K={K}, V={V}")
-    tensors = (q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous())
-    if initial_state is not None:
-        initial_state = initial_state.float().contiguous()
-    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (*tensors, initial_state))
-    return (K**-0.5 if scale is None else scale), tensors, initial_state, needs_grad
 
 
 def chunk_gated_delta_rule(

@@ -18,7 +18,8 @@ import torch
 
 from ...common.varlen import run_packed
 from . import walk
-from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, prepare_chunk_inputs, save_for_chunk_bwd
+from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, save_for_chunk_bwd
+from .inputs import prepare_chunk_inputs
 from .output import chunk_output
 from .wy import CHUNK, wy_fwd
 

@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from .chunk import prepare_chunk_inputs
+from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
 from .state import state_bwd, state_fwd
 from .wy import CHUNK, wy_fwd

@@ -267,9 +267,10 @@ def test_ctrl_c_says_how_many_jobs_were_saved_and_where(tmp_path: Path) -> None:
     import time
 
     suite = tmp_path / "slow.toml"
-    three = 'shapes = ["B=1,T=20,H=1,K=8,V=8", "B=1,T=40,H=1,K=8,V=8", "B=1,T=60,H=1,K=8,V=8"]'
+    # Enough jobs (each gated and timed, ~0.2 s) that the signal, sent once the first has ended, lands mid-run.
+    many = "shapes = [" + ", ".join(f'"B=1,T={20 * i},H=1,K=8,V=8"' for i in range(1, 31)) + "]"
     text = SUITE.replace('"planted_wrong", "planted_raise", "planted_segfault", "planted_cuda_only"', "")
-    suite.write_text(text.replace('shapes = ["B=1,T=20,H=1,K=8,V=8"]', three))
+    suite.write_text(text.replace('shapes = ["B=1,T=20,H=1,K=8,V=8"]', many))
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     argv = [
         sys.executable,
@@ -283,13 +284,12 @@ def test_ctrl_c_says_how_many_jobs_were_saved_and_where(tmp_path: Path) -> None:
     with open(tmp_path / "err.log", "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 120
-        while "partial document" not in (tmp_path / "err.log").read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)
+        while "[1/30]" not in (tmp_path / "err.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     err = (tmp_path / "err.log").read_text()
     found = re.search(r"interrupted: (\d+) of (\d+) jobs saved in (\S+) \(incomplete\); `deltabench ingest \3`", err)
     assert found, err[-2000:]
-    assert int(found.group(2)) == 3 and int(found.group(1)) <= 3 and Path(found.group(3)).is_file()
+    assert int(found.group(2)) == 30 and 1 <= int(found.group(1)) < 30 and Path(found.group(3)).is_file()
     assert proc.returncode == 130, err[-1000:]

@@ -90,6 +90,11 @@ def causal_conv(pre: torch.Tensor, weight: torch.Tensor, history: torch.Tensor) 
     return out, full[:, full.shape[1] - (CONV - 1) :]
 
 
+def gated_norm(o: torch.Tensor, norm_w: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The output norm: RMSNorm of ``o [B, T, H, V]`` over V with weight ``norm_w [B, V]``, times ``silu(gate)``."""
+    return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + _NORM_EPS) * norm_w[:, None, None] * F.silu(gate)
+
+
 def gdn_layer_block(
     recurrence: Recurrence,
     compute: torch.dtype,
@@ -102,7 +107,7 @@ def gdn_layer_block(
     `compute` whichever is wider."""
     w = dict(zip(WEIGHTS, (t.to(compute) for t in weights), strict=True))
     x = x.to(compute)
-    B, T, D = x.shape
+    B, T, _ = x.shape
     _, _, H, K = w["w_q"].shape
     V = w["w_v"].shape[-1]
     if initial_state is None:
@@ -120,9 +125,7 @@ def gdn_layer_block(
     a = torch.einsum("btd,bdh->bth", x, w["w_a"]) + w["dt_bias"][:, None]
     g = -F.softplus(a) * w["a_log"].exp()[:, None]
     o, S = recurrence(q, k, v, g.float() if compute != torch.float64 else g, beta, scale=K**-0.5, initial_state=S0)
-    o = o.to(compute)
-    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + _NORM_EPS) * w["norm_w"][:, None, None]
-    o = o * F.silu(torch.einsum("btd,bdhv->bthv", x, w["w_gate"]))
+    o = gated_norm(o.to(compute), w["norm_w"], torch.einsum("btd,bdhv->bthv", x, w["w_gate"]))
     y = torch.einsum("bthv,bhvd->btd", o, w["w_o"])
     return y, pack_state(history, S.to(compute))
 
@@ -218,9 +221,7 @@ CONTRACT = OpContract(
         ArgSpec("w_o", "BHVD"),
     ),
     output=ArgSpec("y", "BTD"),
-    state=ArgSpec(
-        "initial_state", "BHKV", "float32", optional=True, extent=lambda d: (d["B"], state_width(d))
-    ),
+    state=ArgSpec("initial_state", "BHKV", "float32", optional=True, extent=lambda d: (d["B"], state_width(d))),
     oracle=gdn_layer_oracle,
     make_inputs=make_inputs,
     rule="q,k,v = silu(conv4(x W)); l2norm q,k; delta rule; y = (rmsnorm(o) * silu(x W_gate)) W_o",

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from deltabench.cli.app import main
 from deltabench.correctness.engine import verify_case
 from deltabench.harness import registry
 from deltabench.harness.cases import Case
+from deltabench.harness.document import ResultDocument
 from deltabench.harness.ops import OPS
 from deltabench.kernels.gdn_layer import torch_layer
 from deltabench.references import gdn_layer as L
@@ -131,3 +134,19 @@ def test_the_layer_over_triton_chunk_passes_the_gate() -> None:
     report = _gate(registry.get_impl("gdn_layer", "layer:triton_chunk"), regimes=["typical"])
     assert report.passed, [f"{r.check} {r.regime} {r.detail}" for r in report.failures]
     assert "grad:w_o" in {r.check for r in report.records}
+
+
+def test_the_layer_cpu_suite_runs_end_to_end(tmp_path: Path) -> None:
+    """``deltabench run --suite layer-cpu``: both impls, fwd and fwd+bwd, every job ok with every gating check."""
+    out = tmp_path / "layer.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--suite", "layer-cpu", "--device", "cpu", "--out", str(out), "--no-db", "--quiet"])
+    assert not exit_info.value.code
+    doc = ResultDocument.from_json(out.read_text())
+    assert {(j.impl, j.case.mode) for j in doc.jobs} == {
+        (i, m) for i in ("torch_layer", "layer:triton_chunk") for m in ("fwd", "fwd+bwd")
+    }
+    for job in doc.jobs:
+        assert job.status == "ok", (job.impl, job.status, job.reason)
+        assert all(r.passed for r in job.verification if r.gating), job.impl
+        assert any(r.check == "grad:w_gate" for r in job.verification) == (job.case.mode == "fwd+bwd")

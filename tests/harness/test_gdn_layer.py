@@ -39,7 +39,10 @@ def _failed(report) -> set[str]:  # type: ignore[no-untyped-def]
 def test_the_op_is_built_in_with_its_impls() -> None:
     assert OPS["gdn_layer"] is L.CONTRACT
     names = {i.name for i in registry.impls_for("gdn_layer")}
-    assert names == {"torch_layer", "layer:triton_chunk"}
+    gdn = {"torch_recurrent", "triton_chunk", "triton_chunk_split", "triton_chunk_auto"}
+    assert names == {"torch_layer", *(f"layer:{n}" for n in gdn)}
+    triton = registry.get_impl("gdn_layer", "layer:triton_chunk")
+    assert triton.constraint is registry.get_impl("gdn", "triton_chunk").constraint and not triton.varlen
     dims = {**DIMS, "T": 3}
     assert L.CONTRACT.state.shape(dims) == (1, 3 * (2 * 2 * 4 + 2 * 4) + 2 * 4 * 4)
     assert L.CONTRACT.arg("conv_v").shape(dims) == (1, 4, 2, 4)
@@ -66,8 +69,9 @@ def test_the_conv_history_is_the_last_three_projections() -> None:
     assert torch.allclose(history[..., :8], q)
 
 
-def test_torch_layer_passes_the_gate_with_every_gradient() -> None:
-    report = _gate(registry.get_impl("gdn_layer", "torch_layer"))
+@pytest.mark.parametrize("impl", ["torch_layer", "layer:torch_recurrent"])
+def test_torch_impls_pass_the_gate_with_every_gradient(impl: str) -> None:
+    report = _gate(registry.get_impl("gdn_layer", impl))
     assert report.passed, [f"{r.check} {r.regime} {r.detail}" for r in report.failures]
     grads = {r.check for r in report.records if r.check.startswith("grad:")}
     assert grads == {f"grad:{n}" for n in L.CONTRACT.grad_inputs}

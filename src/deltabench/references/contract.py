@@ -56,6 +56,9 @@ class ArgSpec:
     """One tensor of an op: its name, its layout over the op's dims, its dtype rule and whether it has a gradient.
 
     `layout` may be given as a string of one-letter dims (``"BTHK"``); it is kept as a tuple of dim names.
+    `extent`, where given, is the tensor's shape as a function of the dims, for a tensor whose extents are not
+    dims themselves (a conv kernel's width, several tensors packed into one): `layout` then names the dims it
+    depends on, the batch dim first.
     """
 
     name: str
@@ -63,6 +66,7 @@ class ArgSpec:
     dtype: str = "float"
     differentiable: bool = True
     optional: bool = False
+    extent: Callable[[Mapping[str, int]], tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layout, str):
@@ -74,6 +78,8 @@ class ArgSpec:
 
     def shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
         """The tensor's shape at `dims`."""
+        if self.extent is not None:
+            return tuple(int(n) for n in self.extent(dims))
         return tuple(int(dims[d]) for d in self.layout)
 
     def numel(self, dims: Mapping[str, int]) -> int:
@@ -87,7 +93,7 @@ class ArgSpec:
     @property
     def sequence(self) -> bool:
         """True when the tensor runs along time (``T`` its second dim): the streaming check splits it."""
-        return len(self.layout) > 1 and self.layout[1] == "T"
+        return self.extent is None and len(self.layout) > 1 and self.layout[1] == "T"
 
 
 # A work model: (contract, dims, bytes of the case's float dtype, mode) -> {"flops": ..., "bytes": ...}.

@@ -493,8 +493,8 @@ def make_inputs(
     weights and ``key_weighted_decay=True``); ``strong`` (the collisions regime's slots with gdn's strong gates:
     even heads ``g ~ U[-5, -0.5]`` per token, odd heads ``U[-1e-3, 0]``, so a slot written by most tokens of a
     64-token chunk sums a log-decay near -120 there, past float32's exp range, which a chunked kernel factoring
-    ``exp(L_t - L_t')`` into ``exp(L_t) exp(-L_t')`` does not survive). Write and read weights are L2-normalised per token (as product-key
-    scores after a normalisation), v ~ N(0, 1), beta = sigmoid(randn).
+    ``exp(L_t - L_t')`` into ``exp(L_t) exp(-L_t')`` does not survive). Write and read weights are L2-normalised
+    per token (as product-key scores after a normalisation), v ~ N(0, 1), beta = sigmoid(randn).
 
     Returns a dict with ``k_idx, k_val, q_idx, q_val, v, g, beta``, ``num_slots`` and ``key_weighted_decay``, and if
     asked ``initial_bank`` (float32, entries ~ N(0, 1/D)).

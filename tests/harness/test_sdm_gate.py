@@ -163,6 +163,43 @@ def test_planted_decay_bugs_are_rejected_by_the_gate(bad: str, monkeypatch: pyte
     assert max(r.value / r.threshold for r in failed) > 10  # rejected by a clear factor, not on the edge
 
 
+def factored_pair_decay(mask: torch.Tensor, L_row: torch.Tensor, L_col: torch.Tensor) -> torch.Tensor:
+    """torch_chunk's pair decay computed as ``exp(L_row) * exp(-L_col)``: exact in real numbers, but
+    ``exp(-L_col)`` overflows float32 once a slot's log-decay in the chunk passes -88."""
+    zero = torch.zeros((), device=mask.device)
+    return torch.where(mask, L_row[..., :, None].exp() * (-L_col[..., None, :]).exp(), zero)
+
+
+def test_a_factored_pair_decay_is_rejected_by_the_strong_regime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The factored form passes every other regime (a slot's decay within a chunk stays far from float32's exp
+    range there) and fails the strong one, which the gate runs by default."""
+    monkeypatch.setattr(chunk_module, "_pair_decay", factored_pair_decay)
+    others = [r for r in sdm.SDM_REGIMES if r != "strong"]
+    assert _gate(sdm_torch_chunk, regimes=others, T=70).passed
+    report = _gate(sdm_torch_chunk, T=70)
+    failed = [r for r in report.failures if r.check in ("output", "final_state")]
+    assert failed and {r.regime for r in failed} == {"strong"}, _failed(report)
+
+
+def test_a_bank_rounded_to_bf16_every_token_is_rejected_at_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At bf16 the float32 banks of torch_recurrent and torch_chunk pass sdm's state bound (1e-4, tolerances.py);
+    the same loop rounding its bank to bf16 after every token fails it in every regime."""
+    case = Case("sdm", **{**SHAPE, "T": 70}, dtype="bf16", mode="fwd")
+    for name in ("torch_recurrent", "torch_chunk"):
+        report = verify_case(registry.get_impl("sdm", name), case, seeds=1, extra_seed=False)
+        assert report.passed, (name, [f"{r.check} {r.regime} {r.detail}" for r in report.failures])
+    real = recurrent_module.sdm_step
+
+    def bf16_bank(*args):  # type: ignore[no-untyped-def]
+        y, bank = real(*args)
+        return y, bank.to(torch.bfloat16).float()
+
+    monkeypatch.setattr(recurrent_module, "sdm_step", bf16_bank)
+    report = verify_case(registry.get_impl("sdm", "torch_recurrent").fn, case, seeds=1, extra_seed=False)
+    failed = {r.regime for r in report.failures if r.check == "final_state"}
+    assert failed == set(sdm.SDM_REGIMES), _failed(report)
+
+
 def test_read_before_write_in_the_token_loop_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     real = recurrent_module.sdm_step
 
@@ -199,8 +236,12 @@ def test_bad_shapes_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], sha
 
 def test_bad_regime_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "verify", "--op", "sdm", "--impl", "torch_chunk", "--shape", SMALL,
-                           "--regime", "strong")  # fmt: skip
-    assert code == 2 and "use typical, collisions, long, key_weighted" in err and len(err.strip().splitlines()) == 1
+                           "--regime", "bursty")  # fmt: skip
+    assert (
+        code == 2
+        and "use typical, collisions, long, key_weighted, strong" in err
+        and len(err.strip().splitlines()) == 1
+    )
 
 
 BAD_CALLS = {  # what each sdm impl (and the oracle) refuses with a one-line ValueError

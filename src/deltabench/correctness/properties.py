@@ -64,7 +64,15 @@ def compare_runs(
             records += _compare_by_sequence(check, x, r, case, family=family, profile=profile, where=where)
             continue
         # The bound of the regime the inputs were drawn in, and of the tensor's size (tolerances.py).
-        bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=r.numel())
+        bound = threshold(
+            case.dtype,
+            family or check,
+            profile=profile,
+            regime=case.regime,
+            numel=r.numel(),
+            op=case.op,
+            dims=case.dims,
+        )
         records += compare(check, x, r, threshold=bound, **where)
     return records
 
@@ -103,7 +111,15 @@ def _compare_by_sequence(
             x.narrow(axis, bounds[i], bounds[i + 1] - bounds[i]),
             r.narrow(axis, bounds[i], bounds[i + 1] - bounds[i]),
         )
-        bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=ri.numel())
+        bound = threshold(
+            case.dtype,
+            family or check,
+            profile=profile,
+            regime=case.regime,
+            numel=ri.numel(),
+            op=case.op,
+            dims=case.dims,
+        )
         ratio = rel_fro(xi, ri) / bound
         if worst is None or not ratio <= worst[0]:  # a NaN ratio is worst
             worst = (ratio, i)
@@ -111,7 +127,9 @@ def _compare_by_sequence(
     i = worst[1]
     n = bounds[i + 1] - bounds[i]
     xi, ri = x.narrow(axis, bounds[i], n), r.narrow(axis, bounds[i], n)
-    bound = threshold(case.dtype, family or check, profile=profile, regime=case.regime, numel=ri.numel())
+    bound = threshold(
+        case.dtype, family or check, profile=profile, regime=case.regime, numel=ri.numel(), op=case.op, dims=case.dims
+    )
     out = []
     for rec in compare(check, xi, ri, threshold=bound, **where):
         index = list(rec.worst_index or [])

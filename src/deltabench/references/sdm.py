@@ -50,7 +50,7 @@ __all__ = [
     "sdm_recurrent",
 ]
 
-SDM_REGIMES = ("typical", "collisions", "long", "key_weighted")
+SDM_REGIMES = ("typical", "collisions", "long", "key_weighted", "strong")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,8 +490,11 @@ def make_inputs(
     Regimes: ``typical`` (W distinct slots per token drawn uniformly from S, logsigmoid gates); ``collisions``
     (every token draws its slots from the same ``min(S, W + W // 2 + 1)`` slots, so each slot is hit by most tokens
     of a chunk); ``long`` (uniform slots, gates in ``[-0.05, 0]``); ``key_weighted`` (typical, non-negative write
-    weights and ``key_weighted_decay=True``). Write and read weights are L2-normalised per token (as product-key
-    scores after a normalisation), v ~ N(0, 1), beta = sigmoid(randn).
+    weights and ``key_weighted_decay=True``); ``strong`` (the collisions regime's slots with gdn's strong gates:
+    even heads ``g ~ U[-5, -0.5]`` per token, odd heads ``U[-1e-3, 0]``, so a slot written by most tokens of a
+    64-token chunk sums a log-decay near -120 there, past float32's exp range, which a chunked kernel factoring
+    ``exp(L_t - L_t')`` into ``exp(L_t) exp(-L_t')`` does not survive). Write and read weights are L2-normalised
+    per token (as product-key scores after a normalisation), v ~ N(0, 1), beta = sigmoid(randn).
 
     Returns a dict with ``k_idx, k_val, q_idx, q_val, v, g, beta``, ``num_slots`` and ``key_weighted_decay``, and if
     asked ``initial_bank`` (float32, entries ~ N(0, 1/D)).
@@ -501,7 +504,7 @@ def make_inputs(
     if W > S or R > S:
         raise ValueError(f"W={W} and R={R} must not exceed S={S}")
     gen = _in.generator(seed)
-    pool = min(S, W + W // 2 + 1) if regime == "collisions" else S
+    pool = min(S, W + W // 2 + 1) if regime in ("collisions", "strong") else S
     k_idx = _distinct_slots(gen, (B, T, H), pool, W)
     q_idx = _distinct_slots(gen, (B, T, H), max(pool, R), R)
     k_val = _in.l2norm(_in.randn(gen, B, T, H, W))
@@ -511,7 +514,7 @@ def make_inputs(
         "k_val": k_val,
         "q_val": _in.l2norm(_in.randn(gen, B, T, H, R)),
         "v": _in.randn(gen, B, T, H, D),
-        "g": _in.log_decay(gen, "long" if regime == "long" else "typical", B, T, H),
+        "g": _in.log_decay(gen, regime if regime in ("long", "strong") else "typical", B, T, H),
         "beta": _in.strength(gen, B, T, H),
     }
     if initial_bank:

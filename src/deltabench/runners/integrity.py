@@ -391,7 +391,15 @@ class TimedCallGuard:
                 if have is None or tuple(have.shape) != tuple(want.shape):
                     problems.append(f"call {snap.index}: {name} missing or of shape {getattr(have, 'shape', None)}")
                     continue
-                bound = threshold(self.case.dtype, name, profile=profile, regime=self.case.regime, numel=want.numel())
+                bound = threshold(
+                    self.case.dtype,
+                    name,
+                    profile=profile,
+                    regime=self.case.regime,
+                    numel=want.numel(),
+                    op=self.case.op,
+                    dims=self.case.dims,
+                )
                 err = rel_fro(have, want)
                 worst = max(worst, err)
                 if not err <= bound:

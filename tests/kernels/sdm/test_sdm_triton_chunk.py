@@ -25,6 +25,7 @@ CASES = [  # (B, T, H, S, D, W, R, C, regime, initial_bank)
     (1, 19, 2, 16, 4, 3, 2, 8, "collisions", True),  # ragged: chunks of 8, 8, 3
     (2, 5, 1, 12, 3, 2, 3, 8, "key_weighted", False),  # T inside one chunk
     (1, 16, 1, 20, 5, 4, 4, 8, "typical", True),  # T at a chunk multiple
+    (1, 70, 2, 8, 4, 4, 2, 64, "strong", True),  # a slot's log-decay in a chunk of 64 far past float32's exp range
 ]
 IDS = [f"B{c[0]}-T{c[1]}-H{c[2]}-S{c[3]}-D{c[4]}-W{c[5]}-R{c[6]}-C{c[7]}-{c[8]}-h0{int(c[9])}" for c in CASES]
 
@@ -134,6 +135,7 @@ GRAD_CASES = [  # (B, T, H, S, D, W, R, C, regime, initial_bank)
     (1, 21, 1, 16, 40, 3, 3, 8, "long", True),  # D = 40: two column slices in the reverse walk
     (1, 13, 3, 10, 4, 3, 2, 8, "key_weighted", False),  # ragged, odd H
     (1, 12, 1, 6, 4, 3, 3, 4, "collisions", False),  # W = R = S / 2: every slot in every chunk
+    (1, 70, 2, 8, 4, 4, 2, 64, "strong", False),  # strong decays accumulated over a chunk of 64
 ]
 GRAD_IDS = [f"B{c[0]}-T{c[1]}-H{c[2]}-S{c[3]}-D{c[4]}-W{c[5]}-R{c[6]}-C{c[7]}-{c[8]}-h0{int(c[9])}" for c in GRAD_CASES]
 

@@ -57,16 +57,23 @@ def _family(check: str) -> str:
     return "grad" if check.startswith("grad") else check.split(":")[0]
 
 
-def _shape_for(op: str, given: list[str], default: str | None) -> dict[str, int] | None:
-    """The dims of `op` from the first of `given` whose dims are all `op`'s, else from `default` (None: none)."""
+def _shape_for(op: str, given: list[str], default: str | None, others: list[set[str]]) -> dict[str, int] | None:
+    """The dims of `op` from the first of `given` whose dims are all `op`'s, else from `default` (None: none).
+
+    A shape naming only some of `op`'s dims is bad input, unless it names all the dims of an op in `others` with
+    fewer dims (gdn's B, T, H, K, V shape is gdn's, not an incomplete shape of gdn_layer, which adds D)."""
     from deltabench.harness.cases import parse_shape
     from deltabench.harness.ops import get_op
     from deltabench.references.contract import parse_dims
 
     dims = set(get_op(op).dims)
     for text in given:
-        if set(parse_dims(text)) <= dims:
-            return parse_shape(text, op)  # a shape naming only this op's dims but incomplete is bad input
+        named = set(parse_dims(text))
+        if not named <= dims:
+            continue
+        if any(named <= other and len(other) < len(dims) for other in others):
+            continue
+        return parse_shape(text, op)
     return parse_shape(default, op) if default is not None else None
 
 
@@ -162,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             load_module(spec)
         impls = all_impls()
         shapes: dict[str, tuple[dict[str, int] | None, dict[str, int] | None]] = {}
-        for op in dict.fromkeys(i.op for i in impls):
+        ops = list(dict.fromkeys(i.op for i in impls))
+        for op in ops:
             small, wide = DEFAULT_SHAPES.get(tuple(get_op(op).dims), (None, None))
-            shapes[op] = (_shape_for(op, args.shape, small), _shape_for(op, args.wide_shape, wide))
+            others = [set(get_op(o).dims) for o in ops if o != op]
+            shapes[op] = (_shape_for(op, args.shape, small, others), _shape_for(op, args.wide_shape, wide, others))
     except (BadInput, ValueError) as exc:
         print(f"verify_sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -109,15 +109,18 @@ def _print_impls(console: Any, rows: list[dict[str, Any]], device: str) -> None:
         padding=(0, 1),
         collapse_padding=True,
     )
+    # Wider than the console (80 columns when piped), a cell folds onto a second line: no header or value is cut.
+    # Wider than the console (80 columns when piped), a cell folds onto a second line (devices and dtypes at their
+    # commas): no header or value is cut short.
     for col in ("op", "impl", "backend", "devices", "dtypes", "bwd", "varlen", "here"):
-        table.add_column(col, no_wrap=True)
+        table.add_column(col, overflow="fold", min_width=len(col))
     for r in rows:
-        dtypes = "all" if sorted(r["dtypes"]) == sorted(_ALL_DTYPES) else ",".join(r["dtypes"])
+        dtypes = "all" if sorted(r["dtypes"]) == sorted(_ALL_DTYPES) else ", ".join(r["dtypes"])
         table.add_row(
             r["op"],
             r["impl"],
             r["backend"],
-            ",".join(r["devices"]),
+            ", ".join(r["devices"]),
             dtypes,
             "yes" if r["backward"] else "no",
             "yes" if r["varlen"] else "no",  # takes packed sequences (cu_seqlens)

@@ -282,7 +282,10 @@ def test_ctrl_c_says_how_many_jobs_were_saved_and_where(tmp_path: Path) -> None:
         "--no-db",
     ]
     with open(tmp_path / "err.log", "w") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        # A shell's background job (CI started with `&`) ignores SIGINT, and so would the run it starts: the child
+        # takes the default disposition back, as a run started from a terminal has it.
+        default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=default_sigint)
         deadline = time.monotonic() + 120
         while "[1/30]" not in (tmp_path / "err.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.05)

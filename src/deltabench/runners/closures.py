@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from deltabench.harness.cases import Case
+from deltabench.harness.cases import Case, has_backward
 from deltabench.harness.ops import get_op
 from deltabench.harness.registry import Impl
 from deltabench.references._inputs import generator, randn
@@ -49,7 +49,7 @@ def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Su
     options = {n: x for n, x in inputs.items() if not isinstance(x, torch.Tensor)}
     if CU_SEQLENS in inputs:  # packed sequences: their offsets go by keyword, as in the gate's calls
         options[CU_SEQLENS] = inputs[CU_SEQLENS]
-    if case.mode in ("fwd", "decode"):  # a decode step is a forward from the state its inputs hold
+    if not has_backward(case.mode):  # fwd, and decode: a forward from the state its inputs hold
         args = [inputs[n] for n in spec.args]
         h0 = {state_arg: inputs.get(state_arg), **options}
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from deltabench.harness.cases import has_backward
 from deltabench.harness.document import MemoryStats, TimingStats
 from deltabench.kernels.common.jax import jax_bridge
 
@@ -195,7 +196,7 @@ def run_timing(
     h0 = None if h0 is None else _to_jax(h0, device)
 
     t0 = time.perf_counter()
-    if case.mode in ("fwd", "decode"):  # a decode step is a forward from the state its inputs hold
+    if not has_backward(case.mode):  # fwd, and decode: a forward from the state its inputs hold
         compiled = ops.jax_fn.lower(*args, initial_state=h0).compile()
         fn = lambda: compiled(*args, initial_state=h0)
     else:

@@ -6,8 +6,6 @@ the spread between their repetitions when there is no history.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -49,53 +47,69 @@ def _cli(*args: str) -> int:
     return int(exc.value.code)
 
 
-@pytest.fixture(scope="module")
-def stored_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, ResultDocument, ResultDocument]:
-    """Two real runs of the same code, each with --repeat 5, stored in one SQLite file and written as documents.
+def _alternate_repetitions(doc: ResultDocument, parity: int) -> ResultDocument:
+    """`doc`'s repetitions of one parity (0: the 1st, 3rd, ...; 1: the 2nd, 4th, ...) as a run of their own."""
+    from deltabench.runners.timing import merge_repetitions, summarize
 
-    The two run at the same time, one thread each on this machine's cores: whatever slows the machine meanwhile
-    slows both. One after the other, a microsecond op's two runs on the CI machine once differed by 37% in all of
-    their repetitions (a drift between the runs, not a spread within them), which the gate without history rightly
-    calls a regression; a user on such a machine interleaves base and head (`run --base-ref`)."""
+    jobs = []
+    for job in doc.jobs:
+        t = job.timing
+        per = [
+            summarize([x for x, i in zip(t.samples_ms, t.repetitions, strict=True) if i == r], clock=t.clock)
+            for r in range(parity, t.n_repetitions, 2)
+        ]
+        jobs.append(job.model_copy(update={"timing": merge_repetitions(per), "job_id": uuid.uuid4().hex}))
+    meta = {**doc.meta, "repeat": len(per)}
+    return ResultDocument(environment=doc.environment, suite=doc.suite, jobs=jobs, meta=meta)
+
+
+@pytest.fixture(scope="module")
+def stored_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, str, ResultDocument, ResultDocument, ResultDocument]:
+    """A real run of the same code with --repeat 10, its alternate repetitions as two runs of 5 (base: the odd
+    rounds, head: the even ones), all three stored in one SQLite file.
+
+    Two runs of the same code made at different minutes, even side by side, differed by 37-45% in all of their
+    repetitions on the loaded CI machine (a drift between the runs, not a spread within them), which the gate
+    without history rightly calls a regression (a user on such a machine interleaves base and head: `run
+    --base-ref`). Alternate rounds of one run saw the same minutes, as interleaved runs do."""
     tmp = tmp_path_factory.mktemp("repeat")
     suite = tmp / "repeat.toml"
     suite.write_text(SUITE)
     db = str(tmp / "store.db")
-    outs = [tmp / f"{name}.json" for name in ("base", "head")]
-    run = [sys.executable, "-m", "deltabench.cli.app", "run", "--suite", str(suite), "--repeat", str(REPEAT)]
-    runs = [
-        subprocess.Popen(
-            [*run, "--out", str(out), "--no-db", "-q"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for out in outs
-    ]
-    for proc in runs:
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, output[-3000:]
-    for out in outs:
-        assert _cli("ingest", "--db", db, str(out)) == 0
-    base, head = (ResultDocument.from_json(out.read_text()) for out in outs)
-    return tmp, db, base, head
+    out = tmp / "run.json"
+    assert _cli("run", "--suite", str(suite), "--repeat", str(2 * REPEAT), "--out", str(out), "--no-db", "-q") == 0
+    assert _cli("ingest", "--db", db, str(out)) == 0
+    run = ResultDocument.from_json(out.read_text())
+    base, head = (_alternate_repetitions(run, parity) for parity in (0, 1))
+    from deltabench.db.engine import dispose_engines, get_engine, session_scope
+    from deltabench.db.ingest import ingest_document
+
+    try:
+        with session_scope(get_engine(db)) as session:
+            for doc in (base, head):
+                ingest_document(session, doc)
+    finally:
+        dispose_engines()
+    return tmp, db, run, base, head
 
 
 def test_a_repeated_run_stores_every_repetition_and_gates_once(stored_runs) -> None:
-    _, db, base, _ = stored_runs
-    (job,) = base.jobs
+    _, db, run, _, _ = stored_runs
+    (job,) = run.jobs
     t = job.timing
-    assert job.status == "ok" and base.meta["repeat"] == REPEAT
-    assert len(t.repetitions) == len(t.samples_ms) and sorted(set(t.repetitions)) == list(range(REPEAT))
-    assert all(t.repetitions.count(r) >= 10 for r in range(REPEAT))  # each repetition took its own min_reps
+    assert job.status == "ok" and run.meta["repeat"] == 2 * REPEAT
+    assert len(t.repetitions) == len(t.samples_ms) and sorted(set(t.repetitions)) == list(range(2 * REPEAT))
+    assert all(t.repetitions.count(r) >= 10 for r in range(2 * REPEAT))  # each repetition took its own min_reps
     assert job.verification and all(r.passed for r in job.verification if r.gating)
     from deltabench.db.engine import dispose_engines, get_engine, session_scope
     from deltabench.db.queries import load_comparison_input, load_run_document
 
     try:
         with session_scope(get_engine(db)) as session:
-            stored = load_run_document(session, base.run_id).jobs[0].timing
-            lean = load_comparison_input(session, run_id=base.run_id).jobs[0].timing
+            stored = load_run_document(session, run.run_id).jobs[0].timing
+            lean = load_comparison_input(session, run_id=run.run_id).jobs[0].timing
     finally:
         dispose_engines()
     assert stored.repetitions == t.repetitions and stored.samples_ms == t.samples_ms
@@ -166,7 +180,7 @@ def test_the_gate_judges_repeated_runs_by_their_within_run_spread(stored_runs) -
     samples fails, its reason naming the within-run spread; the same runs cut to one repetition cannot tell. (Built
     from the base's, not the head's: two real runs of a microsecond op on a loaded CI machine differed by 32%, which
     a slowdown built on the head carries into the measured change.)"""
-    tmp, db, base, head = stored_runs
+    tmp, db, _, base, head = stored_runs
     out = tmp / "cmp.json"
     code = _cli("gate", "--base", base.run_id, "--head", head.run_id, "--db", db, "--json", str(out))
     (row,) = json.loads(out.read_text())["rows"]

@@ -9,6 +9,7 @@ from deltabench.db import queries
 from deltabench.db.engine import session_scope
 from deltabench.db.ingest import ingest_document, pack_samples, unpack_samples
 from deltabench.db.models import Check, Environment, Machine, Result, ResultSamples, Run
+from deltabench.harness.document import HARDWARE_CHECKS, CheckRecord
 
 
 def _count(engine, model) -> int:  # type: ignore[no-untyped-def]
@@ -28,16 +29,26 @@ def test_round_trip_is_exact(engine, factory) -> None:  # type: ignore[no-untype
 
 
 def test_check_scopes_load_only_what_a_page_shows(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    """A page loads the records of failed jobs and the GPU state of timed GPU jobs, not every passing record."""
     doc = factory.document()
     assert any(j.status == "ok" and j.verification for j in doc.jobs)
     assert any(j.status != "ok" and j.verification for j in doc.jobs)
+    gpu = doc.jobs[0]
+    assert gpu.status == "ok"
+    gpu.device = "cuda"
+    state = [
+        CheckRecord(check=name, metric="m", value=1980.0, threshold=None, passed=True, gating=False, detail="SM")
+        for name in HARDWARE_CHECKS
+    ]
+    gpu.verification = [*gpu.verification, *state]
     with session_scope(engine) as s:
         ingest_document(s, doc)
         failed_only = queries.load_run_document(s, doc.run_id, checks="failed_jobs")
         no_checks = queries.load_run_document(s, doc.run_id, checks="none")
         with pytest.raises(ValueError, match="checks_scope"):
             queries.load_run_document(s, doc.run_id, checks="some")
-    for stored, loaded in zip(doc.jobs, failed_only.jobs, strict=True):
+    assert failed_only.jobs[0].verification == state
+    for stored, loaded in zip(doc.jobs[1:], failed_only.jobs[1:], strict=True):
         assert loaded.verification == ([] if stored.status == "ok" else stored.verification)
     assert all(job.verification == [] for job in no_checks.jobs)
     # everything but the records is the exact document

@@ -93,3 +93,25 @@ def test_a_row_without_a_test_shows_no_p_value(app_client, db_url, build) -> Non
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.DOTALL)
     assert "too few samples" in cells[-1]
     assert cells[9] == "-", cells  # the p column
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_run_page_shows_the_gpu_state_beside_the_timing(app_client, db_url, build) -> None:
+    """A job timed with NVML's readings (two of its twelve windows power-capped or below the clock norm) shows its SM
+    clock and the windows left out under its time, the records' details as the tooltip; a job without shows none."""
+    from deltabench.runners.hwstate import WindowState, filter_samples, hardware_records
+
+    ok = WindowState(1980.0, 3201.0, 520.0, 61.0, reasons=0)
+    states = [ok] * 5 + [WindowState(1980.0, 3201.0, 700.0, 63.0, reasons=0x4)] + [ok] * 5
+    states.append(WindowState(1700.0, 3201.0, 450.0, 60.0, reasons=0))
+    _, record = filter_samples([[1.0, 1.01]] * 12, states)
+    timed = build.job(impl="triton_chunk")
+    timed.device = "cuda"
+    timed.verification = [*timed.verification, *hardware_records(record)]
+    doc = build.document(jobs=[timed, build.job(impl="torch_chunk")])
+    client = app_client()
+    assert client.post("/api/v1/runs", json=build.body(doc), headers=_auth(build.token(db_url))).status_code == 201
+    page = client.get(f"/runs/{doc.run_id}").text
+    assert page.count('class="muted hardware"') == 1
+    assert "SM 1980 MHz" in page and "2 throttled windows left out" in page
+    assert "2 of 12 windows excluded (sw_power_cap 1, SM clock below 97% of 1980 MHz 1)" in page

@@ -8,6 +8,7 @@ print, save and store the documents, summarize.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import sys
@@ -443,13 +444,15 @@ def run_suite(
     base_out: Path | None = None,
     max_repeat: int | None = None,
     seqlens: str | None = None,
+    lock_clocks: int | None = None,
 ) -> int:
     """Run `suite` (a shipped suite's name or a .toml path), narrowed to `impls`, `ops`, `shapes` and `modes` when
     given (with `seqlens`, ``17,64,1,218``, its shapes of B = 1 and T = their sum packing those sequences, the
     others left out): gate each job on correctness, time it, print the results in `fmt`, write them to `out` and
     store them (in `db`, unless `no_db`). With `base_ref`, also run every job on that git ref's code, interleaved;
     `repeat` ``"auto"`` (with `base_ref`) adds repetitions, up to `max_repeat`, only to the jobs the gate cannot yet
-    tell (``regression.sequential``).
+    tell (``regression.sequential``). `lock_clocks` (MHz, CUDA only) locks the GPUs' SM clock for the run where the
+    driver allows it; the environment records whether it did (``runners.hwstate.locked_clocks``).
 
     Returns:
         1 when any job was incorrect, failed, timed out or ran out of memory (unsupported is fine), else 0.
@@ -483,6 +486,8 @@ def run_suite(
 
         loaded = loaded.packed(parse_seqlens(seqlens))
     dev = _pick_device(device, loaded.device)
+    if lock_clocks is not None and (not dev.startswith("cuda") or not 100 <= lock_clocks <= 5000):
+        raise BadInput(f"--lock-clocks {lock_clocks}: give an SM clock in MHz (100 to 5000) for a run on cuda")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     plan = plan_run(
@@ -503,16 +508,21 @@ def run_suite(
     if not no_db:
         _check_store(db)
     console = Console(stderr=True)
-    docs = _execute(
-        plan,
-        f"suite {loaded.name} on {dev}",
-        console,
-        quiet=quiet,
-        out=out,
-        base_ref=base_ref,
-        base_out=base_out,
-        auto=auto,
-    )
+    with contextlib.ExitStack() as stack:
+        if lock_clocks is not None:
+            from deltabench.runners.hwstate import locked_clocks
+
+            console.print(f"clocks: {stack.enter_context(locked_clocks(lock_clocks))}")
+        docs = _execute(
+            plan,
+            f"suite {loaded.name} on {dev}",
+            console,
+            quiet=quiet,
+            out=out,
+            base_ref=base_ref,
+            base_out=base_out,
+            auto=auto,
+        )
     _print_results(docs[0], fmt)
     _save(docs, [out, base_out], console, db=db, no_db=no_db)
     if base_ref is not None:
@@ -575,6 +585,12 @@ def run_command(
         help="Pack sequences of these lengths (cu_seqlens), e.g. 17,64,1,218: only the suite's shapes of B=1 "
         "and T = their sum run, packed.",
     ),
+    lock_clocks: int = typer.Option(
+        None,
+        "--lock-clocks",
+        help="Lock the GPUs' SM clock at this many MHz for the run (needs root or the driver's leave; the "
+        "environment records whether it was locked). Only on a machine no one else uses.",
+    ),
 ) -> int:
     """Run a suite: gate each job on correctness, time it, measure its memory, print and store the results.
 
@@ -600,6 +616,7 @@ def run_command(
         base_out=base_out,
         max_repeat=max_repeat,
         seqlens=seqlens,
+        lock_clocks=lock_clocks,
     )
 
 

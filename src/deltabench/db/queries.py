@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from deltabench.harness.document import (
+    HARDWARE_CHECKS,
     CaseSpec,
     CheckRecord,
     JobResult,
@@ -633,8 +634,8 @@ def _run_children(
     """A run's result rows (Core rows: several times cheaper than ORM objects), samples and checks.
 
     `checks_scope` bounds the verification records loaded: ``all``; ``failed_jobs`` (only those of jobs whose
-    status is not ``ok``: what a run page shows, without reading the ~100 passing records of every good job);
-    ``none``.
+    status is not ``ok``, and the GPU state of jobs on an accelerator, ``HARDWARE_CHECKS``: what a run page shows,
+    without reading the ~100 passing records of every good job); ``none``.
     """
     results_table, checks_table = Result.__table__, Check.__table__
     rows = session.execute(
@@ -660,7 +661,8 @@ def _run_children(
         .order_by(checks_table.c.result_id, checks_table.c.position)
     )
     if checks_scope == "failed_jobs":
-        query = query.where(results_table.c.status != "ok")
+        gpu_state = and_(results_table.c.device != "cpu", checks_table.c.check.in_(HARDWARE_CHECKS))
+        query = query.where(or_(results_table.c.status != "ok", gpu_state))
     for row in session.execute(query):
         checks.setdefault(row.result_id, []).append(_check_record(row))
     return rows, samples, checks

@@ -40,6 +40,7 @@ __all__ = [
     "CLOCK_SKEW",
     "EARLIEST_CREATED_AT",
     "GATE_ONLY",
+    "HARDWARE_CHECKS",
     "ID_PATTERN",
     "RESERVED_RUN_IDS",
     "SCHEMA_VERSION",
@@ -268,6 +269,10 @@ class CaseSpec(_Model):
         """``B8-T4096-H6-K128-V128`` (``B2-T100-D8`` for an op of dims B, T, D); packed sequences add their count
         and distribution, as harness/cases.Case.shape_id spells them."""
         return shape_id(self.dims, self.seqlens, self.seqlens_from)
+
+
+# The verification records of a job's GPU state while it was timed (runners/hwstate.py); they never gate.
+HARDWARE_CHECKS = ("hardware:clocks", "hardware:throttle")
 
 
 class CheckRecord(_Model):

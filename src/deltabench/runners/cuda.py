@@ -18,9 +18,10 @@ import torch
 
 from deltabench.harness.document import TimingStats
 
-from .timing import TIMING_DEFAULTS, Timed, TimerRequest, adaptive_samples, summarize
+from .hwstate import HardwareRecord, NvmlMonitor, hardware_records, sample_in_windows
+from .timing import TIMING_DEFAULTS, Timed, TimerRequest, summarize
 
-__all__ = ["L2_FLUSH_BYTES", "time_callable", "time_job"]
+__all__ = ["L2_FLUSH_BYTES", "device_monitor", "time_callable", "time_job"]
 
 # Larger than any current GPU's L2 (H200: 60 MiB), so writing it evicts the subject's inputs.
 L2_FLUSH_BYTES = 256 * 2**20
@@ -32,6 +33,23 @@ def _flush_buffer() -> torch.Tensor:
     if dev not in _flush_buffers:
         _flush_buffers[dev] = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     return _flush_buffers[dev]
+
+
+_monitors: dict[int, NvmlMonitor] = {}
+
+
+def device_monitor() -> NvmlMonitor:
+    """The NVML monitor of the current CUDA device, found by its PCI bus id (opened once per process)."""
+    dev = torch.cuda.current_device()
+    if dev not in _monitors:
+        p = torch.cuda.get_device_properties(dev)
+        bus = getattr(p, "pci_bus_id", None)
+        if bus is None:
+            _monitors[dev] = NvmlMonitor(None, None, "not available: torch does not give the device's PCI bus id")
+        else:
+            domain, device = getattr(p, "pci_domain_id", 0), getattr(p, "pci_device_id", 0)
+            _monitors[dev] = NvmlMonitor.open_pci(f"{domain:08x}:{bus:02x}:{device:02x}.0")
+    return _monitors[dev]
 
 
 def _event_measure(fn: Callable[[], Any], flush: torch.Tensor | None) -> Callable[[int], list[float]]:
@@ -114,12 +132,16 @@ def time_callable(
     cuda_graph: bool = TIMING_DEFAULTS.cuda_graph,
     graph_calls: int = TIMING_DEFAULTS.graph_calls,
     first_call_s: float | None = None,
+    hardware: list[HardwareRecord] | None = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the current CUDA device.
 
     Each sample is bracketed by CUDA events after an L2 flush (``l2_flush``); with ``cuda_graph`` the
     subject is captured ``graph_calls`` times in a CUDA graph and the flush's cost is subtracted. The
-    first call is timed on the host clock (``compile_s``) unless the caller passes `first_call_s`.
+    first call is timed on the host clock (``compile_s``) unless the caller passes `first_call_s`. The GPU's
+    clocks, power, temperature and throttle reasons are read after each batch of samples (NVML, where it is):
+    batches under a throttle or below the run's clock norm are left out (runners/hwstate.py); the record of
+    it is appended to `hardware` when given.
     """
     torch.cuda.synchronize()
     if first_call_s is None:
@@ -132,9 +154,19 @@ def time_callable(
         measure, clock = _graph_measure(fn, flush, graph_calls), "cuda_graph"
     else:
         measure, clock = _event_measure(fn, flush), "cuda_events"
-    got = adaptive_samples(
-        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
+    monitor = device_monitor()
+    got, record = sample_in_windows(
+        measure,
+        monitor.sample if monitor.available else None,
+        reason=monitor.reason,
+        budget_s=budget_s,
+        target_sem=target_sem,
+        min_reps=min_reps,
+        max_reps=max_reps,
+        warmup_s=warmup_s,
     )
+    if hardware is not None:
+        hardware.append(record)
     return summarize(
         got.samples_ms,
         clock=clock,
@@ -147,13 +179,15 @@ def time_callable(
 
 def time_job(request: TimerRequest) -> Timed:
     """The table's CUDA timer: `request`'s subject between CUDA events (graph replays with ``cuda_graph``), with the
-    job's settings."""
+    job's settings; its records are the GPU's state while it was timed (``hardware:*``)."""
     settings = request.settings
+    hardware: list[HardwareRecord] = []
     timing = time_callable(
         request.subject,
         **request.rules,
         l2_flush=settings.l2_flush,
         cuda_graph=settings.cuda_graph,
         first_call_s=request.first_call_s,
+        hardware=hardware,
     )
-    return Timed(timing)
+    return Timed(timing, records=tuple(r for rec in hardware for r in hardware_records(rec)))

@@ -238,6 +238,10 @@ def collect_environment(device: str = "cpu") -> Environment:
         driver, cuda = _nvidia_driver(), torch.version.cuda
         cap = torch.cuda.get_device_capability(0)
         extra = {"compute_capability": f"sm_{cap[0]}{cap[1]}"}
+        from .hwstate import clock_lock_note
+
+        if note := clock_lock_note():  # `run --lock-clocks`: locked, or why not
+            extra["clocks"] = note
     else:
         name, count, kind, driver, cuda, extra = cpu, 1, "cpu", None, None, {}
         extra["threads"] = str(torch.get_num_threads())

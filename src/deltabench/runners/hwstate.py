@@ -13,12 +13,18 @@ root or the driver's permission; when it is refused the reason is returned for t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from deltabench.harness.document import HARDWARE_CHECKS, CheckRecord
+
+from .timing import Collected, adaptive_samples
 
 __all__ = [
     "CLOCK_TOLERANCE",
@@ -26,10 +32,17 @@ __all__ = [
     "HardwareRecord",
     "NvmlMonitor",
     "WindowState",
+    "clock_lock_note",
     "filter_samples",
+    "hardware_records",
     "judge_windows",
     "lock_clocks",
+    "locked_clocks",
+    "sample_in_windows",
 ]
+
+
+CLOCKS_CHECK, THROTTLE_CHECK = HARDWARE_CHECKS
 
 # A window whose SM clock is below this fraction of the run's median SM clock is not at the run's norm: boost
 # clocks on an H200 move by a few tens of MHz around ~1980 MHz under load (about 1-2%), so 3% leaves that alone
@@ -165,6 +178,21 @@ class NvmlMonitor:
             return cls(None, None, f"not available: {exc}")
         return cls(pynvml, handle)
 
+    @classmethod
+    def open_pci(cls, bus_id: str) -> NvmlMonitor:
+        """A monitor of the GPU at PCI `bus_id` (``"0000:65:00.0"``; what CUDA calls device i under any
+        ``CUDA_VISIBLE_DEVICES``), or an unavailable one saying why."""
+        try:
+            import pynvml
+        except ImportError:
+            return cls(None, None, "not available: nvidia-ml-py is not installed")
+        try:
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except pynvml.NVMLError as exc:
+            return cls(None, None, f"not available: {exc}")
+        return cls(pynvml, handle)
+
     def sample(self) -> WindowState | None:
         """The device's state now (call at the end of each sample window); None when unavailable or NVML fails."""
         if self._handle is None:
@@ -196,3 +224,148 @@ def lock_clocks(monitor: NvmlMonitor, sm_mhz: int) -> str:
     except n.NVMLError as exc:
         return f"clocks not locked: {exc}"
     return ""
+
+
+def sample_in_windows(
+    measure: Callable[[int], list[float]],
+    state: Callable[[], WindowState | None] | None,
+    *,
+    reason: str = "",
+    **rules: Any,
+) -> tuple[Collected, HardwareRecord]:
+    """:func:`~deltabench.runners.timing.adaptive_samples` over `measure` with `rules`, reading `state` (the GPU's
+    state now, e.g. :meth:`NvmlMonitor.sample`) after each batch of samples: a batch is a sample window. The
+    collected samples are those :func:`filter_samples` keeps; the record says what was excluded. `state` None, or a
+    window it could not read: no hardware state (`reason` says why), every sample kept."""
+    windows: list[tuple[list[float], WindowState | None]] = []
+
+    def windowed(n: int) -> list[float]:
+        got = measure(n)
+        windows.append((got, state() if state is not None else None))
+        return got
+
+    got = adaptive_samples(windowed, **rules)
+    timed = windows[got.warmup :]  # each warm-up step is one measure(1); every later call a sample batch
+    if sum(len(w) for w, _ in timed) != len(got.samples_ms):
+        raise RuntimeError("sample windows do not add up to the samples collected")
+    states = [st for _, st in timed]
+    if state is None or any(st is None for st in states):
+        return got, HardwareRecord(available=False, reason=reason or "not available: a window's state was not read")
+    kept, record = filter_samples([w for w, _ in timed], states)  # type: ignore[arg-type]
+    return dataclasses.replace(got, samples_ms=kept), record
+
+
+def _mhz(spread: tuple[float, float, float] | None) -> str:
+    lo, mid, hi = spread or (0.0, 0.0, 0.0)
+    return f"{mid:.0f} MHz" if lo == hi else f"{lo:.0f}-{hi:.0f} MHz (median {mid:.0f})"
+
+
+def hardware_records(record: HardwareRecord) -> list[CheckRecord]:
+    """A job's hardware state as verification records (never gating, shown with its other records):
+    ``hardware:clocks`` (the median SM clock; clocks, power and temperature over the windows in its detail) and
+    ``hardware:throttle`` (the windows excluded from the level; failed when any was)."""
+    if not record.available:
+        return [
+            CheckRecord(
+                check=CLOCKS_CHECK,
+                metric="sm_mhz",
+                value=None,
+                threshold=None,
+                passed=True,
+                gating=False,
+                reference="nvml",
+                detail=record.reason,
+            )
+        ]
+    power = record.power_w or (0.0, 0.0, 0.0)
+    temp = record.temperature_c or (0.0, 0.0, 0.0)
+    clocks = (
+        f"SM {_mhz(record.sm_clock_mhz)}, memory {_mhz(record.mem_clock_mhz)}, {power[0]:.0f}-{power[2]:.0f} W, "
+        f"{temp[0]:.0f}-{temp[2]:.0f} C over {record.windows} sample windows"
+    )
+    why = [f"{name} {n}" for name, n in sorted(record.throttle_windows.items())]
+    if record.low_clock_windows:
+        why.append(
+            f"SM clock below {CLOCK_TOLERANCE:.0%} of {record.clock_norm_mhz:.0f} MHz {record.low_clock_windows}"
+        )
+    throttle = (
+        f"{record.excluded_windows} of {record.windows} windows excluded ({', '.join(why)}): "
+        f"{record.excluded_samples} samples left out of the level"
+        if record.excluded_windows
+        else f"no window throttled or below {CLOCK_TOLERANCE:.0%} of the run's {record.clock_norm_mhz or 0:.0f} MHz"
+    )
+    if record.reason:
+        throttle += f"; {record.reason}"
+    sm = record.sm_clock_mhz[1] if record.sm_clock_mhz else None
+    return [
+        CheckRecord(
+            check=CLOCKS_CHECK,
+            metric="sm_mhz",
+            value=sm,
+            threshold=None,
+            passed=True,
+            gating=False,
+            reference="nvml",
+            detail=clocks,
+        ),
+        CheckRecord(
+            check=THROTTLE_CHECK,
+            metric="windows",
+            value=float(record.excluded_windows),
+            threshold=0.0,
+            passed=record.excluded_windows == 0,
+            gating=False,
+            reference="nvml",
+            detail=throttle,
+        ),
+    ]
+
+
+_lock_note = ""  # what `locked_clocks` did, for the environment of the run it wraps
+
+
+def clock_lock_note() -> str:
+    """While :func:`locked_clocks` is active: "locked at N MHz" or why not; else ""."""
+    return _lock_note
+
+
+def _visible_indices(count: int) -> list[int]:
+    """NVML indices of the GPUs CUDA will use: ``CUDA_VISIBLE_DEVICES`` when it lists indices, else all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    return [int(p) for p in parts if p.isdigit() and int(p) < count]
+
+
+@contextlib.contextmanager
+def locked_clocks(sm_mhz: int) -> Iterator[str]:
+    """Lock the SM clock of the GPUs the run will use at `sm_mhz` for the block (``deltabench run --lock-clocks``),
+    and give them back to the driver after it; yields "locked at N MHz on GPUs ..." or why not (no NVML, no
+    permission: locking needs root or the driver's leave), which the run's environment records
+    (:func:`clock_lock_note`). Never on a machine others share: a lock outlives a killed run until the driver
+    resets it."""
+    global _lock_note
+    first = NvmlMonitor.open(0)
+    locked: list[NvmlMonitor] = []
+    if not first.available:
+        note = f"not locked: {first.reason}"
+    else:
+        count = int(first._nvml.nvmlDeviceGetCount())
+        monitors = [NvmlMonitor.open(i) for i in _visible_indices(count)]
+        refusals = [why for m in monitors if (why := lock_clocks(m, sm_mhz))]
+        locked = [m for m in monitors if m.available]
+        note = refusals[0] if refusals else f"locked at {sm_mhz} MHz on {len(locked)} GPU(s)"
+        if refusals:
+            locked = []  # a partial lock would make the GPUs differ: give every one back
+            for m in monitors:
+                with contextlib.suppress(Exception):
+                    m._nvml.nvmlDeviceResetGpuLockedClocks(m._handle)
+    _lock_note = note
+    try:
+        yield note
+    finally:
+        _lock_note = ""
+        for m in locked:
+            with contextlib.suppress(Exception):
+                m._nvml.nvmlDeviceResetGpuLockedClocks(m._handle)

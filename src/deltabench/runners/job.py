@@ -279,7 +279,7 @@ def execute(job: JobSpec) -> JobResult:
         result.memory = timed.memory if timed.memory is not None else mem
         result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
         result.status = "ok"
-        integrity.flag(result, checks)
+        integrity.flag(result, [*checks, *timed.records])
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):
             raise

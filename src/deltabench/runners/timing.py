@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deltabench.harness.document import MemoryStats, TimingStats
+from deltabench.harness.document import CheckRecord, MemoryStats, TimingStats
 from deltabench.harness.timing_defaults import TIMING_DEFAULTS, TimingDefaults, stopping_rules
 
 __all__ = [
@@ -305,6 +305,7 @@ class Timed:
     memory: MemoryStats | None = None
     note: str = ""
     guarded: bool = False  # the request's guard saw every timed call
+    records: tuple[CheckRecord, ...] = ()  # what the timer saw besides the time (the GPU's state: hardware:*)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from deltabench.db import queries
-from deltabench.harness.document import JobResult, ResultDocument
+from deltabench.harness.document import HARDWARE_CHECKS, JobResult, ResultDocument
 from deltabench.harness.errors import BadInput
 
 from . import schemas
@@ -89,6 +89,20 @@ def _failing_checks(job: JobResult) -> list[dict[str, Any]]:
     ]
 
 
+def _hardware(job: JobResult) -> dict[str, Any] | None:
+    """The GPU's state while the job was timed, from its ``hardware:*`` records: the median SM clock, the windows
+    left out of the level, and the records' details for a tooltip; None when it has none (a CPU job)."""
+    found = {r.check: r for r in job.verification if r.check in HARDWARE_CHECKS}
+    if not found:
+        return None
+    clocks, throttle = (found.get(name) for name in HARDWARE_CHECKS)
+    return {
+        "sm_mhz": clocks.value if clocks else None,
+        "excluded_windows": int(throttle.value or 0) if throttle else 0,
+        "detail": "; ".join(r.detail for r in found.values() if r.detail),
+    }
+
+
 def run_tables(doc: ResultDocument) -> list[OpTable]:
     """Per op the impl x case pivot of a run, each cell with the figures ``harness.report`` computes."""
     from deltabench.harness.document import unknown_op_reason
@@ -112,7 +126,13 @@ def run_tables(doc: ResultDocument) -> list[OpTable]:
         if job.impl not in table.impls:
             table.impls.append(job.impl)
         case = f"{job.case.shape_id} {job.case.dtype} {job.case.mode}"
-        cell = dict(row, failing_checks=_failing_checks(job), n_checks=len(job.verification), job_id=job.job_id)
+        cell = dict(
+            row,
+            failing_checks=_failing_checks(job),
+            n_checks=len(job.verification),
+            job_id=job.job_id,
+            hardware=_hardware(job),
+        )
         # A retried job appears twice: the later attempt replaces the earlier one.
         cells[op].setdefault(case, {})[job.impl] = cell
     for op, table in tables.items():

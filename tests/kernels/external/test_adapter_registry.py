@@ -218,5 +218,5 @@ def test_flashinfer_gates_give_back_g_and_beta(dtype):
     assert torch.all((g_back - g).abs() <= bound), ((g_back - g).abs() - bound).max()
     assert torch.equal(g_back[2], g[2])  # g = 0 exactly
     beta_back = torch.sigmoid(b.float())
-    assert torch.allclose(beta_back, beta.float(), rtol=0, atol=eps)
+    assert torch.allclose(beta_back, beta.float(), rtol=0, atol=eps / 4)  # beta(1 - beta) |logit beta| <= 0.23
     assert beta_back[0, 0, 0] == 0 and torch.all(beta_back[2] == 1)

@@ -46,9 +46,10 @@ def _native_calls(name: str, case: Case, copies: int) -> list[Callable[[], Any]]
     if name not in ("flashinfer_decode", "flashinfer_mtp"):
         return None
     decode = importlib.import_module("flashinfer.gdn_decode")
+    inputs = make_case_inputs(get_op(case.op), case)
     calls = []
     for _ in range(copies):
-        x = make_case_inputs(get_op(case.op), case)
+        x = {n: t.clone() for n, t in inputs.items() if isinstance(t, torch.Tensor)}
         A_log, a, dt_bias, b = flashinfer_gates(x["g"], x["beta"], x["v"].dtype)
         q, k, v = x["q"], x["k"], x["v"]
         if name == "flashinfer_decode":

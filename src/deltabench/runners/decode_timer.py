@@ -141,11 +141,10 @@ def _copies(impl: Any, case: Any, inputs: dict[str, Any]) -> tuple[int, list[Any
 
 
 def time_job(request: TimerRequest) -> Timed:
-    """The run's timer for a decode job on a GPU: the job's
-    subject and :func:`rotation_copies` - 1 more over copies of its inputs, :func:`calls_per_replay` of them captured
-    in one CUDA graph, replayed under the job's stopping rules; samples are milliseconds per call (clock
-    ``cuda_graph``, no L2 flush). A call that cannot be captured falls back to the CUDA-events timer, with the
-    reason in the note."""
+    """The run's timer for a decode job on a GPU: the job's subject and :func:`rotation_copies` - 1 more over copies
+    of its inputs, :func:`calls_per_replay` calls of them captured in one CUDA graph and replayed under the job's
+    stopping rules; samples are milliseconds per call (clock ``cuda_graph``, no L2 flush). A call that cannot be
+    captured falls back to the CUDA-events timer, with the reason in the note."""
     copies, more = _copies(request.impl, request.case, request.inputs)
     per_replay = calls_per_replay(copies)
     try:

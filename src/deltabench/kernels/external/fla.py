@@ -241,11 +241,6 @@ def kda_fla_recurrent(
     return call_fla_convention(fla_kda.fused_recurrent_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)
 
 
-def _contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
-    # FLA's *_fwd launchers index raw pointers as contiguous rows; the public entry points' input_guard does this.
-    return [x.contiguous() for x in xs]
-
-
 def gdn2_fla_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -262,7 +257,8 @@ def gdn2_fla_decode(
     state = require_state_cache(initial_state)
     _submodule("gdn2")  # FLA imported through load_fla first, as every adapter here does
     launcher = importlib.import_module("fla.ops.gdn2.fused_recurrent").fused_recurrent_gdn2_fwd
-    q, k, v, g, b, w = _contiguous(q, k, v, g, b, w)
+    # the launcher indexes raw pointers as contiguous rows (the public entry point's input_guard makes them so)
+    q, k, v, g, b, w = (x.contiguous() for x in (q, k, v, g, b, w))
     with torch.no_grad():
         o, _ = launcher(q, k, v, g, b, w, initial_state=state, scale=scale, inplace_final_state=True)
     return o, state
@@ -283,7 +279,7 @@ def kda_fla_decode(
     state = require_state_cache(initial_state)
     _submodule("kda")
     launcher = importlib.import_module("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
-    q, k, v, g, beta = _contiguous(q, k, v, g, beta)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))  # as in gdn2_fla_decode
     with torch.no_grad():
         o, _ = launcher(q, k, v, g, beta, initial_state=state, scale=scale, inplace_final_state=True)
     return o, state

@@ -155,6 +155,9 @@ def gdn_flashinfer_decode(
     state = require_state_cache(initial_state)
     decode = importlib.import_module("flashinfer.gdn_decode").gated_delta_rule_decode
     A_log, a, dt_bias, b = flashinfer_gates(g, beta, v.dtype)
+    # The gate's streamed halves are slices along T, strided when B > 1; FlashInfer keys its compiled kernels on
+    # the inputs' unit-stride dims, so contiguous rows keep every call on the timed calls' kernel (a no-op for those).
+    q, k, v = (x.contiguous() for x in (q, k, v))
     with torch.no_grad():
         o, _ = decode(q, k, v, state, A_log, a, dt_bias, b, scale=scale, use_qk_l2norm=False, backend="flashinfer")
     return o.to(v.dtype), state
@@ -177,6 +180,7 @@ def gdn_flashinfer_mtp(
     state = require_state_cache(initial_state)
     mtp = importlib.import_module("flashinfer.gdn_decode").gated_delta_rule_mtp
     A_log, a, dt_bias, b = flashinfer_gates(g, beta, v.dtype)
+    q, k, v = (x.contiguous() for x in (q, k, v))  # as in gdn_flashinfer_decode
     pool = state.transpose(-1, -2).contiguous()
     slots = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
     with torch.no_grad():

@@ -168,11 +168,14 @@ class TestFlashInferConstraint:
     def test_accepts_its_h200_shapes(self):
         assert self._why() is None
         assert self._why("mtp", T=8) is None
-        assert self._why("mtp", T=1, K=256, V=256, dtype="fp16", capability=(10, 0)) is None
+        assert self._why("mtp", T=2, K=256, V=256, dtype="fp16", capability=(10, 0)) is None
 
-    def test_decode_takes_one_token_and_names_mtp(self):
+    def test_decode_takes_one_token_and_mtp_more(self):
         assert self._why(T=2) == (
             "gated_delta_rule_decode takes one new token (T = 1), got T=2: flashinfer_mtp takes T > 1"
+        )
+        assert self._why("mtp", T=1) == (
+            "gated_delta_rule_mtp is FlashInfer's multi-token path (T > 1): flashinfer_decode takes T = 1"
         )
 
     @pytest.mark.parametrize(
@@ -186,8 +189,8 @@ class TestFlashInferConstraint:
         ],
     )
     def test_refusals(self, kw, start):
-        for entry in ("decode", "mtp"):
-            why = self._why(entry, **kw)
+        for entry, T in (("decode", 1), ("mtp", 4)):
+            why = self._why(entry, **{"T": T, **kw})
             assert why is not None and why.startswith(start), why
 
     def test_declared_as_in_place_decode_steps(self):

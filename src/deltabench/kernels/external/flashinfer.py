@@ -8,7 +8,7 @@ Two entry points of ``flashinfer.gdn_decode``, each mapped to deltabench's gdn d
   K-major, ``[B, HV, K, V]``, deltabench's own layout; the kernel writes the new state into the buffer it read
   (contiguous), so the impl is declared ``state_in_place``. It asserts K >= 128, V >= 128 and V % 32 == 0, and q,
   k, v in fp16 or bf16.
-* ``gated_delta_rule_mtp`` (impl ``flashinfer_mtp``): T new tokens (multi-token prediction, speculative
+* ``gated_delta_rule_mtp`` (impl ``flashinfer_mtp``): T > 1 new tokens (multi-token prediction, speculative
   verification) from a float32 state pool laid out V-major, ``[pool, HV, V, K]``, addressed by per-row indices, the
   new state written back with ``disable_state_update=False``. deltabench's state is K-major, so the adapter copies
   it transposed into a V-major pool and the result transposed back into the buffer given: two more passes over the
@@ -84,6 +84,9 @@ def unsupported_reason(
         return f"FlashInfer's GDN decode takes q, k, v in fp16 or bf16, not {dtype}"
     if entry == "decode" and T != 1:
         return f"gated_delta_rule_decode takes one new token (T = 1), got T={T}: flashinfer_mtp takes T > 1"
+    if entry == "mtp" and T == 1:
+        # FlashInfer documents its MTP kernel for T > 1 (speculative verification) and routes T = 1 elsewhere
+        return "gated_delta_rule_mtp is FlashInfer's multi-token path (T > 1): flashinfer_decode takes T = 1"
     if K < MIN_HEAD_DIM or V < MIN_HEAD_DIM:
         return f"FlashInfer's GDN decode needs K and V of at least {MIN_HEAD_DIM} (got K={K}, V={V})"
     if V % V_TILE:
@@ -172,9 +175,9 @@ def gdn_flashinfer_mtp(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """T new tokens through ``flashinfer.gdn_decode.gated_delta_rule_mtp`` (V-major state pool, written back).
+    """T > 1 new tokens through ``flashinfer.gdn_decode.gated_delta_rule_mtp`` (V-major state pool, written back).
 
-    Shapes as :func:`gdn_flashinfer_decode` with any T. The state is copied into a V-major pool ``[B, H, V, K]``
+    Shapes as :func:`gdn_flashinfer_decode` with T from 2 to 8. The state is copied into a V-major pool ``[B, H, V, K]``
     (row i of the batch is pool slot i), stepped there, and copied back into `initial_state`, which is returned.
     """
     state = require_state_cache(initial_state)

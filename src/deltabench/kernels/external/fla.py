@@ -348,7 +348,7 @@ IMPLS = (
             backward=False,
             modes=("decode",),
             state_in_place=True,
-            notes=f"decode steps: FLA 0.6.0's fused_recurrent_{op}_fwd(inplace_final_state=True), the state in place",
+            notes=f"decode steps (mode decode): FLA 0.6.0 fused_recurrent_{op}_fwd(inplace_final_state=True), in place",
         )
         for op in ("gdn2", "kda")
     ),

@@ -193,7 +193,7 @@ def test_decode_gate_shapes() -> None:
 def test_decode_timer_rotation_and_refusals() -> None:
     """The decode timer (CUDA only, tried on a GPU by benchmarks/gpu/decode_timer.py) imports here; its rotation
     overflows L2 twice per pass (at least 2 copies, at most 512), and it refuses a case it cannot time."""
-    from deltabench.runners.decode_timer import rotation_copies, time_decode
+    from deltabench.runners.decode_timer import MIN_CALLS_PER_REPLAY, calls_per_replay, rotation_copies, time_decode
 
     l2 = 60 * 2**20  # an H200's
     state = 16 * 128 * 128 * 4  # B = 1, H = 16, K = V = 128, float32: 1 MiB
@@ -204,3 +204,7 @@ def test_decode_timer_rotation_and_refusals() -> None:
         rotation_copies(0, l2)
     with pytest.raises(ValueError, match="decode case on cuda"):
         time_decode(get_impl("gdn", "torch_decode"), Case("gdn", **SHAPE, mode="decode"))
+    # a run's replay calls every copy once, and at least MIN_CALLS_PER_REPLAY times (its launch then amortised)
+    assert [calls_per_replay(c) for c in (1, 2, 60, 512)] == [MIN_CALLS_PER_REPLAY] * 2 + [60, 512]
+    with pytest.raises(ValueError, match="at least one copy"):
+        calls_per_replay(0)

@@ -21,6 +21,7 @@ from deltabench.runners import cpu
 from deltabench.runners.closures import build_subject
 from deltabench.runners.timing import (
     CUDA_EVENTS,
+    DECODE_GRAPH,
     HOST_CLOCK,
     JAX_NATIVE,
     TIMERS,
@@ -62,12 +63,29 @@ def test_the_table_picks_the_timer_of_each_backend_on_each_platform(backend: str
         assert timer_for(backend, f"{platform}:1") is expected  # a device's index does not change its timer
 
 
+@pytest.mark.parametrize(("backend", "platform"), list(EXPECTED), ids=[f"{b}-{p}" for b, p in EXPECTED])
+def test_a_decode_step_on_a_gpu_is_timed_by_graph_replays(backend: str, platform: str) -> None:
+    """Mode decode of a torch-facing impl on a GPU (a few microseconds, under a host synchronisation) goes to the
+    decode timer; every other mode there, and decode anywhere else, keeps the table's timer."""
+    expected = EXPECTED[(backend, platform)]
+    if expected is None:
+        with pytest.raises(ValueError, match="no timer"):
+            timer_for(backend, platform, "decode")
+        return
+    want = DECODE_GRAPH if expected is CUDA_EVENTS else expected
+    assert timer_for(backend, platform, "decode") is want
+    assert timer_for(backend, f"{platform}:0", "decode") is want
+    for mode in ("fwd", "fwd+bwd", "bwd"):
+        assert timer_for(backend, platform, mode) is expected
+
+
 def test_the_timers_label_their_samples_with_their_clock() -> None:
     assert (HOST_CLOCK.clock, CUDA_EVENTS.clock, JAX_NATIVE.clock) == ("cpu_monotonic", "cuda_events", "jax")
+    assert DECODE_GRAPH.clock == "cuda_graph"  # a replay of many calls, as the CUDA timer's graph mode labels it
     assert set(TIMERS.values()) == {HOST_CLOCK, CUDA_EVENTS, JAX_NATIVE}
 
 
-@pytest.mark.parametrize("timer", [HOST_CLOCK, CUDA_EVENTS, JAX_NATIVE], ids=lambda t: t.clock)
+@pytest.mark.parametrize("timer", [HOST_CLOCK, CUDA_EVENTS, JAX_NATIVE, DECODE_GRAPH], ids=lambda t: t.name)
 def test_each_timers_entry_point_resolves(timer) -> None:
     if timer is JAX_NATIVE:
         pytest.importorskip("jax")

@@ -9,7 +9,12 @@ served model's next step does after the other layers ran, the calls rotate throu
 subtracted from a microsecond figure. Beside it, :func:`time_decode` reports the same calls timed one at a time with
 a host synchronisation each (scope ``host``), the figure a naive harness publishes.
 
-Imported lazily (nothing in a run imports it): ``python benchmarks/gpu/decode_timer.py`` tries it on a GPU.
+A run times every decode job of a torch-facing impl on a GPU with it (:func:`time_job`, the timer
+:func:`deltabench.runners.timing.timer_for` gives mode ``decode`` on ``cuda``): the shared stopping rules
+(:func:`deltabench.runners.timing.adaptive_samples`) over replays of :func:`calls_per_replay` calls, samples labelled
+``cuda_graph``, no L2 flush, and a note with the copies, the calls per replay and the host-synchronised figure. An
+impl whose call cannot be captured in a CUDA graph (one that synchronises with the host) is timed by CUDA events
+instead, and its note says why. ``python benchmarks/gpu/decode_timer.py`` prints both scopes per decode-h200 job.
 """
 
 from __future__ import annotations
@@ -23,9 +28,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["DecodeTiming", "rotation_copies", "time_decode", "time_graph_replay"]
+from . import cuda as cuda_timer
+from .timing import Timed, TimerRequest, adaptive_samples, summarize
+
+__all__ = [
+    "DecodeTiming",
+    "calls_per_replay",
+    "capture_replays",
+    "rotation_copies",
+    "time_decode",
+    "time_graph_replay",
+    "time_job",
+]
 
 _L2_OVERFLOW = 2  # one pass over the copies moves this many times the L2 size
+# Calls a run's replay holds at least: the graph's own launch (a few us between the start event and its first kernel)
+# is then under a tenth of a microsecond a call; more copies than that are each called once a replay.
+MIN_CALLS_PER_REPLAY = 32
 
 
 def rotation_copies(call_bytes: float, l2_bytes: float, *, most: int = 512) -> int:
@@ -36,9 +55,18 @@ def rotation_copies(call_bytes: float, l2_bytes: float, *, most: int = 512) -> i
     return max(2, min(most, math.ceil(_L2_OVERFLOW * l2_bytes / call_bytes)))
 
 
-def time_graph_replay(calls: list[Callable[[], Any]], *, per_replay: int, replays: int) -> list[float]:
-    """Microseconds per call of `per_replay` calls (cycling through `calls`) captured in one CUDA graph, one sample
-    per replay (`replays` of them), with no host synchronisation between calls or replays."""
+def calls_per_replay(copies: int) -> int:
+    """How many calls a run's graph replays at once for `copies` input copies: each copy once, and at least
+    :data:`MIN_CALLS_PER_REPLAY`."""
+    if copies < 1:
+        raise ValueError(f"a replay rotates through at least one copy of the inputs, got {copies}")
+    return max(copies, MIN_CALLS_PER_REPLAY)
+
+
+def capture_replays(calls: list[Callable[[], Any]], *, per_replay: int) -> Callable[[int], list[float]]:
+    """Capture `per_replay` calls (cycling through `calls`, each warmed up once first) in one CUDA graph; return
+    ``measure(n)``: `n` replays, back to back with no host synchronisation between them, each one's milliseconds
+    per call (one synchronisation after all `n`)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # capture wants each callable warmed up (compiled, autotuned) on a side stream
@@ -52,14 +80,24 @@ def time_graph_replay(calls: list[Callable[[], Any]], *, per_replay: int, replay
             calls[i % len(calls)]()
     graph.replay()  # the first replay uploads the graph: not a sample
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return [1e3 * s.elapsed_time(e) / per_replay for s, e in zip(starts, ends, strict=True)]
+
+    def measure(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends, strict=True):
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / per_replay for s, e in zip(starts, ends, strict=True)]
+
+    return measure
+
+
+def time_graph_replay(calls: list[Callable[[], Any]], *, per_replay: int, replays: int) -> list[float]:
+    """Microseconds per call of `per_replay` calls (cycling through `calls`) captured in one CUDA graph, one sample
+    per replay (`replays` of them), with no host synchronisation between calls or replays."""
+    return [1e3 * ms for ms in capture_replays(calls, per_replay=per_replay)(replays)]
 
 
 def _host_us(fn: Callable[[], Any], reps: int) -> list[float]:
@@ -86,23 +124,62 @@ class DecodeTiming:
     samples_us: list[float]
 
 
+def _copies(impl: Any, case: Any, inputs: dict[str, Any]) -> tuple[int, list[Any]]:
+    """How many input copies `case`'s calls rotate through (:func:`rotation_copies` on this GPU's L2), and a subject
+    per copy beyond the first (each its own clone of `inputs`, so that an in-place state update stays its own)."""
+    from deltabench.harness.ops import work
+    from deltabench.runners.closures import build_subject
+
+    step = work(case.op, case.dims, case.dtype, "decode")
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    copies = rotation_copies(step["bytes"], l2)
+    more = []
+    for _ in range(copies - 1):
+        own = {n: x.clone() if isinstance(x, torch.Tensor) else x for n, x in inputs.items()}
+        more.append(build_subject(impl, case, own))
+    return copies, more
+
+
+def time_job(request: TimerRequest) -> Timed:
+    """The run's timer for a decode job on a GPU: the job's subject and :func:`rotation_copies` - 1 more over copies
+    of its inputs, :func:`calls_per_replay` calls of them captured in one CUDA graph and replayed under the job's
+    stopping rules; samples are milliseconds per call (clock ``cuda_graph``, no L2 flush). A call that cannot be
+    captured falls back to the CUDA-events timer, with the reason in the note."""
+    copies, more = _copies(request.impl, request.case, request.inputs)
+    per_replay = calls_per_replay(copies)
+    try:
+        measure = capture_replays([request.subject, *more], per_replay=per_replay)
+    except Exception as exc:  # a host synchronisation inside the call: not capturable, so not timed this way
+        torch.cuda.synchronize()
+        timed = cuda_timer.time_job(request)
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        timed.note = f"decode timer: the call is not capturable in a CUDA graph ({why}); timed by CUDA events"
+        return timed
+    got = adaptive_samples(measure, **request.rules)
+    host = statistics.median(_host_us(request.subject, 20))
+    timing = summarize(
+        got.samples_ms, clock="cuda_graph", warmup=got.warmup, l2_flush=False,
+        compile_s=request.first_call_s, stop_reason=got.stop_reason,
+    )  # fmt: skip
+    note = (
+        f"decode timer: {per_replay} calls a CUDA-graph replay over {copies} copies of the inputs (L2 overflowed, "
+        f"not flushed); a host-synchronised call {host:.1f} us"
+    )
+    return Timed(timing, note=note)
+
+
 def time_decode(impl: Any, case: Any, *, per_replay: int = 200, replays: int = 50) -> DecodeTiming:
     """Time `impl` (a registered impl) at the decode `case` (on ``cuda``) with :func:`time_graph_replay`, its inputs
     rotated through :func:`rotation_copies` copies, and on the host clock for comparison."""
-    from deltabench.harness.ops import get_op, make_case_inputs, work
+    from deltabench.harness.ops import get_op, make_case_inputs
     from deltabench.runners.closures import build_subject
 
     if case.mode != "decode" or case.device != "cuda":
         raise ValueError(f"time_decode times a decode case on cuda, got {case.mode} on {case.device}")
     inputs = make_case_inputs(get_op(case.op), case)
-    step = work(case.op, case.dims, case.dtype, "decode")
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    copies = rotation_copies(step["bytes"], l2)
+    copies, more = _copies(impl, case, inputs)
     per_replay = max(per_replay, copies)  # every copy at least once a replay
-    subjects = []
-    for _ in range(copies):
-        own = {n: x.clone() if isinstance(x, torch.Tensor) else x for n, x in inputs.items()}
-        subjects.append(build_subject(impl, case, own))
+    subjects = [build_subject(impl, case, inputs), *more]
     samples = time_graph_replay(subjects, per_replay=per_replay, replays=replays)
     host = _host_us(subjects[0], max(20, replays))
     return DecodeTiming(

@@ -21,7 +21,8 @@ same impl one after another. The order matters:
    compiled, and the dozen other programs the gate runs once each (other lengths and arguments, the backward)
    are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
 4. peak device memory (CUDA) and the timing, by the timer :data:`.timing.TIMERS` gives the impl's backend on the
-   case's platform (host clock, CUDA events, JAX on its device).
+   case's platform (host clock, CUDA events, JAX on its device; a decode step on a GPU, CUDA-graph replays:
+   :func:`.timing.timer_for`).
 
 Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
 it happened in.
@@ -94,9 +95,9 @@ def _time(
     impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float
 ) -> tuple[Timed, list[CheckRecord]]:
     """The job's timing by the timer the table gives the impl's backend on the case's platform
-    (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device), and the integrity
-    records of its timed calls (runners/integrity.py)."""
-    timer = timer_for(impl.backend, case.device)
+    (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events or graph replays, or JAX on its device), and
+    the integrity records of its timed calls (runners/integrity.py)."""
+    timer = timer_for(impl.backend, case.device, case.mode)
     on = job.gate.integrity
     guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
     timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))

@@ -5,7 +5,8 @@ timer for a backend and a platform, and the statistics.
   timer, suite (``harness.suites.TimingSettings``) and job starts from;
 - :data:`TIMERS`: ``(backend, platform) -> Timer``, read by :func:`timer_for` (the job runner's one way to time a
   job): the host clock on the CPU, CUDA events on a GPU, JAX's own timing (``block_until_ready``) on the JAX
-  device for a JAX impl, whichever the platform.
+  device for a JAX impl, whichever the platform; a decode step of a torch-facing impl on a GPU (a few
+  microseconds, less than a host synchronisation) by :data:`DECODE_GRAPH` instead (runners/decode_timer.py).
 
 Every timer follows the same rules, implemented once here by :func:`adaptive_samples`:
 
@@ -334,6 +335,8 @@ class Timer:
 HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job", takes_guard=True)
 CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
 JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
+# Mode decode of a torch-facing impl on a GPU: CUDA-graph replays of many calls, inputs rotated past L2.
+DECODE_GRAPH = Timer("CUDA-graph decode replays", "cuda_graph", "deltabench.runners.decode_timer:time_job")
 
 # Every (backend, platform) a job can have. Torch-facing impls (torch, Triton, CUDA extensions) are timed by the
 # clock of the platform their tensors are on; a JAX impl by JAX itself on the JAX device the case names. Torch has
@@ -345,17 +348,21 @@ TIMERS: dict[tuple[str, str], Timer] = {
 }
 
 
-def timer_for(backend: str, platform: str) -> Timer:
-    """The timer of an impl of `backend` on `platform` (``cpu``, ``cuda``, ``tpu``; a device's index is ignored).
+def timer_for(backend: str, platform: str, mode: str = "fwd") -> Timer:
+    """The timer of an impl of `backend` on `platform` (``cpu``, ``cuda``, ``tpu``; a device's index is ignored)
+    for a job of `mode`: the table's, but :data:`DECODE_GRAPH` for a decode step the table would time by CUDA events.
 
     Example::
 
         >>> timer_for("jax", "tpu").name
         'JAX on its device'
+        >>> timer_for("triton", "cuda:0", "decode").name
+        'CUDA-graph decode replays'
     """
     platform = platform.partition(":")[0]
     try:
-        return TIMERS[(backend, platform)]
+        timer = TIMERS[(backend, platform)]
+        return DECODE_GRAPH if mode == "decode" and timer is CUDA_EVENTS else timer
     except KeyError:
         known = ", ".join(f"{b} on {p}" for b, p in TIMERS)
         raise ValueError(f"no timer for a {backend} impl on {platform} (timers: {known})") from None

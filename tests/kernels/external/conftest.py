@@ -11,7 +11,7 @@ import pytest
 
 # The packages the adapters wrap (import names), hidden in the child so that the tests hold whether or not
 # a developer has them installed.
-ADAPTER_PACKAGES = ("fla", "flash_qla", "tilelang", "opengdn", "atomic_ops", "sparse_delta_memory")
+ADAPTER_PACKAGES = ("fla", "flash_qla", "tilelang", "flashinfer", "opengdn", "atomic_ops", "sparse_delta_memory")
 
 _BLOCKER = textwrap.dedent(
     """

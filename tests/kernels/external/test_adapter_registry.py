@@ -4,10 +4,11 @@ without it, and their constraints reject the cases the wrapped kernels cannot ru
 from __future__ import annotations
 
 import pytest
+import torch
 
 from deltabench.harness.cases import Case
 from deltabench.harness.registry import get_impl
-from deltabench.kernels.external import flash_qla
+from deltabench.kernels.external import flash_qla, flashinfer
 
 # (op, impl) -> the import name its reason must name
 ADAPTERS = {
@@ -15,7 +16,13 @@ ADAPTERS = {
     ("gdn", "fla_recurrent"): "fla",
     ("gdn2", "fla_chunk"): "fla",
     ("kda", "fla_chunk"): "fla",
+    ("gdn2", "fla_recurrent"): "fla",
+    ("kda", "fla_recurrent"): "fla",
+    ("gdn2", "fla_decode"): "fla",
+    ("kda", "fla_decode"): "fla",
     ("gdn", "flash_qla"): "flash_qla",
+    ("gdn", "flashinfer_decode"): "flashinfer",
+    ("gdn", "flashinfer_mtp"): "flashinfer",
     ("gdn", "opengdn_triton"): "opengdn",
     ("gdn", "opengdn_chunkwise"): "opengdn",
     ("gdn2", "atomic_ops_fused"): "atomic_ops",
@@ -138,3 +145,81 @@ def test_fla_recurrent_runs_decode_steps():
     assert not impl.modes and not impl.supports_backward
     why = impl.check_case(case) or ""
     assert "forward only" not in why and "mode" not in why
+
+
+@pytest.mark.parametrize(("op", "impl"), [(op, i) for op in ("gdn2", "kda") for i in ("fla_recurrent", "fla_decode")])
+def test_fla_token_serial_kernels_take_decode_steps(op, impl):
+    """gdn2's and kda's fused_recurrent kernels are forward only; fla_decode is a decode step writing its state in
+    place (fused_recurrent_*_fwd(inplace_final_state=True))."""
+    got = get_impl(op, impl)
+    assert not got.supports_backward
+    assert (got.modes, got.state_in_place) == ((("decode",), True) if impl == "fla_decode" else ((), False))
+    assert got.constraint(_case(op=op, K=512, V=512)).startswith("K and V up to 256")
+    assert got.constraint(_case(op=op, dtype="fp32")) is None  # no tensor-core products: fp32 stays fp32
+
+
+class TestFlashInferConstraint:
+    """What FlashInfer's GDN decode entry points assert, said before a call: device, GPU, dtype, T, head dims."""
+
+    def _why(self, entry: str = "decode", **kw):
+        args = {"T": 1, "K": 128, "V": 128, "dtype": "bf16", "device": "cuda", "capability": (9, 0)} | kw
+        return flashinfer.unsupported_reason(entry=entry, **args)
+
+    def test_accepts_its_h200_shapes(self):
+        assert self._why() is None
+        assert self._why("mtp", T=8) is None
+        assert self._why("mtp", T=2, K=256, V=256, dtype="fp16", capability=(10, 0)) is None
+
+    def test_decode_takes_one_token_and_mtp_more(self):
+        assert self._why(T=2) == (
+            "gated_delta_rule_decode takes one new token (T = 1), got T=2: flashinfer_mtp takes T > 1"
+        )
+        assert self._why("mtp", T=1) == (
+            "gated_delta_rule_mtp is FlashInfer's multi-token path (T > 1): flashinfer_decode takes T = 1"
+        )
+
+    @pytest.mark.parametrize(
+        ("kw", "start"),
+        [
+            ({"device": "cpu"}, "FlashInfer's GDN decode kernels run on NVIDIA GPUs only"),
+            ({"capability": (8, 0)}, "FlashInfer's GDN decode kernels need an SM90+ GPU (this is sm_80)"),
+            ({"dtype": "fp32"}, "FlashInfer's GDN decode takes q, k, v in fp16 or bf16"),
+            ({"K": 64}, "FlashInfer's GDN decode needs K and V of at least 128"),
+            ({"V": 144}, "FlashInfer's GDN decode needs V a multiple of 32"),
+        ],
+    )
+    def test_refusals(self, kw, start):
+        for entry, T in (("decode", 1), ("mtp", 4)):
+            why = self._why(entry, **{"T": T, **kw})
+            assert why is not None and why.startswith(start), why
+
+    def test_declared_as_in_place_decode_steps(self):
+        for name in ("flashinfer_decode", "flashinfer_mtp"):
+            impl = get_impl("gdn", name)
+            assert (impl.modes, impl.state_in_place, impl.supports_backward) == (("decode",), True, False)
+            assert impl.dtypes == ("bf16", "fp16")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flashinfer_gates_give_back_g_and_beta(dtype):
+    """FlashInfer's own gate formulas, applied to what flashinfer_gates returns, give back deltabench's g and beta
+    within the rounding of its fp16/bf16 pre-activations (the edges g = 0 and beta in {0, 1} exactly)."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.cat([torch.nn.functional.logsigmoid(torch.randn(2, 4, 16, generator=gen) * 3), torch.zeros(1, 4, 16)])
+    beta = torch.cat([torch.rand(2, 4, 16, generator=gen), torch.ones(1, 4, 16)]).to(dtype)
+    beta[0, 0, 0] = 0.0
+    A_log, a, dt_bias, b = flashinfer.flashinfer_gates(g, beta, dtype)
+    assert (a.dtype, b.dtype, A_log.dtype, dt_bias.dtype) == (dtype, dtype, torch.float32, torch.float32)
+    assert a.shape == b.shape == g.shape and A_log.shape == dt_bias.shape == (16,)
+    # FlashInfer: g = -exp(A_log) * softplus(a + dt_bias) (softplus linear above 20), beta = sigmoid(b)
+    x = a.float() + dt_bias
+    g_back = -A_log.exp() * torch.where(x > 20, x, torch.nn.functional.softplus(x))
+    eps = torch.finfo(dtype).eps
+    # rounding a to `dtype` moves it by at most |a| eps / 2, and g by softplus'(a) = sigmoid(a) times that
+    # (a = -inf at g = 0, where that product is nan: those rows are checked exactly below)
+    bound = torch.nan_to_num(a.float().abs() * torch.sigmoid(a.float()) * eps / 2) + 1e-6
+    assert torch.all((g_back - g).abs() <= bound), ((g_back - g).abs() - bound).max()
+    assert torch.equal(g_back[2], g[2])  # g = 0 exactly
+    beta_back = torch.sigmoid(b.float())
+    assert torch.allclose(beta_back, beta.float(), rtol=0, atol=eps / 4)  # beta(1 - beta) |logit beta| <= 0.23
+    assert beta_back[0, 0, 0] == 0 and torch.all(beta_back[2] == 1)

@@ -4,9 +4,11 @@ Each module imports without its package installed (the package is imported on th
 functions with an op's signature, ``fn(q, k, v, *gates, scale=None, initial_state=None) -> (o, final_state)``:
 
 * :mod:`.fla`: flash-linear-attention 0.6.0's Triton path (``gdn_fla_chunk``, ``gdn_fla_recurrent``,
-  ``gdn2_fla_chunk``, ``kda_fla_chunk``), with FlashQLA/TileLang dispatch off and FLA's #640 backward guard bypassed
-  on Hopper (recorded in ``fla.run_notes()``);
+  ``gdn2_fla_chunk``, ``kda_fla_chunk``; token-serial and in-place decode steps for gdn2 and kda), with
+  FlashQLA/TileLang dispatch off and FLA's #640 backward guard bypassed on Hopper (recorded in ``fla.run_notes()``);
 * :mod:`.flash_qla`: FlashQLA's fused TileLang kernels (``gdn_flash_qla``; SM90+, bf16/fp16, K = V = 128);
+* :mod:`.flashinfer`: FlashInfer 0.7.2.post1's GDN decode kernels (``gdn_flashinfer_decode``, ``gdn_flashinfer_mtp``;
+  CuTe DSL, SM90+, mode decode);
 * :mod:`.opengdn`: opengdn 0.1.0 (``gdn_opengdn_triton``, ``gdn_opengdn_chunkwise``);
 * :mod:`.sdm`: sparse-delta-memory 2.0.0 (``sdm_package_chunk``, its decode step and product-key top-k; CUDA).
 
@@ -19,9 +21,9 @@ declarations are here, where listing them imports no JAX.
 from typing import Any
 
 from ..declare import JAX_DEVICES, JAX_DTYPES, ImplDecl
-from . import fla, flash_qla, opengdn, sdm
+from . import fla, flash_qla, flashinfer, opengdn, sdm
 
-__all__ = ["IMPLS", "fla", "flash_qla", "opengdn", "sdm"]
+__all__ = ["IMPLS", "fla", "flash_qla", "flashinfer", "opengdn", "sdm"]
 
 
 def _atomic_ops_case(path: str) -> Any:
@@ -58,4 +60,4 @@ _ATOMIC_OPS = tuple(
         ("atomic_ops_serial", "serial", JAX_DEVICES, "atomic-ops 0.2.0 gdn2_token_serial_reference (pure JAX scan)"),
     )
 )
-IMPLS = (*fla.IMPLS, *flash_qla.IMPLS, *opengdn.IMPLS, *sdm.IMPLS, *_ATOMIC_OPS)
+IMPLS = (*fla.IMPLS, *flash_qla.IMPLS, *flashinfer.IMPLS, *opengdn.IMPLS, *sdm.IMPLS, *_ATOMIC_OPS)

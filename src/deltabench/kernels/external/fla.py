@@ -17,11 +17,19 @@ What this module changes in FLA, and why:
   is timed: a miscompile shows up as status ``incorrect``. :data:`GUARD_BYPASSED` records that it happened and
   :func:`run_notes` gives the sentence a runner stores with each result.
 
+Decode steps (mode ``decode``): FLA 0.6.0's token-serial kernels take the state as ``initial_state``. gdn's one entry,
+``fused_recurrent_gated_delta_rule`` (``fla_recurrent``), allocates its new state; its fused gating
+(``use_gate_in_kernel`` with ``A_log``, ``dt_bias``) takes a layer's raw pre-activations, which deltabench's contract
+(g already a log-decay) does not carry, so it stays off. gdn2 and kda have the same public form (``fla_recurrent``)
+and serving launchers, ``fused_recurrent_{gdn2,kda}_fwd(..., inplace_final_state=True)``, that store the new state
+into the buffer given (``fla_decode``, declared ``state_in_place``).
+
 This module imports without FLA installed; FLA is imported on the first call.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from types import ModuleType
@@ -30,6 +38,7 @@ from typing import Any
 import torch
 
 from ..common.constraints import kv_at_most
+from ..common.decode import require_state_cache
 from ..declare import ALL_DTYPES, ImplDecl
 from .fla_convention import call_fla_convention
 
@@ -37,9 +46,13 @@ __all__ = [
     "GUARD_BYPASSED",
     "IMPLS",
     "gdn2_fla_chunk",
+    "gdn2_fla_decode",
+    "gdn2_fla_recurrent",
     "gdn_fla_chunk",
     "gdn_fla_recurrent",
     "kda_fla_chunk",
+    "kda_fla_decode",
+    "kda_fla_recurrent",
     "load_fla",
     "run_notes",
 ]
@@ -80,8 +93,6 @@ def _submodule(name: str) -> ModuleType:
     """FLA's op package `name` (``gdn2`` or ``kda``), imported after :func:`load_fla`."""
     mods = load_fla()
     if name not in mods:
-        import importlib
-
         mods[name] = importlib.import_module(f"fla.ops.{name}")
     return mods[name]
 
@@ -193,6 +204,87 @@ def kda_fla_chunk(
     )
 
 
+def gdn2_fla_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN-2 through FLA's token-serial kernel (``fused_recurrent_gdn2``), its new state allocated.
+
+    Forward only (FLA calls it inference-only). Shapes and gates as :func:`gdn2_fla_chunk`.
+    """
+    fla_gdn2 = _submodule("gdn2")
+    return call_fla_convention(
+        fla_gdn2.fused_recurrent_gdn2, q, k, v, g, b, w, scale=scale, initial_state=initial_state
+    )
+
+
+def kda_fla_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA through FLA's token-serial kernel (``fused_recurrent_kda``), its new state allocated.
+
+    g ``[B, T, H, K]`` natural-log decay (``use_gate_in_kernel=False``), beta ``[B, T, H]`` already in (0, 1).
+    Forward only."""
+    fla_kda = _submodule("kda")
+    return call_fla_convention(fla_kda.fused_recurrent_kda, q, k, v, g, beta, scale=scale, initial_state=initial_state)
+
+
+def gdn2_fla_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN-2 decode step through FLA's serving launcher ``fla.ops.gdn2.fused_recurrent.fused_recurrent_gdn2_fwd``
+    with ``inplace_final_state=True``: the new state is stored into `initial_state` (``[B, H, K, V]`` float32
+    contiguous), which is returned. Its continuous-batching indices are not used (one state row per batch row)."""
+    state = require_state_cache(initial_state)
+    _submodule("gdn2")  # FLA imported through load_fla first, as every adapter here does
+    launcher = importlib.import_module("fla.ops.gdn2.fused_recurrent").fused_recurrent_gdn2_fwd
+    # the launcher indexes raw pointers as contiguous rows (the public entry point's input_guard makes them so)
+    q, k, v, g, b, w = (x.contiguous() for x in (q, k, v, g, b, w))
+    with torch.no_grad():
+        o, _ = launcher(q, k, v, g, b, w, initial_state=state, scale=scale, inplace_final_state=True)
+    return o, state
+
+
+def kda_fla_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA decode step through FLA's serving launcher ``fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd`` with
+    ``inplace_final_state=True`` (the new state stored into `initial_state`, which is returned); gates as
+    :func:`kda_fla_recurrent`."""
+    state = require_state_cache(initial_state)
+    _submodule("kda")
+    launcher = importlib.import_module("fla.ops.kda.fused_recurrent").fused_recurrent_kda_fwd
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))  # as in gdn2_fla_decode
+    with torch.no_grad():
+        o, _ = launcher(q, k, v, g, beta, initial_state=state, scale=scale, inplace_final_state=True)
+    return o, state
+
+
 _FLA_KV = kv_at_most(256, " in FLA")
 
 
@@ -234,4 +326,30 @@ IMPLS = (
     ),
     ImplDecl("gdn2", "fla_chunk", f"{__name__}:gdn2_fla_chunk", **_FLA_IMPL, notes=_NOTE),
     ImplDecl("kda", "fla_chunk", f"{__name__}:kda_fla_chunk", **_FLA_IMPL, varlen=True, notes=_NOTE),
+    # Token-serial kernels (forward only): the public entry points allocate the new state; the serving launchers
+    # (`*_fwd` with inplace_final_state=True) store it into the state cache given, as an engine's decode step does.
+    *(
+        ImplDecl(
+            op,
+            "fla_recurrent",
+            f"{__name__}:{op}_fla_recurrent",
+            **{**_FLA_IMPL, "constraint": _FLA_KV},
+            backward=False,
+            notes=f"FLA 0.6.0's fused_recurrent_{op} (forward only)",
+        )
+        for op in ("gdn2", "kda")
+    ),
+    *(
+        ImplDecl(
+            op,
+            "fla_decode",
+            f"{__name__}:{op}_fla_decode",
+            **{**_FLA_IMPL, "constraint": _FLA_KV},
+            backward=False,
+            modes=("decode",),
+            state_in_place=True,
+            notes=f"decode steps (mode decode): FLA 0.6.0 fused_recurrent_{op}_fwd(inplace_final_state=True), in place",
+        )
+        for op in ("gdn2", "kda")
+    ),
 )

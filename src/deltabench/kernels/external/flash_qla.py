@@ -8,6 +8,11 @@ any other, so it is imported on the first call, never at module import. Every ne
 first call (3 to 50 s per kernel): a runner's warm-up absorbs that and reports it apart as compile time, and a run
 on a GPU lists the kernels its gates will call by a dry run and builds them side by side first (``jit="tilelang"``,
 kernels/common/jit_units.py).
+
+FlashQLA 0.1.3 has no decode or recurrent entry point: ``chunk_gated_delta_rule`` (with its ``_fwd`` and ``_bwd``
+halves) is all it exports. In mode decode (T = 1..8 new tokens from a state) the impl runs that chunk kernel, the T
+tokens padded to one 64-token chunk, its new state allocated: the figure a serving engine would get from FlashQLA
+alone, not a decode kernel's.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ IMPLS = (
         requires=("flash_qla", "tilelang"),
         compiles_per_shape=True,  # TileLang, without autotuning: its gates side by side, a process each
         jit="tilelang",  # its kernels listed by a dry run and built side by side before its gates
-        notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds",
+        notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds; no decode "
+        "entry point: mode decode runs its chunk kernel",
     ),
 )

@@ -10,9 +10,10 @@ subtracted from a microsecond figure. Beside it, :func:`time_decode` reports the
 a host synchronisation each (scope ``host``), the figure a naive harness publishes.
 
 A run times every decode job of a torch-facing impl on a GPU with it (:func:`time_job`, the timer
-:func:`deltabench.runners.timing.timer_for` gives mode ``decode`` on ``cuda``): the shared stopping rules
-(:func:`deltabench.runners.timing.adaptive_samples`) over replays of :func:`calls_per_replay` calls, samples labelled
-``cuda_graph``, no L2 flush, and a note with the copies, the calls per replay and the host-synchronised figure. An
+:func:`deltabench.runners.timing.timer_for` gives mode ``decode`` on ``cuda``): the shared stopping rules over
+replays of :func:`calls_per_replay` calls, the GPU's state read after each batch of them
+(:func:`deltabench.runners.hwstate.sample_in_windows`), samples labelled ``cuda_graph``, no L2 flush, and a note
+with the copies, the calls per replay and the host-synchronised figure. An
 impl whose call cannot be captured in a CUDA graph (one that synchronises with the host) is timed by CUDA events
 instead, and its note says why. ``python benchmarks/gpu/decode_timer.py`` prints both scopes per decode-h200 job.
 """
@@ -29,7 +30,8 @@ from typing import Any
 import torch
 
 from . import cuda as cuda_timer
-from .timing import Timed, TimerRequest, adaptive_samples, summarize
+from .hwstate import hardware_records, sample_in_windows
+from .timing import Timed, TimerRequest, summarize
 
 __all__ = [
     "DecodeTiming",
@@ -155,7 +157,9 @@ def time_job(request: TimerRequest) -> Timed:
         why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         timed.note = f"decode timer: the call is not capturable in a CUDA graph ({why}); timed by CUDA events"
         return timed
-    got = adaptive_samples(measure, **request.rules)
+    monitor = cuda_timer.device_monitor()  # the GPU's state after each batch, as the CUDA timer reads it
+    state = monitor.sample if monitor.available else None
+    got, record = sample_in_windows(measure, state, reason=monitor.reason, **request.rules)
     host = statistics.median(_host_us(request.subject, 20))
     timing = summarize(
         got.samples_ms, clock="cuda_graph", warmup=got.warmup, l2_flush=False,
@@ -165,7 +169,7 @@ def time_job(request: TimerRequest) -> Timed:
         f"decode timer: {per_replay} calls a CUDA-graph replay over {copies} copies of the inputs (L2 overflowed, "
         f"not flushed); a host-synchronised call {host:.1f} us"
     )
-    return Timed(timing, note=note)
+    return Timed(timing, note=note, records=tuple(hardware_records(record)))
 
 
 def time_decode(impl: Any, case: Any, *, per_replay: int = 200, replays: int = 50) -> DecodeTiming:

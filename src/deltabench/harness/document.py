@@ -371,7 +371,8 @@ class WorkFigures(_Model):
     floor_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     pct_of_floor: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="100 * floor / measured")
     # A decode step's figures (mode decode): its time per step, new tokens per second, the state's traffic (read
-    # and written once) per second and as a share of the machine's measured copy ceiling.
+    # and written once) per second and as a share of the machine's measured copy ceiling. A training step (lm_step,
+    # fwd+bwd) has tokens_per_s too: its B*T tokens per second.
     us_per_step: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     tokens_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     state_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)

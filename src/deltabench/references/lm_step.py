@@ -109,7 +109,7 @@ def lm_forward(
 
 
 # The mixer's dtype, by the name make_inputs returns it under (the option ``mixer_dtype``).
-MIXER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MIXER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
 def rounded(mixer: Mixer, dtype: str) -> Mixer:

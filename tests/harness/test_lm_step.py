@@ -18,6 +18,7 @@ from deltabench.harness import registry
 from deltabench.harness.cases import Case
 from deltabench.harness.document import ResultDocument
 from deltabench.harness.ops import OPS, get_op, make_case_inputs
+from deltabench.harness.report import render_results
 from deltabench.kernels.gdn.torch.torch_chunk import gdn_torch_chunk
 from deltabench.kernels.lm_step import in_dtype
 from deltabench.references import gdn_layer
@@ -163,3 +164,5 @@ def test_the_e2e_cpu_suite_runs_end_to_end(tmp_path: Path) -> None:
         assert by["loss falls"].passed and by["loss falls"].gating
         assert 0 < by["mixer share"].value < 100 and not by["mixer share"].gating
         assert job.work.tokens_per_s and job.memory.peak_bytes > 0
+    table = render_results(doc, "markdown")
+    assert "| tokens/s | mixer % of step | status |" in table

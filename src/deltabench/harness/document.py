@@ -41,6 +41,7 @@ __all__ = [
     "EARLIEST_CREATED_AT",
     "GATE_ONLY",
     "ID_PATTERN",
+    "MIXER_SHARE",
     "RESERVED_RUN_IDS",
     "SCHEMA_VERSION",
     "STATUSES",
@@ -268,6 +269,10 @@ class CaseSpec(_Model):
         """``B8-T4096-H6-K128-V128`` (``B2-T100-D8`` for an op of dims B, T, D); packed sequences add their count
         and distribution, as harness/cases.Case.shape_id spells them."""
         return shape_id(self.dims, self.seqlens, self.seqlens_from)
+
+
+# The check name of a training step's mixer share (runners/step_share.py), a reported record: the report's column.
+MIXER_SHARE = "mixer share"
 
 
 class CheckRecord(_Model):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from deltabench.harness.cases import Case
-from deltabench.harness.document import CheckRecord
+from deltabench.harness.document import MIXER_SHARE, CheckRecord
 from deltabench.harness.ops import get_op
 
 __all__ = ["SHARE_STEPS", "mixer_share_record"]
@@ -113,7 +113,7 @@ def mixer_share_record(subject: Callable[[], Any], case: Case, steps: int = SHAR
         else "not measured: the impl does not call its mixer through the op's own forward"
     )
     return CheckRecord(
-        check="mixer share",
+        check=MIXER_SHARE,
         metric="pct_of_step",
         value=pct,
         threshold=None,

@@ -150,6 +150,29 @@ def test_the_timed_step_trains_the_parameters() -> None:
     assert not torch.equal(before, subject.held["unembed"]) and losses[-1] < losses[0]
 
 
+def test_the_mixer_share_times_the_step_without_changing_it() -> None:
+    """The instrumented step (every mixer call wrapped to read the clock) computes the step's very losses and
+    gradients, and its record gives the mixer a share of the step."""
+    from deltabench.runners.step_share import mixer_share_record, timing_mixers
+
+    case = Case("lm_step", **DIMS, dtype="fp32", mode="fwd+bwd")
+    impl = registry.get_impl("lm_step", "gdn:torch_chunk")
+    inputs = make_case_inputs(get_op("lm_step"), case)
+    args = [inputs["tokens"], inputs["targets"]]
+
+    def loss_and_grads() -> list[torch.Tensor]:
+        params = [inputs[n].detach().clone().requires_grad_(True) for n in R.PARAMS]
+        loss = impl(*args, *params, mixer_dtype="fp32")[0].mean()
+        return [loss.detach(), *torch.autograd.grad(loss, params)]
+
+    plain = loss_and_grads()
+    with timing_mixers(case) as clock:
+        assert all(torch.equal(a, b) for a, b in zip(loss_and_grads(), plain, strict=True))
+    assert {"mixer fwd", "mixer bwd"} <= set(clock.totals_ms())
+    record = mixer_share_record(build_subject(impl, case, inputs), case, steps=2)
+    assert 0 < record.value < 100 and "mixer fwd" in record.detail and not record.gating
+
+
 def test_the_e2e_cpu_suite_runs_end_to_end(tmp_path: Path) -> None:
     """``deltabench run --suite e2e-cpu``: every job ok, gated, with tokens/s, peak memory and the mixer's share."""
     out = tmp_path / "e2e.json"

@@ -11,8 +11,9 @@ go through the op's own forward is not seen: the record says so.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.document import MIXER_SHARE, CheckRecord
 from deltabench.harness.ops import get_op
 
-__all__ = ["SHARE_STEPS", "mixer_share_record"]
+__all__ = ["SHARE_STEPS", "mixer_share_record", "timing_mixers"]
 
 SHARE_STEPS = 5  # instrumented steps after the timing (the first of them also warms the wrapper's path)
 
@@ -92,11 +93,19 @@ def _wrapper(clock: _Clock) -> Callable[[Callable[..., Any]], Callable[..., Any]
     return wrap
 
 
+@contextlib.contextmanager
+def timing_mixers(case: Case) -> Iterator[_Clock]:
+    """Within, every mixer call of `case`'s op reads the returned clock around its forward (``mixer fwd``) and its
+    backward (``mixer bwd``); ``clock.totals_ms()`` sums them."""
+    clock = _Clock(case.device == "cuda")
+    with get_op(case.op).training.wrap_mixer(_wrapper(clock)):
+        yield clock
+
+
 def mixer_share_record(subject: Callable[[], Any], case: Case, steps: int = SHARE_STEPS) -> CheckRecord:
     """``mixer share`` (not gating): the mixer's forward and backward time as a percentage of `steps` training steps
     of `subject`, each on the job's clock; the milliseconds per step in its detail."""
-    clock = _Clock(case.device == "cuda")
-    with get_op(case.op).training.wrap_mixer(_wrapper(clock)):
+    with timing_mixers(case) as clock:
         for _ in range(steps):
             start = clock.mark()
             subject()

@@ -176,7 +176,6 @@ def make_inputs(
     layers = [
         _layer.make_inputs(
             1, 1, D, H, K, V, dtype=torch.float32, device=device, seed=seed + 7919 * (i + 1), regime=regime,
-            initial_state=initial_state,
         )
         for i in range(L)
     ]  # fmt: skip

@@ -189,3 +189,21 @@ def test_the_e2e_cpu_suite_runs_end_to_end(tmp_path: Path) -> None:
         assert job.work.tokens_per_s and job.memory.peak_bytes > 0
     table = render_results(doc, "markdown")
     assert "| tokens/s | mixer % of step | status |" in table
+
+
+@pytest.mark.parametrize(
+    "op, impl, dims",
+    [
+        ("lm_step", "gdn:torch_recurrent", DIMS),
+        ("gdn_layer", "torch_layer", {"B": 1, "T": 40, "D": 8, "H": 2, "K": 4, "V": 4}),
+    ],
+)
+def test_the_full_shape_reference_is_the_contracts_reference_impl(op: str, impl: str, dims: dict[str, int]) -> None:
+    """Where the oracle stands back (``reference="torch_chunk"``), an op's full shape is compared with its contract's
+    ``reference_impl`` in fp32 (``gdn:torch_chunk``, ``torch_layer``): ops without a ``torch_chunk`` impl gate there."""
+    case = Case(op, **dims, dtype="fp32", mode="fwd+bwd")
+    report = verify_case(
+        registry.get_impl(op, impl), case, seeds=1, extra_seed=False, regimes=["typical"], reference="torch_chunk"
+    )
+    assert report.passed, [f"{r.check} {r.value} {r.detail}" for r in report.failures]
+    assert any(r.reference == "torch_chunk_fp32" and r.check == "grad:w_o" for r in report.records)

@@ -23,7 +23,7 @@ def test_the_built_in_ops_are_the_reference_modules() -> None:
 
     from deltabench.references import builtin_op_modules
 
-    assert builtin_op_modules() == ("gdn", "gdn2", "gdn_layer", "kda", "sdm")
+    assert builtin_op_modules() == ("gdn", "gdn2", "gdn_layer", "kda", "lm_step", "sdm")
     for name in builtin_op_modules():
         assert importlib.import_module(f"deltabench.references.{name}").CONTRACT.name == name
     assert list(OPS)[: len(builtin_op_modules())] == list(builtin_op_modules())

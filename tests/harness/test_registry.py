@@ -36,7 +36,7 @@ def test_register_and_get(cleanup: list[tuple[str, str]]) -> None:
 
 
 def test_unknown_names_are_bad_input() -> None:
-    with pytest.raises(UnknownOp, match=r"known ops: gdn, gdn2, gdn_layer, kda, sdm"):
+    with pytest.raises(UnknownOp, match=r"known ops: gdn, gdn2, gdn_layer, kda, lm_step, sdm"):
         get_impl("sdx", "x")
     with pytest.raises(UnknownImpl, match=r"registered impls are .*torch_chunk"):
         get_impl("gdn", "missing")

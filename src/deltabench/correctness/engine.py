@@ -29,6 +29,9 @@ bitwise determinism (gating when asked, or when the op's contract demands it), a
 (``fresh_process``: the CLI and the runner do whenever determinism gates) replays the first of those calls in a
 fresh interpreter (correctness/fresh_process.py) and holds it to the same bits (``determinism:process``).
 
+An op that is a model's loss (its contract's ``training``: ``lm_step``) is also trained a few steps on one sequence
+when the gate back-propagates, and the loss must fall (``loss falls``, correctness/training.py).
+
 A ``decode`` case (T = 1..8 new tokens) steps from a state in every run, the state a 64-token prefix of the op
 leaves (harness/ops.decode_state); its length sweep is T = 1, 3 and 8 new tokens, and nothing back-propagates.
 
@@ -448,6 +451,11 @@ def verify_case(
         if gating and fresh_process:
             with clock("fresh process"):
                 records.append(fresh_process_record(impl, case, first_run, imports, **where))
+    if spec.training is not None and grads and not stopped:
+        from .training import loss_falls_record
+
+        with clock("loss falls"):
+            records.append(loss_falls_record(impl, case))
     return VerifyReport(
         case=case, impl=name, records=records, seeds=seed_list, drawn_seed=drawn, reference=sentence,
         stage_s=clock.seconds,

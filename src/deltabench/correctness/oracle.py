@@ -76,9 +76,11 @@ def chunk_grad_T(case: Case, spec: OpSpec) -> int:
 
 
 def chunk_reference(case: Case) -> Callable[..., Any]:
+    """The op's full-shape reference impl (its contract's ``reference_impl``: the delta family's torch_chunk)."""
+    from deltabench.harness.ops import get_op
     from deltabench.harness.registry import get_impl
 
-    return get_impl(case.op, "torch_chunk")
+    return get_impl(case.op, get_op(case.op).reference_impl)
 
 
 def oracle_runs(spec: OpSpec, items: list[Item], limit: float) -> list[Run]:

@@ -91,9 +91,10 @@ def _source_root() -> Path:
 @functools.cache
 def _chunk_sources(op: str) -> tuple[Path, ...]:
     """The chunked torch reference's module and the kernels/common helpers it builds on."""
+    from deltabench.harness.ops import get_op
     from deltabench.harness.registry import get_impl
 
-    fn = get_impl(op, "torch_chunk").fn
+    fn = get_impl(op, get_op(op).reference_impl).fn
     target = getattr(fn, "__deltabench_target__", None)
     origin = importlib.util.find_spec(target.partition(":")[0]).origin if target else inspect.getsourcefile(fn)
     files = [Path(origin).resolve()] if origin else []

@@ -42,6 +42,7 @@ __all__ = [
     "GATE_ONLY",
     "HARDWARE_CHECKS",
     "ID_PATTERN",
+    "MIXER_SHARE",
     "RESERVED_RUN_IDS",
     "SCHEMA_VERSION",
     "STATUSES",
@@ -273,6 +274,8 @@ class CaseSpec(_Model):
 
 # The verification records of a job's GPU state while it was timed (runners/hwstate.py); they never gate.
 HARDWARE_CHECKS = ("hardware:clocks", "hardware:throttle")
+# The check name of a training step's mixer share (runners/step_share.py), a reported record: the report's column.
+MIXER_SHARE = "mixer share"
 
 
 class CheckRecord(_Model):
@@ -376,7 +379,8 @@ class WorkFigures(_Model):
     floor_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     pct_of_floor: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="100 * floor / measured")
     # A decode step's figures (mode decode): its time per step, new tokens per second, the state's traffic (read
-    # and written once) per second and as a share of the machine's measured copy ceiling.
+    # and written once) per second and as a share of the machine's measured copy ceiling. A training step (lm_step,
+    # fwd+bwd) has tokens_per_s too: its B*T tokens per second.
     us_per_step: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     tokens_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     state_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)

@@ -13,7 +13,7 @@ import io
 import json
 from typing import Any
 
-from .document import JobResult, ResultDocument
+from .document import MIXER_SHARE, JobResult, ResultDocument
 
 __all__ = ["CLOCK_LABELS", "FORMATS", "print_results", "render_results", "result_rows"]
 
@@ -47,6 +47,8 @@ _COLUMNS = (
     "peak_mib",
     "memory_method",
     "gate_reference",
+    "tokens_per_s",
+    "mixer_pct",
 )
 
 
@@ -89,6 +91,8 @@ def result_rows(doc: ResultDocument) -> list[dict[str, Any]]:
                 "peak_mib": m.peak_bytes / 2**20 if m else None,
                 "memory_method": m.method if m else "",
                 "gate_reference": job.gate_reference if job.verification else "",
+                "tokens_per_s": job.case.B * job.case.T / (t.median_ms / 1e3) if t and t.median_ms > 0 else None,
+                "mixer_pct": next((r.value for r in job.verification if r.check == MIXER_SHARE), None),
             }
         )
     return rows
@@ -127,16 +131,21 @@ def _op_tables(doc: ResultDocument, reason_width: int) -> list[tuple[str, list[s
         header = ["shape", "dtype", "mode", "impl", f"median ms{time_label}", "IQR ms"]
         if not one_clock:
             header.append("clock")
-        header += ["vs baseline", "TFLOP/s", "% of floor", f"peak MiB{mem_label}", "status"]
+        spec = OPS.get(op)
+        training = spec is not None and spec.training is not None  # a model's step: its tokens/s and mixer share
+        header += ["vs baseline", "TFLOP/s", "% of floor", f"peak MiB{mem_label}"]
+        header += ["tokens/s", "mixer % of step", "status"] if training else ["status"]
         cells = []
         for r in mine:
             row = [r["shape"], r["dtype"], r["mode"], r["impl"], _num(r["median_ms"]), _num(r["iqr_ms"], 2)]
             if not one_clock:
                 row.append(r["clock"] or "-")
             speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-            row += [speed, _num(r["tflops"]), _num(r["pct_of_floor"], 2), _num(r["peak_mib"]), _status(r, reason_width)]
+            row += [speed, _num(r["tflops"]), _num(r["pct_of_floor"], 2), _num(r["peak_mib"])]
+            if training:
+                row += [_num(r["tokens_per_s"]), _num(r["mixer_pct"], 2)]
+            row.append(_status(r, reason_width))
             cells.append(row)
-        spec = OPS.get(op)
         title = f"{op}: {spec.title if spec else op} (baseline: {doc.baselines.get(op, '-')})"
         out.append((title, header, cells))
     return out

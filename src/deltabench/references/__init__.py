@@ -1,4 +1,4 @@
-"""Float64 oracles and seeded input generators, one module per op (gdn, gdn2, gdn_layer, kda, sdm).
+"""Float64 oracles and seeded input generators, one module per op (gdn, gdn2, gdn_layer, kda, lm_step, sdm).
 
 Pure functions of their inputs: nothing here imports the rest of deltabench. Each public module but ``contract``
 is a built-in op of that name and declares its ``CONTRACT``: adding ``references/<op>.py`` adds the op.

@@ -24,6 +24,7 @@ __all__ = [
     "REGIMES",
     "ArgSpec",
     "OpContract",
+    "Training",
     "chunked_delta_work",
     "decode_work",
     "delta_contract",
@@ -94,6 +95,30 @@ class ArgSpec:
     def sequence(self) -> bool:
         """True when the tensor runs along time (``T`` its second dim): the streaming check splits it."""
         return self.extent is None and len(self.layout) > 1 and self.layout[1] == "T"
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """How an op that is a model's per-token loss is trained (``lm_step``): its optimizer step and the check that
+    training works.
+
+    Attributes:
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer`` over the op's differentiable inputs (leaves).
+        step: ``step(fn, args, optimizer, **kwargs) -> loss``: one training step of impl `fn` on its positional
+            `args` (the op's inputs, the parameters among them the optimizer's leaves): the forward, the mean of
+            its per-token output as the loss, the backward and the optimizer's step; returns the loss (detached).
+            A timed ``fwd+bwd`` job of the op times this whole step.
+        memorise: ``memorise(fn, dims, dtype=, device=, seed=) -> (losses, bound)``: the losses of a few steps of
+            `fn` on one fixed batch, and the bound the last must be under (the ``loss falls`` gate record).
+        wrap_mixer: ``wrap_mixer(wrap)``, a context manager within which the op's built-in forward calls each of its
+            sequence mixers through ``wrap(mixer)`` (for the mixer's share of a step; an impl that does not go
+            through the op's own forward is not seen).
+    """
+
+    optimizer: Callable[[list[Any]], Any]
+    step: Callable[..., Any]
+    memorise: Callable[..., tuple[list[float], float]]
+    wrap_mixer: Callable[[Callable[..., Any]], Any]
 
 
 # A work model: (contract, dims, bytes of the case's float dtype, mode) -> {"flops": ..., "bytes": ...}.
@@ -192,6 +217,10 @@ class OpContract:
             its work model then counts the step's state traffic as ``state_bytes`` (:func:`decode_work`).
         varlen: the op takes packed sequences (:data:`CU_SEQLENS`): B = 1, the sequences concatenated along T,
             the state one row per sequence; its oracle is then run sequence by sequence.
+        reference_impl: the impl, run in float32, that stands in for the oracle at a shape too costly for it (the
+            gate's full-shape reference, the timed calls' re-checks): the delta family's ``torch_chunk``.
+        training: the op is a model's per-token loss (:class:`Training`): its ``fwd+bwd`` jobs time a whole
+            training step and its gate also checks that training lowers the loss; None for a kernel op.
     """
 
     name: str
@@ -217,6 +246,8 @@ class OpContract:
     check_dims: Callable[[Mapping[str, int]], str | None] | None = None
     decode: bool = False
     varlen: bool = False
+    reference_impl: str = "torch_chunk"
+    training: Training | None = None
 
     def __post_init__(self) -> None:
         bad = [d for d in self.dims if not _DIM_NAME.fullmatch(d)]

@@ -103,18 +103,21 @@ def gdn_layer_block(
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixer block around `recurrence`, everything but the recurrence in `compute` (the oracle's float64, an
-    impl's float32); returns ``(y [B, T, D], packed final state)``, y in `compute`, the state in float32 or
-    `compute` whichever is wider."""
+    impl's float32 or a model's 16-bit dtype; the log-decay in float32 at least); returns ``(y [B, T, D], packed
+    final state)``, y in `compute`, the state in float32 or `compute` whichever is wider."""
     w = dict(zip(WEIGHTS, (t.to(compute) for t in weights), strict=True))
     x = x.to(compute)
     B, T, _ = x.shape
     _, _, H, K = w["w_q"].shape
     V = w["w_v"].shape[-1]
+    # The state stays in float32 (float64 for the oracle) when the block computes in a 16-bit dtype.
+    wide = torch.float64 if compute == torch.float64 else torch.float32
     if initial_state is None:
         history = x.new_zeros(B, CONV - 1, channels(H, K, V))
         S0 = None
     else:
-        history, S0 = unpack_state(initial_state.to(compute), H, K, V)
+        history, S0 = unpack_state(initial_state.to(wide), H, K, V)
+        history = history.to(compute)
     proj = [torch.einsum("btd,bdhk->bthk", x, w[n]).flatten(2) for n in ("w_q", "w_k", "w_v")]
     kernel = torch.cat([w[n].flatten(2) for n in ("conv_q", "conv_k", "conv_v")], dim=2)
     mixed, history = causal_conv(torch.cat(proj, dim=2), kernel, history)
@@ -127,7 +130,7 @@ def gdn_layer_block(
     o, S = recurrence(q, k, v, g.float() if compute != torch.float64 else g, beta, scale=K**-0.5, initial_state=S0)
     o = gated_norm(o.to(compute), w["norm_w"], torch.einsum("btd,bdhv->bthv", x, w["w_gate"]))
     y = torch.einsum("bthv,bhvd->btd", o, w["w_o"])
-    return y, pack_state(history, S.to(compute))
+    return y, pack_state(history.to(wide), S.to(wide))
 
 
 def gdn_layer_oracle(
@@ -229,4 +232,5 @@ CONTRACT = OpContract(
     work=_layer_work,
     oracle_shrink=("B", "H"),
     zero_token_is_identity=False,
+    reference_impl="torch_layer",
 )

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from deltabench.harness.document import WorkFigures
-from deltabench.harness.ops import work
+from deltabench.harness.ops import get_op, work
 
 __all__ = ["cache_path", "ceilings_for", "measure_ceilings", "work_figures"]
 
@@ -104,7 +104,8 @@ def ceilings_for(device: str, device_name: str, *, refresh: bool = False) -> dic
 def work_figures(
     op: str, dims: dict[str, int], dtype: str, mode: str, median_ms: float | None, ceilings: dict[str, float]
 ) -> WorkFigures:
-    """FLOP and bytes of one call, with the achieved rates and the roofline floor when a time is known; for a decode
+    """FLOP and bytes of one call, with the achieved rates and the roofline floor when a time is known; for a training
+    step (an op with a contract's ``training``, mode fwd+bwd) its tokens (B*T) per second; for a decode
     step also its microseconds, new tokens (B*T) per second and state bandwidth (the work model's ``state_bytes``,
     the state read and written once) with its share of the measured copy ceiling."""
     w = work(op, dims, dtype, mode)
@@ -115,6 +116,8 @@ def work_figures(
     fig.tflops = w["flops"] / seconds / 1e12
     fig.gbps = w["bytes"] / seconds / 1e9
     peak, bw = ceilings.get("matmul_tflops"), ceilings.get("copy_gbps")
+    if mode == "fwd+bwd" and get_op(op).training is not None:
+        fig.tokens_per_s = dims["B"] * dims["T"] / seconds  # a training step's tokens (its contract's training)
     if mode == "decode":
         fig.us_per_step = median_ms * 1e3
         fig.tokens_per_s = dims["B"] * dims["T"] / seconds

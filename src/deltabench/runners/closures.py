@@ -1,4 +1,5 @@
-"""Zero-argument closures that a timer calls: the impl's forward, forward+backward, or backward alone.
+"""Zero-argument closures that a timer calls: the impl's forward, forward+backward, or backward alone; for an op that
+is a model's loss (its contract's ``training``), fwd+bwd is a whole training step, the optimizer's included.
 
 Inputs (and, for the backward, the random cotangent ``do`` and the forward graph) are built here,
 outside the timed region. fwd+bwd differentiates ``(o * do).sum()`` for a fixed random ``do``; bwd
@@ -73,6 +74,17 @@ def build_subject(impl: Impl, case: Case, inputs: dict[str, torch.Tensor]) -> Su
         return (o * do).sum()
 
     wrt = list(leaves.values())
+    if case.mode == "fwd+bwd" and spec.training is not None:
+        # A model's loss: the whole training step, the optimizer's step on the parameters included (its moments
+        # allocated here, untimed; each call trains the parameters on).
+        params = [leaves[n] for n in spec.args if n in leaves]
+        optimizer = spec.training.optimizer(params)
+        kwargs = {state_arg: leaves.get(state_arg), **options}
+
+        def train_step() -> Any:
+            return spec.training.step(impl, largs, optimizer, **kwargs)
+
+        return Subject(train_step, dict(leaves))
     if case.mode == "fwd+bwd":
 
         def fwd_bwd() -> Any:

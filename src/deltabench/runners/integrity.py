@@ -335,11 +335,11 @@ class TimedCallGuard:
         from deltabench.harness.registry import get_impl
 
         try:
-            chunk = get_impl(self.case.op, "torch_chunk")
+            chunk = get_impl(self.case.op, self.spec.reference_impl)
         except UnknownImpl:
             chunk = None
         if chunk is not None and chunk.source == "builtin" and self.case.device.partition(":")[0] in chunk.devices:
-            return chunk, "torch_chunk fp32"
+            return chunk, f"{self.spec.reference_impl} fp32"
         return self.spec.oracle, "oracle"
 
     def _expected(self, snap: _Snapshot, ref: Callable[..., Any]) -> list[tuple[str, torch.Tensor | None]]:

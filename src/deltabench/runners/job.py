@@ -22,7 +22,8 @@ same impl one after another. The order matters:
    are compiled with XLA's cheap CPU settings, which on a cold cache cuts the gate's compiling about tenfold;
 4. peak device memory (CUDA) and the timing, by the timer :data:`.timing.TIMERS` gives the impl's backend on the
    case's platform (host clock, CUDA events, JAX on its device; a decode step on a GPU, CUDA-graph replays:
-   :func:`.timing.timer_for`).
+   :func:`.timing.timer_for`); for a training step (an op with a contract's ``training``, mode fwd+bwd) then the
+   mixer's share of the step (runners/step_share.py).
 
 Any exception becomes the job's status: ``oom`` for out-of-memory, ``failed`` otherwise, with the phase
 it happened in.
@@ -40,6 +41,7 @@ from typing import Any
 from deltabench.harness.cases import Case
 from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
 from deltabench.harness.errors import is_out_of_memory
+from deltabench.harness.ops import get_op
 
 from . import integrity
 from .base import JobSpec
@@ -99,7 +101,12 @@ def _time(
     the integrity records of its timed calls (runners/integrity.py)."""
     timer = timer_for(impl.backend, case.device, case.mode)
     on = job.gate.integrity
-    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
+    # A training step (runners/closures.py) changes its parameters every call, which the guard's re-checks of
+    # sampled calls against the reference cannot follow: the clock's record alone, as for a timer that calls the
+    # impl its own way.
+    training = get_op(case.op).training is not None and case.mode == "fwd+bwd"
+    guarded = on and timer.takes_guard and not training
+    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if guarded else None
     timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
     if not on:
         return timed, []
@@ -169,7 +176,7 @@ def execute(job: JobSpec) -> JobResult:
     placed = contextlib.ExitStack()  # the JAX device of the case, from the impl's first call to its timing
     try:
         from deltabench.harness.devices import keep_to_share, placement
-        from deltabench.harness.ops import get_op, make_case_inputs
+        from deltabench.harness.ops import make_case_inputs
         from deltabench.harness.registry import get_impl
 
         _phase(phase)
@@ -279,6 +286,12 @@ def execute(job: JobSpec) -> JobResult:
         result.timing = timing
         result.memory = timed.memory if timed.memory is not None else mem
         result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
+        if get_op(case.op).training is not None and case.mode == "fwd+bwd":
+            phase = "mixer share"
+            _phase(phase)
+            from .step_share import mixer_share_record
+
+            result.verification = [*result.verification, mixer_share_record(subject, case)]
         result.status = "ok"
         integrity.flag(result, [*checks, *timed.records])
     except BaseException as exc:  # a job's failure is its result; the run goes on

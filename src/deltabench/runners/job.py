@@ -40,7 +40,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, MemoryStats, TimingStats
 from deltabench.harness.errors import is_out_of_memory
 
-from . import integrity
+from . import integrity, integrity_hooks
 from .base import JobSpec
 from .timing import Timed, TimerRequest, timer_for
 
@@ -92,14 +92,20 @@ def parse_phase_mark(line: str) -> tuple[str, float | None]:
 
 def _time(
     impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float
-) -> tuple[Timed, list[CheckRecord]]:
+) -> tuple[Timed | None, list[CheckRecord]]:
     """The job's timing by the timer the table gives the impl's backend on the case's platform
     (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events, or JAX on its device), and the integrity
-    records of its timed calls (runners/integrity.py)."""
+    records of its timed calls (runners/integrity.py); no timing when a timed call was refused what the interpreter
+    watch refuses (runners/integrity_hooks.py: its record fails)."""
     timer = timer_for(impl.backend, case.device)
     on = job.gate.integrity
     guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
-    timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    try:
+        timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    except integrity_hooks.Refused:
+        if guard is None:
+            raise
+        return None, guard.records(None)  # a timed call tried what the watch refuses: flagged, never timed
     if not on:
         return timed, []
     if guard is not None and timed.guarded:
@@ -272,13 +278,14 @@ def execute(job: JobSpec) -> JobResult:
         phase = "timing"
         _phase(phase)
         timed, checks = _time(impl, case, subject, inputs, job, first_call_s)
-        timing = timed.timing
-        if isinstance(timing, TimingStats) and timing.compile_s is None:
-            timing.compile_s = first_call_s
-        result.timing = timing
-        result.memory = timed.memory if timed.memory is not None else mem
-        result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
-        result.status = "ok"
+        if timed is not None:
+            timing = timed.timing
+            if isinstance(timing, TimingStats) and timing.compile_s is None:
+                timing.compile_s = first_call_s
+            result.timing = timing
+            result.memory = timed.memory if timed.memory is not None else mem
+            result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
+        result.status = "ok"  # flag() makes it incorrect, with no timing, when a defence failed
         integrity.flag(result, checks)
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):

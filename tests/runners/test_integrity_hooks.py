@@ -46,7 +46,19 @@ def test_only_the_token_ends_the_watch() -> None:
         with pytest.raises(integrity_hooks.Refused):
             gc.get_referrers(token)  # still armed
     finally:
-        assert integrity_hooks.disarm(token) == ["gc.get_referrers"]
+        assert integrity_hooks.disarm(token) is None  # the attempts are reported: no clean list of refusals
+    token = integrity_hooks.arm()
+    with pytest.raises(integrity_hooks.Refused):
+        gc.get_referrers(token)
+    assert integrity_hooks.disarm(token) == ["gc.get_referrers"]
+
+
+def test_no_audit_hook_after_the_watch() -> None:
+    """Another audit hook could read the token off the arm event: none is added."""
+    seen: list[str] = []
+    sys.addaudithook(lambda event, args: seen.append(event))
+    integrity_hooks.disarm(integrity_hooks.arm())
+    assert seen == []
 
 
 def test_the_state_names_an_armed_timer_and_a_profile_function() -> None:

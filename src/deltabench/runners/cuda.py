@@ -18,6 +18,7 @@ import torch
 
 from deltabench.harness.document import TimingStats
 
+from .cuda_integrity import KernelTrace, kernel_time_record, synchronize_all
 from .timing import TIMING_DEFAULTS, Timed, TimerRequest, adaptive_samples, summarize
 
 __all__ = ["L2_FLUSH_BYTES", "time_callable", "time_job"]
@@ -34,20 +35,31 @@ def _flush_buffer() -> torch.Tensor:
     return _flush_buffers[dev]
 
 
-def _event_measure(fn: Callable[[], Any], flush: torch.Tensor | None) -> Callable[[int], list[float]]:
-    """`n` samples, one event pair each, flushing L2 before each; one synchronisation per batch."""
+def _event_measure(
+    fn: Callable[[], Any], flush: torch.Tensor | None, guard: Any = None
+) -> Callable[[int], list[float]]:
+    """`n` samples, one event pair each, flushing L2 before each; one synchronisation of every device per batch. A
+    `guard` (``runners.integrity.TimedCallGuard``) is told of each call outside the events (its perturbation before
+    the flush, so the flush evicts it), and of the batch's samples once they are known."""
 
     def measure(n: int) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for start, end in zip(starts, ends, strict=True):
+            if guard is not None:
+                guard.before()
             if flush is not None:
                 flush.zero_()  # outside the events: the flush is never timed
             start.record()
-            fn()
+            out = fn()
             end.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+            if guard is not None:
+                guard.after(out, None)  # a sampled call's outputs copied on this stream, right after its end event
+        synchronize_all()  # every stream of every device: nothing a batch launched is still running after it
+        got = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        if guard is not None:
+            guard.settle(got)
+        return got
 
     return measure
 
@@ -114,12 +126,14 @@ def time_callable(
     cuda_graph: bool = TIMING_DEFAULTS.cuda_graph,
     graph_calls: int = TIMING_DEFAULTS.graph_calls,
     first_call_s: float | None = None,
+    guard: Any = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the current CUDA device.
 
     Each sample is bracketed by CUDA events after an L2 flush (``l2_flush``); with ``cuda_graph`` the
     subject is captured ``graph_calls`` times in a CUDA graph and the flush's cost is subtracted. The
-    first call is timed on the host clock (``compile_s``) unless the caller passes `first_call_s`.
+    first call is timed on the host clock (``compile_s``) unless the caller passes `first_call_s`. A `guard`
+    (``runners.integrity.TimedCallGuard``) sees every timed call of the events' timing (never a graph's).
     """
     torch.cuda.synchronize()
     if first_call_s is None:
@@ -130,11 +144,18 @@ def time_callable(
     flush = _flush_buffer() if l2_flush else None
     if cuda_graph:
         measure, clock = _graph_measure(fn, flush, graph_calls), "cuda_graph"
+        guard = None
     else:
-        measure, clock = _event_measure(fn, flush), "cuda_events"
-    got = adaptive_samples(
-        measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
-    )
+        measure, clock = _event_measure(fn, flush, guard), "cuda_events"
+    if guard is not None:
+        guard.start()
+    try:
+        got = adaptive_samples(
+            measure, budget_s=budget_s, target_sem=target_sem, min_reps=min_reps, max_reps=max_reps, warmup_s=warmup_s
+        )
+    finally:
+        if guard is not None:
+            guard.stop()
     return summarize(
         got.samples_ms,
         clock=clock,
@@ -145,15 +166,33 @@ def time_callable(
     )
 
 
+# The CUPTI pass after the timing: this many calls, each between events, with nothing else on the device.
+KERNEL_TIME_CALLS = 20
+
+
+def kernel_time_pass(fn: Callable[[], Any], calls: int = KERNEL_TIME_CALLS) -> Any:
+    """``integrity:kernel_time`` (runners/cuda_integrity.py): `calls` calls of `fn` between events, no flush,
+    traced by CUPTI; the kernels' busy time on every stream against the events' sum. Without cupti-python, a note
+    and no calls."""
+    with KernelTrace() as trace:
+        if trace.intervals is None:
+            return kernel_time_record([], None, trace.why_not)
+        ms = _event_measure(fn, None)(calls)
+    return kernel_time_record(ms, trace.intervals, trace.why_not)
+
+
 def time_job(request: TimerRequest) -> Timed:
     """The table's CUDA timer: `request`'s subject between CUDA events (graph replays with ``cuda_graph``), with the
-    job's settings."""
+    job's settings; with the request's integrity guard, its events' timed calls guarded and a CUPTI pass after."""
     settings = request.settings
+    guard = None if settings.cuda_graph else request.guard
     timing = time_callable(
         request.subject,
         **request.rules,
         l2_flush=settings.l2_flush,
         cuda_graph=settings.cuda_graph,
         first_call_s=request.first_call_s,
+        guard=guard,
     )
-    return Timed(timing)
+    records = [kernel_time_pass(request.subject)] if guard is not None else []
+    return Timed(timing, guarded=guard is not None, records=records)

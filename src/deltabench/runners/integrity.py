@@ -236,8 +236,20 @@ class TimedCallGuard:
     read, which :meth:`before` perturbs in place.
     """
 
-    def __init__(self, impl: Any, case: Case, subject: Any, inputs: dict[str, Any], *, perturb: bool = True) -> None:
-        self.impl, self.case, self.inputs = impl, case, inputs
+    def __init__(
+        self,
+        impl: Any,
+        case: Case,
+        subject: Any,
+        inputs: dict[str, Any],
+        *,
+        perturb: bool = True,
+        device_timer: bool = False,
+    ) -> None:
+        self.impl, self.case, self.inputs, self.subject = impl, case, inputs, subject
+        # a device timer's samples are device time, known after its batch (settle), and the loop's host time
+        # outside them (launches, the L2 flush) is no sign of work moved out of the calls
+        self.device_timer = device_timer
         self.spec = get_op(case.op)
         diff = {a.name for a in self.spec.inputs if a.differentiable} | {self.spec.state_arg}
         self.held = {
@@ -250,7 +262,7 @@ class TimedCallGuard:
         self._rng = random.SystemRandom()  # os.urandom: no state in the process to read the next draws from
         self.sample_at = {self._rng.randrange(lo, hi) for lo, hi in SAMPLE_BUCKETS}
         self.calls = 0
-        self.samples_ms: list[float] = []
+        self.samples_ms: list[float | None] = []
         self.snapshots: list[_Snapshot] = []
         self.new_threads: set[str] = set()
         self.poisoned = 0
@@ -264,6 +276,7 @@ class TimedCallGuard:
         self._state0: _hooks.InterpreterState | None = None
         self.hook_problems: set[str] = set()
         self.refused: list[str] | None = []
+        self.ghost: CheckRecord | None = None
         self._span: tuple[int, int, int, int] | None = None
         self.loop_cost_ns = 0  # time spent by the guard inside the timing loop, outside the timed calls
 
@@ -291,9 +304,9 @@ class TimedCallGuard:
                     t.copy_(self.base[n]).mul_(self._factors[n])
         self.loop_cost_ns += _CLOCK_NS() - t0
 
-    def after(self, out: Any, ms: float) -> None:
-        """After a call that returned `out` in `ms` milliseconds: threads, and the copy of a sampled call's
-        outputs."""
+    def after(self, out: Any, ms: float | None) -> None:
+        """After a call that returned `out` in `ms` milliseconds (None: a device timer's, known at :meth:`settle`):
+        threads, hooks, and the copy of a sampled call's outputs (on a GPU, queued on the current stream)."""
         t0 = _CLOCK_NS()
         self.samples_ms.append(ms)
         sampled = self.calls in self.sample_at  # decided now that the call has returned
@@ -308,6 +321,12 @@ class TimedCallGuard:
         self.calls += 1
         self.loop_cost_ns += _CLOCK_NS() - t0
 
+    def settle(self, samples_ms: Sequence[float]) -> None:
+        """A device timer's batch of samples, known once it synchronised: they fill the last calls' places."""
+        pending = [i for i, x in enumerate(self.samples_ms) if x is None]
+        for i, ms in zip(pending[-len(samples_ms) :], samples_ms, strict=False):
+            self.samples_ms[i] = float(ms)
+
     def stop(self) -> None:
         """After the last timed call: the clocks, and the last call checked as its outputs stand now (its inputs
         rebuilt from their factors), which a result gone stale at any point of the loop cannot pass."""
@@ -316,8 +335,42 @@ class TimedCallGuard:
         self.refused = _hooks.disarm(self._token)
         if self._last is not None and self._returned and not self._last_sampled and self.perturb:
             self._keep(_Snapshot(self.calls - 1, dict(self._factors), self._poisoned_now), self._last)
+        if self._last is not None and self._returned and self.impl.backend == "triton" and self.perturb:
+            self.ghost = self._ghost()
         self._last = None  # the impl's last output is not kept alive past the loop
         self.loop_cost_ns += _CLOCK_NS() - t0
+
+    def _ghost(self) -> CheckRecord:
+        """``integrity:ghost`` (runners/cuda_integrity.py): one call with every Triton launch a no-op, on inputs with
+        fresh factors, its outputs against the last timed call's buffers and the reference for those inputs."""
+        from .cuda_integrity import ghost_launches, ghost_record
+
+        factors = {n: self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH) for n in self.held}
+        with torch.no_grad():
+            for n, t in self.held.items():
+                t.copy_(self.base[n]).mul_(factors[n])
+        mine = {_storage(x) for x in _tensors(self._last) if isinstance(x, torch.Tensor)}
+        with ghost_launches() as skipped:
+            try:
+                out, note = self.subject(), ""
+            except Exception as exc:  # garbage from skipped kernels may break what follows them
+                out, note = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        if out is None:
+            return ghost_record(skipped[0], False, None, 0.0, note)
+        got = [x for x in _tensors(out) if isinstance(x, torch.Tensor)]
+        same = bool(got) and all(_storage(x) in mine for x in got)
+        snap = _Snapshot(-1, factors, False)
+        ref, _ = self._reference()
+        name, want = self._expected(snap, ref)[0]
+        have = got[0].detach() if got else None
+        if want is None or have is None or tuple(have.shape) != tuple(want.shape):
+            return ghost_record(skipped[0], same, None, 0.0, "no output comparable with the reference")
+        bound = threshold(self.case.dtype, name, regime=self.case.regime, numel=want.numel(), op=self.case.op,
+                          dims=self.case.dims, profile=self._profile())  # fmt: skip
+        return ghost_record(skipped[0], same, rel_fro(have, want), bound)
+
+    def _profile(self) -> str:
+        return "triton_interpreter" if self.impl.backend == "triton" and self.case.device == "cpu" else "native"
 
     def _keep(self, snap: _Snapshot, out: Any) -> None:
         """Copy `out`'s tensors into `snap` (a lazy object or a tensor subclass is a problem, never forced)."""
@@ -345,6 +398,8 @@ class TimedCallGuard:
         t0 = _CLOCK_NS()
         recs = [self._inputs_record(), *self._recheck_records(), self._threads_record(), self._hooks_record()]
         recs.append(clock_record())
+        if self.ghost is not None:
+            recs.append(self.ghost)
         recs.append(self._wall_record(timing))
         loop_s, check_s = self.loop_cost_ns / 1e9, (_CLOCK_NS() - t0) / 1e9
         detail = (
@@ -415,7 +470,7 @@ class TimedCallGuard:
             note = "not re-checked: bwd replays one graph"
             return [_record("recheck", "rel_fro", None, None, True, note), self._poison_record()]
         ref, ref_name = self._reference()
-        profile = "triton_interpreter" if self.impl.backend == "triton" and self.case.device == "cpu" else "native"
+        profile = self._profile()
         worst, problems = 0.0, []
         fails: list[tuple[float, float, str]] = []
         for snap in self.snapshots:
@@ -477,17 +532,18 @@ class TimedCallGuard:
         problems = []
         if abs(span - wall) > _CLOCK_AGREEMENT * wall + _CLOCK_SLACK_NS:
             problems.append(f"the timer's clock spanned {span / 1e6:.1f} ms, the monotonic clock {wall / 1e6:.1f} ms")
-        total_ns = sum(self.samples_ms) * 1e6
+        measured = [x for x in self.samples_ms if x is not None]
+        total_ns = sum(measured) * 1e6
         if total_ns > wall + _CLOCK_SLACK_NS:
             problems.append(f"samples sum to {total_ns / 1e6:.1f} ms in a loop of {wall / 1e6:.1f} ms")
         untimed = wall - total_ns - self.loop_cost_ns
-        if untimed > _UNTIMED_SHARE * total_ns + _UNTIMED_SLACK_NS:
+        if not self.device_timer and untimed > _UNTIMED_SHARE * total_ns + _UNTIMED_SLACK_NS:
             problems.append(
                 f"{untimed / 1e6:.1f} ms of the loop outside both the timed calls ({total_ns / 1e6:.1f} ms) and the "
                 "guard: work done between the calls"
             )
         if timing is not None:
-            mine = self.samples_ms[-len(timing.samples_ms) :] if timing.samples_ms else []
+            mine = measured[-len(timing.samples_ms) :] if timing.samples_ms else []
             if [float(x) for x in timing.samples_ms] != mine:
                 problems.append("the timing's samples are not the ones measured")
             elif mine and timing.median_ms != _MEDIAN(mine):

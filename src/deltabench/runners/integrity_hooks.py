@@ -7,7 +7,9 @@ as the guard begins, an interval timer's signal, a ``gc`` callback). While a gua
 before any user module, and never removable) refuses the events that do this (:data:`REFUSED`: the ``gc`` object
 walks, frame access, ``ctypes``, signals sent to the process) by raising :class:`Refused` in the caller, and notes
 each, with a profile or trace function set (:data:`NOTED`); :func:`disarm` returns them. The watch's state lives
-in a closure that only the events it refuses could reach, and only the holder of :func:`arm`'s token ends it.
+in the hook's closure, reached only through audit events that carry :func:`arm`'s token; no audit hook can be
+added after it (one could read the token). Code that prepares at import can still defeat an in-process watch
+(``gc`` before any loop, ``ctypes``): these checks raise the cost of cheating, the process boundary would end it.
 
 :class:`InterpreterState` is what the guard compares after every call: interval timers armed, a profile or trace
 function, ``gc`` callbacks, Python-level thread count.
@@ -19,7 +21,6 @@ import _thread
 import gc
 import signal
 import sys
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["NOTED", "REFUSED", "InterpreterState", "Refused", "arm", "disarm"]
@@ -33,7 +34,6 @@ REFUSED = frozenset(
         "gc.get_referents",
         "sys._getframe",
         "sys._current_frames",
-        "sys._getframemodulename",
         "os.kill",
         "os.killpg",
         "signal.pthread_kill",
@@ -63,50 +63,67 @@ def _refused(event: str, args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _install() -> tuple[Callable[[], object], Callable[[object], list[str] | None]]:
-    state: dict[str, Any] = {"token": None, "noted": []}
+_ARM, _DISARM = "deltabench.integrity.arm", "deltabench.integrity.disarm"  # the only way to reach the hook
+
+
+def _install() -> None:
+    """Add the audit hook. Its state lives in this closure alone: the guard reaches it only through audit events
+    carrying its token (:func:`arm`, :func:`disarm`), and no other audit hook can be added after it to read them."""
+    token: list[object] = []  # [the armed token], or empty
+    noted: list[str] = []
+    arms = [0]  # arm events since the last disarm: one, unless someone armed it again
+    tampered: list[bool] = []  # a disarm without the token was tried
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if state["token"] is None:
+        if event == "sys.addaudithook":
+            raise Refused("no audit hook after deltabench's")  # a RuntimeError: CPython drops the new hook quietly
+        if event == _ARM:
+            arms[0] += 1
+            args[1].append(not token)
+            if not token:
+                token.append(args[0])
+                noted.clear()
+            return
+        if event == _DISARM:
+            if token and token[0] is args[0]:
+                args[1].append(list(noted) if arms[0] == 1 and not tampered else None)
+                token.clear()
+                arms[0] = 0
+                tampered.clear()
+            elif token:
+                tampered.append(True)  # ended by someone without the token: it stays armed, and says so
+            return
+        if not token:
             return
         what = event if event in NOTED else _refused(event, args)
         if what is not None:
-            if len(state["noted"]) < _MAX_NOTED:
-                state["noted"].append(what)
-            if event in NOTED:
-                return
-            raise Refused(f"{what}: refused during a timed loop (runners/integrity_hooks.py)")
-
-    def arm() -> object:
-        if state["token"] is not None:
-            raise Refused("the interpreter watch is already armed")
-        token = object()
-        state["token"], state["noted"] = token, []
-        return token
-
-    def disarm(token: object) -> list[str] | None:
-        if state["token"] is not token:
-            return None  # ended or re-armed by someone else
-        state["token"] = None
-        return list(state["noted"])
+            if len(noted) < _MAX_NOTED:
+                noted.append(what)
+            if event not in NOTED:
+                raise Refused(f"{what}: refused during a timed loop (runners/integrity_hooks.py)")
 
     sys.addaudithook(hook)
-    return arm, disarm
 
 
-_arm, _disarm = _install()
+_install()
 
 
 def arm() -> object:
     """Start refusing the :data:`REFUSED` events; returns the token :func:`disarm` needs. Raises :class:`Refused`
     when already armed."""
-    return _arm()
+    token, reply = object(), []
+    sys.audit(_ARM, token, reply)
+    if reply != [True]:
+        raise Refused("the interpreter watch is already armed")
+    return token
 
 
 def disarm(token: object) -> list[str] | None:
     """Stop the watch started with `token`: the refused events noted meanwhile, or None when `token` is not the
-    one that armed it (someone else ended or re-armed it)."""
-    return _disarm(token)
+    one that armed it, or someone tried to arm or end it meanwhile."""
+    reply: list[list[str]] = []
+    sys.audit(_DISARM, token, reply)
+    return reply[0] if reply else None
 
 
 _ITIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)

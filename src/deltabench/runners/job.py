@@ -99,7 +99,9 @@ def _time(
     watch refuses (runners/integrity_hooks.py: its record fails)."""
     timer = timer_for(impl.backend, case.device)
     on = job.gate.integrity
-    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if on and timer.takes_guard else None
+    guard = None
+    if on and timer.takes_guard:
+        guard = integrity.TimedCallGuard(impl, case, subject, inputs, device_timer=timer.clock != "cpu_monotonic")
     try:
         timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
     except integrity_hooks.Refused:
@@ -109,7 +111,7 @@ def _time(
     if not on:
         return timed, []
     if guard is not None and timed.guarded:
-        return timed, guard.records(timed.timing)
+        return timed, [*guard.records(timed.timing), *timed.records]
     return timed, [integrity.clock_record()]  # a timer that calls the impl its own way: the clock alone
 
 

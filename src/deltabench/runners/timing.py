@@ -305,6 +305,7 @@ class Timed:
     memory: MemoryStats | None = None
     note: str = ""
     guarded: bool = False  # the request's guard saw every timed call
+    records: list[Any] = dataclasses.field(default_factory=list)  # the timer's own integrity records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,7 +332,9 @@ class Timer:
 
 
 HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job", takes_guard=True)
-CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
+CUDA_EVENTS = Timer(
+    "CUDA events", "cuda_events", "deltabench.runners.cuda:time_job", takes_guard=True
+)  # cuda_graph: "cuda_graph"
 JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
 
 # Every (backend, platform) a job can have. Torch-facing impls (torch, Triton, CUDA extensions) are timed by the

@@ -3,6 +3,7 @@ refuses, who may end it, what the guard does before each call and when it decide
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import signal
 import sys
@@ -30,10 +31,13 @@ def test_the_watch_refuses_introspection_and_notes_it() -> None:
         except ValueError as exc:
             with pytest.raises(integrity_hooks.Refused):
                 _ = exc.__traceback__.tb_frame
-        sum(range(10))  # an ordinary call is left alone
+        with pytest.raises(integrity_hooks.Refused):
+            ctypes.c_long.from_address(id(token))
+        ctypes.addressof(ctypes.c_long(1))  # ctypes itself is left alone (some kernels launch through it)
+        sum(range(10))  # so is an ordinary call
     finally:
         noted = integrity_hooks.disarm(token)
-    assert noted == ["gc.get_objects", "sys._getframe", "tb_frame of a traceback"]
+    assert noted == ["gc.get_objects", "sys._getframe", "tb_frame of a traceback", "ctypes.cdata"]
     gc.get_objects()  # disarmed: allowed again
 
 

@@ -5,11 +5,12 @@ the call stack's frames) and turn it off, or run work outside the timed region (
 as the guard begins, an interval timer's signal, a ``gc`` callback). While a guard's loop runs, between
 :func:`arm` and :func:`disarm`, an audit hook (:func:`sys.addaudithook`: installed when this module is imported,
 before any user module, and never removable) refuses the events that do this (:data:`REFUSED`: the ``gc`` object
-walks, frame access, ``ctypes``, signals sent to the process) by raising :class:`Refused` in the caller, and notes
-each, with a profile or trace function set (:data:`NOTED`); :func:`disarm` returns them. The watch's state lives
-in the hook's closure, reached only through audit events that carry :func:`arm`'s token; no audit hook can be
-added after it (one could read the token). Code that prepares at import can still defeat an in-process watch
-(``gc`` before any loop, ``ctypes``): these checks raise the cost of cheating, the process boundary would end it.
+walks, frame access, ``ctypes`` reads by address, signals sent to the process) by raising :class:`Refused` in the
+caller, and notes each, with a profile or trace function set (:data:`NOTED`); :func:`disarm` returns them. The
+watch's state lives in the hook's closure, reached only through audit events that carry :func:`arm`'s token; no
+audit hook can be added after it (one could read the token). Code that prepares at import can still defeat an
+in-process watch (``gc`` before any loop, ``ctypes.memmove`` to an ``id()``, which raises no audit event): these
+checks raise the cost of cheating, the process boundary would end it.
 
 :class:`InterpreterState` is what the guard compares after every call: interval timers armed, a profile or trace
 function, ``gc`` callbacks, Python-level thread count.
@@ -25,8 +26,9 @@ from typing import Any
 
 __all__ = ["NOTED", "REFUSED", "InterpreterState", "Refused", "arm", "disarm"]
 
-# Audit events a timed call never needs: finding objects or frames it was not given, hooking the interpreter,
-# reaching memory through ctypes, signalling the process (a signal handler is handed the interrupted frame).
+# Audit events a timed call never needs: finding objects or frames it was not given, reading memory through ctypes
+# by address, signalling the process (a signal handler is handed the interrupted frame). ctypes' other events stay
+# allowed: some kernels launch through ctypes.
 REFUSED = frozenset(
     {
         "gc.get_objects",
@@ -34,6 +36,9 @@ REFUSED = frozenset(
         "gc.get_referents",
         "sys._getframe",
         "sys._current_frames",
+        "ctypes.cdata",  # from_address: an object's memory read or written through its address
+        "ctypes.string_at",
+        "ctypes.wstring_at",
         "os.kill",
         "os.killpg",
         "signal.pthread_kill",
@@ -44,6 +49,8 @@ _CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__global
 # Noted, never raised at: the interpreter itself clears a profile or trace function that raised, through these.
 NOTED = frozenset({"sys.setprofile", "sys.settrace"})
 _MAX_NOTED = 32
+# deltabench's packages whose classes a timed call never sets attributes on (the timers, the guard, the checker)
+_OWN = ("deltabench.runners.", "deltabench.correctness.", "deltabench.harness.")
 
 
 class Refused(RuntimeError):
@@ -52,13 +59,13 @@ class Refused(RuntimeError):
 
 def _refused(event: str, args: tuple[Any, ...]) -> str | None:
     """What the event is, when a timed call may not do it."""
-    if event in REFUSED or event.startswith("ctypes."):
+    if event in REFUSED:
         return event
     if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS:
         return f"{args[1]} of a {type(args[0]).__name__}"
     if event == "object.__setattr__" and len(args) > 1:
         owner = getattr(args[0], "__module__", "") or ""
-        if args[1] in _CODE_ATTRS or owner.startswith("deltabench."):
+        if args[1] in _CODE_ATTRS or owner.startswith(_OWN):
             return f"setting {getattr(args[0], '__qualname__', type(args[0]).__name__)}.{args[1]}"
     return None
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from deltabench.harness.document import CheckRecord
 
+from .integrity_records import integrity_record
+
 __all__ = [
     "KERNEL_TIME_SLACK_US",
     "KERNEL_TIME_TOLERANCE",
@@ -44,20 +46,7 @@ KERNEL_TIME_TOLERANCE = 0.10
 KERNEL_TIME_SLACK_US = 3.0
 
 
-def _record(defence: str, metric: str, value: float | None, limit: float | None, passed: bool, detail: str, *,
-            gating: bool = True) -> CheckRecord:  # fmt: skip
-    from .integrity import INTEGRITY_PREFIX
-
-    rec = CheckRecord(
-        check=f"{INTEGRITY_PREFIX}{defence}",
-        metric=metric,
-        value=value,
-        threshold=limit,
-        passed=passed,
-        reference="integrity",
-        detail=detail[:2000],
-    )
-    return rec if gating else rec.model_copy(update={"gating": False})
+_record = integrity_record
 
 
 def synchronize_all() -> None:

@@ -65,6 +65,8 @@ from deltabench.harness.ops import get_op
 from . import cpu as _cpu
 from . import integrity_hooks as _hooks
 from . import timing as _timing
+from .cuda_integrity import ghost_launches, ghost_record
+from .integrity_records import INTEGRITY_PREFIX, integrity_record
 
 __all__ = [
     "INTEGRITY_PREFIX",
@@ -78,7 +80,6 @@ __all__ = [
     "plausibility_record",
 ]
 
-INTEGRITY_PREFIX = "integrity:"
 # Sampled calls: one at a random position in each bucket of call indices (warm-up calls included) that the loop
 # reaches; later buckets are wider, so a long loop costs as few re-checks as a short one.
 SAMPLE_BUCKETS: tuple[tuple[int, int], ...] = ((0, 4), (4, 32), (32, 256), (256, 2048), (2048, 1 << 20))
@@ -144,18 +145,7 @@ def guarded_functions() -> dict[str, Any]:
     return dict(_RESOLVED)
 
 
-def _record(
-    defence: str, metric: str, value: float | None, threshold: float | None, passed: bool, detail: str
-) -> CheckRecord:
-    return CheckRecord(
-        check=f"{INTEGRITY_PREFIX}{defence}",
-        metric=metric,
-        value=value,
-        threshold=threshold,
-        passed=passed,
-        reference="integrity",
-        detail=detail[:2000],
-    )
+_record = integrity_record
 
 
 def clock_record() -> CheckRecord:
@@ -343,8 +333,6 @@ class TimedCallGuard:
     def _ghost(self) -> CheckRecord:
         """``integrity:ghost`` (runners/cuda_integrity.py): one call with every Triton launch a no-op, on inputs with
         fresh factors, its outputs against the last timed call's buffers and the reference for those inputs."""
-        from .cuda_integrity import ghost_launches, ghost_record
-
         factors = {n: self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH) for n in self.held}
         with torch.no_grad():
             for n, t in self.held.items():
@@ -406,9 +394,7 @@ class TimedCallGuard:
             f"{loop_s + check_s:.3f} s: {loop_s:.3f} s between the timed calls (perturbing, poisoning, copying), "
             f"{check_s:.3f} s re-checking {len(self.snapshots)} calls after the loop"
         )
-        recs.append(
-            _record("cost", "seconds", loop_s + check_s, None, True, detail).model_copy(update={"gating": False})
-        )
+        recs.append(_record("cost", "seconds", loop_s + check_s, None, True, detail, gating=False))
         return recs
 
     def _inputs_record(self) -> CheckRecord:

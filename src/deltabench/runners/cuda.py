@@ -18,6 +18,7 @@ import torch
 
 from deltabench.harness.document import TimingStats
 
+from .cuda_integrity import KernelTrace, kernel_time_record, synchronize_all
 from .hwstate import HardwareRecord, NvmlMonitor, hardware_records, sample_in_windows
 from .timing import TIMING_DEFAULTS, Timed, TimerRequest, summarize
 
@@ -52,20 +53,31 @@ def device_monitor() -> NvmlMonitor:
     return _monitors[dev]
 
 
-def _event_measure(fn: Callable[[], Any], flush: torch.Tensor | None) -> Callable[[int], list[float]]:
-    """`n` samples, one event pair each, flushing L2 before each; one synchronisation per batch."""
+def _event_measure(
+    fn: Callable[[], Any], flush: torch.Tensor | None, guard: Any = None
+) -> Callable[[int], list[float]]:
+    """`n` samples, one event pair each, flushing L2 before each; one synchronisation of every device per batch. A
+    `guard` (``runners.integrity.TimedCallGuard``) is told of each call outside the events (its perturbation before
+    the flush, so the flush evicts it), and of the batch's samples once they are known."""
 
     def measure(n: int) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for start, end in zip(starts, ends, strict=True):
+            if guard is not None:
+                guard.before()
             if flush is not None:
                 flush.zero_()  # outside the events: the flush is never timed
             start.record()
-            fn()
+            out = fn()
             end.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+            if guard is not None:
+                guard.after(out, None)  # a sampled call's outputs copied on this stream, right after its end event
+        synchronize_all()  # every stream of every device: nothing a batch launched is still running after it
+        got = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        if guard is not None:
+            guard.settle(got)
+        return got
 
     return measure
 
@@ -133,6 +145,7 @@ def time_callable(
     graph_calls: int = TIMING_DEFAULTS.graph_calls,
     first_call_s: float | None = None,
     hardware: list[HardwareRecord] | None = None,
+    guard: Any = None,
 ) -> TimingStats:
     """Time the zero-argument closure `fn` on the current CUDA device.
 
@@ -141,7 +154,8 @@ def time_callable(
     first call is timed on the host clock (``compile_s``) unless the caller passes `first_call_s`. The GPU's
     clocks, power, temperature and throttle reasons are read after each batch of samples (NVML, where it is):
     batches under a throttle or below the run's clock norm are left out (runners/hwstate.py); the record of
-    it is appended to `hardware` when given.
+    it is appended to `hardware` when given. A `guard` (``runners.integrity.TimedCallGuard``) sees every timed
+    call of the events' timing (never a graph's), and is told how many samples the clocks left out.
     """
     torch.cuda.synchronize()
     if first_call_s is None:
@@ -152,19 +166,28 @@ def time_callable(
     flush = _flush_buffer() if l2_flush else None
     if cuda_graph:
         measure, clock = _graph_measure(fn, flush, graph_calls), "cuda_graph"
+        guard = None
     else:
-        measure, clock = _event_measure(fn, flush), "cuda_events"
+        measure, clock = _event_measure(fn, flush, guard), "cuda_events"
     monitor = device_monitor()
-    got, record = sample_in_windows(
-        measure,
-        monitor.sample if monitor.available else None,
-        reason=monitor.reason,
-        budget_s=budget_s,
-        target_sem=target_sem,
-        min_reps=min_reps,
-        max_reps=max_reps,
-        warmup_s=warmup_s,
-    )
+    if guard is not None:
+        guard.start()
+    try:
+        got, record = sample_in_windows(
+            measure,
+            monitor.sample if monitor.available else None,
+            reason=monitor.reason,
+            budget_s=budget_s,
+            target_sem=target_sem,
+            min_reps=min_reps,
+            max_reps=max_reps,
+            warmup_s=warmup_s,
+        )
+    finally:
+        if guard is not None:
+            guard.stop()
+    if guard is not None:
+        guard.dropped = record.excluded_samples
     if hardware is not None:
         hardware.append(record)
     return summarize(
@@ -177,11 +200,28 @@ def time_callable(
     )
 
 
+# The CUPTI pass after the timing: this many calls, each between events, with nothing else on the device.
+KERNEL_TIME_CALLS = 20
+
+
+def kernel_time_pass(fn: Callable[[], Any], calls: int = KERNEL_TIME_CALLS) -> Any:
+    """``integrity:kernel_time`` (runners/cuda_integrity.py): `calls` calls of `fn` between events, no flush,
+    traced by CUPTI; the kernels' busy time on every stream against the events' sum. Without cupti-python, a note
+    and no calls."""
+    with KernelTrace() as trace:
+        if trace.intervals is None:
+            return kernel_time_record([], None, trace.why_not)
+        ms = _event_measure(fn, None)(calls)
+    return kernel_time_record(ms, trace.intervals, trace.why_not)
+
+
 def time_job(request: TimerRequest) -> Timed:
     """The table's CUDA timer: `request`'s subject between CUDA events (graph replays with ``cuda_graph``), with the
-    job's settings; its records are the GPU's state while it was timed (``hardware:*``)."""
+    job's settings; its records are the GPU's state while it was timed (``hardware:*``) and, with the request's
+    integrity guard (its events' timed calls guarded), a CUPTI pass after (``integrity:kernel_time``)."""
     settings = request.settings
     hardware: list[HardwareRecord] = []
+    guard = None if settings.cuda_graph else request.guard
     timing = time_callable(
         request.subject,
         **request.rules,
@@ -189,5 +229,9 @@ def time_job(request: TimerRequest) -> Timed:
         cuda_graph=settings.cuda_graph,
         first_call_s=request.first_call_s,
         hardware=hardware,
+        guard=guard,
     )
-    return Timed(timing, records=tuple(r for rec in hardware for r in hardware_records(rec)))
+    records = [r for rec in hardware for r in hardware_records(rec)]
+    if guard is not None:
+        records.append(kernel_time_pass(request.subject))
+    return Timed(timing, guarded=guard is not None, records=records)

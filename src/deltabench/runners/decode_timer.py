@@ -169,7 +169,7 @@ def time_job(request: TimerRequest) -> Timed:
         f"decode timer: {per_replay} calls a CUDA-graph replay over {copies} copies of the inputs (L2 overflowed, "
         f"not flushed); a host-synchronised call {host:.1f} us"
     )
-    return Timed(timing, note=note, records=tuple(hardware_records(record)))
+    return Timed(timing, note=note, records=hardware_records(record))
 
 
 def time_decode(impl: Any, case: Any, *, per_replay: int = 200, replays: int = 50) -> DecodeTiming:

@@ -11,23 +11,29 @@ timing (:func:`flag`).
   and one keyed by content never hits. A shrinking factor keeps every bounded input (gates, betas, unit norms) in
   its domain. Not applicable to ``bwd`` (one forward graph replayed) nor to a timer that does not take a guard.
 - ``integrity:recheck``: one timed call at a random position in each range of :data:`SAMPLE_BUCKETS` that the
-  loop reaches (drawn from ``os.urandom`` before timing) has its inputs copied the moment before it and its outputs
-  (``fwd``: output and final state; ``fwd+bwd``: the gradients) the moment its clock stops; the loop's last call is
-  added as its outputs stand after the loop (its inputs rebuilt from their factors). After the loop each is
-  compared with the reference for those very inputs (the op's built-in chunked PyTorch impl in fp32, else the
-  float64 oracle) under the gate's bounds. An output that is not a plain tensor (a lazy object, a tensor subclass)
-  fails it.
-- ``integrity:poison``: before each sampled call the previous call's output tensors (those sharing no storage with
+  loop reaches (drawn from ``os.urandom`` before timing) has its outputs (``fwd``: output and final state;
+  ``fwd+bwd``: the gradients) copied the moment its clock stops; the loop's last call is added as its outputs stand
+  after the loop. Whether a call is sampled is acted on only after it returned, so nothing before a call (its
+  inputs, its gap from the last one) tells a sampled call apart. After the loop each is compared with the reference
+  for its very inputs (rebuilt from their factors; the op's built-in chunked PyTorch impl in fp32, else the float64
+  oracle) under the gate's bounds. An output that is not a plain tensor (a lazy object, a tensor subclass) fails it.
+- ``integrity:poison``: before every timed call the previous call's output tensors (those sharing no storage with
   an input) are filled with NaN: an impl that hands back a buffer it did not write (a reused output object, a
   cached tensor) returns the poison, which the recheck finds; this record names it.
 - ``integrity:threads``: the set of live Python threads after each timed call is the one before timing: no work
   left running on a thread the impl started.
+- ``integrity:hooks`` (runners/integrity_hooks.py): during the loop, the introspection that would find the guard
+  (``gc`` object walks, frame access), profile and trace functions, ``ctypes`` and signals sent to the process are
+  refused; after each call no interval timer is armed, no profile or trace function set, ``gc``'s callbacks and the
+  count of Python threads are unchanged.
 - ``integrity:clock``: the timing functions (``time.perf_counter``, ``perf_counter_ns``, ``monotonic``, the
   ``statistics`` functions and deltabench's own timers and summary) are resolved when this module is imported,
-  before any user module, and are the same objects after the timing; the timers call the copies resolved then.
+  before any user module, and are the same objects with the same code after the timing; the timers call the copies
+  resolved then.
 - ``integrity:wall_clock``: the timed loop's span on the timer's clock and on an independent one
-  (``time.monotonic_ns``, resolved at import) agree, the samples' sum fits within it, and the timing summary's
-  samples and median are the ones the guard recorded itself.
+  (``time.monotonic_ns``, resolved at import) agree, the samples' sum fits within it, the time the loop spent
+  outside both the timed calls and the guard is not larger than the timed calls' (work finished between the
+  calls), and the timing summary's samples and median are the ones the guard recorded itself.
 - ``integrity:plausibility`` (the run's parent, ``runners/session.py``): the achieved FLOP/s and bytes/s are below
   the machine's measured ceilings (``pct_of_floor`` <= :data:`PLAUSIBLE_PCT_OF_FLOOR`).
 - ``integrity:cost``: not a check (never gating): the seconds the guard spent in and after the loop.
@@ -39,7 +45,6 @@ another timer (CUDA events, JAX) gets the clock and plausibility records.
 from __future__ import annotations
 
 import math
-import os
 import random
 import statistics
 import sys
@@ -58,7 +63,10 @@ from deltabench.harness.document import CheckRecord, TimingStats
 from deltabench.harness.ops import get_op
 
 from . import cpu as _cpu
+from . import integrity_hooks as _hooks
 from . import timing as _timing
+from .cuda_integrity import ghost_launches, ghost_record
+from .integrity_records import INTEGRITY_PREFIX, integrity_record
 
 __all__ = [
     "INTEGRITY_PREFIX",
@@ -72,7 +80,6 @@ __all__ = [
     "plausibility_record",
 ]
 
-INTEGRITY_PREFIX = "integrity:"
 # Sampled calls: one at a random position in each bucket of call indices (warm-up calls included) that the loop
 # reaches; later buckets are wider, so a long loop costs as few re-checks as a short one.
 SAMPLE_BUCKETS: tuple[tuple[int, int], ...] = ((0, 4), (4, 32), (32, 256), (256, 2048), (2048, 1 << 20))
@@ -81,6 +88,10 @@ _FACTOR_LOW, _FACTOR_HIGH = 0.5, 1.0
 # The two clocks over the timed loop may differ by this share of it (plus _CLOCK_SLACK_NS): they tick together.
 _CLOCK_AGREEMENT = 0.02
 _CLOCK_SLACK_NS = 2_000_000
+# Time in the loop outside both the timed calls and the guard: the loop's own bookkeeping (a few microseconds a
+# call, a statistic a batch). More than the timed calls' own time is work done between them.
+_UNTIMED_SHARE = 1.0
+_UNTIMED_SLACK_NS = 5_000_000
 # Achieved rates above the measured ceilings by more than the ceilings' own measurement noise: impossible.
 PLAUSIBLE_PCT_OF_FLOOR = 110.0
 
@@ -92,6 +103,7 @@ _TIMERS = dict(_timing.TIMERS)  # the timer table as shipped
 
 _TABLE: dict[str, tuple[Any, str]] = {}  # dotted name -> (owner, attribute) of every guarded function
 _RESOLVED: dict[str, Any] = {}  # dotted name -> the object resolved before any user module ran
+_CODE: dict[str, Any] = {}  # dotted name -> that object's __code__, for a Python function
 
 
 def guard_functions(owner: Any, names: Sequence[str], prefix: str | None = None) -> None:
@@ -101,6 +113,15 @@ def guard_functions(owner: Any, names: Sequence[str], prefix: str | None = None)
     for n in names:
         _TABLE[f"{prefix}.{n}"] = (owner, n)
         _RESOLVED[f"{prefix}.{n}"] = getattr(owner, n)
+        _CODE[f"{prefix}.{n}"] = _code_of(getattr(owner, n))
+
+
+def _code_of(fn: Any) -> Any:
+    """A Python function's (or method's) code and defaults: what swapping its ``__code__`` changes while the object
+    stays the same (None for a builtin)."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    return None if code is None else (code, getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None))
 
 
 def _guard_defaults() -> None:
@@ -124,28 +145,26 @@ def guarded_functions() -> dict[str, Any]:
     return dict(_RESOLVED)
 
 
-def _record(
-    defence: str, metric: str, value: float | None, threshold: float | None, passed: bool, detail: str
-) -> CheckRecord:
-    return CheckRecord(
-        check=f"{INTEGRITY_PREFIX}{defence}",
-        metric=metric,
-        value=value,
-        threshold=threshold,
-        passed=passed,
-        reference="integrity",
-        detail=detail[:2000],
-    )
+_record = integrity_record
 
 
 def clock_record() -> CheckRecord:
     """``integrity:clock``: every guarded timing function is still the object resolved before any user import."""
     changed = [name for name, (owner, attr) in _TABLE.items() if getattr(owner, attr, None) is not _RESOLVED[name]]
+    changed += [
+        f"{name} (its code)"
+        for name, code in _CODE.items()
+        if code is not None and name not in changed and not _same_code(_code_of(_RESOLVED[name]), code)
+    ]
     table = _timing.TIMERS
     if table.keys() != _TIMERS.keys() or any(table[k] is not v for k, v in _TIMERS.items()):
         changed.append("deltabench.runners.timing.TIMERS")
     detail = "replaced after import: " + ", ".join(changed) if changed else f"{len(_RESOLVED)} timing functions intact"
     return _record("clock", "replaced", float(len(changed)), 0.0, not changed, detail)
+
+
+def _same_code(now: Any, then: Any) -> bool:
+    return now is not None and all(a is b for a, b in zip(now, then, strict=True))
 
 
 def plausibility_record(
@@ -191,12 +210,12 @@ def _storage(t: torch.Tensor) -> int:
 
 
 class _Snapshot:
-    def __init__(self, index: int, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, index: int, factors: dict[str, float], poisoned: bool) -> None:
         self.index = index
-        self.inputs = inputs
+        self.factors = factors  # the inputs' factors at this call (its inputs: the untimed copies times these)
         self.outputs: list[torch.Tensor | None] = []
         self.problem = ""
-        self.poisoned = False
+        self.poisoned = poisoned
 
 
 class TimedCallGuard:
@@ -207,8 +226,20 @@ class TimedCallGuard:
     read, which :meth:`before` perturbs in place.
     """
 
-    def __init__(self, impl: Any, case: Case, subject: Any, inputs: dict[str, Any], *, perturb: bool = True) -> None:
-        self.impl, self.case, self.inputs = impl, case, inputs
+    def __init__(
+        self,
+        impl: Any,
+        case: Case,
+        subject: Any,
+        inputs: dict[str, Any],
+        *,
+        perturb: bool = True,
+        device_timer: bool = False,
+    ) -> None:
+        self.impl, self.case, self.inputs, self.subject = impl, case, inputs, subject
+        # a device timer's samples are device time, known after its batch (settle), and the loop's host time
+        # outside them (launches, the L2 flush) is no sign of work moved out of the calls
+        self.device_timer = device_timer
         self.spec = get_op(case.op)
         diff = {a.name for a in self.spec.inputs if a.differentiable} | {self.spec.state_arg}
         self.held = {
@@ -218,71 +249,119 @@ class TimedCallGuard:
         self.base = {n: t.detach().clone() for n, t in self.held.items()} if self.perturb else {}
         self._input_storages = {_storage(t) for t in subject.held.values() if isinstance(t, torch.Tensor)}
         self._input_storages |= {_storage(t) for t in inputs.values() if isinstance(t, torch.Tensor)}
-        self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self._rng = random.SystemRandom()  # os.urandom: no state in the process to read the next draws from
         self.sample_at = {self._rng.randrange(lo, hi) for lo, hi in SAMPLE_BUCKETS}
         self.calls = 0
-        self.samples_ms: list[float] = []
+        self.samples_ms: list[float | None] = []
         self.snapshots: list[_Snapshot] = []
         self.new_threads: set[str] = set()
         self.poisoned = 0
         self._last: Any = None
         self._last_sampled = False
+        self._poisoned_now = False
+        self._returned = True  # the last call begun has returned (a call that raised leaves its poisoned input)
         self._factors: dict[str, float] = {}
-        self._pending: _Snapshot | None = None
         self._threads0: set[threading.Thread] = set()
+        self._token: object = None
+        self._state0: _hooks.InterpreterState | None = None
+        self.hook_problems: set[str] = set()
+        self.refused: list[str] | None = []
+        self.ghost: CheckRecord | None = None
         self._span: tuple[int, int, int, int] | None = None
         self.loop_cost_ns = 0  # time spent by the guard inside the timing loop, outside the timed calls
+        # Samples the timer itself left out of its timing after the loop: the CUDA timer's batches under a GPU
+        # throttle (runners/hwstate.py, recorded in hardware:throttle); the timing may only lack that many.
+        self.dropped = 0
 
     def start(self) -> None:
-        """Before the first timed call: the live threads and both clocks."""
+        """Before the first timed call: the live threads, the interpreter's hooks (the watch armed) and both
+        clocks."""
         self._threads0 = set(threading.enumerate())
+        self._state0 = _hooks.InterpreterState()
+        self.hook_problems.update(self._state0.changes(self._state0))
+        self._token = _hooks.arm()
         self._t0 = (_CLOCK_NS(), _OTHER_CLOCK_NS())
 
     def before(self) -> None:
-        """Before call number :attr:`calls`: poison the previous outputs where this call is sampled, perturb the
-        inputs, and copy them for a sampled call."""
+        """Before call number :attr:`calls`, the same for every call: poison the previous outputs, perturb the
+        inputs."""
         t0 = _CLOCK_NS()
-        sampled = self.calls in self.sample_at
-        if sampled and self._last is not None:
+        self._poisoned_now = self._last is not None
+        self._returned = False
+        if self._poisoned_now:
             self._poison(self._last)
         if self.perturb:
             self._factors = {n: self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH) for n in self.held}
             with torch.no_grad():
                 for n, t in self.held.items():
                     t.copy_(self.base[n]).mul_(self._factors[n])
-        if sampled:
-            snap = _Snapshot(self.calls, {n: t.detach().clone() for n, t in self.held.items()})
-            snap.poisoned = self._last is not None
-            self._pending = snap
         self.loop_cost_ns += _CLOCK_NS() - t0
 
-    def after(self, out: Any, ms: float) -> None:
-        """After a call that returned `out` in `ms` milliseconds: threads, and the copy of a sampled call's
-        outputs."""
+    def after(self, out: Any, ms: float | None) -> None:
+        """After a call that returned `out` in `ms` milliseconds (None: a device timer's, known at :meth:`settle`):
+        threads, hooks, and the copy of a sampled call's outputs (on a GPU, queued on the current stream)."""
         t0 = _CLOCK_NS()
         self.samples_ms.append(ms)
+        sampled = self.calls in self.sample_at  # decided now that the call has returned
+        if sampled:
+            self._keep(_Snapshot(self.calls, dict(self._factors), self._poisoned_now), out)
         live = threading.enumerate()
         if len(live) != len(self._threads0) or not self._threads0.issuperset(live):
             self.new_threads |= {t.name for t in live if t not in self._threads0}
-        snap = self._pending
-        if snap is not None:
-            self._pending = None
-            self._keep(snap, out)
-        self._last, self._last_sampled = out, snap is not None
+        if self._state0 is not None:
+            self.hook_problems.update(_hooks.InterpreterState().changes(self._state0))
+        self._last, self._last_sampled, self._returned = out, sampled, True
         self.calls += 1
         self.loop_cost_ns += _CLOCK_NS() - t0
+
+    def settle(self, samples_ms: Sequence[float]) -> None:
+        """A device timer's batch of samples, known once it synchronised: they fill the last calls' places."""
+        pending = [i for i, x in enumerate(self.samples_ms) if x is None]
+        for i, ms in zip(pending[-len(samples_ms) :], samples_ms, strict=False):
+            self.samples_ms[i] = float(ms)
 
     def stop(self) -> None:
         """After the last timed call: the clocks, and the last call checked as its outputs stand now (its inputs
         rebuilt from their factors), which a result gone stale at any point of the loop cannot pass."""
         self._span = (*self._t0, _CLOCK_NS(), _OTHER_CLOCK_NS())
         t0 = _CLOCK_NS()
-        if self._last is not None and not self._last_sampled and self.perturb:
-            with torch.no_grad():
-                inputs = {n: self.base[n].clone().mul_(f) for n, f in self._factors.items()}
-            self._keep(_Snapshot(self.calls - 1, inputs), self._last)
+        self.refused = _hooks.disarm(self._token)
+        if self._last is not None and self._returned and not self._last_sampled and self.perturb:
+            self._keep(_Snapshot(self.calls - 1, dict(self._factors), self._poisoned_now), self._last)
+        if self._last is not None and self._returned and self.impl.backend == "triton" and self.perturb:
+            self.ghost = self._ghost()
         self._last = None  # the impl's last output is not kept alive past the loop
         self.loop_cost_ns += _CLOCK_NS() - t0
+
+    def _ghost(self) -> CheckRecord:
+        """``integrity:ghost`` (runners/cuda_integrity.py): one call with every Triton launch a no-op, on inputs with
+        fresh factors, its outputs against the last timed call's buffers and the reference for those inputs."""
+        factors = {n: self._rng.uniform(_FACTOR_LOW, _FACTOR_HIGH) for n in self.held}
+        with torch.no_grad():
+            for n, t in self.held.items():
+                t.copy_(self.base[n]).mul_(factors[n])
+        mine = {_storage(x) for x in _tensors(self._last) if isinstance(x, torch.Tensor)}
+        with ghost_launches() as skipped:
+            try:
+                out, note = self.subject(), ""
+            except Exception as exc:  # garbage from skipped kernels may break what follows them
+                out, note = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        if out is None:
+            return ghost_record(skipped[0], False, None, 0.0, note)
+        got = [x for x in _tensors(out) if isinstance(x, torch.Tensor)]
+        same = bool(got) and all(_storage(x) in mine for x in got)
+        snap = _Snapshot(-1, factors, False)
+        ref, _ = self._reference()
+        name, want = self._expected(snap, ref)[0]
+        have = got[0].detach() if got else None
+        if want is None or have is None or tuple(have.shape) != tuple(want.shape):
+            return ghost_record(skipped[0], same, None, 0.0, "no output comparable with the reference")
+        bound = threshold(self.case.dtype, name, regime=self.case.regime, numel=want.numel(), op=self.case.op,
+                          dims=self.case.dims, profile=self._profile())  # fmt: skip
+        return ghost_record(skipped[0], same, rel_fro(have, want), bound)
+
+    def _profile(self) -> str:
+        return "triton_interpreter" if self.impl.backend == "triton" and self.case.device == "cpu" else "native"
 
     def _keep(self, snap: _Snapshot, out: Any) -> None:
         """Copy `out`'s tensors into `snap` (a lazy object or a tensor subclass is a problem, never forced)."""
@@ -308,16 +387,17 @@ class TimedCallGuard:
     def records(self, timing: TimingStats | None) -> list[CheckRecord]:
         """Every defence's record for the loop just timed (and `timing`, the summary the timer returned)."""
         t0 = _CLOCK_NS()
-        recs = [self._inputs_record(), *self._recheck_records(), self._threads_record(), clock_record()]
+        recs = [self._inputs_record(), *self._recheck_records(), self._threads_record(), self._hooks_record()]
+        recs.append(clock_record())
+        if self.ghost is not None:
+            recs.append(self.ghost)
         recs.append(self._wall_record(timing))
         loop_s, check_s = self.loop_cost_ns / 1e9, (_CLOCK_NS() - t0) / 1e9
         detail = (
             f"{loop_s + check_s:.3f} s: {loop_s:.3f} s between the timed calls (perturbing, poisoning, copying), "
             f"{check_s:.3f} s re-checking {len(self.snapshots)} calls after the loop"
         )
-        recs.append(
-            _record("cost", "seconds", loop_s + check_s, None, True, detail).model_copy(update={"gating": False})
-        )
+        recs.append(_record("cost", "seconds", loop_s + check_s, None, True, detail, gating=False))
         return recs
 
     def _inputs_record(self) -> CheckRecord:
@@ -345,7 +425,9 @@ class TimedCallGuard:
     def _expected(self, snap: _Snapshot, ref: Callable[..., Any]) -> list[tuple[str, torch.Tensor | None]]:
         from .closures import cotangent
 
-        inputs = {**self.inputs, **snap.inputs}
+        with torch.no_grad():
+            rebuilt = {n: self.base[n].clone().mul_(f) for n, f in snap.factors.items()}
+        inputs = {**self.inputs, **{n: t.detach().clone() for n, t in self.held.items()}, **rebuilt}
         spec, case = self.spec, self.case
         if not has_backward(case.mode):
             run = call_impl(ref, spec, fp32_inputs(inputs), None)
@@ -377,7 +459,7 @@ class TimedCallGuard:
             note = "not re-checked: bwd replays one graph"
             return [_record("recheck", "rel_fro", None, None, True, note), self._poison_record()]
         ref, ref_name = self._reference()
-        profile = "triton_interpreter" if self.impl.backend == "triton" and self.case.device == "cpu" else "native"
+        profile = self._profile()
         worst, problems = 0.0, []
         fails: list[tuple[float, float, str]] = []
         for snap in self.snapshots:
@@ -422,6 +504,15 @@ class TimedCallGuard:
         detail = "threads live after a timed call: " + ", ".join(names[:5]) if names else "no thread started"
         return _record("threads", "new_threads", float(len(names)), 0.0, not names, detail)
 
+    def _hooks_record(self) -> CheckRecord:
+        problems = sorted(self.hook_problems)
+        if self.refused is None:
+            problems.append("the interpreter watch was ended or re-armed during the loop")
+        elif self.refused:
+            problems.append("refused during timed calls: " + ", ".join(dict.fromkeys(self.refused)))
+        detail = "; ".join(problems) or "no introspection, hook, interval timer or thread left by a timed call"
+        return _record("hooks", "problems", float(len(problems)), 0.0, not problems, detail)
+
     def _wall_record(self, timing: TimingStats | None) -> CheckRecord:
         if self._span is None:
             return _record("wall_clock", "ratio", None, None, False, "the timed loop was never closed")
@@ -430,16 +521,25 @@ class TimedCallGuard:
         problems = []
         if abs(span - wall) > _CLOCK_AGREEMENT * wall + _CLOCK_SLACK_NS:
             problems.append(f"the timer's clock spanned {span / 1e6:.1f} ms, the monotonic clock {wall / 1e6:.1f} ms")
-        total_ns = sum(self.samples_ms) * 1e6
+        measured = [x for x in self.samples_ms if x is not None]
+        total_ns = sum(measured) * 1e6
         if total_ns > wall + _CLOCK_SLACK_NS:
             problems.append(f"samples sum to {total_ns / 1e6:.1f} ms in a loop of {wall / 1e6:.1f} ms")
+        untimed = wall - total_ns - self.loop_cost_ns
+        if not self.device_timer and untimed > _UNTIMED_SHARE * total_ns + _UNTIMED_SLACK_NS:
+            problems.append(
+                f"{untimed / 1e6:.1f} ms of the loop outside both the timed calls ({total_ns / 1e6:.1f} ms) and the "
+                "guard: work done between the calls"
+            )
         if timing is not None:
-            mine = self.samples_ms[-len(timing.samples_ms) :] if timing.samples_ms else []
-            if [float(x) for x in timing.samples_ms] != mine:
+            kept = [float(x) for x in timing.samples_ms]
+            n = len(kept) + self.dropped
+            mine = measured[-n:] if n else []
+            if len(mine) != n or not _in_order(kept, mine):
                 problems.append("the timing's samples are not the ones measured")
-            elif mine and timing.median_ms != _MEDIAN(mine):
+            elif kept and timing.median_ms != _MEDIAN(kept):
                 problems.append(
-                    f"the timing's median {timing.median_ms:.4g} ms is not its samples' {_MEDIAN(mine):.4g} ms"
+                    f"the timing's median {timing.median_ms:.4g} ms is not its samples' {_MEDIAN(kept):.4g} ms"
                 )
         ratio = span / wall if wall > 0 else None
         fine = f"timed loop {wall / 1e6:.1f} ms on both clocks, samples {total_ns / 1e6:.1f} ms"
@@ -447,6 +547,14 @@ class TimedCallGuard:
         return _record("wall_clock", "ratio", ratio, _CLOCK_AGREEMENT, not problems, detail)
 
 
+def _in_order(kept: Sequence[float], measured: Sequence[float]) -> bool:
+    """True when `kept` is `measured` with some samples left out, the rest unchanged and in their order."""
+    it = iter(measured)
+    return all(any(x == y for y in it) for x in kept)
+
+
 _guard_defaults()
 guard_functions(sys.modules[__name__], ("flag", "clock_record", "plausibility_record"))
 guard_functions(TimedCallGuard, ("start", "stop", "before", "after", "records"), f"{__name__}.TimedCallGuard")
+guard_functions(_hooks, ("arm", "disarm", "_refused"))
+guard_functions(_hooks.InterpreterState, ("changes",), f"{_hooks.__name__}.InterpreterState")

@@ -43,7 +43,7 @@ from deltabench.harness.document import CaseSpec, CheckRecord, JobResult, Memory
 from deltabench.harness.errors import is_out_of_memory
 from deltabench.harness.ops import get_op
 
-from . import integrity
+from . import integrity, integrity_hooks
 from .base import JobSpec
 from .timing import Timed, TimerRequest, timer_for
 
@@ -95,19 +95,26 @@ def parse_phase_mark(line: str) -> tuple[str, float | None]:
 
 def _time(
     impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float
-) -> tuple[Timed, list[CheckRecord]]:
+) -> tuple[Timed | None, list[CheckRecord]]:
     """The job's timing by the timer the table gives the impl's backend on the case's platform
     (:func:`deltabench.runners.timing.timer_for`: host clock, CUDA events or graph replays, or JAX on its device), and
-    the integrity records of its timed calls (runners/integrity.py)."""
+    the integrity records of its timed calls (runners/integrity.py); no timing when a timed call was refused what the
+    interpreter watch refuses (runners/integrity_hooks.py: its record fails)."""
     timer = timer_for(impl.backend, case.device, case.mode)
     on = job.gate.integrity
     # A training step (runners/closures.py) changes its parameters every call, which the guard's re-checks of
     # sampled calls against the reference cannot follow: the clock's record alone, as for a timer that calls the
     # impl its own way.
     training = get_op(case.op).training is not None and case.mode == "fwd+bwd"
-    guarded = on and timer.takes_guard and not training
-    guard = integrity.TimedCallGuard(impl, case, subject, inputs) if guarded else None
-    timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    guard = None
+    if on and timer.takes_guard and not training:
+        guard = integrity.TimedCallGuard(impl, case, subject, inputs, device_timer=timer.clock != "cpu_monotonic")
+    try:
+        timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
+    except integrity_hooks.Refused:
+        if guard is None:
+            raise
+        return None, guard.records(None)  # a timed call tried what the watch refuses: flagged, never timed
     if not on:
         return timed, []
     if guard is not None and timed.guarded:
@@ -280,20 +287,22 @@ def execute(job: JobSpec) -> JobResult:
         phase = "timing"
         _phase(phase)
         timed, checks = _time(impl, case, subject, inputs, job, first_call_s)
-        timing = timed.timing
-        if isinstance(timing, TimingStats) and timing.compile_s is None:
-            timing.compile_s = first_call_s
-        result.timing = timing
-        result.memory = timed.memory if timed.memory is not None else mem
-        result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
-        if get_op(case.op).training is not None and case.mode == "fwd+bwd":
-            phase = "mixer share"
-            _phase(phase)
-            from .step_share import mixer_share_record
+        if timed is not None:
+            timing = timed.timing
+            if isinstance(timing, TimingStats) and timing.compile_s is None:
+                timing.compile_s = first_call_s
+            result.timing = timing
+            result.memory = timed.memory if timed.memory is not None else mem
+            result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
+            checks = [*checks, *timed.records]  # the GPU's state, the timer's own integrity records
+            if get_op(case.op).training is not None and case.mode == "fwd+bwd":
+                phase = "mixer share"
+                _phase(phase)
+                from .step_share import mixer_share_record
 
-            result.verification = [*result.verification, mixer_share_record(subject, case)]
-        result.status = "ok"
-        integrity.flag(result, [*checks, *timed.records])
+                result.verification = [*result.verification, mixer_share_record(subject, case)]
+        result.status = "ok"  # flag() makes it incorrect, with no timing, when a defence failed
+        integrity.flag(result, checks)
     except BaseException as exc:  # a job's failure is its result; the run goes on
         if isinstance(exc, KeyboardInterrupt):
             raise

@@ -306,7 +306,8 @@ class Timed:
     memory: MemoryStats | None = None
     note: str = ""
     guarded: bool = False  # the request's guard saw every timed call
-    records: tuple[CheckRecord, ...] = ()  # what the timer saw besides the time (the GPU's state: hardware:*)
+    # What the timer saw besides the time: the GPU's state (hardware:*), its own integrity records (kernel_time).
+    records: list[CheckRecord] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +334,9 @@ class Timer:
 
 
 HOST_CLOCK = Timer("host clock", "cpu_monotonic", "deltabench.runners.cpu:time_job", takes_guard=True)
-CUDA_EVENTS = Timer("CUDA events", "cuda_events", "deltabench.runners.cuda:time_job")  # cuda_graph: "cuda_graph"
+CUDA_EVENTS = Timer(
+    "CUDA events", "cuda_events", "deltabench.runners.cuda:time_job", takes_guard=True
+)  # cuda_graph: "cuda_graph"
 JAX_NATIVE = Timer("JAX on its device", "jax", "deltabench.runners.jax:time_job")
 # Mode decode of a torch-facing impl on a GPU: CUDA-graph replays of many calls, inputs rotated past L2.
 DECODE_GRAPH = Timer("CUDA-graph decode replays", "cuda_graph", "deltabench.runners.decode_timer:time_job")

@@ -20,10 +20,11 @@ def _store(client, db_url, build, n_runs: int) -> None:  # type: ignore[no-untyp
     # Stored out of time order (ids do not follow time), and runs 2 and 3 share a creation time: the page order
     # falls back on the id there.
     times = [start + dt.timedelta(hours=h) for h in (4, 0, 2, 2, 1, 5, 3)[:n_runs]]
-    docs = [
-        build.document(created_at=t, commit=f"{i:040x}", jobs=[build.job(impl="torch_chunk"), build.job(impl="fla_chunk")])
-        for i, t in enumerate(times)
-    ]
+
+    def jobs():  # type: ignore[no-untyped-def]
+        return [build.job(impl="torch_chunk"), build.job(impl="fla_chunk")]
+
+    docs = [build.document(created_at=t, commit=f"{i:040x}", jobs=jobs()) for i, t in enumerate(times)]
     r = client.post("/api/v1/runs", json=build.body(*docs), headers=_auth(build.token(db_url)))
     assert r.status_code == 201, r.text
 

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 
 from deltabench.db import queries
-from deltabench.harness.document import ID_PATTERN
 from deltabench.db.engine import session_scope
+from deltabench.harness.document import ID_PATTERN
 
 from ... import crud, schemas, services
 from ...deps import TOKEN_COOKIE, ReadAccessDep, SessionDep, bearer, check_token

@@ -91,6 +91,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_processes(db: str, workers: int) -> tuple[str, object]:
+    """The real app under uvicorn with `workers` worker processes (as a deployment runs it), in a subprocess; its
+    base URL and the process (to stop it)."""
+    import os
+    import subprocess
+
+    import httpx
+
+    port = _free_port()
+    argv = [sys.executable, "-m", "uvicorn", "deltabench.web.app:create_app", "--factory", "--port", str(port)]
+    argv += ["--workers", str(workers), "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env={**os.environ, "DELTABENCH_DB": db})
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(base + "/api/v1/runs?limit=1", timeout=5).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
 def serve(db: str) -> tuple[str, object]:
     """The real app under uvicorn in a thread; its base URL and the server (to stop it)."""
     import uvicorn
@@ -166,6 +190,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10, help="documents per ingest request")
     parser.add_argument("--ingest-requests", type=int, default=20)
     parser.add_argument("--writers", type=int, default=4, help="concurrent ingest clients")
+    parser.add_argument(
+        "--server-workers", type=int, default=1, help="uvicorn worker processes (1: the app in a thread of this one)"
+    )
     parser.add_argument("--fresh", action="store_true", help="delete the SQLite store first")
     args = parser.parse_args()
 
@@ -191,7 +218,7 @@ def main() -> None:
         all_series = queries.list_series(session, limit=100_000)
     print(f"store: {stored:,} results in {len(runs):,}+ runs, {len(all_series):,} series, {store_size(args.db)}")
 
-    base, server = serve(args.db)
+    base, server = serve(args.db) if args.server_workers == 1 else serve_processes(args.db, args.server_workers)
     rng = random.Random(0)
     results: dict[str, list[float]] = {}
     with httpx.Client(base_url=base, timeout=600) as client:
@@ -263,7 +290,11 @@ def main() -> None:
         f"requests of {args.batch} documents x {args.per_run} jobs, {elapsed:.1f} s, "
         f"{sum(map(len, bodies)) / 2**20:.0f} MiB; {lost} lost)"
     )
-    server.should_exit = True  # type: ignore[attr-defined]
+    if args.server_workers == 1:
+        server.should_exit = True  # type: ignore[attr-defined]
+    else:
+        server.terminate()  # type: ignore[attr-defined]
+        server.wait()  # type: ignore[attr-defined]
     if lost:
         raise SystemExit(f"{lost} results lost")
 

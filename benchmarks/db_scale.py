@@ -7,10 +7,12 @@ Figures (the service issue's targets in brackets):
 - p95 latency of the queries behind the pages and the API [< 150 ms each]: the runs list, a run page (the whole
   run document: results, samples, checks), a comparison (two run documents), a series' full history.
 
-The fill writes rows straight through SQLAlchemy Core with ids assigned here (no per-row round trips), shaped
-like real suites: runs of ``--per-run`` results over 3 ops x 4 impls x 7 shapes x 2 dtypes x 3 modes, on three
-machine kinds, one commit per run, a few percent of the jobs incorrect (with no timing), every result with raw
-samples and two verification records. Reuse it for page and API timings: ``--keep`` leaves the file, and
+The fill writes rows straight through SQLAlchemy Core with ids assigned here (no per-row round trips), or with COPY
+into a fresh PostgreSQL store (indexes built afterwards), shaped like a fleet's suites: runs of ``--per-run``
+results spread over gdn, gdn2 and kda (3 ops x 4 impls x 7 shapes x 2 dtypes x 3 modes) and sdm (its extra dims), on
+four machine classes of two hosts, a run every 5 minutes up to now, one re-run of a commit in ten, a few percent
+of the jobs incorrect (with no timing), a +8% step coming and going in every ninth case's series, every result
+with raw samples and two verification records. Reuse it for page and API timings: ``--keep`` leaves the file, and
 ``--skip-fill`` measures an existing one.
 
     python benchmarks/db_scale.py                      # 1,000,000 results in /tmp/deltabench_scale.db

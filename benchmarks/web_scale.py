@@ -202,7 +202,7 @@ def main() -> None:
     from deltabench.db import queries
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.frame import results_frame
-    from deltabench.db.models import Result
+    from deltabench.db.models import Result, Run
     from deltabench.web import services
     from deltabench.web.security.tokens import create_token
 
@@ -212,11 +212,11 @@ def main() -> None:
     fill(args.db, args.results, args.per_run)
     engine = get_engine(args.db)
     with session_scope(engine) as session:
-        runs = [r.run_id for r in queries.list_runs(session, limit=100_000)]
+        runs = list(session.scalars(select(Run.run_id).order_by(Run.created_at.desc(), Run.id.desc())))
         stored = session.execute(select(func.count()).select_from(Result)).scalar_one()
         token = create_token(session, name=f"bench-{uuid.uuid4().hex[:6]}")
         all_series = queries.list_series(session, limit=100_000)
-    print(f"store: {stored:,} results in {len(runs):,}+ runs, {len(all_series):,} series, {store_size(args.db)}")
+    print(f"store: {stored:,} results in {len(runs):,} runs, {len(all_series):,} series, {store_size(args.db)}")
 
     base, server = serve(args.db) if args.server_workers == 1 else serve_processes(args.db, args.server_workers)
     rng = random.Random(0)

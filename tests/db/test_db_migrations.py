@@ -8,7 +8,7 @@ from sqlalchemy import inspect
 from deltabench.db.engine import current_revision, downgrade, get_engine, head_revision, upgrade
 from deltabench.db.models import Base
 
-SERVICE = {"api_tokens", "job_queue", "annotations"}
+SERVICE = {"api_tokens", "job_queue", "annotations", "series_state", "series_dirty"}
 MEASUREMENT = {"machines", "environments", "runs", "results", "result_samples", "checks"}
 
 
@@ -32,7 +32,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0007"
+    assert current_revision(fresh_engine) == head_revision() == "0008"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -40,7 +40,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0007"
+    assert current_revision(fresh_engine) == "0008"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -107,3 +107,14 @@ def test_0007_adds_sample_repetitions_and_downgrades(fresh_engine) -> None:  # t
     assert column["nullable"]
     downgrade(fresh_engine, "0006")
     assert "repetitions" not in {c["name"] for c in inspect(fresh_engine).get_columns("result_samples")}
+
+
+def test_0008_adds_the_series_state_tables_and_downgrades(fresh_engine) -> None:  # type: ignore[no-untyped-def]
+    upgrade(fresh_engine, "0007")
+    assert not {"series_state", "series_dirty"} & _tables(fresh_engine)
+    upgrade(fresh_engine, "0008")
+    assert {"series_state", "series_dirty"} <= _tables(fresh_engine)
+    indexes = {ix["name"]: ix["column_names"] for ix in inspect(fresh_engine).get_indexes("series_state")}
+    assert indexes["ix_series_state_last_point"] == ["last_point_at"]
+    downgrade(fresh_engine, "0007")
+    assert not {"series_state", "series_dirty"} & _tables(fresh_engine)

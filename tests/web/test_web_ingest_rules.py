@@ -81,6 +81,23 @@ def test_refused_documents_get_422_naming_field_and_rule_and_store_nothing(app_c
     )
 
 
+def test_values_a_database_cannot_hold_are_refused_with_their_path(app_client, db_url, build) -> None:  # type: ignore[no-untyped-def]
+    client = app_client()
+    token = build.token(db_url)
+    good = build.document().model_dump(mode="json")
+    cases = {
+        "documents[1].meta.big: integer 1180591620717411303424 does not fit in 64 bits": {"big": 2**70},
+        "documents[1].meta.tags[2]: text may not contain NUL characters": {"tags": [1.5, "a", "b\x00"]},
+        "documents[1].meta.nested.deep[0].k: integer -9223372036854775809": {"nested": {"deep": [{"k": -(2**63) - 1}]}},
+    }
+    for message, meta in cases.items():
+        bad = {**json.loads(json.dumps(good)), "run_id": f"bad-{len(message)}", "meta": meta}
+        body = json.dumps({"documents": [good, bad]})
+        r = client.post("/api/v1/runs", content=body, headers={**_auth(token), "content-type": "application/json"})
+        assert r.status_code == 422 and message in r.text, (message, r.text[:300])
+        assert _count_runs(client) == 0
+
+
 def test_writes_authenticate_before_reading_the_body(app_client, db_url, build) -> None:  # type: ignore[no-untyped-def]
     client = app_client(max_body_bytes=32 * 2**20)
     token = build.token(db_url)

@@ -7,6 +7,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from .models import Check, Result, ResultSamples, Run
+from .series_state import mark_run_dirty
 
 __all__ = ["delete_run"]
 
@@ -23,6 +24,7 @@ def delete_run(session: Session, *, run_id: str) -> int | None:
     n_results = session.scalar(select(func.count()).select_from(Result).where(Result.run_pk == run_pk)) or 0
     # Explicit deletes rather than relying on ON DELETE CASCADE: an SQLite connection opened without
     # foreign_keys=ON would leave the children behind.
+    mark_run_dirty(session, run_pk)  # its series lose points: the regressions page recomputes them
     session.execute(delete(Check).where(Check.result_id.in_(result_ids)))
     session.execute(delete(ResultSamples).where(ResultSamples.result_id.in_(result_ids)))
     session.execute(delete(Result).where(Result.run_pk == run_pk))

@@ -5,8 +5,9 @@ its median when it has no raw samples)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from deltabench.harness.series import JobKey
@@ -14,7 +15,7 @@ from deltabench.references.contract import shape_id
 from deltabench.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spreads_from_histories
 
 from .dims import dims_of
-from .models import Result, Run
+from .models import Machine, Result, Run
 from .queries import result_sample_sets
 
 __all__ = ["history_spreads"]
@@ -38,12 +39,14 @@ def history_spreads(
     kind = session.scalar(select(Result.machine_kind).where(Result.run_pk == base.id).limit(1))
     if kind is None:
         return {}
+    # The newest runs with results on the machine class, read from runs (newest first by their index) rather than
+    # by grouping results: SQLite grouped every result of the class up to the base before keeping 32 runs.
+    has_results = exists().where(Result.run_pk == Run.id)
     window = (
-        select(Result.run_pk, Result.run_created_at)
-        .join(Run, Result.run_pk == Run.id)
-        .where(Result.machine_kind == kind, Result.run_created_at <= base.created_at)
-        .group_by(Result.run_pk, Result.run_created_at)
-        .order_by(Result.run_created_at.desc(), Result.run_pk.desc())
+        select(Run.id, Run.created_at)
+        .join(Machine, Run.machine_id == Machine.id)
+        .where(Machine.machine_kind == kind, Run.created_at <= base.created_at, has_results)
+        .order_by(Run.created_at.desc(), Run.id.desc())
         .limit(HISTORY_WINDOW + 2)
     )
     if exclude_run_id is not None:
@@ -73,8 +76,12 @@ def history_spreads(
     # One result per (series, run): the highest attempt, as a comparison takes it.
     per_run: dict[tuple[JobKey, str], dict[int, tuple[int, int, float]]] = defaultdict(dict)
     base_series: dict[JobKey, str] = {}
+    shapes: dict[tuple[Any, ...], str] = {}  # ~100 distinct shapes among ~3,000 rows: each id built once
     for r in rows:
-        key: JobKey = (r.op, r.impl, shape_id(dims_of(r.B, r.T, r.H, r.K, r.V, r.extra_dims)), r.dtype, r.mode)
+        dims = (r.B, r.T, r.H, r.K, r.V, r.extra_dims)
+        if dims not in shapes:
+            shapes[dims] = shape_id(dims_of(*dims))
+        key: JobKey = (r.op, r.impl, shapes[dims], r.dtype, r.mode)
         runs = per_run[(key, r.software)]
         if r.run_pk not in runs or r.attempt >= runs[r.run_pk][0]:
             runs[r.run_pk] = (r.attempt, r.id, float(r.median_ms))

@@ -27,6 +27,7 @@ from deltabench.harness.series import series_software
 
 from .dims import dims_columns, stored_dims
 from .models import Check, Environment, Machine, Result, ResultSamples, Run
+from .series_state import mark_dirty
 
 __all__ = [
     "environment_fingerprint",
@@ -202,7 +203,8 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
     stored = 0
     for start in range(0, len(pending), _BATCH):
         chunk = pending[start : start + _BATCH]
-        session.execute(_insert_ignore(session, results_table), [_result_row(job, i, run_pk, doc) for i, job in chunk])
+        rows = [_result_row(job, i, run_pk, doc) for i, job in chunk]
+        session.execute(_insert_ignore(session, results_table), rows)
         # Read the ids back instead of INSERT ... RETURNING: psycopg parses a multi-row RETURNING statement
         # slowly, while a plain executemany is pipelined. Only rows of this run are ours: a job that another
         # run stored first is that run's.
@@ -214,9 +216,11 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
         chunk_keys = {(job.job_id, job.attempt) for _, job in chunk}
         samples: list[dict[str, Any]] = []
         checks: list[dict[str, Any]] = []
+        ours = set()
         for result_id, job_id, attempt in inserted:
             if (job_id, attempt) not in chunk_keys:  # another attempt, stored with this run before
                 continue
+            ours.add((job_id, attempt))
             job = by_key[(job_id, attempt)]
             if job.timing is not None:
                 samples.append(
@@ -233,6 +237,8 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
             session.execute(_insert_ignore(session, ResultSamples.__table__), samples)  # type: ignore[arg-type]
         for cstart in range(0, len(checks), _BATCH * 4):
             session.execute(_insert_ignore(session, Check.__table__), checks[cstart : cstart + _BATCH * 4])  # type: ignore[arg-type]
+        # The regressions page recomputes the series these results joined (db.series_state).
+        mark_dirty(session, [row for row in rows if (row["job_id"], row["attempt"]) in ours])
     return stored
 
 

@@ -64,6 +64,8 @@ __all__ = [
     "Result",
     "ResultSamples",
     "Run",
+    "SeriesDirty",
+    "SeriesState",
 ]
 
 # Deterministic constraint names: Alembic needs them to alter or drop constraints (and SQLite batch mode).
@@ -344,3 +346,56 @@ class Annotation(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     author: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+
+
+# The columns that name a series (db.queries.SeriesKey's fields), shared by the two tables below.
+SERIES_COLUMNS = ("op", "impl", "B", "T", "H", "K", "V", "extra_dims", "dtype", "mode", "machine_kind", "software")
+
+
+class SeriesState(Base):
+    """The newest point and latest change point of one series: what the regressions page lists, kept up to date
+    from :class:`SeriesDirty` (``db.series_state``) instead of re-reading every series' history on every view."""
+
+    __tablename__ = "series_state"
+    __table_args__ = (Index("ix_series_state_last_point", "last_point_at"),)
+
+    series_key: Mapped[str] = mapped_column(String(512), primary_key=True, doc="db.queries.SeriesKey.key")
+    op: Mapped[str] = mapped_column(_sized(doc.CaseSpec, "op"))
+    impl: Mapped[str] = mapped_column(_sized(doc.JobResult, "impl"))
+    B: Mapped[int] = mapped_column(Integer)
+    T: Mapped[int] = mapped_column(Integer)
+    H: Mapped[int] = mapped_column(Integer)
+    K: Mapped[int] = mapped_column(Integer)
+    V: Mapped[int] = mapped_column(Integer)
+    extra_dims: Mapped[str] = mapped_column(String(255), default="")
+    dtype: Mapped[str] = mapped_column(String(8))
+    mode: Mapped[str] = mapped_column(String(8))
+    machine_kind: Mapped[str] = mapped_column(_sized(doc.Environment, "machine_kind"))
+    software: Mapped[str] = mapped_column(Text, default="")
+    last_point_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True))
+    # The latest change point of the newest points as the web layer describes it (JSON), None without one.
+    change_point: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    skipped: Mapped[int] = mapped_column(Integer, default=0, doc="points left out as unusable")
+    updated_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_utcnow)
+
+
+class SeriesDirty(Base):
+    """A series that gained or lost points since its :class:`SeriesState` was computed: written by ingest and run
+    deletion in their own transaction (insert only, so concurrent writers never wait on each other), consumed by
+    ``db.series_state``."""
+
+    __tablename__ = "series_dirty"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    op: Mapped[str] = mapped_column(_sized(doc.CaseSpec, "op"))
+    impl: Mapped[str] = mapped_column(_sized(doc.JobResult, "impl"))
+    B: Mapped[int] = mapped_column(Integer)
+    T: Mapped[int] = mapped_column(Integer)
+    H: Mapped[int] = mapped_column(Integer)
+    K: Mapped[int] = mapped_column(Integer)
+    V: Mapped[int] = mapped_column(Integer)
+    extra_dims: Mapped[str] = mapped_column(String(255), default="")
+    dtype: Mapped[str] = mapped_column(String(8))
+    mode: Mapped[str] = mapped_column(String(8))
+    machine_kind: Mapped[str] = mapped_column(_sized(doc.Environment, "machine_kind"))
+    software: Mapped[str] = mapped_column(Text, default="")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import Select, and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from deltabench.harness.document import (
@@ -319,10 +319,13 @@ def list_runs(
     commit: str | None = None,
     since: _dt.datetime | None = None,
     until: _dt.datetime | None = None,
+    before: str | None = None,
 ) -> list[RunSummary]:
     """Runs, newest first, with their machine and a count of results per status.
 
-    `commit` is a prefix of the git commit; `since`/`until` bound the creation time.
+    `commit` is a prefix of the git commit; `since`/`until` bound the creation time. `before` (a run id, the last of
+    the previous page) starts the page after that run: keyset pagination, as fast on the last page as on the first
+    (an `offset` reads and skips every row before the page). An unknown `before` gives an empty page.
     """
     # The columns shown, as tuples: Run entities would also load each run's environment (a joined eager load, with
     # JSON columns to decode) that the list never shows; the runs and comparison pages pay for it on every view.
@@ -338,6 +341,11 @@ def list_runs(
         since=since,
         until=until,
     )
+    if before is not None:
+        cursor = session.execute(select(Run.created_at, Run.id).where(Run.run_id == before)).first()
+        if cursor is None:
+            return []
+        query = query.where(tuple_(Run.created_at, Run.id) < tuple_(cursor.created_at, cursor.id))
     runs = session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)).all()
     counts: dict[int, dict[str, int]] = {run.id: {} for run in runs}
     if runs:
@@ -424,8 +432,12 @@ def find_results(
     until: _dt.datetime | None = None,
     limit: int = 1000,
     offset: int = 0,
+    before: int | None = None,
 ) -> list[Result]:
     """Results matching every filter given, newest first.
+
+    `before` (a result id, the last of the previous page) starts the page after that result: keyset pagination
+    (see :func:`list_runs`). An unknown `before` gives an empty page.
 
     Args:
         shape: any subset of the dims (see :func:`parse_shape_filter`).
@@ -455,6 +467,11 @@ def find_results(
         clauses.append(Result.run_created_at >= utc(since))
     if until is not None:
         clauses.append(Result.run_created_at <= utc(until))
+    if before is not None:
+        cursor = session.execute(select(Result.run_created_at, Result.id).where(Result.id == before)).first()
+        if cursor is None:
+            return []
+        clauses.append(tuple_(Result.run_created_at, Result.id) < tuple_(cursor.run_created_at, cursor.id))
     query = select(Result).where(*clauses)
     query = query.order_by(Result.run_created_at.desc(), Result.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(query))

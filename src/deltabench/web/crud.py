@@ -35,27 +35,39 @@ META_QUEUE_JOB = "queue_job_id"
 _INT64 = 2**63 - 1
 
 
-def _check_storable(value: Any, where: str) -> None:
-    """Refuse what a database cannot hold: integers beyond 64 bits, strings with NUL or lone surrogates."""
-    if isinstance(value, bool) or value is None or isinstance(value, float):
-        return
+def _storable_problem(value: Any) -> tuple[str, str] | None:
+    """(where in `value`, what) of the first thing a database cannot hold, else None."""
+    if value is None or isinstance(value, (bool, float)):
+        return None
     if isinstance(value, int):
-        if not -_INT64 - 1 <= value <= _INT64:
-            raise BadInput(f"{where}: integer {value} does not fit in 64 bits")
-    elif isinstance(value, str):
+        return None if -_INT64 - 1 <= value <= _INT64 else ("", f"integer {value} does not fit in 64 bits")
+    if isinstance(value, str):
         if "\x00" in value:
-            raise BadInput(f"{where}: text may not contain NUL characters")
+            return "", "text may not contain NUL characters"
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise BadInput(f"{where}: text is not valid Unicode (a lone surrogate)") from None
-    elif isinstance(value, dict):
+            return "", "text is not valid Unicode (a lone surrogate)"
+        return None
+    if isinstance(value, dict):
         for key, item in value.items():
-            _check_storable(key, where)
-            _check_storable(item, f"{where}.{key}")
+            if (found := _storable_problem(key)) is not None:
+                return "", found[1]
+            if (found := _storable_problem(item)) is not None:
+                return f".{key}{found[0]}", found[1]
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_storable(item, f"{where}[{i}]")
+            # Most lists are raw samples: floats, passed over without a call each.
+            if type(item) is not float and (found := _storable_problem(item)) is not None:
+                return f"[{i}]{found[0]}", found[1]
+    return None
+
+
+def _check_storable(value: Any, where: str) -> None:
+    """Refuse what a database cannot hold: integers beyond 64 bits, strings with NUL or lone surrogates."""
+    found = _storable_problem(value)
+    if found is not None:
+        raise BadInput(f"{where}{found[0]}: {found[1]}")
 
 
 def ingest_batch(session: Session, *, docs: Sequence[ResultDocument]) -> tuple[list[str], int, int]:

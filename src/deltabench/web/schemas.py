@@ -106,6 +106,7 @@ class RunsPublic(BaseModel):
 
     data: list[RunPublic]
     count: int
+    next_before: str | None = Field(None, description="`before` for the next page (None on the last page)")
 
 
 # --------------------------------------------------------------------------------------------------- results
@@ -147,6 +148,7 @@ class ResultsPublic(BaseModel):
 
     data: list[ResultPublic]
     count: int
+    next_before: int | None = Field(None, description="`before` for the next page (None on the last page)")
 
 
 # --------------------------------------------------------------------------------------------------- history

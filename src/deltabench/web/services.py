@@ -28,6 +28,7 @@ __all__ = [
     "forget_runs",
     "latest_change_points",
     "load_run",
+    "refresh_series_states",
     "run_tables",
     "series_history",
     "series_key_of",
@@ -35,6 +36,8 @@ __all__ = [
 
 # Points a history loads for change-point detection and plotting: enough to see months of nightly runs.
 HISTORY_POINTS = 500
+# Points of each series the regressions page finds its latest change point in.
+REGRESSION_POINTS = 200
 
 
 class NotFound(BadInput):
@@ -399,6 +402,30 @@ def _alert_line(key: queries.SeriesKey, cp: schemas.ChangePointPublic) -> str:
     )
 
 
+def refresh_series_states(session: Session, *, points_per_series: int = REGRESSION_POINTS) -> int:
+    """Recompute the latest change point of every series whose points changed since the last refresh (all of them
+    the first time), from its newest `points_per_series` points, into ``db.series_state``; returns how many."""
+    from deltabench.db import series_state
+
+    if series_state.has_states(session):
+        keys = series_state.take_dirty(session)
+    else:
+        series_state.take_dirty(session)  # every series is read below
+        keys = queries.list_series(session, limit=10**7)
+    found, gone = [], []
+    for key in keys:
+        points = _points(session, key, points_per_series)
+        if not points:
+            gone.append(key)
+            continue
+        cps = _change_points([p for p in points if p.median_ms])
+        latest = cps[-1].model_dump(mode="json") if cps else None
+        found.append((key, points[-1].created_at, latest, points.skipped))
+    series_state.save_states(session, found)
+    series_state.drop_states(session, gone)
+    return len(keys)
+
+
 def latest_change_points(
     session: Session,
     *,
@@ -407,35 +434,40 @@ def latest_change_points(
     machine_kind: str | None = None,
     op: str | None = None,
     max_series: int = 500,
-    points_per_series: int = 200,
 ) -> schemas.RegressionsPublic:
     """The latest change point of every series with results in the last `since_days` days, slowdowns first, one
     alert per (benchmark, shape, dtype, mode, machine class, run): a step found in two series of one job (its
     software versions) is listed once. `only_regressions`: confirmed slowdowns only (a later run shows the new
     level too; the newest run alone never makes a regression).
 
-    Each carries the newest annotation made on it (same series, same run) if any.
+    Read from ``db.series_state`` after :func:`refresh_series_states` (only the series that gained or lost points
+    since the last view are read again). Each carries the newest annotation made on it (same series, same run).
     """
+    from deltabench.db import series_state
+
+    refresh_series_states(session)
     since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=since_days)
-    keys = queries.list_series(session, op=op, machine_kind=machine_kind, since=since, limit=max_series)
+    rows = series_state.states(session, since=since, op=op, machine_kind=machine_kind, limit=max_series)
+    with_change = [(key, state) for key, state in rows if state.change_point is not None]
+    notes: dict[str, list[Any]] = {}
+    if with_change:
+        wanted = [k for key, _ in with_change for k in (key.key, key.legacy_key)]
+        for note in queries.list_annotations(session, series_key=wanted, limit=10**6):
+            notes.setdefault(note.series_key, []).append(note)  # newest first, as listed
     found: list[schemas.RegressionPublic] = []
     alerted: set[tuple[str, ...]] = set()
-    skipped = 0
-    for key in keys:
-        points = _points(session, key, points_per_series)
-        skipped += points.skipped
-        cps = _change_points([p for p in points if p.median_ms])
-        if not cps:
-            continue
-        latest = cps[-1]
+    for key, state in with_change:
+        latest = schemas.ChangePointPublic.model_validate(state.change_point)
         if only_regressions and (latest.ratio <= 1.0 or not latest.confirmed):
             continue
         alert_key = (key.op, key.impl, key.shape_id, key.dtype, key.mode, key.machine_kind, latest.run_id)
         if alert_key in alerted:
             continue
         alerted.add(alert_key)
-        notes = queries.list_annotations(session, series_key=[key.key, key.legacy_key], limit=50)
-        mine = next((a for a in notes if a.run_id in (None, latest.run_id)), None)
+        mine = sorted(
+            notes.get(key.key, []) + notes.get(key.legacy_key, []), key=lambda a: (a.created_at, a.id), reverse=True
+        )
+        note = next((a for a in mine if a.run_id in (None, latest.run_id)), None)
         found.append(
             schemas.RegressionPublic(
                 series_key=key.key,
@@ -447,10 +479,11 @@ def latest_change_points(
                 machine_kind=key.machine_kind,
                 software=key.software,
                 change_point=latest,
-                annotation=schemas.AnnotationPublic.model_validate(mine) if mine else None,
+                annotation=schemas.AnnotationPublic.model_validate(note) if note else None,
                 effect=latest.ratio - 1.0,
                 alert=_alert_line(key, latest),
             )
         )
     found.sort(key=lambda r: -r.change_point.ratio)
-    return schemas.RegressionsPublic(data=found, count=len(found), series_scanned=len(keys), skipped_points=skipped)
+    skipped = sum(state.skipped for _, state in rows)
+    return schemas.RegressionsPublic(data=found, count=len(found), series_scanned=len(rows), skipped_points=skipped)

@@ -36,11 +36,13 @@ def find_results(
     until: Annotated[_dt.datetime | None, Query()] = None,
     limit: Limit = 100,
     offset: Offset = 0,
+    before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> schemas.ResultsPublic:
     """Results matching every filter given, newest first.
 
     `shape` is any subset of the dims (``B8-T4096`` or ``B=8,T=4096``); `commit_from`/`commit_to` (commit
     prefixes, both or neither) bound the range from the first run of one commit to the last run of the other.
+    Page with `before` (the previous page's `next_before`): each page costs the same however deep.
     """
     if (commit_from is None) != (commit_to is None):
         from deltabench.harness.errors import BadInput
@@ -62,10 +64,11 @@ def find_results(
         until=until,
         limit=limit,
         offset=offset,
+        before=before,
     )
     run_ids = queries.run_ids_by_pk(session, run_pks=[r.run_pk for r in rows])
     data = [schemas.ResultPublic.model_validate({**_columns(r), "run_id": run_ids.get(r.run_pk, "")}) for r in rows]
-    return schemas.ResultsPublic(data=data, count=len(data))
+    return schemas.ResultsPublic(data=data, count=len(data), next_before=rows[-1].id if len(rows) == limit else None)
 
 
 def _columns(row: object) -> dict[str, object]:

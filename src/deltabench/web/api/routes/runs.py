@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 
 from deltabench.db import queries
 from deltabench.db.engine import session_scope
+from deltabench.harness.document import ID_PATTERN
 
 from ... import crud, schemas, services
 from ...deps import TOKEN_COOKIE, ReadAccessDep, SessionDep, bearer, check_token
@@ -78,13 +79,17 @@ def list_runs(
     until: Annotated[_dt.datetime | None, Query()] = None,
     limit: Limit = 50,
     offset: Offset = 0,
+    before: Annotated[str | None, Query(max_length=128, pattern=ID_PATTERN)] = None,
 ) -> schemas.RunsPublic:
-    """Runs, newest first; `commit` is a prefix of the git commit, `machine` a machine kind."""
+    """Runs, newest first; `commit` is a prefix of the git commit, `machine` a machine kind. Page with `before`
+    (the previous page's `next_before`): each page costs the same however deep."""
     filters: dict[str, Any] = {"suite": suite, "machine_kind": machine, "commit": commit}
     filters.update(since=since, until=until)
-    rows = queries.list_runs(session, limit=limit, offset=offset, **filters)
+    rows = queries.list_runs(session, limit=limit, offset=offset, before=before, **filters)
     return schemas.RunsPublic(
-        data=[schemas.RunPublic(**vars(r)) for r in rows], count=queries.count_runs(session, **filters)
+        data=[schemas.RunPublic(**vars(r)) for r in rows],
+        count=queries.count_runs(session, **filters),
+        next_before=rows[-1].run_id if len(rows) == limit else None,
     )
 
 

@@ -1,0 +1,131 @@
+"""The regressions page's maintained tables (migration 0008): each series' newest point and latest change point
+(``series_state``), and the series whose points changed since (``series_dirty``).
+
+Ingest and run deletion append the series they touch to ``series_dirty`` in their own transaction: insert only, so
+concurrent writers never wait on each other's rows. A reader takes those rows (``DELETE ... RETURNING``, so two
+readers never take the same one), recomputes the change points of just those series and saves them; a row
+committed after its ``DELETE`` is taken by the next reader. What the change point is, and how it is found, is the
+web layer's (``web.services``): this module stores it as JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table, delete, exists, insert, select
+from sqlalchemy.orm import Session
+
+from .models import SERIES_COLUMNS, Result, SeriesDirty, SeriesState
+
+if TYPE_CHECKING:  # queries imports ingest, which imports this module
+    from .queries import SeriesKey
+
+__all__ = ["drop_states", "has_states", "mark_dirty", "mark_run_dirty", "save_states", "states", "take_dirty"]
+
+
+def _key(row: Mapping[str, Any] | Any) -> SeriesKey:
+    from .queries import SeriesKey
+
+    get = row.get if isinstance(row, Mapping) else lambda c: getattr(row, c)
+    return SeriesKey(
+        get("op"),
+        get("impl"),
+        get("B"),
+        get("T"),
+        get("H"),
+        get("K"),
+        get("V"),
+        get("dtype"),
+        get("mode"),
+        get("machine_kind"),
+        get("software"),
+        get("extra_dims"),
+    )
+
+
+def mark_dirty(session: Session, result_rows: Iterable[Mapping[str, Any]]) -> None:
+    """Mark the series of these result rows (``results`` columns; only ``ok`` ones are in a series) as changed."""
+    seen = {tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"}
+    if seen:
+        session.execute(insert(SeriesDirty), [dict(zip(SERIES_COLUMNS, key, strict=True)) for key in sorted(seen)])
+
+
+def mark_run_dirty(session: Session, run_pk: int) -> None:
+    """Mark the series of the stored run `run_pk`'s ok results as changed (before the run is deleted)."""
+    columns = [getattr(Result, c) for c in SERIES_COLUMNS]
+    rows = select(*columns).where(Result.run_pk == run_pk, Result.status == "ok").distinct()
+    session.execute(insert(SeriesDirty).from_select(list(SERIES_COLUMNS), rows))
+
+
+def take_dirty(session: Session) -> list[SeriesKey]:
+    """The series marked changed since the last call, each once; their marks are removed (in this transaction)."""
+    table: Table = SeriesDirty.__table__  # type: ignore[assignment]
+    rows = session.execute(delete(table).returning(*(table.c[c] for c in SERIES_COLUMNS))).all()
+    return sorted({_key(row) for row in rows}, key=lambda k: (k.key, k.extra_dims))
+
+
+def has_states(session: Session) -> bool:
+    """Whether ``series_state`` holds any series (an empty one is built from every series on first use)."""
+    return bool(session.scalar(select(exists().select_from(SeriesState))))
+
+
+def _upsert(session: Session, table: Table):  # type: ignore[no-untyped-def]
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(table)
+    keep = ("series_key",)
+    return stmt.on_conflict_do_update(
+        index_elements=list(keep), set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keep}
+    )
+
+
+def save_states(session: Session, found: Sequence[tuple[SeriesKey, _dt.datetime, dict[str, Any] | None, int]]) -> None:
+    """Store each series' (key, newest point's time, latest change point as JSON or None, skipped points)."""
+    if not found:
+        return
+    now = _dt.datetime.now(_dt.timezone.utc)
+    rows = [
+        {
+            "series_key": key.key,
+            **{c: getattr(key, c) for c in SERIES_COLUMNS},
+            "last_point_at": last,
+            "change_point": change_point,
+            "skipped": skipped,
+            "updated_at": now,
+        }
+        for key, last, change_point, skipped in sorted(found, key=lambda f: f[0].key)  # one lock order
+    ]
+    session.execute(_upsert(session, SeriesState.__table__), rows)  # type: ignore[arg-type]
+
+
+def drop_states(session: Session, keys: Sequence[SeriesKey]) -> None:
+    """Forget series that no longer have a point."""
+    if keys:
+        session.execute(delete(SeriesState).where(SeriesState.series_key.in_([k.key for k in keys])))
+
+
+def states(
+    session: Session,
+    *,
+    since: _dt.datetime | None = None,
+    op: str | None = None,
+    machine_kind: str | None = None,
+    limit: int = 10_000,
+) -> list[tuple[SeriesKey, SeriesState]]:
+    """The stored series with a point since `since` (optionally of one op or machine class), sorted by their
+    fields as ``queries.list_series`` sorts them, at most `limit`."""
+    query = select(SeriesState)
+    if since is not None:
+        query = query.where(SeriesState.last_point_at >= since)
+    if op is not None:
+        query = query.where(SeriesState.op == op)
+    if machine_kind is not None:
+        query = query.where(SeriesState.machine_kind == machine_kind)
+    order = [getattr(SeriesState, c) for c in ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode")]
+    order += [SeriesState.machine_kind, SeriesState.software, SeriesState.extra_dims]
+    return [(_key(row), row) for row in session.scalars(query.order_by(*order).limit(limit))]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,26 +20,6 @@ from deltabench.runners.interleave import BaseTree, base_imports, interleave_ord
 from deltabench.runners.session import plan_run
 
 REPEAT = 5
-
-SUITE = """
-name = "interleave"
-device = "cpu"
-shapes = ["B=1,T=32,H=1,K=8,V=8"]
-dtypes = ["fp32"]
-modes = ["fwd"]
-timeout_s = 120
-[timing]
-budget_s = 0.05
-min_reps = 10
-warmup_s = 0.02
-cpu_threads = 1
-[gate]
-seeds = 1
-extra_seed = false
-[ops.gdn]
-impls = ["IMPL"]
-baseline = "IMPL"
-"""
 
 # A user's impl file: gdn's chunked PyTorch kernel with SLOW times its own time of busy work after each call.
 USER_IMPL = """
@@ -88,14 +69,8 @@ def _commit(repo: Path, message: str) -> str:
     return _git(repo, "rev-parse", "HEAD")
 
 
-def _suite(tmp: Path, impl: str) -> Path:
-    path = tmp / "suite.toml"
-    path.write_text(SUITE.replace("IMPL", impl))
-    return path
-
-
-def test_interleave_order_alternates_which_side_goes_first(tmp_path: Path) -> None:
-    suite = load_suite(str(_suite(tmp_path, "torch_chunk")))
+def test_interleave_order_alternates_which_side_goes_first(tmp_path: Path, tiny_suite: Callable[..., Path]) -> None:
+    suite = load_suite(str(tiny_suite(tmp_path / "suite.toml")))
     plan = plan_run(suite, device="cpu", repeat=4)
     plan.jobs = plan.jobs * 3  # three jobs of one impl
     order = interleave_order(plan)
@@ -121,9 +96,9 @@ def test_import_files_of_the_repository_come_from_the_base_tree(tmp_path: Path) 
 
 
 def test_bad_base_ref_or_no_checkout_is_exit_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tiny_suite: Callable[..., Path]
 ) -> None:
-    suite = _suite(tmp_path, "torch_chunk")
+    suite = tiny_suite(tmp_path / "suite.toml")
     repo = _new_repo(tmp_path / "repo")
     (repo / "a.txt").write_text("a")
     _commit(repo, "a")
@@ -140,7 +115,9 @@ def test_bad_base_ref_or_no_checkout_is_exit_2(
     assert "--base-out needs --base-ref" in capsys.readouterr().err
 
 
-def test_the_base_side_runs_the_base_commits_deltabench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_base_side_runs_the_base_commits_deltabench(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_suite: Callable[..., Path]
+) -> None:
     """A copy of deltabench's source whose base commit doubles gdn torch_chunk's output: the base side's job fails
     its correctness gate (its worker ran the base kernel), the head's passes, each document names its own code."""
     repo = _new_repo(tmp_path / "deltabench")
@@ -153,7 +130,7 @@ def test_the_base_side_runs_the_base_commits_deltabench(tmp_path: Path, monkeypa
     assert text.count("return merge_chunks(o, T).to(v.dtype), final_state") == 1
     kernel.write_text(text.replace("return merge_chunks(o, T).to(v.dtype), final_state", planted))
     base_commit = _commit(repo, "base with a planted error")
-    suite = _suite(tmp_path, "torch_chunk")
+    suite = tiny_suite(tmp_path / "suite.toml")
     monkeypatch.chdir(repo)
     out = tmp_path / "head.json"
     code = _cli("run", "--suite", str(suite), "--repeat", "2", "--base-ref", "HEAD", "--out", str(out), "--no-db", "-q")
@@ -170,9 +147,10 @@ def test_the_base_side_runs_the_base_commits_deltabench(tmp_path: Path, monkeypa
 
 
 @pytest.fixture(scope="module")
-def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A user's repository holding an impl file (no slowdown) at its HEAD commit."""
+def user_project(tmp_path_factory: pytest.TempPathFactory, tiny_suite: Callable[..., Path]) -> Path:
+    """A user's repository holding an impl file (no slowdown) at its HEAD commit, its suite beside it."""
     repo = _new_repo(tmp_path_factory.mktemp("project") / "project")
+    tiny_suite(repo.parent / "suite.toml", "user_chunk")
     (repo / "my_impl.py").write_text(USER_IMPL.format(slow=0.0))
     _commit(repo, "user impl")
     return repo
@@ -183,7 +161,7 @@ def _interleaved(
 ) -> tuple[int, dict]:
     """Run the user suite interleaved against HEAD from `repo` (`repeat`: its repetition options), gate it; (gate
     exit code, its one row)."""
-    suite = _suite(repo.parent, "user_chunk")
+    suite = repo.parent / "suite.toml"  # user_project's
     out = repo.parent / f"{name}.json"
     monkeypatch.chdir(repo)
     args = ["run", "--suite", str(suite), "--import", "my_impl.py", *repeat, "--base-ref", "HEAD"]
@@ -268,8 +246,10 @@ def test_repeat_auto_catches_a_planted_25_percent_slowdown(user_project: Path, m
     assert row["stats"]["change"] > 0.15
 
 
-def test_repeat_auto_needs_a_base_ref(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    suite = _suite(tmp_path, "torch_chunk")
+def test_repeat_auto_needs_a_base_ref(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_suite: Callable[..., Path]
+) -> None:
+    suite = tiny_suite(tmp_path / "suite.toml")
     assert _cli("run", "--suite", str(suite), "--repeat", "auto", "--no-db", "-q") == 2
     assert "--repeat auto needs --base-ref" in capsys.readouterr().err
     assert _cli("run", "--suite", str(suite), "--repeat", "3", "--max-repeat", "9", "--no-db", "-q") == 2

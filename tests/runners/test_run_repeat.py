@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,26 +20,6 @@ from deltabench.runners.session import plan_run, run_plan
 
 PLANTED = str(Path(__file__).with_name("planted_impls.py"))
 REPEAT = 5
-
-SUITE = """
-name = "repeat"
-device = "cpu"
-shapes = ["B=1,T=32,H=1,K=8,V=8"]
-dtypes = ["fp32"]
-modes = ["fwd"]
-timeout_s = 120
-[timing]
-budget_s = 0.05
-min_reps = 10
-warmup_s = 0.02
-cpu_threads = 1
-[gate]
-seeds = 1
-extra_seed = false
-[ops.gdn]
-impls = ["torch_chunk"]
-baseline = "torch_chunk"
-"""
 
 
 def _cli(*args: str) -> int:
@@ -65,7 +46,7 @@ def _alternate_repetitions(doc: ResultDocument, parity: int) -> ResultDocument:
 
 @pytest.fixture(scope="module")
 def stored_runs(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, tiny_suite: Callable[..., Path]
 ) -> tuple[Path, str, ResultDocument, ResultDocument, ResultDocument]:
     """A real run of the same code with --repeat 10, its alternate repetitions as two runs of 5 (base: the odd
     rounds, head: the even ones), all three stored in one SQLite file.
@@ -75,8 +56,7 @@ def stored_runs(
     without history rightly calls a regression (a user on such a machine interleaves base and head: `run
     --base-ref`). Alternate rounds of one run saw the same minutes, as interleaved runs do."""
     tmp = tmp_path_factory.mktemp("repeat")
-    suite = tmp / "repeat.toml"
-    suite.write_text(SUITE)
+    suite = tiny_suite(tmp / "repeat.toml")
     db = str(tmp / "store.db")
     out = tmp / "run.json"
     assert _cli("run", "--suite", str(suite), "--repeat", str(2 * REPEAT), "--out", str(out), "--no-db", "-q") == 0
@@ -116,9 +96,10 @@ def test_a_repeated_run_stores_every_repetition_and_gates_once(stored_runs) -> N
     assert lean.repetitions == t.repetitions
 
 
-def test_later_repetitions_run_in_fresh_processes_without_the_gate(tmp_path: Path) -> None:
-    suite = tmp_path / "repeat.toml"
-    suite.write_text(SUITE)
+def test_later_repetitions_run_in_fresh_processes_without_the_gate(
+    tmp_path: Path, tiny_suite: Callable[..., Path]
+) -> None:
+    suite = tiny_suite(tmp_path / "repeat.toml")
     plan = plan_run(load_suite(str(suite)), device="cpu", repeat=REPEAT)
     phases: list[tuple[int, str]] = []
     with SharedProcessRunner(on_phase=lambda job, phase: phases.append((job.repetition, phase))) as runner:
@@ -130,9 +111,10 @@ def test_later_repetitions_run_in_fresh_processes_without_the_gate(tmp_path: Pat
         assert [p for r, p in phases if r == rep] == ["setup", "first call", "timing"]
 
 
-def test_a_later_repetition_that_crashes_fails_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    suite = tmp_path / "repeat.toml"
-    suite.write_text(SUITE.replace('"torch_chunk"', '"planted_first_process_only"'))
+def test_a_later_repetition_that_crashes_fails_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_suite: Callable[..., Path]
+) -> None:
+    suite = tiny_suite(tmp_path / "repeat.toml", "planted_first_process_only")
     monkeypatch.setenv("PLANTED_FIRST_PID_FILE", str(tmp_path / "first.pid"))
     out = tmp_path / "out.json"
     assert _cli("run", "--suite", str(suite), "--import", PLANTED, "--repeat", "2", "--out", str(out), "--no-db") == 1

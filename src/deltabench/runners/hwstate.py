@@ -165,33 +165,30 @@ class NvmlMonitor:
         return self._handle is not None
 
     @classmethod
-    def open(cls, index: int = 0) -> NvmlMonitor:
-        """A monitor of GPU `index` (NVML's order), or an unavailable one saying why."""
+    def _open(cls, find: str, key: int | str) -> NvmlMonitor:
+        """A monitor of the GPU NVML's `find` function (a ``nvmlDeviceGetHandleBy*`` name) gives for `key`, or an
+        unavailable one saying why."""
         try:
             import pynvml
         except ImportError:
             return cls(None, None, "not available: nvidia-ml-py is not installed")
         try:
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            handle = getattr(pynvml, find)(key)
         except pynvml.NVMLError as exc:
             return cls(None, None, f"not available: {exc}")
         return cls(pynvml, handle)
 
     @classmethod
+    def open(cls, index: int = 0) -> NvmlMonitor:
+        """A monitor of GPU `index` (NVML's order), or an unavailable one saying why."""
+        return cls._open("nvmlDeviceGetHandleByIndex", index)
+
+    @classmethod
     def open_pci(cls, bus_id: str) -> NvmlMonitor:
         """A monitor of the GPU at PCI `bus_id` (``"0000:65:00.0"``; what CUDA calls device i under any
         ``CUDA_VISIBLE_DEVICES``), or an unavailable one saying why."""
-        try:
-            import pynvml
-        except ImportError:
-            return cls(None, None, "not available: nvidia-ml-py is not installed")
-        try:
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-        except pynvml.NVMLError as exc:
-            return cls(None, None, f"not available: {exc}")
-        return cls(pynvml, handle)
+        return cls._open("nvmlDeviceGetHandleByPciBusId", bus_id)
 
     def sample(self) -> WindowState | None:
         """The device's state now (call at the end of each sample window); None when unavailable or NVML fails."""

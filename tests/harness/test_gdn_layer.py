@@ -4,8 +4,8 @@ conv that looks ahead, a conv history not carried, the norm gate missing) each f
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,26 +78,6 @@ def test_torch_impls_pass_the_gate_with_every_gradient(impl: str) -> None:
     assert {r.regime for r in report.records if r.check == "output"} == set(L.CONTRACT.regimes)
 
 
-@contextlib.contextmanager
-def _swapped(name: str, fn: Callable[..., Any]) -> Iterator[None]:
-    real = getattr(L, name)
-    setattr(L, name, fn)
-    try:
-        yield
-    finally:
-        setattr(L, name, real)
-
-
-def _buggy(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """torch_layer with the block's `name` swapped for `fn` during its own calls only (the oracle keeps the real)."""
-
-    def impl(*args: Any, **kwargs: Any) -> Any:
-        with _swapped(name, fn):
-            return torch_layer(*args, **kwargs)
-
-    return impl
-
-
 def _lookahead_conv(pre: torch.Tensor, weight: torch.Tensor, history: torch.Tensor) -> Any:
     """Each tap one token later: the last tap reads the next token (zero after the last)."""
     T = pre.shape[1]
@@ -126,10 +106,40 @@ def _ungated_norm(o: torch.Tensor, norm_w: torch.Tensor, gate: torch.Tensor) -> 
     ],
     ids=["conv-looks-ahead", "conv-history-dropped", "norm-gate-missing"],
 )
-def test_planted_block_bugs_fail_the_gate(name: str, fn: Callable[..., Any], expected: set[str]) -> None:
-    report = _gate(_buggy(name, fn), mode="fwd", regimes=["typical"])
+def test_planted_block_bugs_fail_the_gate(
+    name: str, fn: Callable[..., Any], expected: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in the impls' block for the whole gate, the oracle's run included: the oracle shares no code
+    with the block, so the bug shows."""
+    monkeypatch.setattr(L, name, fn)
+    report = _gate(torch_layer, mode="fwd", regimes=["typical"])
     assert not report.passed
     assert expected <= _failed(report), _failed(report)
+
+
+_PLANTED = """
+import torch
+from deltabench.references import gdn_layer
+
+def gated_norm(o, norm_w, gate):
+    return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w[:, None, None] * gate
+
+gdn_layer.gated_norm = gated_norm
+"""
+
+
+def test_verify_fails_the_block_with_a_planted_bug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``deltabench verify --op gdn_layer`` on the CPU, in its child process: the built-in ``torch_layer`` with the
+    output gate's sigmoid dropped from the block (an --import file that plants it) exits 1 on the output."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(_PLANTED)
+    args = ["verify", "--op", "gdn_layer", "--impl", "torch_layer", "--shape", "B=1,T=12,D=8,H=2,K=4", "--dtype",
+            "fp32", "--device", "cpu", "--seeds", "1", "--regime", "typical", "--mode", "fwd", "--json"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--import", str(planted)])
+    assert exit_info.value.code == 1
+    failed = {r["check"] for r in json.loads(capsys.readouterr().out)["records"] if r["gating"] and not r["passed"]}
+    assert "output" in failed, failed
 
 
 def test_the_layer_over_triton_chunk_passes_the_gate() -> None:

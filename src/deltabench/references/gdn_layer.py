@@ -136,8 +136,42 @@ def gdn_layer_block(
 def gdn_layer_oracle(
     x: torch.Tensor, *weights: torch.Tensor, initial_state: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block in float64, the recurrence token by token (references/gdn.gdn_recurrent)."""
-    return gdn_layer_block(gdn_recurrent, torch.float64, x, *weights, initial_state=initial_state)
+    """The block in float64, the conv and the recurrence stepped token by token; returns ``(y [B, T, D], packed
+    final state)``, both float64.
+
+    Written on its own, sharing no code with the impls' block (:func:`gdn_layer_block`, which kernels/gdn_layer and
+    lm_step's model run): the conv keeps its window of the last 3 projections as a list of rows, and the recurrence
+    is gdn's oracle (references/gdn.gdn_recurrent), so that a bug in the block fails the gate."""
+    w = dict(zip(WEIGHTS, (t.to(torch.float64) for t in weights), strict=True))
+    x = x.to(torch.float64)
+    B, T, _ = x.shape
+    H, K, V = w["w_q"].shape[2], w["w_q"].shape[3], w["w_v"].shape[3]
+    if initial_state is None:
+        history, S0 = x.new_zeros(B, CONV - 1, channels(H, K, V)), None
+    else:
+        history, S0 = unpack_state(initial_state.to(torch.float64), H, K, V)
+    # Every token's projections, the q, k and v channels side by side as in the history: [B, T, C].
+    pre = torch.cat([torch.einsum("btd,bdhk->bthk", x, w[n]).flatten(2) for n in ("w_q", "w_k", "w_v")], 2)
+    taps = torch.cat([w[n].reshape(B, CONV, -1) for n in ("conv_q", "conv_k", "conv_v")], dim=2)  # [B, 4, C]
+    window = list(history.unbind(1))  # the 3 tokens before this one, oldest first
+    mixed = []
+    for t in range(T):
+        window.append(pre[:, t])
+        mixed.append(sum(taps[:, j] * window[j] for j in range(CONV)))
+        window.pop(0)
+    conv = torch.stack(mixed, dim=1) if mixed else pre
+    act = conv * torch.sigmoid(conv)
+    q, k, v = act[..., : H * K], act[..., H * K : 2 * H * K], act[..., 2 * H * K :]
+    q, k, v = _in.l2norm(q.reshape(B, T, H, K)), _in.l2norm(k.reshape(B, T, H, K)), v.reshape(B, T, H, V)
+    beta = torch.sigmoid(torch.einsum("btd,bdh->bth", x, w["w_b"]))
+    a = torch.einsum("btd,bdh->bth", x, w["w_a"]) + w["dt_bias"][:, None]
+    g = -F.softplus(a) * w["a_log"].exp()[:, None]
+    o, S = gdn_recurrent(q, k, v, g, beta, scale=K**-0.5, initial_state=S0)
+    rms = (o.pow(2).mean(-1, keepdim=True) + _NORM_EPS).sqrt()
+    z = torch.einsum("btd,bdhv->bthv", x, w["w_gate"])
+    o = o / rms * w["norm_w"][:, None, None] * (z * torch.sigmoid(z))
+    y = torch.einsum("bthv,bhvd->btd", o, w["w_o"])
+    return y, pack_state(torch.stack(window, dim=1), S)
 
 
 # exp(A_log) per regime: typical decays of a few tokens to tens, long barely decays, strong forgets within a token.

@@ -35,13 +35,12 @@ from deltabench.harness.document import (
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput, UnknownOp
-from deltabench.harness.series import SeriesKey as HarnessSeriesKey
-from deltabench.harness.series import parse_software
-from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims, shape_id
+from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims
 
-from .dims import case_dim_fields, dims_columns, dims_of
+from .dims import case_dim_fields, dims_columns
 from .ingest import unpack_repetitions, unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
+from .series_state import SeriesKey
 
 __all__ = [
     "SKIPPED_META",
@@ -107,54 +106,6 @@ class RunSummary:
     n_results: int
     status_counts: dict[str, int]
     complete: bool = True  # False for a run cut short (its document's meta.complete is false)
-
-
-@dataclasses.dataclass(frozen=True)
-class SeriesKey:
-    """What identifies a series: one (op, impl, shape, dtype, mode) on one machine class and major software.
-
-    `software` is ``harness.series.series_software`` of the runs' environment (``"python=3.11,torch=2.13"``).
-    """
-
-    op: str
-    impl: str
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
-    dtype: str
-    mode: str
-    machine_kind: str
-    software: str = ""
-    extra_dims: str = ""  # the op's other dims as stored (db/dims.py); B..V of a dim it lacks are 0
-
-    @property
-    def shape(self) -> dict[str, int]:
-        """The dims as a dict (every dim of the op, any names)."""
-        return dims_of(self.B, self.T, self.H, self.K, self.V, self.extra_dims)
-
-    @property
-    def shape_id(self) -> str:
-        """``B2-T256-H4-K64-V64`` (references/contract.shape_id)."""
-        return shape_id(self.shape)
-
-    def to_harness(self) -> HarnessSeriesKey:
-        """The same series as ``harness.series.SeriesKey`` (the definition's source of truth)."""
-        software = parse_software(self.software)
-        return HarnessSeriesKey(self.op, self.impl, self.shape_id, self.dtype, self.mode, self.machine_kind, software)
-
-    @property
-    def key(self) -> str:
-        """``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd@cpu[python=3.11,torch=2.13]``: what annotations refer to
-        (``harness.series.SeriesKey.key``)."""
-        return self.to_harness().key
-
-    @property
-    def legacy_key(self) -> str:
-        """The key annotations were stored under before series carried their software
-        (``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd/cpu``)."""
-        return f"{self.op}/{self.impl}/{self.shape_id}/{self.dtype}/{self.mode}/{self.machine_kind}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,29 +5,88 @@ Ingest and run deletion append the series they touch to ``series_dirty`` in thei
 concurrent writers never wait on each other's rows. A reader takes those rows (``DELETE ... RETURNING``, so two
 readers never take the same one), recomputes the change points of just those series and saves them; a row
 committed after its ``DELETE`` is taken by the next reader. What the change point is, and how it is found, is the
-web layer's (``web.services``): this module stores it as JSON.
+web layer's (``web.services``): this module stores it as JSON. What identifies a series in the store
+(:class:`SeriesKey`) is defined here, below the queries that read series and the ingest that marks them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Table, delete, exists, insert, select
 from sqlalchemy.orm import Session
 
+from deltabench.harness.series import SeriesKey as HarnessSeriesKey
+from deltabench.harness.series import parse_software
+from deltabench.references.contract import shape_id
+
+from .dims import dims_of
 from .models import SERIES_COLUMNS, Result, SeriesDirty, SeriesState
 
-if TYPE_CHECKING:  # queries imports ingest, which imports this module
-    from .queries import SeriesKey
+__all__ = [
+    "SeriesKey",
+    "drop_states",
+    "has_states",
+    "mark_dirty",
+    "mark_run_dirty",
+    "save_states",
+    "states",
+    "take_dirty",
+]
 
-__all__ = ["drop_states", "has_states", "mark_dirty", "mark_run_dirty", "save_states", "states", "take_dirty"]
+
+@dataclasses.dataclass(frozen=True)
+class SeriesKey:
+    """What identifies a series: one (op, impl, shape, dtype, mode) on one machine class and major software.
+
+    `software` is ``harness.series.series_software`` of the runs' environment (``"python=3.11,torch=2.13"``).
+    """
+
+    op: str
+    impl: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    dtype: str
+    mode: str
+    machine_kind: str
+    software: str = ""
+    extra_dims: str = ""  # the op's other dims as stored (db/dims.py); B..V of a dim it lacks are 0
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The dims as a dict (every dim of the op, any names)."""
+        return dims_of(self.B, self.T, self.H, self.K, self.V, self.extra_dims)
+
+    @property
+    def shape_id(self) -> str:
+        """``B2-T256-H4-K64-V64`` (references/contract.shape_id)."""
+        return shape_id(self.shape)
+
+    def to_harness(self) -> HarnessSeriesKey:
+        """The same series as ``harness.series.SeriesKey`` (the definition's source of truth)."""
+        software = parse_software(self.software)
+        return HarnessSeriesKey(self.op, self.impl, self.shape_id, self.dtype, self.mode, self.machine_kind, software)
+
+    @property
+    def key(self) -> str:
+        """``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd@cpu[python=3.11,torch=2.13]``: what annotations refer to
+        (``harness.series.SeriesKey.key``)."""
+        return self.to_harness().key
+
+    @property
+    def legacy_key(self) -> str:
+        """The key annotations were stored under before series carried their software
+        (``gdn/torch_chunk/B2-T256-H4-K64-V64/fp32/fwd/cpu``)."""
+        return f"{self.op}/{self.impl}/{self.shape_id}/{self.dtype}/{self.mode}/{self.machine_kind}"
 
 
 def _key(row: Mapping[str, Any] | Any) -> SeriesKey:
-    from .queries import SeriesKey
-
     get = row.get if isinstance(row, Mapping) else lambda c: getattr(row, c)
     return SeriesKey(
         get("op"),

@@ -20,9 +20,9 @@ from deltabench.harness.document import TimingStats
 
 from .cuda_integrity import KernelTrace, kernel_time_record, synchronize_all
 from .hwstate import HardwareRecord, NvmlMonitor, hardware_records, sample_in_windows
-from .timing import TIMING_DEFAULTS, Timed, TimerRequest, summarize
+from .timing import TIMING_DEFAULTS, Collected, Timed, TimerRequest, summarize
 
-__all__ = ["L2_FLUSH_BYTES", "device_monitor", "time_callable", "time_job"]
+__all__ = ["L2_FLUSH_BYTES", "device_monitor", "sample_with_gpu_state", "time_callable", "time_job"]
 
 # Larger than any current GPU's L2 (H200: 60 MiB), so writing it evicts the subject's inputs.
 L2_FLUSH_BYTES = 256 * 2**20
@@ -51,6 +51,14 @@ def device_monitor() -> NvmlMonitor:
             domain, device = getattr(p, "pci_domain_id", 0), getattr(p, "pci_device_id", 0)
             _monitors[dev] = NvmlMonitor.open_pci(f"{domain:08x}:{bus:02x}:{device:02x}.0")
     return _monitors[dev]
+
+
+def sample_with_gpu_state(measure: Callable[[int], list[float]], **rules: Any) -> tuple[Collected, HardwareRecord]:
+    """:func:`~deltabench.runners.hwstate.sample_in_windows` over `measure` under the stopping `rules`, the current
+    CUDA device's state read after each batch (:func:`device_monitor`; every sample kept where NVML is not)."""
+    monitor = device_monitor()
+    state = monitor.sample if monitor.available else None
+    return sample_in_windows(measure, state, reason=monitor.reason, **rules)
 
 
 def _event_measure(
@@ -169,14 +177,11 @@ def time_callable(
         guard = None
     else:
         measure, clock = _event_measure(fn, flush, guard), "cuda_events"
-    monitor = device_monitor()
     if guard is not None:
         guard.start()
     try:
-        got, record = sample_in_windows(
+        got, record = sample_with_gpu_state(
             measure,
-            monitor.sample if monitor.available else None,
-            reason=monitor.reason,
             budget_s=budget_s,
             target_sem=target_sem,
             min_reps=min_reps,

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import cuda as cuda_timer
-from .hwstate import hardware_records, sample_in_windows
+from .hwstate import hardware_records
 from .timing import Timed, TimerRequest, summarize
 
 __all__ = [
@@ -157,9 +157,7 @@ def time_job(request: TimerRequest) -> Timed:
         why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         timed.note = f"decode timer: the call is not capturable in a CUDA graph ({why}); timed by CUDA events"
         return timed
-    monitor = cuda_timer.device_monitor()  # the GPU's state after each batch, as the CUDA timer reads it
-    state = monitor.sample if monitor.available else None
-    got, record = sample_in_windows(measure, state, reason=monitor.reason, **request.rules)
+    got, record = cuda_timer.sample_with_gpu_state(measure, **request.rules)  # as the CUDA timer reads the GPU
     host = statistics.median(_host_us(request.subject, 20))
     timing = summarize(
         got.samples_ms, clock="cuda_graph", warmup=got.warmup, l2_flush=False,

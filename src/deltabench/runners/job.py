@@ -93,6 +93,11 @@ def parse_phase_mark(line: str) -> tuple[str, float | None]:
         return text, None
 
 
+def _training_step(case: Case) -> bool:
+    """True for a job that times a whole training step: an op with a contract's ``training``, in mode fwd+bwd."""
+    return get_op(case.op).training is not None and case.mode == "fwd+bwd"
+
+
 def _time(
     impl: Any, case: Case, subject: Any, inputs: dict, job: JobSpec, first_call_s: float
 ) -> tuple[Timed | None, list[CheckRecord]]:
@@ -105,9 +110,8 @@ def _time(
     # A training step (runners/closures.py) changes its parameters every call, which the guard's re-checks of
     # sampled calls against the reference cannot follow: the clock's record alone, as for a timer that calls the
     # impl its own way.
-    training = get_op(case.op).training is not None and case.mode == "fwd+bwd"
     guard = None
-    if on and timer.takes_guard and not training:
+    if on and timer.takes_guard and not _training_step(case):
         guard = integrity.TimedCallGuard(impl, case, subject, inputs, device_timer=timer.clock != "cpu_monotonic")
     try:
         timed = timer(TimerRequest(subject, impl, case, inputs, job.timing, first_call_s, guard=guard))
@@ -295,7 +299,7 @@ def execute(job: JobSpec) -> JobResult:
             result.memory = timed.memory if timed.memory is not None else mem
             result.notes = "; ".join(x for x in (result.notes, timed.note) if x)
             checks = [*checks, *timed.records]  # the GPU's state, the timer's own integrity records
-            if get_op(case.op).training is not None and case.mode == "fwd+bwd":
+            if _training_step(case):
                 phase = "mixer share"
                 _phase(phase)
                 from .step_share import mixer_share_record

@@ -139,15 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             pair = run_pair(repo, args.dir / f"{kind}-{n:03d}.json", args, fraction)
             pairs.append(pair)
             print(f"{kind} {n}: exit {pair['exit']} {pair['verdicts']} {pair['planted']}", flush=True)
-    summary = summarize(pairs)
-    print(json.dumps(summary, indent=1))
-    if args.out is not None:
-        args.out.write_text(
-            json.dumps(
-                {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "pairs": pairs}, indent=1
-            )
-        )
+            write(args, pairs)  # after every pair: a session cut short keeps the pairs it ended
+    print(json.dumps(summarize(pairs), indent=1))
     return 0
+
+
+def write(args: argparse.Namespace, pairs: list[dict]) -> None:
+    """The pairs so far and their summary, as JSON at ``--out`` (nothing without it)."""
+    if args.out is not None:
+        doc = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summarize(pairs), "pairs": pairs}
+        args.out.write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ declare -A SETS=(
     # SDM 2.0.0's own op (impl sdm_pkg_chunk). It pins torch 2.13.0 and triton 3.7.1; install.sh installs it without
     # its dependencies, on the image's torch (einops: in the image; ninja: pip's, for its CUDA extensions' build).
     [sdm]="sparse-delta-memory==2.0.0 ninja==1.13.2"
+    [cupti]="cupti-python==13.0.1 pyelftools==0.33"
     # FlashInfer's GDN decode kernels (impls flashinfer_decode, flashinfer_mtp) are CuTe DSL: the wheel (62 MB), CuTe
     # DSL (nvidia-cutlass-dsl, its core and base halves, and its CUDA 13 compiler library, 92 MB) and tvm-ffi and
     # cuda-tile, which flashinfer imports. The image has its other imports: cuda-bindings, nvidia-ml-py, requests,

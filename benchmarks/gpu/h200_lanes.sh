@@ -40,8 +40,15 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 qla_staged() { [[ -f $QLA/.deltabench-sets/qla1 && -f $QLA/.deltabench-sets/qla2 ]]; }
 # LANE_QLA=0: a session that needs no FlashQLA starts its lanes in call 1, without the two calls that stage it
 lanes_ready() { [[ ${LANE_QLA:-1} == 0 ]] || qla_staged; }
+# FlashInfer's folders (set `flashinfer`, one part a call) once stage_flashinfer.sh installed all of its parts
+fi_staged() { [[ -f /tmp/site-fi/.deltabench-installed ]]; }
 # FlashQLA's folder joins the path only once both halves are in (a half-installed TileLang breaks FLA's import).
-pypath() { if qla_staged; then echo "/tmp/site:$QLA"; else echo /tmp/site; fi; }
+pypath() {
+    local path=/tmp/site
+    qla_staged && path+=":$QLA"
+    fi_staged && path+=":/tmp/site-fi:/tmp/site-fi/nvidia_cutlass_dsl/dsl_packages"
+    echo "$path"
+}
 db() { PYTHONPATH=$(pypath) python3 -m deltabench.cli.app "$@"; }
 # run CAP NAME ARGS...: one `deltabench run` cut at CAP seconds, its document under the lane's folder, table printed
 run() {
@@ -293,6 +300,49 @@ task_stages() {
     echo "gdn_kernels exit=$?"; grep -E "^\||FAIL|Error" "$dir/gdn-kernels.log" | cut -c1-170 | tail -24
 }
 
+# Issue 41's tables: a small LM's whole training step (e2e-h200), packed batches beside their dense forms
+# (varlen-h200); every impl's gates side by side (FLA autotunes each new length its gate calls it at)
+task_e2e() { run "${E2E_CAP:-420}" e2e --suite e2e-h200 --timeout 400 --gate-workers 3; }
+task_varlen() { run "${VARLEN_CAP:-420}" varlen --suite varlen-h200 --timeout 400 --gate-workers 4; }
+
+# The decode table (issue 42): FLA's, FlashInfer's and FlashQLA's adapters beside ours, once the calls carrying
+# their wheels have staged them (waits up to DECODE_WAIT_S; an impl whose package is missing ends unsupported with
+# the reason); DECODE_SHAPES: "B=..,T=.." pairs of the suite's shapes (default B 1, 64, 512 x T 1, 4)
+task_decode() {
+    local shapes=() s
+    for _ in $(seq $((${DECODE_WAIT_S:-240} / 5))); do qla_staged && fi_staged && break; sleep 5; done
+    for s in ${DECODE_SHAPES:-B=1,T=1 B=1,T=4 B=64,T=1 B=64,T=4 B=512,T=1 B=512,T=4}; do
+        shapes+=(--shape "$s,H=16,K=128,V=128")
+    done
+    run "${DECODE_CAP:-480}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}"
+}
+
+# Issue 40 on the GPU: each CUDA exploit flagged and the honest kernel not (integrity_h200.py exploits), then the
+# integrity records of the session's suites (every job a shipped impl: a failed record is a false flag)
+task_integrity_exploits() {
+    stamp integrity_exploits
+    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/integrity_h200.py exploits >"$dir/integrity-exploits.log" 2>&1
+    echo "integrity exploits exit=$?"; cut -c1-170 "$dir/integrity-exploits.log"
+}
+task_integrity_report() {
+    local docs=() name
+    for name in e2e varlen decode train; do [[ -f $dir/$name.json ]] && docs+=("$dir/$name.json"); done
+    ((${#docs[@]})) || return 0
+    PYTHONPATH=$(pypath) python3 benchmarks/gpu/integrity_h200.py report "${docs[@]}" >"$dir/integrity-report.log" 2>&1
+    echo "integrity report exit=$?"; grep -E "FALSE FLAG|false flags|^    " "$dir/integrity-report.log" | cut -c1-170
+}
+
+# Issue 39's calibration of `run --repeat auto --base-ref` on the GPU: same-code and planted 5% pairs alternating,
+# each an interleaved invocation, until CAL_CAP seconds; the pairs so far are written after each one
+task_calibration() {
+    stamp calibration
+    PYTHONPATH=$(pypath) timeout "${CAL_CAP:-900}" python3 benchmarks/gate_auto_calibration.py \
+        --suite benchmarks/gpu/gate-auto-h200.toml --device cuda --same 100 --planted 20 --fraction 0.05 \
+        --planted-impl gdn/triton_chunk --planted-mode fwd --dir /tmp/gate-auto --out "$dir/gate-auto-h200.json" \
+        >"$dir/gate-auto.log" 2>&1
+    echo "calibration exit=$?"; grep -E "^(same|planted) " "$dir/gate-auto.log" | cut -c1-170 | tail -20
+}
+
 # take: the next task of the shared queue, removed from it (empty when none is left)
 take() {
     local item
@@ -328,6 +378,8 @@ call() {
     mkdir -p "$OUT" "$L/a" "$L/b" "$L/solo"
     bash benchmarks/gpu/install.sh >>"$L/install.log" 2>&1 || { tail -40 "$L/install.log"; exit 1; }
     bash benchmarks/gpu/stage_qla.sh >>"$L/install.log" 2>&1
+    bash benchmarks/gpu/stage_flashinfer.sh >>"$L/install.log" 2>&1
+    fi_staged && echo "FlashInfer staged"
     # SDM 2.0.0's extensions built in an earlier session, if carried: its parts joined and unpacked
     if compgen -G ".gpucache/sdm-ext/sdm-ext.tgz.part-*" >/dev/null && [[ ! -f $L/a/sdm-pkg-build.done ]]; then
         mkdir -p "$TORCH_EXTENSIONS_DIR" && cat .gpucache/sdm-ext/sdm-ext.tgz.part-* | tar xz -C "$TORCH_EXTENSIONS_DIR" &&

@@ -4,6 +4,7 @@ Run on the GPU machine (a script, not a test), after ``benchmarks/gpu/install.sh
 
     python benchmarks/gpu/integrity_h200.py suites [--suite train --suite sdm-gpu] [--shape S ...] [--cost] [--out D]
     python benchmarks/gpu/integrity_h200.py exploits [--shape B=2,T=1024,H=4,K=128,V=128]
+    python benchmarks/gpu/integrity_h200.py report DOC.json [DOC.json ...]
 
 ``suites`` runs ``deltabench run --suite X --device cuda`` (gated, then timed with every integrity defence) and
 prints each job's failed integrity records (a false flag: every job of these suites is a shipped impl) with the
@@ -92,6 +93,16 @@ def suites(args: argparse.Namespace) -> int:
     return 1 if flags else 0
 
 
+def report(args: argparse.Namespace) -> int:
+    """The false flags of documents made by other runs (a session's suites, each run once)."""
+    flags = 0
+    for path in map(Path, args.docs):
+        doc = json.loads(path.read_text()) if path.exists() else {"jobs": []}
+        flags += report_suite(path.stem, doc)
+    print(f"false flags: {flags}")
+    return 1 if flags else 0
+
+
 def exploits(args: argparse.Namespace) -> int:
     missed = 0
     for impl in ("triton_chunk", *EXPLOIT_IMPLS):
@@ -126,10 +137,13 @@ def main() -> int:
     s.add_argument("--shape", action="append", help="only these shapes of each suite")
     s.add_argument("--cost", action="store_true", help="run each suite again without the defences")
     s.add_argument("--out", default="integrity-h200", help="where the result documents go")
+    r = sub.add_parser("report", help="the integrity verdicts of result documents already made")
+    r.add_argument("docs", nargs="+", help="result documents (JSON) of runs on the GPU")
     e = sub.add_parser("exploits")
     e.add_argument("--shape", default="B=2,T=1024,H=4,K=128,V=128")
     args = parser.parse_args()
-    return suites(args) if args.part == "suites" else exploits(args)
+    parts = {"suites": suites, "exploits": exploits, "report": report}
+    return parts[args.part](args)
 
 
 if __name__ == "__main__":

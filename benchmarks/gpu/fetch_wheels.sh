@@ -77,5 +77,5 @@ for set in "${sets[@]}"; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${PLATFORMS[@]/#/--platform=}" -d "$dir" ${SETS[$set]}
     echo "$set: $(du -sh "$dir" | cut -f1) in $(find "$dir" -name '*.whl' | wc -l) wheels, in $dir"
-    [[ $set == flashinfer ]] && split_parts "$dir"
+    if [[ $set == flashinfer ]]; then split_parts "$dir"; fi
 done

@@ -56,8 +56,10 @@ run() {
     shift 2
     stamp "$name"
     t0=$(date +%s)
-    # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time)
-    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db \
+    # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time);
+    # the commit read again: a call re-sends the tree, with the commit it was made at
+    DELTABENCH_GIT_COMMIT=$(cat .deltabench-commit 2>/dev/null || echo "$DELTABENCH_GIT_COMMIT") \
+        PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db \
         --out "$dir/$name.json" --format markdown "$@" >"$dir/$name.log" 2>&1
     echo "$name exit=$? wall=$(($(date +%s) - t0)) s"
     grep -E "^\|" "$dir/$name.log" | cut -c1-170

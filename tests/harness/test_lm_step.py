@@ -103,8 +103,10 @@ def _stale_state(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any =
     [(_no_decay, {"output", "grad:embed", "grad:a_log"}), (_stale_state, {"output", "grad:initial_state"})],
     ids=["decay-dropped", "initial-state-ignored"],
 )
-def test_a_planted_mixer_bug_fails_the_gate(mixer: Callable[..., Any], expected: set[str]) -> None:
-    report = _gate(_model_over(mixer))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_planted_mixer_bug_fails_the_gate(mixer: Callable[..., Any], expected: set[str], dtype: str) -> None:
+    """At bf16 too, under lm_step's own gradient bound (twice gdn's: the weights sum the mixer's error)."""
+    report = _gate(_model_over(mixer), dtype=dtype)
     assert not report.passed
     assert expected <= _failed(report), _failed(report)
 

@@ -144,6 +144,18 @@ OP_TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
         # bank and 32x under the best bf16 one.
         "state": 1e-4,
     },
+    ("lm_step", "bf16"): {
+        # A model's weight gradients (embedding, the convs' and gates' projections) sum the bf16 mixer's gradient
+        # error over every token and layer. Emulated on the CPU (torch_chunk's dq, dk, dv, dbeta times
+        # 1 + 4e-3 N(0, 1), FLA's bf16 level at the mixer), the model's worst gradient measured 7.1e-3..8.9e-3:
+        # about 2x the mixer's. On an H200 (e2e-h200's shapes, typical regime) triton_chunk's mixer, which passes
+        # gdn's own gate at 9e-3, measured 1.06e-2 (grad:w_a, D1024 x 4) and 1.08e-2 (grad:conv_q, D2048 x 8).
+        # Bound 2e-2: about what a mixer just inside gdn's 9e-3 reaches at the model's weights (2x), 1.85x over
+        # triton_chunk's worst. A mixer's gradient off by 1% is its own op's gate's to catch (each lm_step impl
+        # wraps a gated impl of gdn, gdn2 or kda); this gate catches the model's wiring (a dropped decay measures
+        # 2.3, an ignored initial state 1) and the optimizer step (`loss falls`).
+        "gradient": 2e-2,
+    },
 }
 
 

@@ -142,6 +142,24 @@ def test_parallel_gates_give_the_statuses_and_records_of_serial_ones(runs) -> No
             assert gate[-1].check == "gate time"  # where the gate's seconds went, last of the gate's
 
 
+def test_a_job_gated_first_keeps_every_record_of_its_timing(runs) -> None:
+    """The timing process's records beside the gate's: its integrity records, and the GPU's state and a training
+    step's mixer share, which a run gated first once dropped (only the integrity ones were kept)."""
+    from deltabench.harness.document import CheckRecord
+    from deltabench.runners.session import RunState
+
+    gated = next(j for j in runs[2][0].jobs if j.status == "ok")
+    gate = gated.model_copy(update={"verification": [r for r in gated.verification if r not in gated.integrity]})
+    own = [
+        CheckRecord(check=name, metric="m", value=1.0, threshold=None, passed=True, gating=False, detail="d")
+        for name in ("integrity:clock", "hardware:clocks", "hardware:throttle", "mixer share")
+    ]
+    timed = gated.model_copy(update={"verification": own})
+    job = types.SimpleNamespace(model_copy=lambda update: job)
+    result = RunState._after_gate(gate, job, types.SimpleNamespace(run=lambda spec: timed))  # type: ignore[arg-type]
+    assert result.verification == [*gate.verification, *own]
+
+
 def test_the_gate_phase_reports_its_progress(runs) -> None:
     progress = runs[2][1]
     assert progress[0] == (0, 8) and progress[-1] == (8, 8)

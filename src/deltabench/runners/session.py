@@ -440,7 +440,8 @@ class RunState:
         if gate.status != "ok":
             return gate
         result = runner.run(job.model_copy(update={"stage": "after_gate"}))
-        records = [*gate.verification, *result.integrity]  # the gate's, then the timing's own integrity records
+        # the gate's, then every record of the timing's own (integrity, the GPU's state, a step's mixer share)
+        records = [*gate.verification, *result.verification]
         return result.model_copy(update={"verification": records, "gate_reference": gate.gate_reference})
 
     def finish(self) -> ResultDocument:

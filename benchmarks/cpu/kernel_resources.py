@@ -19,12 +19,13 @@ check on this one.
 Usage::
 
     python benchmarks/cpu/kernel_resources.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16]
-        [--impl triton_chunk] [--arch 90] [--cuobjdump PATH]
+        [--seqlens 17,64,1,218] [--impl triton_chunk] [--arch 90] [--cuobjdump PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -46,6 +47,8 @@ KERNEL_MODULES = (wy, state, walk, output, local_bwd)
 ENTRIES = {"triton_chunk": chunk.gdn_triton_chunk, "triton_chunk_split": chunk_split.gdn_triton_chunk_split}
 POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
+# The most dynamic shared memory one block may take (bytes): a launch over it fails with OutOfResources on the GPU.
+SHARED_LIMIT = {90: 232448, 80: 166912, 89: 101376, 100: 232448}
 
 
 class _Recorder:
@@ -58,8 +61,11 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.fn, args, kwargs))
 
 
-def record_launches(entry: Any, shape: dict[str, int], dtype: torch.dtype) -> list:
-    """Every kernel launch of `entry`'s forward and backward at `shape`, as (jit function, args, kwargs)."""
+def record_launches(
+    entry: Any, shape: dict[str, int], dtype: torch.dtype, seqlens: list[int] | None = None, h0: bool = False
+) -> list:
+    """Every kernel launch of `entry`'s forward and backward at `shape` (packed as `seqlens`, whose sum is T, when
+    given: the kernels' packed variants; from an initial state with `h0`), as (jit function, args, kwargs)."""
     calls: list = []
     swapped = []
     for module in KERNEL_MODULES:
@@ -74,7 +80,12 @@ def record_launches(entry: Any, shape: dict[str, int], dtype: torch.dtype) -> li
         v = torch.randn(B, T, H, V, dtype=dtype)
         g, beta = -torch.rand(B, T, H), torch.rand(B, T, H, dtype=dtype)
         leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta)]
-        o, ht = entry(*leaves)
+        cu = None if seqlens is None else torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32)
+        rows = B if seqlens is None else len(seqlens)
+        extra: dict[str, Any] = {} if cu is None else {"cu_seqlens": cu}
+        if h0:
+            extra["initial_state"] = torch.randn(rows, H, K, V, requires_grad=True)
+        o, ht = entry(*leaves, **extra)
         (o.float().sum() + ht.sum()).backward()
     finally:
         # the compiler hashes each kernel with the helpers it calls: the real functions must be back first
@@ -127,11 +138,58 @@ def cubin_usage(cubin: bytes, cuobjdump: str) -> dict[str, int]:
     return {key: int(m.group(1)) if (m := re.search(rx, run.stdout)) else -1 for key, rx in figures.items()}
 
 
+def compile_launches(
+    impl: str,
+    shape: dict[str, int],
+    dtype: torch.dtype,
+    seqlens: list[int] | None = None,
+    h0: bool = False,
+    arch: int = 90,
+    cuobjdump: str | None = None,
+    done: dict | None = None,
+) -> list[dict[str, Any]]:
+    """Each distinct launch of `impl` at `shape` (see :func:`record_launches`) compiled for sm_`arch`: its kernel,
+    constexprs, warps, stages, shared memory bytes, compile seconds, and with `cuobjdump` its registers and stack
+    bytes (-1 without). `done`: launches already compiled by earlier calls (filled in), not compiled again."""
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    found, seen = [], set()
+    done = {} if done is None else done
+    for fn, call_args, call_kwargs in record_launches(ENTRIES[impl], shape, dtype, seqlens, h0):
+        kwargs = dict(call_kwargs)
+        options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
+        signature, constexprs, hints = signature_of(fn, call_args, kwargs)
+        key = (fn.__name__, repr(sorted(constexprs.items())), repr(sorted(options.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in done:
+            found.append(done[key])
+            continue
+        t0 = time.perf_counter()
+        attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+        use = cubin_usage(compiled.asm["cubin"], cuobjdump) if cuobjdump else {"registers": -1, "stack": -1}
+        done[key] = {
+            "kernel": fn.__name__,
+            "constexprs": ", ".join(f"{k}={v}" for k, v in constexprs.items() if k not in ("H", "K", "V", "C")),
+            "warps": options.get("num_warps", "-"),
+            "stages": options.get("num_stages", "-"),
+            "shared": compiled.metadata.shared,
+            "compile_s": time.perf_counter() - t0,
+            **use,
+        }
+        found.append(done[key])
+    return found
+
+
 def main() -> int:
     """Record one impl's launches at a shape, compile each for the target, print a markdown table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="B=8,T=4096,H=6,K=128,V=128")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--seqlens", help="pack sequences of these lengths (sum = T), e.g. 17,64,1,218")
+    ap.add_argument("--initial-state", action="store_true", help="from an initial state (the HAS_H0 variants)")
     ap.add_argument("--impl", default="triton_chunk", choices=sorted(ENTRIES))
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for Hopper")
     default_tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -146,29 +204,18 @@ def main() -> int:
         ap.exit(2, f"kernel_resources.py: {e}\n")
     if not os.path.exists(args.cuobjdump):
         ap.exit(2, f"kernel_resources.py: no cuobjdump at {args.cuobjdump} (pass --cuobjdump)\n")
-    calls = record_launches(ENTRIES[args.impl], shape, dtype)
-    print(f"{args.impl} at {args.shape} {args.dtype}, sm_{args.arch}, Triton {triton.__version__}")
-    print("| kernel | constexprs | warps | stages | registers | stack bytes | compile s |")
-    print("|---|---|---|---|---|---|---|")
-    seen = set()
-    target = GPUTarget("cuda", args.arch, 32)
-    backend = make_backend(target)
-    for fn, call_args, call_kwargs in calls:
-        kwargs = dict(call_kwargs)
-        options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
-        signature, constexprs, hints = signature_of(fn, call_args, kwargs)
-        key = (fn.__name__, repr(sorted(constexprs.items())), repr(sorted(options.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        t0 = time.perf_counter()
-        attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
-        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
-        use = cubin_usage(compiled.asm["cubin"], args.cuobjdump)
-        shown = ", ".join(f"{k}={v}" for k, v in constexprs.items() if k not in ("H", "K", "V", "C"))
+    seqlens = [int(n) for n in args.seqlens.split(",")] if args.seqlens else None
+    if seqlens is not None and (sum(seqlens) != shape["T"] or shape["B"] != 1 or min(seqlens) < 1):
+        ap.exit(2, f"kernel_resources.py: --seqlens must be >= 1 each and sum to T = {shape['T']}, with B = 1\n")
+    packed = f", packed as {len(seqlens)} sequences" if seqlens else ""
+    print(f"{args.impl} at {args.shape}{packed} {args.dtype}, sm_{args.arch}, Triton {triton.__version__}")
+    print(f"shared memory limit of sm_{args.arch}: {SHARED_LIMIT.get(args.arch, 'unknown')} bytes a block")
+    print("| kernel | constexprs | warps | stages | registers | stack bytes | shared bytes | compile s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for use in compile_launches(args.impl, shape, dtype, seqlens, args.initial_state, args.arch, args.cuobjdump):
         print(
-            f"| {fn.__name__} | {shown} | {options.get('num_warps', '-')} | {options.get('num_stages', '-')} | "
-            f"{use['registers']} | {use['stack']} | {time.perf_counter() - t0:.1f} |"
+            f"| {use['kernel']} | {use['constexprs']} | {use['warps']} | {use['stages']} | {use['registers']} | "
+            f"{use['stack']} | {use['shared']} | {use['compile_s']:.1f} |"
         )
     return 0
 

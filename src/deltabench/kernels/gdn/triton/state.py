@@ -284,17 +284,25 @@ BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 # bit-identical to 64/8/1's in each): at 1x1024x6 (12 programs at 64 columns) 16/4/3 0.050 ms, 64/4/3 0.061,
 # 64/8/1 0.097; at 4x4096x6 (48) 64/4/3 0.212, 16/4/3 0.321, 64/8/1 0.375. 16 columns below FWD_LAUNCH's
 # min_programs at 64; fewer chunks than stages, or another head size: LAUNCH's gated config.
-FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32}
+# Packed sequences from initial states (VARLEN and HAS_H0, each sequence's row of h0 loaded at its first chunk)
+# take the wide config's 64-column tile into shared memory once more: 262,664 bytes at 64/4/3, over the H200's
+# 232,448 a block (OutOfResources on the H200, varlen-h200 at 1x32768x16, 2026-12-04); 172,292 at 64/4/2, the
+# wide config with a stage less (benchmarks/cpu/kernel_resources.py --seqlens ... --initial-state: the figures
+# Triton 3.6 gave the H200). Not yet timed against 16/4/3 (176,648 bytes).
+FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32, "packed_h0_stages": 2}
 
 
-def fwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
+def fwd_launch_config(V: int, heads: int, BK: int, NT: int, packed_h0: bool = False) -> tuple[int, int, int]:
     """``(V block, warps, stages)`` of ``state_fwd`` for `heads` = B*H sequences of `NT` chunks (FWD_LAUNCH at
-    BK = wy.TUNED_K and V >= 64 with at least as many chunks as stages; LAUNCH's gated config otherwise)."""
+    BK = wy.TUNED_K and V >= 64 with at least as many chunks as stages; LAUNCH's gated config otherwise);
+    `packed_h0`: packed sequences from initial states, at most FWD_LAUNCH's ``packed_h0_stages``."""
     gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
     if BK != TUNED_K or padded(V) < 64:
         return gated
     wide = FWD_LAUNCH["wide"]
     tuned = wide if heads * triton.cdiv(V, wide[0]) >= FWD_LAUNCH["min_programs"] else FWD_LAUNCH["narrow"]
+    if packed_h0 and tuned == wide:
+        tuned = (*wide[:2], FWD_LAUNCH["packed_h0_stages"])
     return tuned if tuned[2] <= NT else gated
 
 
@@ -351,7 +359,7 @@ def state_fwd(
     first, last, rows = packed if packed is not None else (None, None, B)
     ht = q.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = padded(K)
-    BV, warps, stages = fwd_launch_config(V, B * H, BK, NT)
+    BV, warps, stages = fwd_launch_config(V, B * H, BK, NT, packed is not None and initial_state is not None)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, u, g, initial_state, h, vnew, o, ht, first, last, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,

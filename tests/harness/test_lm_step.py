@@ -83,6 +83,16 @@ def test_the_model_over_torch_chunk_passes_the_gate(dtype: str) -> None:
     assert {f"grad:{n}" for n in R.PARAMS} <= checks and "loss falls" in checks
 
 
+def test_bf16_gradients_are_held_to_twice_the_mixers_bound_in_each_regime() -> None:
+    from deltabench.correctness.tolerances import threshold
+
+    for regime in ("typical", "long", "strong"):
+        mixer = threshold("bf16", "grad:q", regime=regime, op="gdn", dims={})
+        assert threshold("bf16", "grad:w_a", regime=regime, op="lm_step", dims=DIMS) == 2 * mixer
+    assert threshold("bf16", "output", regime="typical", op="lm_step", dims=DIMS) == 1e-2  # the loss as gdn's o
+    assert threshold("fp32", "grad:w_a", regime="typical", op="lm_step", dims=DIMS) == 1e-4
+
+
 @pytest.mark.parametrize("impl", ["kda:torch_chunk", "gdn2:torch_chunk"])
 def test_a_kda_or_gdn2_mixer_passes_the_gate(impl: str) -> None:
     """Their gates broadcast over the channels (kda's g; gdn2's g, b and w), the model is gdn's and passes."""

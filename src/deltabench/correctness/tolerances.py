@@ -248,7 +248,8 @@ def threshold(
     one; `numel` (the number of elements of the compared tensor) selects the :data:`FEW_ELEMENT_TOLERANCES` bound
     below :data:`FEW_ELEMENTS`, where it is looser; `op` and its `dims` an :data:`OP_TOLERANCES` bound where
     :func:`op_bound_applies`, and `op` its :data:`OP_SCALES` factor; profile ``"triton_interpreter"`` raises a
-    bf16 bound to at least TRITON_INTERPRETER_BF16. Without `regime` and `numel` the bound is the per-family one of :data:`TOLERANCES`."""
+    bf16 bound to at least TRITON_INTERPRETER_BF16. Without `regime` and `numel` the bound is the per-family one of
+    :data:`TOLERANCES`."""
     name = parse_dtype(dtype)
     if profile not in PROFILES:
         raise ValueError(f"unknown tolerance profile {profile!r}")

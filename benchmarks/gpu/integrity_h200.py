@@ -11,7 +11,8 @@ prints each job's failed integrity records (a false flag: every job of these sui
 ``integrity:cost``, ``kernel_time`` and ``ghost`` notes; with ``--cost`` it runs each suite again with
 ``[gate] integrity = false`` and prints the two runs' wall times. ``exploits`` runs
 ``deltabench verify --integrity`` on each impl of benchmarks/gpu/integrity_exploits_cuda.py and on the honest
-``triton_chunk``, and prints which defences flagged each. Exit 1 on a false flag or an exploit not flagged.
+``triton_chunk``, and prints which defences flagged each, or for one let through whether its time was honest (at
+least 70% of the honest kernel's). Exit 1 on a false flag, or an exploit neither flagged nor timed honestly.
 """
 
 from __future__ import annotations
@@ -103,23 +104,36 @@ def report(args: argparse.Namespace) -> int:
     return 1 if flags else 0
 
 
+# An exploit the defences let through is still defended when the time it reports is honest: at least this share of
+# the honest kernel's (a side stream's work that the timer's synchronisation waits for is timed, not hidden).
+HONEST_SHARE = 0.7
+
+
 def exploits(args: argparse.Namespace) -> int:
-    missed = 0
+    """Each CUDA exploit flagged or timed honestly (within 30% of the honest kernel), the honest one not flagged."""
+    missed, honest_ms = 0, None
     for impl in ("triton_chunk", *EXPLOIT_IMPLS):
         cmd = _cli("verify", "--integrity", "--op", "gdn", "--impl", impl, "--import", str(EXPLOITS), "--json",
                    "--shape", args.shape, "--dtype", "bf16", "--device", "cuda", "--mode", "fwd")  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         try:
-            records = json.loads(proc.stdout)["records"]
+            out = json.loads(proc.stdout)
+            records = out["records"]
         except (json.JSONDecodeError, KeyError):
             print(f"{impl}: no result (exit {proc.returncode}): {proc.stderr[-800:]}")
             missed += 1
             continue
         failed = [r["check"][10:] for r in records if r.get("gating", True) and not r["passed"]]
-        honest = impl == "triton_chunk"
-        wrong = bool(failed) if honest else not failed
+        median = out.get("median_ms")
+        if impl == "triton_chunk":
+            honest_ms, wrong, what = median, bool(failed), ", ".join(failed) or "nothing"
+        elif failed:
+            wrong, what = False, ", ".join(failed)
+        else:  # let through: defended only if its time is the honest kernel's
+            honest = median is not None and honest_ms is not None and median >= HONEST_SHARE * honest_ms
+            wrong = not honest
+            what = f"nothing; timed {'honestly' if honest else 'DISHONESTLY'}: {median} ms against {honest_ms} ms"
         missed += wrong
-        what = ", ".join(failed) or "nothing"
         print(f"{impl}: flagged by {what}{'  <-- WRONG' if wrong else ''}")
         for r in records:
             if r["check"][10:] in failed or r["check"] in NOTES:

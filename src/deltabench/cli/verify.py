@@ -389,7 +389,8 @@ def verify_integrity(
     records = result.integrity
     passed = result.status == "ok"
     if as_json:
-        out = {"passed": passed, "status": result.status, "reason": result.reason}
+        median = result.timing.median_ms if result.timing is not None else None
+        out = {"passed": passed, "status": result.status, "reason": result.reason, "median_ms": median}
         print(json.dumps({**out, "records": [r.model_dump() for r in records]}, indent=1))
         return 0 if passed else 1
     from rich import box

@@ -79,6 +79,15 @@ TABLES: tuple[Table, ...] = (
         "in that session, so its jobs are unsupported and there is no speedup column.",
     ),
     Table(
+        "Decode on the H200",
+        "9995e3917bbf4ecc9d91e496c2098030",
+        "The decode-h200 suite at B 1, 64, 512 x T 1, 4 (16 heads of 128, bf16, fp32 state): deltabench's "
+        "triton_decode and triton_recurrent beside FLA's fused recurrent kernel (the baseline) and FlashInfer's "
+        "decode kernel, each step timed in CUDA-graph replays. The run was cut during its timings: all 72 of its "
+        "gates passed (gdn2's and kda's FLA decode kernels and FlashQLA's included), gdn's rows here were timed, "
+        "the rest not.",
+    ),
+    Table(
         "Sparse Delta Memory on the H200",
         "b4ba5c16b279488fbaafc5ab4f28a37b",
         "The sdm-gpu suite (its two parts merged with benchmarks/merge_runs.py): deltabench's Triton kernels for "

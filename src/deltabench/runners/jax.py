@@ -11,8 +11,8 @@ The rules are those of every deltabench timer (:mod:`.timing`), with JAX's speci
 
 Memory: XLA's buffer assignment of the compiled program gives the call's extra memory exactly (temporaries plus
 outputs, the inputs apart) on every backend; a training step is two programs, the forward keeping its residuals
-and the pullback over them (:func:`training_step_memory`); the device's own counters (``memory_stats()['peak_bytes_in_use']``,
-GPU and TPU only) are read by :func:`device_peak_bytes`.
+and the pullback over them (:func:`training_step_memory`); the device's own counters
+(``memory_stats()['peak_bytes_in_use']``, GPU and TPU only) are read by :func:`device_peak_bytes`.
 
 The job runner reaches this timer through :data:`deltabench.runners.timing.TIMERS` (:func:`time_job`), for a JAX
 impl on any platform.

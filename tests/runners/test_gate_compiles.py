@@ -59,7 +59,8 @@ def test_inside_new_programs_compile_cheaply_and_those_compiled_before_are_reuse
         grads = torch.autograd.grad((o * o.detach()).sum() + state.sum(), leaves)
     assert op.jax_fn._cache_size() == 1
     assert op._cheap["fn"]._cache_size() == 1
-    assert op.jax_fwd_bwd._cache_size() == 0 and op._cheap["fwd_bwd"]._cache_size() == 1
+    for kind, usual in (("vjp", op.jax_vjp), ("pull", op.jax_pull)):
+        assert usual._cache_size() == 0 and op._cheap[kind]._cache_size() == 1
     torch.testing.assert_close(o_again, o_usual, rtol=0, atol=0)
     # the cheap programs compute what the usual ones do, to float32 rounding
     o_scaled_usual, _ = op(*args, scale=0.3)
@@ -68,7 +69,7 @@ def test_inside_new_programs_compile_cheaply_and_those_compiled_before_are_reuse
     leaves = [t.clone().requires_grad_(True) for t in args]
     o, state = op(*leaves)
     usual_grads = torch.autograd.grad((o * o.detach()).sum() + state.sum(), leaves)
-    assert op.jax_fwd_bwd._cache_size() == 1
+    assert op.jax_vjp._cache_size() == 1 and op.jax_pull._cache_size() == 1
     for got, want in zip(grads, usual_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -81,11 +82,12 @@ def test_the_job_gate_compiles_cheaply_beyond_the_timed_program(mode: str) -> No
     case = Case("gdn", 1, 20, 2, 8, 8, dtype="fp32", mode=mode, device="cpu")
     result = execute(JobSpec.for_case(case, name, **_SMALL_JOB))
     assert result.status == "ok", result.reason
-    usual = op.jax_fn if mode == "fwd" else op.jax_fwd_bwd
-    assert usual._cache_size() == 1  # the first call's program, the one timed; the gate compiled no other as usual
-    kind = "fn" if mode == "fwd" else "fwd_bwd"
-    # other lengths, an initial state, a non-default scale: compiled with the cheap options
-    assert op._cheap[kind]._cache_size() >= 4
+    kinds = {"fn": op.jax_fn} if mode == "fwd" else {"vjp": op.jax_vjp, "pull": op.jax_pull}
+    for kind, usual in kinds.items():
+        # the first call's programs, the ones timed; the gate compiled no other as usual
+        assert usual._cache_size() == 1
+        # other lengths, an initial state, a non-default scale: compiled with the cheap options
+        assert op._cheap[kind]._cache_size() >= 4
     assert "timed natively in JAX" in result.notes
 
 
@@ -120,19 +122,20 @@ case = Case("gdn", 1, 20, 2, 8, 8, dtype="fp32", mode="fwd+bwd", device="cpu")
 inputs = get_op("gdn").make_inputs(1, 20, 2, 8, 8, seed=0)
 impl = get_impl("gdn", "jax_chunk")
 build_subject(impl, case, inputs)()
-after_first_call = len(list(cache.glob("jit_fwd_bwd-*")))
+programs = lambda: [len(list(cache.glob(f"jit_{name}-*"))) for name in ("vjp", "pull", "fwd_bwd")]
+after_first_call = programs()
 run_timing(impl, case, inputs, budget_s=0.01, min_reps=1, warmup_s=0.0)
-print(after_first_call, len(list(cache.glob("jit_fwd_bwd-*"))))
+print(*after_first_call, *programs())
 """
 
 
-def test_the_timer_runs_the_fwd_bwd_program_of_the_first_call(tmp_path: Path) -> None:
-    """In a fresh process with a persistent cache that keeps every program: the JAX timer's fwd+bwd program is
-    the one the first call (the torch-facing forward and backward) compiled: a hit, no second forward-and-backward
-    entry."""
+def test_the_timer_runs_the_fwd_bwd_programs_of_the_first_call(tmp_path: Path) -> None:
+    """In a fresh process with a persistent cache that keeps every program: the JAX timer's fwd+bwd programs (the
+    forward keeping its residuals, the pullback) are those the first call (the torch-facing forward and backward)
+    compiled: hits, no entry of their own, and no one-program training step compiled by either."""
     env = {**os.environ, "DELTABENCH_JAX_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
         [sys.executable, "-c", TIMER_SHARES, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "1"]
+    assert done.stdout.split() == ["1", "1", "0", "1", "1", "0"]

@@ -10,8 +10,9 @@ The rules are those of every deltabench timer (:mod:`.timing`), with JAX's speci
   region.
 
 Memory: XLA's buffer assignment of the compiled program gives the call's extra memory exactly (temporaries plus
-outputs, the inputs apart) on every backend; the device's own counters (``memory_stats()['peak_bytes_in_use']``,
-GPU and TPU only) are read by :func:`device_peak_bytes`.
+outputs, the inputs apart) on every backend; a training step is two programs, the forward keeping its residuals
+and the pullback over them (:func:`training_step_memory`); the device's own counters
+(``memory_stats()['peak_bytes_in_use']``, GPU and TPU only) are read by :func:`device_peak_bytes`.
 
 The job runner reaches this timer through :data:`deltabench.runners.timing.TIMERS` (:func:`time_job`), for a JAX
 impl on any platform.
@@ -44,10 +45,14 @@ __all__ = [
     "run_timing",
     "time_callable",
     "time_job",
+    "training_step_memory",
 ]
 
 CLOCK = "jax"
-XLA_MEMORY_METHOD = "XLA buffer assignment of the compiled program: temporaries + outputs, net of the inputs"
+XLA_MEMORY_METHOD = (
+    "XLA buffer assignment of the compiled programs: temporaries + outputs, net of the inputs "
+    "(fwd+bwd: the forward's, or its outputs and residuals held + the pullback's, the larger)"
+)
 
 
 def time_callable(
@@ -100,16 +105,34 @@ def device_peak_bytes(device: jax.Device | None = None) -> int | None:
 def compiled_memory(compiled: Any) -> MemoryStats | None:
     """Extra memory of one call of a compiled JAX program (``jit(f).lower(...).compile()``), from XLA's buffer
     assignment: temporaries plus outputs (less outputs aliased to inputs), the inputs reported apart."""
+    measured = _program_bytes(compiled)
+    if measured is None:
+        return None
+    return MemoryStats(peak_bytes=measured[0], inputs_bytes=measured[1], method=XLA_MEMORY_METHOD)
+
+
+def _program_bytes(compiled: Any) -> tuple[int, int] | None:
+    """``(extra, arguments)`` bytes of one call of a compiled program by XLA's buffer assignment (extra:
+    temporaries plus outputs, less outputs aliased to inputs), or None where XLA gives no analysis."""
     try:
         analysis = compiled.memory_analysis()
     except Exception:
         return None
     if analysis is None:
         return None
-    peak = analysis.temp_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-    return MemoryStats(
-        peak_bytes=int(max(peak, 0)), inputs_bytes=int(analysis.argument_size_in_bytes), method=XLA_MEMORY_METHOD
-    )
+    extra = analysis.temp_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+    return int(max(extra, 0)), int(analysis.argument_size_in_bytes)
+
+
+def training_step_memory(forward: Any, pullback: Any) -> MemoryStats | None:
+    """Extra memory of the forward that keeps its residuals (compiled ``jax_vjp``) then the pullback over them
+    (compiled ``jax_pull``): the larger of the forward's and of the pullback's plus all the forward returned
+    (outputs and residuals, held from one to the other, as a training framework holds them)."""
+    fwd, bwd = _program_bytes(forward), _program_bytes(pullback)
+    if fwd is None or bwd is None:
+        return None
+    held = forward.memory_analysis().output_size_in_bytes
+    return MemoryStats(peak_bytes=max(fwd[0], held + bwd[0]), inputs_bytes=fwd[1], method=XLA_MEMORY_METHOD)
 
 
 def jax_ops_of(impl: Any) -> Any:
@@ -181,8 +204,10 @@ def run_timing(
             arrays); ``initial_state`` is used when present.
         budget_s, target_sem, min_reps, max_reps, warmup_s: the shared timing rules (:mod:`.timing`).
 
-    Modes: ``fwd`` times ``jax_fn``; ``fwd+bwd`` times ``jax_fwd_bwd``, the gradient of ``sum(o * do)`` for the
-    fixed random ``do`` the torch runners use; ``bwd`` times the pullback alone over residuals computed once.
+    Modes: ``fwd`` times ``jax_fn``; ``fwd+bwd`` times ``jax_vjp`` then ``jax_pull``, the gradient of
+    ``sum(o * do)`` for the fixed random ``do`` the torch runners use: the two programs the torch-facing call runs
+    (so the first call compiled them and the gate checked them), the forward's residuals held between them;
+    ``bwd`` times ``jax_pull`` alone over residuals computed once.
     """
     from deltabench.harness.ops import get_op
 
@@ -198,7 +223,7 @@ def run_timing(
     t0 = time.perf_counter()
     if not has_backward(case.mode):  # fwd, and decode: a forward from the state its inputs hold
         compiled = ops.jax_fn.lower(*args, initial_state=h0).compile()
-        fn = lambda: compiled(*args, initial_state=h0)
+        fn, memory = (lambda: compiled(*args, initial_state=h0)), compiled_memory(compiled)
     else:
         do_torch = cotangent(case, inputs["v"]) if hasattr(inputs["v"], "detach") else None
         do = (
@@ -206,15 +231,21 @@ def run_timing(
             if do_torch is not None
             else jax.random.normal(jax.random.key(case.seed), args[2].shape, args[2].dtype)
         )
+        # zeros on the final state, as the torch-facing backward passes when the loss leaves it unused
+        B, _, H, K = args[0].shape
+        dfinal = jax.device_put(jax.numpy.zeros((B, H, K, args[2].shape[-1]), jax.numpy.float32), device)
+        forward = ops.jax_vjp.lower(args, h0).compile()
+        _o, _s, residuals = forward(args, h0)
+        pull = ops.jax_pull.lower(residuals, do, dfinal).compile()
         if case.mode == "fwd+bwd":
-            # Zeros on the final state passed in, as the torch-facing backward passes torch's: the same program
-            # as the job's first call compiled and the gate checked (a cache hit here), not a twin without them.
-            B, _, H, K = args[0].shape
-            dfinal = jax.device_put(jax.numpy.zeros((B, H, K, args[2].shape[-1]), jax.numpy.float32), device)
-            compiled = ops.jax_fwd_bwd.lower(args, do, h0, dfinal).compile()
-            fn = lambda: compiled(args, do, h0, dfinal)
+
+            def fn() -> Any:
+                _o, _s, pullback = forward(args, h0)
+                return pull(pullback, do, dfinal)
+
+            memory = training_step_memory(forward, pull)
         else:
-            fn, compiled = _pullback_closure(ops, args, h0, do)
+            fn, memory = (lambda: pull(residuals, do, dfinal)), compiled_memory(pull)
     jax.block_until_ready(fn())
     first_call_s = time.perf_counter() - t0
 
@@ -227,18 +258,4 @@ def run_timing(
         warmup_s=warmup_s,
         first_call_s=first_call_s,
     )
-    return timing, compiled_memory(compiled)
-
-
-def _pullback_closure(ops: Any, args: tuple, h0: Any, do: Any) -> tuple[Callable[[], Any], Any]:
-    """The backward alone: residuals from one untimed forward, then the jitted pullback of ``(do, 0)``."""
-    primals = (*args, h0) if h0 is not None else args
-    n = len(args)
-
-    def forward(*p: Any) -> Any:
-        return ops.jax_fn(*p[:n], initial_state=p[n] if len(p) > n else None)
-
-    (_o, final_state), pullback = jax.jit(lambda *p: jax.vjp(forward, *p))(*primals)
-    cotangents = (do, jax.numpy.zeros_like(final_state))
-    compiled = jax.jit(lambda pb, ct: pb(ct)).lower(pullback, cotangents).compile()
-    return (lambda: compiled(pullback, cotangents)), compiled
+    return timing, memory

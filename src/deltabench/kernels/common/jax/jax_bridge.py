@@ -5,11 +5,17 @@ torch inputs), so each JAX op is wrapped in a :class:`TorchFacingJaxOp`:
 
 - tensors cross over without a detour through the host when they can: through numpy on the CPU (a bf16
   tensor travels as its raw 16-bit pattern, viewed as ``ml_dtypes.bfloat16``), through DLPack on CUDA;
-- the call goes through a ``torch.autograd.Function`` whose backward runs the jitted JAX forward and pullback,
-  so the float64-oracle gate checks the forward and every gradient of the JAX code itself;
-- the pure-JAX jitted functions stay reachable (``wrapper.jax_fn``, ``wrapper.jax_fwd_bwd``) so that the JAX
-  runner times native JAX, with no conversion in the timed region; the torch-facing forward and backward run these
-  very functions, so at the job's own case the gate checks the programs the runner times;
+- a call whose inputs need a gradient goes through a ``torch.autograd.Function``: its forward runs the jitted
+  ``jax.vjp`` of the op, which returns the outputs and the residuals the gradient needs; the residuals stay JAX
+  arrays on the device, freed after the backward as torch frees its own saved tensors; its backward runs the
+  jitted pullback over them. The forward runs once per forward and
+  backward, as in a JAX training step; the price is the residuals' memory between the two, as in any training
+  framework. A call that needs no gradient runs the forward alone and keeps nothing. The float64-oracle gate
+  checks the forward and every gradient of the JAX code itself;
+- the pure-JAX jitted functions stay reachable (``wrapper.jax_fn``, ``wrapper.jax_vjp``, ``wrapper.jax_pull``,
+  ``wrapper.jax_fwd_bwd``) so that the JAX runner times native JAX, with no conversion in the timed region; the
+  torch-facing forward and backward run these very functions, so at the job's own case the gate checks the programs
+  the runner times;
 - inside :func:`cheap_compiles` (the runner's correctness gate on the CPU), a torch-facing call whose program
   the op has not compiled as usual yet is compiled with XLA's cheap CPU settings
   (:func:`.jax_compile.cheap_cpu_compile_options`), about ten times faster; a program compiled as usual before
@@ -103,6 +109,11 @@ def _signature(arrays: Sequence[jax.Array | None], scale: float | None) -> tuple
     return repr(described), scale
 
 
+def _device_of(a: jax.Array) -> jax.Device:
+    (device,) = a.devices()
+    return device
+
+
 def _on_cpu(a: jax.Array) -> bool:
     return all(d.platform == "cpu" for d in a.devices())
 
@@ -137,11 +148,42 @@ def jax_to_torch(a: jax.Array, device: torch.device | str) -> torch.Tensor:
     return torch.from_numpy(arr).to(dev)
 
 
+def _vjp_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[Any, ...]]:
+    """``(args, initial_state, scale) -> (o, final_state, pullback)``: the forward, keeping what its gradient needs.
+    ``pullback`` is the ``jax.vjp`` pullback, a pytree whose leaves are the residuals (device arrays), so it can
+    leave a jitted program and enter another (:func:`_pull_of`)."""
+
+    def vjp(
+        args: tuple[jax.Array, ...], initial_state: jax.Array | None = None, scale: float | None = None
+    ) -> tuple[Any, ...]:
+        primals = (*args, initial_state) if initial_state is not None else tuple(args)
+        n = len(args)
+
+        def run(*p: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return core(*p[:n], scale=scale, initial_state=p[n] if len(p) > n else None)
+
+        (o, final_state), pullback = jax.vjp(run, *primals)
+        return o, final_state, pullback
+
+    return vjp
+
+
+def _pull_of() -> Callable[..., tuple[jax.Array, ...]]:
+    """``(pullback, do, dfinal) -> grads``: the gradients from a forward's residuals, one per argument, then the
+    initial state's when one was given, for the cotangents ``do`` on o and ``dfinal`` on the final state. A
+    function of its own for each op, so that each op's jitted pullback programs are its own."""
+
+    def pull(pullback: Callable[..., tuple[jax.Array, ...]], do: jax.Array, dfinal: jax.Array) -> tuple[jax.Array, ...]:
+        return pullback((do, dfinal))
+
+    return pull
+
+
 def _fwd_bwd_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..., tuple[Any, ...]]:
-    """``(args, do, initial_state, dfinal, scale) -> (o, final_state, grads)``: the forward and the pullback of the
-    cotangents ``do`` (on o) and ``dfinal`` (on the final state; zeros when None) in one jitted call; ``grads`` holds
-    one gradient per argument, then the initial state's when one was given. With zeros for ``dfinal`` it is the
-    training step, the gradient of ``sum(o * do)`` (the runner's fwd+bwd closure)."""
+    """``(args, do, initial_state, dfinal, scale) -> (o, final_state, grads)``: :func:`_vjp_of` and
+    :func:`_pull_of` in one program, with zeros on the final state when ``dfinal`` is None (then the gradient of
+    ``sum(o * do)``): a JAX user's jitted training step."""
+    vjp = _vjp_of(core)
 
     def fwd_bwd(
         args: tuple[jax.Array, ...],
@@ -150,21 +192,21 @@ def _fwd_bwd_of(core: Callable[..., tuple[jax.Array, jax.Array]]) -> Callable[..
         dfinal: jax.Array | None = None,
         scale: float | None = None,
     ) -> tuple[Any, ...]:
-        primals = (*args, initial_state) if initial_state is not None else tuple(args)
-        n = len(args)
-
-        def run(*p: jax.Array) -> tuple[jax.Array, jax.Array]:
-            return core(*p[:n], scale=scale, initial_state=p[n] if len(p) > n else None)
-
-        (o, final_state), pull = jax.vjp(run, *primals)
-        grads = pull((do, jnp.zeros_like(final_state) if dfinal is None else dfinal))
+        o, final_state, pullback = vjp(args, initial_state, scale)
+        grads = pullback((do, jnp.zeros_like(final_state) if dfinal is None else dfinal))
         return o, final_state, grads
 
     return fwd_bwd
 
 
 class _JaxAutograd(torch.autograd.Function):
-    """Forward through the jitted JAX op; backward through its jitted forward and pullback (``jax_fwd_bwd``)."""
+    """Forward through the jitted JAX forward that keeps its residuals (``jax_vjp``); backward through the jitted
+    pullback over them (``jax_pull``): the forward runs once per forward and backward.
+
+    The residuals stay JAX arrays on their device, held by the context: handing each to torch and back through
+    DLPack cost about 0.15 ms of host time a buffer (profiled on the CPU; jax_chunk keeps 31), more than its
+    programs at small shapes. Torch frees its own saved tensors right after a backward unless the graph is
+    retained; the residuals follow the same rule (:func:`_free_unless_retained`)."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchFacingJaxOp, scale: float | None, has_h0: bool, *tensors: torch.Tensor) -> Any:
@@ -172,34 +214,60 @@ class _JaxAutograd(torch.autograd.Function):
         device = args[0].device
         jargs = tuple(torch_to_jax(t) for t in args)
         jh0 = None if h0 is None else torch_to_jax(h0)
-        fn = op.program("fn", _signature((*jargs, jh0), scale), on_cpu=_on_cpu(jargs[0]))
-        o, final_state = fn(*jargs, scale=scale, initial_state=jh0)
-        ctx.op, ctx.scale, ctx.has_h0 = op, scale, has_h0
-        ctx.save_for_backward(*tensors)
-        return jax_to_torch(o, device), jax_to_torch(final_state, device)
+        signature = _signature((*jargs, jh0), scale)
+        on_cpu = _on_cpu(jargs[0])
+        o, final_state, pullback = op.program("vjp", signature, on_cpu=on_cpu)(jargs, jh0, scale=scale)
+        # an empty tensor saved the torch way: torch frees it with the graph's saved tensors, which tells the
+        # backward whether the graph was retained, and raises torch's own error on a backward through a freed graph
+        ctx.save_for_backward(torch.empty(0))
+        ctx.pullback = pullback
+        ctx.op, ctx.signature, ctx.on_cpu, ctx.device = op, signature, on_cpu, device
+        outs = (jax_to_torch(o, device), jax_to_torch(final_state, device))
+        # each output's (shape, dtype, device) in JAX and its torch dtype: the cotangents' forms in the backward
+        ctx.outs = tuple(
+            ((a.shape, a.dtype, _device_of(a)), t.dtype) for a, t in zip((o, final_state), outs, strict=True)
+        )
+        return outs
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> Any:
-        tensors = ctx.saved_tensors
-        args, h0 = (tensors[:-1], tensors[-1]) if ctx.has_h0 else (tensors, None)
-        v, q, k = args[2], args[0], args[1]
-        if do is None:
-            do = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
-        if dfinal is None:
-            dfinal = torch.zeros(q.shape[0], q.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float32, device=v.device)
-        jargs = tuple(torch_to_jax(t) for t in args)
-        jh0 = None if h0 is None else torch_to_jax(h0)
-        # The same jitted function, and for the runner's fwd+bwd closure the same arguments (zeros on the final
-        # state), as the JAX timer's: the program the gate checks at the job's own case is the one it times.
-        fwd_bwd = ctx.op.program("fwd_bwd", _signature((*jargs, jh0), ctx.scale), on_cpu=_on_cpu(jargs[0]))
-        _, _, grads = fwd_bwd(
-            jargs, torch_to_jax(do.to(v.dtype)), jh0, torch_to_jax(dfinal.to(torch.float32)), scale=ctx.scale
+        ctx.saved_tensors  # noqa: B018 -- raises torch's error when the graph's saved tensors were freed
+        (o_like, o_dtype), (final_like, final_dtype) = ctx.outs
+        jdo, jdfinal = _cotangent(do, o_like, o_dtype), _cotangent(dfinal, final_like, final_dtype)
+        pull = ctx.op.program("pull", ctx.signature, on_cpu=ctx.on_cpu)
+        grads = pull(ctx.pullback, jdo, jdfinal)
+        _free_unless_retained(ctx)
+        wanted = ctx.needs_input_grad[3:]
+        return (
+            None,
+            None,
+            None,
+            *(jax_to_torch(g, ctx.device) if w else None for g, w in zip(grads, wanted, strict=True)),
         )
-        device = v.device
-        torch_grads = [jax_to_torch(g, device) for g in grads[: len(args)]]
-        if ctx.has_h0:
-            torch_grads.append(jax_to_torch(grads[-1], device))
-        return (None, None, None, *torch_grads)
+
+
+def _free_unless_retained(ctx: Any) -> None:
+    """Once this backward pass ends, drop `ctx`'s residuals if torch freed the graph's saved tensors (no
+    ``retain_graph``): their memory goes back as a torch tensor's would, not when the graph object is dropped."""
+
+    def drop() -> None:
+        try:
+            ctx.saved_tensors  # noqa: B018
+        except RuntimeError:  # freed: no later backward can run through this node
+            ctx.pullback = None
+
+    # the engine's end-of-pass callbacks run after it released (or kept) each node's saved tensors; torch has no
+    # public word on whether this pass retains the graph
+    torch.autograd.Variable._execution_engine.queue_callback(drop)
+
+
+def _cotangent(ct: torch.Tensor | None, like: tuple, torch_dtype: torch.dtype) -> jax.Array:
+    """An output's cotangent as a JAX array of that output's dtype (`torch_dtype` its torch face's); zeros shaped
+    like the output (`like`: its ``(shape, dtype, device)``) when torch passes None (the loss did not use it)."""
+    if ct is None:
+        shape, dtype, device = like
+        return jnp.zeros(shape, dtype, device=device)
+    return torch_to_jax(ct.to(torch_dtype))
 
 
 class TorchFacingJaxOp:
@@ -212,9 +280,14 @@ class TorchFacingJaxOp:
 
     Attributes:
         jax_fn: ``jax.jit(core)`` (``scale`` static): native JAX in, native JAX out.
+        jax_vjp: jitted ``(args, initial_state=None, scale=None) -> (o, final_state, pullback)``: the forward
+            keeping its residuals (the leaves of ``pullback``). A torch-facing call whose inputs need a gradient
+            runs it (and a call under ``torch.no_grad()`` runs ``jax_fn``, keeping nothing).
+        jax_pull: jitted ``(pullback, do, dfinal) -> grads``: the gradients over those residuals, for ``do`` on o
+            and ``dfinal`` on the final state. The torch-facing backward runs it: no second forward.
         jax_fwd_bwd: jitted ``(args, do, initial_state=None, dfinal=None, scale=None) -> (o, final_state, grads)``:
-            the forward and the pullback of ``do`` on o and ``dfinal`` on the final state (zeros when None; then
-            the gradient of ``sum(o * do)``). The torch-facing backward runs it too.
+            the two in one program (a JAX user's jitted training step), zeros on the final state when ``dfinal``
+            is None (then the gradient of ``sum(o * do)``).
     """
 
     def __init__(self, core: Callable[..., tuple[jax.Array, jax.Array]], *, name: str, gates: Sequence[str]) -> None:
@@ -222,23 +295,28 @@ class TorchFacingJaxOp:
         self.name = name
         self.gates = tuple(gates)
         self.jax_fn = jax.jit(core, static_argnames=("scale",))
+        self.jax_vjp = jax.jit(_vjp_of(core), static_argnames=("scale",))
+        self.jax_pull = jax.jit(_pull_of())
         self.jax_fwd_bwd = jax.jit(_fwd_bwd_of(core), static_argnames=("scale",))
         self.__doc__ = core.__doc__
         self._usual: set[tuple[str, tuple]] = set()  # (kind, signature) that torch-facing calls compiled as usual
         self._cheap: dict[str, Callable[..., Any]] = {}  # kind -> the same function jitted with the cheap options
 
     def program(self, kind: str, signature: tuple, *, on_cpu: bool) -> Callable[..., Any]:
-        """The jitted function a torch-facing call runs: `kind` ``"fn"`` (``jax_fn``) or ``"fwd_bwd"``
-        (``jax_fwd_bwd``), or inside :func:`cheap_compiles` on the CPU, for a `signature` not compiled as usual
-        before, its twin jitted with the cheap options."""
-        usual = self.jax_fn if kind == "fn" else self.jax_fwd_bwd
+        """The jitted function a torch-facing call runs: `kind` ``"fn"`` (``jax_fn``), ``"vjp"`` (``jax_vjp``) or
+        ``"pull"`` (``jax_pull``, `signature` its forward's), or inside :func:`cheap_compiles` on the CPU, for a
+        `signature` not compiled as usual before, its twin jitted with the cheap options."""
+        usual = {"fn": self.jax_fn, "vjp": self.jax_vjp, "pull": self.jax_pull}[kind]
         options = cheap_cpu_compile_options() if _CHEAP.get() and on_cpu else None
         if options is None or (kind, signature) in self._usual:
             self._usual.add((kind, signature))
             return usual
         if kind not in self._cheap:
-            body = self.core if kind == "fn" else _fwd_bwd_of(self.core)
-            self._cheap[kind] = jax.jit(body, static_argnames=("scale",), compiler_options=options)
+            if kind == "pull":
+                self._cheap[kind] = jax.jit(_pull_of(), compiler_options=options)
+            else:
+                body = self.core if kind == "fn" else _vjp_of(self.core)
+                self._cheap[kind] = jax.jit(body, static_argnames=("scale",), compiler_options=options)
         return self._cheap[kind]
 
     def __call__(
@@ -255,7 +333,20 @@ class TorchFacingJaxOp:
             raise TypeError(f"{self.name} takes gates ({', '.join(self.gates)}), got {len(gates)} gate tensors")
         tensors = (q, k, v, *gates) + ((initial_state,) if initial_state is not None else ())
         scale = None if scale is None else float(scale)
-        return _JaxAutograd.apply(self, scale, initial_state is not None, *tensors)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return _JaxAutograd.apply(self, scale, initial_state is not None, *tensors)
+        return self._forward(tensors[: 3 + len(gates)], initial_state, scale)
+
+    def _forward(
+        self, args: Sequence[torch.Tensor], initial_state: torch.Tensor | None, scale: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward alone (``jax_fn``): no gradient asked for, so no residuals kept."""
+        jargs = tuple(torch_to_jax(t) for t in args)
+        jh0 = None if initial_state is None else torch_to_jax(initial_state)
+        fn = self.program("fn", _signature((*jargs, jh0), scale), on_cpu=_on_cpu(jargs[0]))
+        o, final_state = fn(*jargs, scale=scale, initial_state=jh0)
+        device = args[0].device
+        return jax_to_torch(o, device), jax_to_torch(final_state, device)
 
     def __repr__(self) -> str:
         return f"TorchFacingJaxOp({self.name})"

@@ -43,8 +43,10 @@ lanes_ready() { [[ ${LANE_QLA:-1} == 0 ]] || qla_staged; }
 # FlashInfer's folders (set `flashinfer`, one part a call) once stage_flashinfer.sh installed all of its parts
 fi_staged() { [[ -f /tmp/site-fi/.deltabench-installed ]]; }
 # FlashQLA's folder joins the path only once both halves are in (a half-installed TileLang breaks FLA's import).
+# deltabench from this tree first: a lane runs from its own copy (call, below), not from the checkout that each
+# call re-sends under it
 pypath() {
-    local path=/tmp/site
+    local path=$PWD/src:/tmp/site
     qla_staged && path+=":$QLA"
     fi_staged && path+=":/tmp/site-fi:/tmp/site-fi/nvidia_cutlass_dsl/dsl_packages"
     echo "$path"
@@ -56,10 +58,8 @@ run() {
     shift 2
     stamp "$name"
     t0=$(date +%s)
-    # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time);
-    # the commit read again: a call re-sends the tree, with the commit it was made at
-    DELTABENCH_GIT_COMMIT=$(cat .deltabench-commit 2>/dev/null || echo "$DELTABENCH_GIT_COMMIT") \
-        PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db \
+    # not -q: the log gets a line per gate and per job as each ends (where a run cut by its cap spent its time)
+    PYTHONPATH=$(pypath) timeout "$cap" python3 -m deltabench.cli.app run --device cuda --no-db \
         --out "$dir/$name.json" --format markdown "$@" >"$dir/$name.log" 2>&1
     echo "$name exit=$? wall=$(($(date +%s) - t0)) s"
     grep -E "^\|" "$dir/$name.log" | cut -c1-170
@@ -303,9 +303,11 @@ task_stages() {
 }
 
 # Issue 41's tables: a small LM's whole training step (e2e-h200), packed batches beside their dense forms
-# (varlen-h200); every impl's gates side by side (FLA autotunes each new length its gate calls it at)
-task_e2e() { run "${E2E_CAP:-420}" e2e --suite e2e-h200 --timeout 400 --gate-workers 3; }
-task_varlen() { run "${VARLEN_CAP:-420}" varlen --suite varlen-h200 --timeout 400 --gate-workers 4; }
+# (varlen-h200); every impl's gates side by side (FLA autotunes each new length its gate calls it at). The caps:
+# on 2026-12-04 varlen's gates alone ran past 420 s (FLA's autotuning, 62 GiB gates retried alone), decode's took
+# 432 s of its 482 (then about 0.7 s a timed job)
+task_e2e() { run "${E2E_CAP:-600}" e2e --suite e2e-h200 --timeout 500 --gate-workers 3; }
+task_varlen() { run "${VARLEN_CAP:-720}" varlen --suite varlen-h200 --timeout 500 --gate-workers 4; }
 
 # The decode table (issue 42): FLA's, FlashInfer's and FlashQLA's adapters beside ours, once the calls carrying
 # their wheels have staged them (waits up to DECODE_WAIT_S; an impl whose package is missing ends unsupported with
@@ -316,7 +318,7 @@ task_decode() {
     for s in ${DECODE_SHAPES:-B=1,T=1 B=1,T=4 B=64,T=1 B=64,T=4 B=512,T=1 B=512,T=4}; do
         shapes+=(--shape "$s,H=16,K=128,V=128")
     done
-    run "${DECODE_CAP:-480}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}"
+    run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}"
 }
 
 # Issue 40 on the GPU: each CUDA exploit flagged and the honest kernel not (integrity_h200.py exploits), then the
@@ -399,8 +401,12 @@ call() {
             >"$L/queue"
         # LANE_QUEUE="task ...": this session's queue instead (the tasks are the task_* functions above)
         [[ -n ${LANE_QUEUE:-} ]] && printf '%s\n' $LANE_QUEUE >"$L/queue"
+        # The lanes run from a copy of the checkout: a call re-sends the checkout while they run, and a module
+        # imported mid-copy is missing (2026-12-04: "cannot import name 'memory' from 'deltabench.runners'" in
+        # e2e's gates, 40 s into the run, as the next call arrived). The wheels and caches stay where they are.
+        mkdir -p "$L/tree" && tar -C . --exclude=./.whl --exclude=./.gpucache -cf - . | tar -C "$L/tree" -xf -
         for name in $lanes; do
-            setsid bash benchmarks/gpu/h200_lanes.sh lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
+            setsid bash "$L/tree/benchmarks/gpu/h200_lanes.sh" lane "$name" >"$L/$name/lane.log" 2>&1 </dev/null &
         done
     fi
     qla_staged && echo "FlashQLA staged" || echo "FlashQLA not staged yet: the lanes start once both halves are"

@@ -32,13 +32,13 @@ def test_every_kernel_of_a_fwd_bwd_is_compiled_and_measured() -> None:
     rows = {}
     for line in run.stdout.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 7 and cells[0].endswith("_kernel"):
+        if len(cells) == 8 and cells[0].endswith("_kernel"):
             rows.setdefault(cells[0], []).append(cells)
     expected = {"wy_inverse_kernel", "wy_apply_kernel", "state_fwd_kernel", "state_bwd_kernel", "local_bwd_kernel"}
     assert expected <= set(rows)
     for cells in (c for group in rows.values() for c in group):
-        registers, stack = int(cells[4]), int(cells[5])
-        assert 1 <= registers <= 255 and stack >= 0
+        registers, stack, shared = int(cells[4]), int(cells[5]), int(cells[6])
+        assert 1 <= registers <= 255 and stack >= 0 and 0 <= shared <= 232448
 
 
 def test_refuses_the_interpreter_and_a_bad_shape() -> None:

@@ -142,6 +142,21 @@ def as_body(*docs: ResultDocument) -> dict:
     return {"documents": [d.model_dump(mode="json") for d in docs]}
 
 
+def refreshed(client: TestClient, timeout_s: float = 60.0) -> dict:
+    """The regressions API's answer once the app's background refresh has no series left waiting (it is woken
+    first, as an ingest wakes it: some tests store results straight into the database)."""
+    import time
+
+    client.app.state.series_refresher.wake()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = client.get("/api/v1/regressions").json()
+        if answer["pending_series"] == 0:
+            return answer
+        assert time.monotonic() < deadline, f"{answer['pending_series']} series still waiting after {timeout_s} s"
+        time.sleep(0.05)
+
+
 class Factory:
     """The builders above, handed to tests as the ``build`` fixture (test modules never import conftest)."""
 
@@ -149,6 +164,7 @@ class Factory:
     document = staticmethod(make_document)
     body = staticmethod(as_body)
     token = staticmethod(make_token)
+    refreshed = staticmethod(refreshed)
 
 
 @pytest.fixture(scope="session")

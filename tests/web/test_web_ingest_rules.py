@@ -98,6 +98,21 @@ def test_values_a_database_cannot_hold_are_refused_with_their_path(app_client, d
         assert _count_runs(client) == 0
 
 
+def test_the_fast_screen_passes_every_unstorable_value_to_the_full_check(build) -> None:  # type: ignore[no-untyped-def]
+    """The ingest walks the parsed documents for unstorable values only when their JSON text may hold one: the
+    screen must never miss one (the API test above), and should pass ordinary documents (a sixth of the time)."""
+    from deltabench.web.crud import may_hold_unstorable
+
+    for value in (2**63, -(2**63) - 1, 2**70, "b\x00", "a\udc80b", "\ud800", 1e30, [0, 12345678901234567890]):
+        text = json.dumps({"documents": [{"meta": {"v": value}}]}).encode()
+        assert may_hold_unstorable(text), value
+    ordinary = build.document(jobs=[build.job(median=0.0009876543210987654), build.job(median=1.5e15)])
+    text = ordinary.model_dump_json().encode()
+    assert b"e-" in text or b"0.000987" in text
+    assert not may_hold_unstorable(text)
+    assert not may_hold_unstorable(json.dumps({"run_id": "1e27ab", "x": 10**18 - 1, "y": "é"}).encode())
+
+
 def test_writes_authenticate_before_reading_the_body(app_client, db_url, build) -> None:  # type: ignore[no-untyped-def]
     client = app_client(max_body_bytes=32 * 2**20)
     token = build.token(db_url)

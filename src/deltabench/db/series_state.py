@@ -112,9 +112,17 @@ def _key(row: Mapping[str, Any] | Any) -> SeriesKey:
 
 def mark_dirty(session: Session, result_rows: Iterable[Mapping[str, Any]]) -> None:
     """Mark the series of these result rows (``results`` columns; only ``ok`` ones are in a series) as changed."""
-    seen = {tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"}
-    if seen:
-        session.execute(insert(SeriesDirty), [dict(zip(SERIES_COLUMNS, key, strict=True)) for key in sorted(seen)])
+    seen = sorted({tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"})
+    if not seen:
+        return
+    if session.get_bind().dialect.name == "postgresql":  # one COPY: an executemany is a statement per row there
+        cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+        columns = ", ".join(f'"{c}"' for c in SERIES_COLUMNS)
+        with cursor.copy(f"COPY series_dirty ({columns}) FROM STDIN") as copy:
+            for key in seen:
+                copy.write_row(key)
+        return
+    session.execute(insert(SeriesDirty), [dict(zip(SERIES_COLUMNS, key, strict=True)) for key in seen])
 
 
 def mark_run_dirty(session: Session, run_pk: int) -> None:

@@ -6,8 +6,9 @@ here, where a user expects it to: right after the results arrive.
 - **The server** (``deltabench serve``, or any process running the app) has one :class:`SeriesRefresher`, a
   background thread. ``POST /api/v1/runs`` wakes it after its commit: the fleet's Celery workers post their
   documents there (they have no database access), so their results are refreshed by the server that stores them;
-  the local worker of ``deltabench serve`` and run deletion wake it too. It also looks every :data:`PERIOD_S`
-  seconds, for marks written by other processes (a CLI ingest into the same store, another server).
+  the local worker of ``deltabench serve`` and run deletion wake it too. It also looks when it starts and every
+  :data:`PERIOD_S` seconds, for marks written by other processes (a CLI ingest into the same store, another
+  server, results stored while no server ran).
 - **The CLI** (``deltabench ingest``, ``deltabench run`` storing its run, ``deltabench runs delete``) refreshes
   the series it touched itself, after its commit, before it returns (:func:`refresh_pending`).
 
@@ -87,6 +88,7 @@ class SeriesRefresher:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        self._wake.set()  # marks left while no server ran are refreshed at once, not at the first period
         while not self._stop.is_set():
             if self._wake.wait(self.period_s):
                 self._stop.wait(self.settle_s)

@@ -196,12 +196,12 @@ def _check_rows(job: JobResult, result_id: int) -> list[dict[str, Any]]:
 
 def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
     """Insert the document's jobs not stored yet; returns how many were stored."""
+    if session.get_bind().dialect.name == "postgresql":  # its INSERT ... RETURNING tells which jobs were new
+        return _copy_jobs(session, doc, run_pk, list(enumerate(doc.jobs)))
     by_key = {(job.job_id, job.attempt): job for job in doc.jobs}
     # Skip the ones already stored up front (the common re-upload case) so the database does no wasted work.
     already = _stored_keys(session, by_key)
     pending = [(i, job) for i, job in enumerate(doc.jobs) if (job.job_id, job.attempt) not in already]
-    if session.get_bind().dialect.name == "postgresql":
-        return _copy_jobs(session, doc, run_pk, pending)
     results_table: Table = Result.__table__  # type: ignore[assignment]
     stored = 0
     for start in range(0, len(pending), _BATCH):
@@ -265,8 +265,10 @@ def _copy_rows(cursor: Any, table: str, rows: list[dict[str, Any]]) -> None:
 def _copy_jobs(session: Session, doc: ResultDocument, run_pk: int, pending: list[tuple[int, JobResult]]) -> int:
     """PostgreSQL's path of :func:`_store_jobs`: the rows go in with ``COPY`` (a statement per table, not one per
     row: per-row statements were most of an ingest's time), results through a scratch table so that
-    ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` names exactly the rows this transaction stored. A job that a
-    concurrent upload stored first is not returned, so its samples and checks are that upload's to write."""
+    ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` names exactly the rows this transaction stored. Every job of the
+    document is copied: the INSERT skips the ones stored already (a re-upload) for less than a query asking first
+    costs. A job that a concurrent upload stored first is not returned, so its samples and checks are that
+    upload's to write."""
     if not pending:
         return 0
     rows = [_result_row(job, i, run_pk, doc) for i, job in pending]

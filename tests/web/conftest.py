@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pg_fixtures
 import pytest
@@ -49,13 +49,19 @@ def make_token(db_url: str, name: str | None = None) -> str:
 
 
 @pytest.fixture
-def app_client(db_url: str) -> Callable[..., TestClient]:
-    """A factory of test clients on the real app over `db_url` (keyword arguments go to Settings)."""
+def app_client(db_url: str) -> Iterator[Callable[..., TestClient]]:
+    """A factory of test clients on the real app over `db_url` (keyword arguments go to Settings). Each app's
+    background refresh of the regressions table (started by its first ingest) is stopped after the test, so that
+    it never takes the marks of a later test's data."""
+    made: list[TestClient] = []
 
     def make(**settings: object) -> TestClient:
-        return TestClient(create_app(Settings(db_url=db_url, **settings)))  # type: ignore[arg-type]
+        made.append(TestClient(create_app(Settings(db_url=db_url, **settings))))  # type: ignore[arg-type]
+        return made[-1]
 
-    return make
+    yield make
+    for client in made:
+        client.app.state.series_refresher.stop()  # type: ignore[attr-defined]
 
 
 def make_job(

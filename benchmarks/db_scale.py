@@ -330,6 +330,12 @@ def fill(engine: Engine, n_results: int, per_run: int, seed: int = 0) -> float:
                 flush=True,
             )
     writer.finish()
+    # Rows written here bypass ingest, which marks the series it touches: mark them all, as a migration of a store
+    # whose regressions table was never built does (the server's background refresh then builds it).
+    from deltabench.db.series_state import mark_all_dirty
+
+    with session_scope(engine) as session:
+        mark_all_dirty(session)
     return time.perf_counter() - start
 
 

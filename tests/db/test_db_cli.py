@@ -36,6 +36,26 @@ def test_ingest_prints_run_ids_and_stores_once(db_url, factory, tmp_path: pathli
     assert _count(db_url, Run) == 2 and _count(db_url, Result) == 8
 
 
+def test_ingest_and_runs_delete_refresh_the_regressions_table_before_returning(  # type: ignore[no-untyped-def]
+    db_url, factory, tmp_path: pathlib.Path, capsys
+) -> None:
+    from deltabench.db import queries, series_state
+    from deltabench.db.models import SeriesDirty
+
+    a, b = factory.document(), factory.document(commit="b" * 40)
+    (tmp_path / "a.json").write_text(a.to_json())
+    (tmp_path / "b.json").write_text(b.to_json())
+    assert _cli(capsys, "ingest", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--db", db_url)[0] == 0
+    with session_scope(get_engine(db_url)) as s:
+        series = queries.list_series(s)
+        assert series and _count(db_url, SeriesDirty) == 0, "no series left waiting for the server"
+        assert [key for key, _ in series_state.states(s)] == series
+    assert _cli(capsys, "runs", "delete", b.run_id, "--db", db_url)[0] == 0
+    assert _cli(capsys, "runs", "delete", a.run_id, "--db", db_url)[0] == 0
+    with session_scope(get_engine(db_url)) as s:
+        assert series_state.states(s) == [] and _count(db_url, SeriesDirty) == 0
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -151,3 +151,32 @@ def test_concurrent_uploads_store_once(engine, factory) -> None:  # type: ignore
     assert _count(engine, Check) == 4 * 60 * 2
     with session_scope(engine) as s:
         assert queries.load_run_document(s, same.run_id).model_dump() == same.model_dump()
+
+
+def test_postgresql_ingest_writes_its_rows_with_copy_not_a_statement_per_row(  # type: ignore[no-untyped-def]
+    pg_url, factory, monkeypatch
+) -> None:
+    """A statement per row (psycopg's pipelined executemany) was most of an ingest's time on PostgreSQL."""
+    import psycopg
+
+    from deltabench.db.engine import get_engine
+
+    rows_sent: list[int] = []
+    executemany = psycopg.Cursor.executemany
+
+    def counted(self, query, params_seq, **kwargs):  # type: ignore[no-untyped-def]
+        params_seq = list(params_seq)
+        rows_sent.append(len(params_seq))
+        return executemany(self, query, params_seq, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counted)
+    jobs = [factory.job(T=64 * (1 + i % 7), median=0.1 + i) for i in range(300)]
+    doc = factory.document(jobs=jobs)
+    engine = get_engine(pg_url)
+    with session_scope(engine) as s:
+        ingest_document(s, doc)
+    assert sum(rows_sent) < 10, f"{sum(rows_sent)} rows sent a statement each"
+    with session_scope(engine) as s:
+        loaded = queries.load_run_document(s, doc.run_id)
+    assert loaded.model_dump() == doc.model_dump()
+    assert _count(engine, Check) == sum(len(j.verification) for j in jobs)

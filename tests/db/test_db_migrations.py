@@ -32,7 +32,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0008"
+    assert current_revision(fresh_engine) == head_revision() == "0009"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -40,7 +40,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0008"
+    assert current_revision(fresh_engine) == "0009"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -118,3 +118,37 @@ def test_0008_adds_the_series_state_tables_and_downgrades(fresh_engine) -> None:
     assert indexes["ix_series_state_last_point"] == ["last_point_at"]
     downgrade(fresh_engine, "0007")
     assert not {"series_state", "series_dirty"} & _tables(fresh_engine)
+
+
+def test_0009_marks_every_series_of_a_store_whose_table_was_never_built(fresh_engine, factory) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import func, select
+
+    from deltabench.db import queries, series_state
+    from deltabench.db.engine import session_scope
+    from deltabench.db.ingest import ingest_document
+    from deltabench.db.models import SeriesDirty
+
+    def marked() -> list[str]:
+        with session_scope(fresh_engine) as s:
+            return [key.key for key in series_state.take_dirty(s)]
+
+    upgrade(fresh_engine)
+    docs = [factory.document(commit=f"{i:040x}") for i in range(3)]
+    with session_scope(fresh_engine) as s:
+        for doc in docs:
+            ingest_document(s, doc)
+    series = marked()
+    assert series, "ingest marks the series it touched"
+    # Results stored before 0008 carry no mark: 0009 marks each of their series once.
+    downgrade(fresh_engine, "0008")
+    upgrade(fresh_engine)
+    with session_scope(fresh_engine) as s:
+        assert s.scalar(select(func.count()).select_from(SeriesDirty)) == len(series)
+    assert marked() == series
+    # A store whose table was built keeps its marks as they are (none here).
+    with session_scope(fresh_engine) as s:
+        series_state.save_states(s, [(key, docs[0].created_at, None, 0) for key in queries.list_series(s)])
+    downgrade(fresh_engine, "0008")
+    upgrade(fresh_engine)
+    with session_scope(fresh_engine) as s:
+        assert s.scalar(select(func.count()).select_from(SeriesDirty)) == 0

@@ -107,6 +107,14 @@ def test_serve_runs_a_submitted_job_on_its_local_worker(served: tuple[str, str, 
     page = httpx.get(f"{base}/runs/{job['run_id']}", headers={"Accept": "text/html"}, timeout=10)
     assert page.status_code == 200 and "torch_chunk" in page.text
 
+    # The stored run woke the server's refresh of the regressions table: well before its 30 s periodic look.
+    def refreshed() -> dict | None:
+        answer = httpx.get(f"{base}/api/v1/regressions", timeout=10).json()
+        return answer if answer["pending_series"] == 0 else None
+
+    regressions = wait_for("the regressions table to be refreshed", refreshed, timeout=10, every=0.2)
+    assert regressions["series_scanned"] == 1
+
 
 def test_local_worker_requeues_orphans_honours_cancel_and_refuses_kinds_it_lacks(tmp_path: Path) -> None:
     control = tmp_path / "control"

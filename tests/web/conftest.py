@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pg_fixtures
 import pytest
@@ -49,13 +49,19 @@ def make_token(db_url: str, name: str | None = None) -> str:
 
 
 @pytest.fixture
-def app_client(db_url: str) -> Callable[..., TestClient]:
-    """A factory of test clients on the real app over `db_url` (keyword arguments go to Settings)."""
+def app_client(db_url: str) -> Iterator[Callable[..., TestClient]]:
+    """A factory of test clients on the real app over `db_url` (keyword arguments go to Settings). Each app's
+    background refresh of the regressions table (started by its first ingest) is stopped after the test, so that
+    it never takes the marks of a later test's data."""
+    made: list[TestClient] = []
 
     def make(**settings: object) -> TestClient:
-        return TestClient(create_app(Settings(db_url=db_url, **settings)))  # type: ignore[arg-type]
+        made.append(TestClient(create_app(Settings(db_url=db_url, **settings))))  # type: ignore[arg-type]
+        return made[-1]
 
-    return make
+    yield make
+    for client in made:
+        client.app.state.series_refresher.stop()  # type: ignore[attr-defined]
 
 
 def make_job(
@@ -142,6 +148,21 @@ def as_body(*docs: ResultDocument) -> dict:
     return {"documents": [d.model_dump(mode="json") for d in docs]}
 
 
+def refreshed(client: TestClient, timeout_s: float = 60.0) -> dict:
+    """The regressions API's answer once the app's background refresh has no series left waiting (it is woken
+    first, as an ingest wakes it: some tests store results straight into the database)."""
+    import time
+
+    client.app.state.series_refresher.wake()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = client.get("/api/v1/regressions").json()
+        if answer["pending_series"] == 0:
+            return answer
+        assert time.monotonic() < deadline, f"{answer['pending_series']} series still waiting after {timeout_s} s"
+        time.sleep(0.05)
+
+
 class Factory:
     """The builders above, handed to tests as the ``build`` fixture (test modules never import conftest)."""
 
@@ -149,6 +170,7 @@ class Factory:
     document = staticmethod(make_document)
     body = staticmethod(as_body)
     token = staticmethod(make_token)
+    refreshed = staticmethod(refreshed)
 
 
 @pytest.fixture(scope="session")

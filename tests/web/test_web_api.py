@@ -154,6 +154,7 @@ def test_history_finds_the_step_and_regressions_list_it(app_client, db_url, buil
     assert client.get("/api/v1/history", params={**params, "impl": "nope"}).status_code == 404
     assert client.get("/api/v1/history", params={**params, "shape": "B2-T1024"}).status_code == 422
 
+    build.refreshed(client)
     regs = client.get("/api/v1/regressions", params={"only_regressions": True}).json()
     assert regs["series_scanned"] == 2
     assert [r["impl"] for r in regs["data"]] == ["torch_chunk"]
@@ -192,11 +193,12 @@ def test_a_step_on_the_newest_run_alone_is_not_a_regression_until_a_later_run_co
 
     flat = [doc(i, 1 + 0.004 * ((i * 5) % 3 - 1)) for i in range(25)]
     client.post("/api/v1/runs", json=build.body(*flat, doc(25, 1.4)), headers=_auth(token))
-    found = client.get("/api/v1/regressions").json()["data"]
+    found = build.refreshed(client)["data"]
     assert len(found) == 1 and found[0]["change_point"]["confirmed"] is False, found
     assert found[0]["alert"].endswith("(unconfirmed: one run so far)")
     assert client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"] == []
     client.post("/api/v1/runs", json=build.body(doc(26, 1.4)), headers=_auth(token))
+    build.refreshed(client)
     (alert,) = client.get("/api/v1/regressions", params={"only_regressions": True}).json()["data"]
     assert alert["change_point"]["confirmed"] is True and alert["change_point"]["n_after"] == 2
 

@@ -50,6 +50,11 @@ def seeded(server, build) -> dict[str, str]:  # type: ignore[no-untyped-def]
         f"{base}/api/v1/runs", json=build.body(*docs), headers={"Authorization": f"Bearer {token}"}, timeout=60
     )
     assert r.status_code == 201, r.text
+    # The server refreshes the regressions table in the background after the ingest: wait until it has.
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{base}/api/v1/regressions", timeout=60).json()["pending_series"]:
+        assert time.monotonic() < deadline, "the regressions table was not refreshed after the ingest"
+        time.sleep(0.1)
     return {"first": docs[0].run_id, "before_step": docs[11].run_id, "last": docs[-1].run_id}
 
 

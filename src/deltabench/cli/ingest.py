@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from deltabench.cli.options import db_option, import_option, load_imports
+from deltabench.cli.options import db_option, import_option, load_imports, refresh_regressions
 
 __all__ = ["ingest_files", "register"]
 
@@ -17,7 +17,8 @@ def ingest_files(
 ) -> int:
     """Store the result documents (or pytest-benchmark files) `files` in `db`; print the run ids stored, one a line
     or with `as_json` as ``{"runs": [...]}``. A file stored twice is stored once; a bad file stores nothing.
-    `imports` register a user's ops first (a document of an op not registered is bad input). Returns 0."""
+    `imports` register a user's ops first (a document of an op not registered is bad input). The regressions
+    page's table is brought up to date for the series stored before it returns. Returns 0."""
     import json
 
     from deltabench.db.engine import get_engine, session_scope
@@ -27,8 +28,10 @@ def ingest_files(
     load_imports(list(imports))
     # Read and validate every file before touching the database, so a bad file stores nothing.
     docs = [doc for path in files for doc in load_documents(path)]
-    with session_scope(get_engine(db)) as session:
+    engine = get_engine(db)
+    with session_scope(engine) as session:
         run_ids = list(dict.fromkeys(ingest_documents(session, docs)))
+    refresh_regressions(engine)
     if as_json:
         print(json.dumps({"runs": run_ids}))
     else:

@@ -50,3 +50,15 @@ def load_imports(specs: list[str]) -> None:
 
     for spec in specs:
         load_module(spec)
+
+
+def refresh_regressions(engine: Any) -> int:
+    """After a command stored or deleted results in the store of `engine` (committed), bring the regressions page's
+    table up to date for the series it touched (``web.series_refresh``), so the page lists them at once; how many
+    series. 0 without the web layer's dependencies: a server on the store refreshes them then."""
+    try:
+        from deltabench.web.series_refresh import refresh_pending
+
+        return refresh_pending(engine)
+    except ImportError:  # deltabench[db] without [web]: change points need scipy and otava
+        return 0

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from deltabench.cli.options import db_option, device_option, import_option, load_imports, resolve_imports
+from deltabench.cli.options import (
+    db_option,
+    device_option,
+    import_option,
+    load_imports,
+    refresh_regressions,
+    resolve_imports,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -77,8 +84,11 @@ def _store(doc, db_url: str | None) -> str:
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.db.ingest import ingest_document
 
-    with session_scope(get_engine(db_url)) as session:
-        return ingest_document(session, doc)
+    engine = get_engine(db_url)
+    with session_scope(engine) as session:
+        run_id = ingest_document(session, doc)
+    refresh_regressions(engine)
+    return run_id
 
 
 def _sequential(auto: bool, plan: Any, console: Console, steps: Callable[[int], None]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from deltabench.cli.options import db_option
+from deltabench.cli.options import db_option, refresh_regressions
 
 __all__ = ["delete_stored_run", "list_stored_runs", "register"]
 
@@ -85,10 +85,12 @@ def delete_stored_run(run: str, *, db: str | None = None) -> int:
     from deltabench.db.engine import get_engine, session_scope
     from deltabench.harness.errors import BadInput
 
-    with session_scope(get_engine(db, create=False)) as session:
+    engine = get_engine(db, create=False)
+    with session_scope(engine) as session:
         n_results = delete_run(session, run_id=run)
     if n_results is None:
         raise BadInput(f"no run {run!r} in this database (give its exact id)")
+    refresh_regressions(engine)  # its series lost points
     print(f"deleted run {run} ({n_results} results)")
     return 0
 

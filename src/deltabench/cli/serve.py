@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import typer
 
@@ -11,15 +11,15 @@ from deltabench.cli.options import db_option, import_option, load_imports, resol
 __all__ = ["register", "serve"]
 
 
-def _start_local_worker(engine_url: str, imports: list[str]) -> object | None:
+def _start_local_worker(engine_url: str, imports: list[str], on_stored: Callable[[], None]) -> object | None:
     """Start the embedded worker of ``deltabench.fleet.dispatch`` (None when that layer is not installed); its jobs
-    import `imports` first."""
+    import `imports` first, and `on_stored()` follows each document it stores."""
     try:
         from deltabench.fleet.dispatch import start_local_worker
     except ImportError:
         print("deltabench serve: no local worker (deltabench.fleet.dispatch is not installed): jobs stay queued")
         return None
-    return start_local_worker(engine_url, imports=imports)
+    return start_local_worker(engine_url, imports=imports, on_stored=on_stored)
 
 
 def serve(
@@ -52,7 +52,8 @@ def serve(
     application = create_app(settings)
     engine = get_engine(settings.db_url)
     if local_worker and not settings.broker_url:
-        _start_local_worker(engine.url.render_as_string(hide_password=False), specs)
+        url = engine.url.render_as_string(hide_password=False)
+        _start_local_worker(url, specs, on_stored=application.state.series_refresher.wake)
     print(f"deltabench serve: http://{host}:{port}/ on {engine.url.render_as_string(hide_password=True)}")
     uvicorn.run(application, host=host, port=port, log_level=log_level)
     return 0

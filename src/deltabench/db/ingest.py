@@ -6,7 +6,8 @@ new run) is stored once, with the run that brought it first. A document whose ru
 carries new jobs (a worker posting a run piece by piece) adds those jobs to that run.
 
 Results go in with a bulk ``INSERT ... ON CONFLICT DO NOTHING`` per batch, so concurrent uploads of the same
-job cannot both store it, then their samples and checks likewise (checks are unique by result and position).
+job cannot both store it, then their samples and checks likewise (checks are unique by result and position). On
+PostgreSQL every table is written with ``COPY`` (results through a scratch table, see :func:`_copy_jobs`).
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ def _check_rows(job: JobResult, result_id: int) -> list[dict[str, Any]]:
 
 def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
     """Insert the document's jobs not stored yet; returns how many were stored."""
+    if session.get_bind().dialect.name == "postgresql":  # its INSERT ... RETURNING tells which jobs were new
+        return _copy_jobs(session, doc, run_pk, list(enumerate(doc.jobs)))
     by_key = {(job.job_id, job.attempt): job for job in doc.jobs}
     # Skip the ones already stored up front (the common re-upload case) so the database does no wasted work.
     already = _stored_keys(session, by_key)
@@ -205,41 +208,92 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
         chunk = pending[start : start + _BATCH]
         rows = [_result_row(job, i, run_pk, doc) for i, job in chunk]
         session.execute(_insert_ignore(session, results_table), rows)
-        # Read the ids back instead of INSERT ... RETURNING: psycopg parses a multi-row RETURNING statement
-        # slowly, while a plain executemany is pipelined. Only rows of this run are ours: a job that another
-        # run stored first is that run's.
+        # Only rows of this run are ours: a job that another run stored first is that run's.
         inserted = session.execute(
             select(Result.id, Result.job_id, Result.attempt).where(
                 Result.run_pk == run_pk, Result.job_id.in_([job.job_id for _, job in chunk])
             )
         ).all()
         chunk_keys = {(job.job_id, job.attempt) for _, job in chunk}
-        samples: list[dict[str, Any]] = []
-        checks: list[dict[str, Any]] = []
-        ours = set()
-        for result_id, job_id, attempt in inserted:
-            if (job_id, attempt) not in chunk_keys:  # another attempt, stored with this run before
-                continue
-            ours.add((job_id, attempt))
-            job = by_key[(job_id, attempt)]
-            if job.timing is not None:
-                samples.append(
-                    {
-                        "result_id": result_id,
-                        "samples": pack_samples(job.timing.samples_ms),
-                        "repetitions": pack_repetitions(job.timing.repetitions),
-                    }
-                )
-            checks.extend(_check_rows(job, result_id))
-            stored += 1
+        ours = {(j, a): result_id for result_id, j, a in inserted if (j, a) in chunk_keys}
+        samples, checks = _children(by_key, ours)
         # ON CONFLICT DO NOTHING: two uploads of one document racing each other both reach this point.
         if samples:
             session.execute(_insert_ignore(session, ResultSamples.__table__), samples)  # type: ignore[arg-type]
         for cstart in range(0, len(checks), _BATCH * 4):
             session.execute(_insert_ignore(session, Check.__table__), checks[cstart : cstart + _BATCH * 4])  # type: ignore[arg-type]
-        # The regressions page recomputes the series these results joined (db.series_state).
+        # The regressions page's refresh recomputes the series these results joined (db.series_state).
         mark_dirty(session, [row for row in rows if (row["job_id"], row["attempt"]) in ours])
+        stored += len(ours)
     return stored
+
+
+def _children(
+    by_key: dict[tuple[str, int], JobResult], ours: dict[tuple[str, int], int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The raw-samples rows and check rows of the results `ours` ((job id, attempt) -> result id) just stored."""
+    samples: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    for key, result_id in ours.items():
+        job = by_key[key]
+        if job.timing is not None:
+            samples.append(
+                {
+                    "result_id": result_id,
+                    "samples": pack_samples(job.timing.samples_ms),
+                    "repetitions": pack_repetitions(job.timing.repetitions),
+                }
+            )
+        checks.extend(_check_rows(job, result_id))
+    return samples, checks
+
+
+# The session's scratch table on PostgreSQL: a document's result rows are copied in, then inserted from it.
+_SCRATCH = "deltabench_ingest_results"
+
+
+def _copy_rows(cursor: Any, table: str, rows: list[dict[str, Any]]) -> None:
+    """``COPY table FROM STDIN`` of `rows` (dicts of one set of columns, in one order)."""
+    if not rows:
+        return
+    columns = ", ".join(f'"{c}"' for c in rows[0])
+    with cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(tuple(row.values()))
+
+
+def _copy_jobs(session: Session, doc: ResultDocument, run_pk: int, pending: list[tuple[int, JobResult]]) -> int:
+    """PostgreSQL's path of :func:`_store_jobs`: the rows go in with ``COPY`` (a statement per table, not one per
+    row: per-row statements were most of an ingest's time), results through a scratch table so that
+    ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` names exactly the rows this transaction stored. Every job of the
+    document is copied: the INSERT skips the ones stored already (a re-upload) for less than a query asking first
+    costs. A job that a concurrent upload stored first is not returned, so its samples and checks are that
+    upload's to write."""
+    if not pending:
+        return 0
+    rows = [_result_row(job, i, run_pk, doc) for i, job in pending]
+    columns = ", ".join(f'"{c}"' for c in rows[0])
+    cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cursor.execute(
+        f"CREATE TEMP TABLE IF NOT EXISTS {_SCRATCH} ON COMMIT DELETE ROWS AS SELECT {columns} FROM results "
+        "WITH NO DATA"
+    )
+    cursor.execute(f"TRUNCATE {_SCRATCH}")  # another document of this transaction may have used it
+    _copy_rows(cursor, _SCRATCH, rows)
+    cursor.execute(
+        f"INSERT INTO results ({columns}) SELECT {columns} FROM {_SCRATCH} ON CONFLICT DO NOTHING "
+        "RETURNING id, job_id, attempt"
+    )
+    ours = {(job_id, attempt): result_id for result_id, job_id, attempt in cursor.fetchall()}
+    by_key = {(job.job_id, job.attempt): job for _, job in pending}
+    samples, checks = _children(by_key, ours)
+    _copy_rows(cursor, "result_samples", samples)
+    for check in checks:  # a JSON column: its text, as SQLAlchemy writes it (None is JSON null)
+        check["worst_index"] = json.dumps(check["worst_index"])
+    _copy_rows(cursor, "checks", checks)
+    # The regressions page's refresh recomputes the series these results joined (db.series_state).
+    mark_dirty(session, [row for row in rows if (row["job_id"], row["attempt"]) in ours])
+    return len(ours)
 
 
 def _stored_keys(session: Session, keys: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:

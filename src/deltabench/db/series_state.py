@@ -2,11 +2,15 @@
 (``series_state``), and the series whose points changed since (``series_dirty``).
 
 Ingest and run deletion append the series they touch to ``series_dirty`` in their own transaction: insert only, so
-concurrent writers never wait on each other's rows. A reader takes those rows (``DELETE ... RETURNING``, so two
-readers never take the same one), recomputes the change points of just those series and saves them; a row
-committed after its ``DELETE`` is taken by the next reader. What the change point is, and how it is found, is the
-web layer's (``web.services``): this module stores it as JSON. What identifies a series in the store
-(:class:`SeriesKey`) is defined here, below the queries that read series and the ingest that marks them.
+concurrent writers never wait on each other's rows. Every series whose state is out of date has a mark (migration
+0009 marks every series of a store whose table was never built). A refresh takes a bounded number of marked series
+(their marks deleted in its transaction), recomputes the change points of just those series and saves them in the
+same transaction; a mark committed after its ``DELETE`` is taken by the next refresh. One refresh runs at a time:
+SQLite's write lock, taken by the ``DELETE``, serialises them, and on PostgreSQL :func:`lock_refresh` (a
+transaction-level advisory lock), so an older computation never overwrites a newer one. What the change point is,
+and how it is found, is the web layer's (``web.services``): this module stores it as JSON. What identifies a series
+in the store (:class:`SeriesKey`) is defined here, below the queries that read series and the ingest that marks
+them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import datetime as _dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, delete, exists, insert, select
+from sqlalchemy import Table, delete, func, insert, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from deltabench.harness.series import SeriesKey as HarnessSeriesKey
@@ -29,9 +33,11 @@ from .models import SERIES_COLUMNS, Result, SeriesDirty, SeriesState
 __all__ = [
     "SeriesKey",
     "drop_states",
-    "has_states",
+    "lock_refresh",
+    "mark_all_dirty",
     "mark_dirty",
     "mark_run_dirty",
+    "pending_count",
     "save_states",
     "states",
     "take_dirty",
@@ -106,9 +112,17 @@ def _key(row: Mapping[str, Any] | Any) -> SeriesKey:
 
 def mark_dirty(session: Session, result_rows: Iterable[Mapping[str, Any]]) -> None:
     """Mark the series of these result rows (``results`` columns; only ``ok`` ones are in a series) as changed."""
-    seen = {tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"}
-    if seen:
-        session.execute(insert(SeriesDirty), [dict(zip(SERIES_COLUMNS, key, strict=True)) for key in sorted(seen)])
+    seen = sorted({tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"})
+    if not seen:
+        return
+    if session.get_bind().dialect.name == "postgresql":  # one COPY: an executemany is a statement per row there
+        cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+        columns = ", ".join(f'"{c}"' for c in SERIES_COLUMNS)
+        with cursor.copy(f"COPY series_dirty ({columns}) FROM STDIN") as copy:
+            for key in seen:
+                copy.write_row(key)
+        return
+    session.execute(insert(SeriesDirty), [dict(zip(SERIES_COLUMNS, key, strict=True)) for key in seen])
 
 
 def mark_run_dirty(session: Session, run_pk: int) -> None:
@@ -118,16 +132,42 @@ def mark_run_dirty(session: Session, run_pk: int) -> None:
     session.execute(insert(SeriesDirty).from_select(list(SERIES_COLUMNS), rows))
 
 
-def take_dirty(session: Session) -> list[SeriesKey]:
-    """The series marked changed since the last call, each once; their marks are removed (in this transaction)."""
+def mark_all_dirty(session: Session) -> None:
+    """Mark every series of the store (each with an ``ok`` result) as changed: the next refreshes rebuild them all."""
+    columns = [getattr(Result, c) for c in SERIES_COLUMNS]
+    rows = select(*columns).where(Result.status == "ok").distinct()
+    session.execute(insert(SeriesDirty).from_select(list(SERIES_COLUMNS), rows))
+
+
+# An arbitrary constant key for pg_try_advisory_xact_lock: one refresh of series_state at a time on PostgreSQL.
+_PG_REFRESH_LOCK = 0x5E1E57A7
+
+
+def lock_refresh(session: Session) -> bool:
+    """Take the store's refresh lock for this transaction; False when another refresh holds it (PostgreSQL only:
+    on SQLite the refresh's first write takes the database's write lock, which serialises refreshes already)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _PG_REFRESH_LOCK}))
+
+
+def take_dirty(session: Session, *, limit: int | None = None) -> list[SeriesKey]:
+    """Up to `limit` series (all when None) marked changed since their last refresh, each once; every mark of
+    those series is removed (in this transaction)."""
     table: Table = SeriesDirty.__table__  # type: ignore[assignment]
-    rows = session.execute(delete(table).returning(*(table.c[c] for c in SERIES_COLUMNS))).all()
+    columns = [table.c[c] for c in SERIES_COLUMNS]
+    taking = delete(table)
+    if limit is not None:  # one statement: on SQLite it takes the write lock before reading which series
+        taking = taking.where(tuple_(*columns).in_(select(*columns).distinct().limit(limit)))
+    rows = session.execute(taking.returning(*columns)).all()
     return sorted({_key(row) for row in rows}, key=lambda k: (k.key, k.extra_dims))
 
 
-def has_states(session: Session) -> bool:
-    """Whether ``series_state`` holds any series (an empty one is built from every series on first use)."""
-    return bool(session.scalar(select(exists().select_from(SeriesState))))
+def pending_count(session: Session) -> int:
+    """How many series are marked changed and wait for a refresh."""
+    table: Table = SeriesDirty.__table__  # type: ignore[assignment]
+    marked = select(*(table.c[c] for c in SERIES_COLUMNS)).distinct().subquery()
+    return int(session.scalar(select(func.count()).select_from(marked)) or 0)
 
 
 def _upsert(session: Session, table: Table):  # type: ignore[no-untyped-def]

@@ -118,6 +118,7 @@ class LocalWorker:
         poll_s: float = 2.0,
         fail_unserved: bool = True,
         heartbeat_s: float | None = None,
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         from deltabench.db.engine import get_engine
 
@@ -128,6 +129,7 @@ class LocalWorker:
         self.poll_s = poll_s
         self.fail_unserved = fail_unserved
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else heartbeat_interval_s()
+        self.on_stored = on_stored  # told after each document is committed (the server refreshes its tables)
         self.name = f"local@{socket.gethostname()}"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -265,16 +267,25 @@ class LocalWorker:
             return  # cancelled in its last moments: store nothing, as for any cancelled job
         with session_scope(self.engine) as session:
             run_id = ingest_document(session, outcome.document)
+        if self.on_stored is not None:
+            self.on_stored()
         self._finish(job.id, status="done", run_id=run_id)
 
 
-def start_local_worker(engine_url: str, *, imports: list[str] | None = None, poll_s: float = 2.0) -> LocalWorker:
-    """Start this process's local worker on the database at `engine_url` and return its handle (``.stop()``).
+def start_local_worker(
+    engine_url: str,
+    *,
+    imports: list[str] | None = None,
+    poll_s: float = 2.0,
+    on_stored: Callable[[], None] | None = None,
+) -> LocalWorker:
+    """Start this process's local worker on the database at `engine_url` and return its handle (``.stop()``);
+    `on_stored()` is called after each document it stores is committed.
 
     Called by ``deltabench serve`` when no broker is configured; :func:`submit_job` wakes it.
     """
     global _local_worker
     if _local_worker is not None:
         _local_worker.stop()
-    _local_worker = LocalWorker(engine_url, imports=imports, poll_s=poll_s).start()
+    _local_worker = LocalWorker(engine_url, imports=imports, poll_s=poll_s, on_stored=on_stored).start()
     return _local_worker

@@ -36,6 +36,7 @@ from .config import Settings
 from .limits import BodySizeLimit
 from .pages.errors import install_page_error_handlers, validation_reason, wants_html
 from .schemas import RunsIngest
+from .series_refresh import SeriesRefresher
 from .services import NotFound
 
 __all__ = ["EXCERPT", "STATIC_DIR", "create_app", "plotly_js_path", "validation_errors"]
@@ -124,7 +125,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Freeze what start-up allocated out of the garbage collector's sight; sweep the job queue while serving.
+    """Freeze what start-up allocated out of the garbage collector's sight; sweep the job queue and refresh the
+    regressions table (:mod:`.series_refresh`) while serving.
 
     Everything imported by then (torch alone is some 200,000 objects) lives as long as the server; left tracked,
     every full collection walks it in the middle of some request. Measured with 1,000,000 stored results on
@@ -133,9 +135,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     sweeper = _start_job_sweeper(app)
+    refresher = app.state.series_refresher.start()
     try:
         yield
     finally:
+        refresher.stop()
         sweeper.stop()
 
 
@@ -235,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = get_engine(settings.db_url)
+    app.state.series_refresher = SeriesRefresher(app.state.engine, settle_s=settings.series_refresh_settle_s)
     _install_error_handlers(app)
     install_page_error_handlers(app)
     app.include_router(api_router)

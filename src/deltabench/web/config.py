@@ -46,6 +46,8 @@ class Settings:
     dispatch_jobs: bool = True
     # A running job silent for this long is queued again or failed; None: the environment's or the default.
     job_heartbeat_timeout_s: float | None = None
+    # After an ingest, how long the regressions table's refresh waits for more ingests to refresh them together.
+    series_refresh_settle_s: float = 1.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -260,6 +260,11 @@ class RegressionsPublic(BaseModel):
     count: int
     series_scanned: int
     skipped_points: int = Field(0, description="stored points left out as unusable (a timing not finite and positive)")
+    pending_series: int = Field(
+        0,
+        description="series that gained or lost points since their change point was last computed: listed as they "
+        "were, refreshed in the background after ingest",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- comparisons

@@ -402,16 +402,20 @@ def _alert_line(key: queries.SeriesKey, cp: schemas.ChangePointPublic) -> str:
     )
 
 
-def refresh_series_states(session: Session, *, points_per_series: int = REGRESSION_POINTS) -> int:
-    """Recompute the latest change point of every series whose points changed since the last refresh (all of them
-    the first time), from its newest `points_per_series` points, into ``db.series_state``; returns how many."""
+def refresh_series_states(
+    session: Session, *, limit: int | None = None, points_per_series: int = REGRESSION_POINTS
+) -> int:
+    """Recompute the latest change point of up to `limit` series (all when None) marked changed since their last
+    refresh, each from its newest `points_per_series` points, into ``db.series_state``; returns how many.
+
+    The caller's transaction holds the marks it took until it commits: a refresh that fails leaves them marked.
+    Returns 0 without reading anything when another refresh holds the store's refresh lock (PostgreSQL).
+    """
     from deltabench.db import series_state
 
-    if series_state.has_states(session):
-        keys = series_state.take_dirty(session)
-    else:
-        series_state.take_dirty(session)  # every series is read below
-        keys = queries.list_series(session, limit=10**7)
+    if not series_state.lock_refresh(session):
+        return 0
+    keys = series_state.take_dirty(session, limit=limit)
     found, gone = [], []
     for key in keys:
         points = _points(session, key, points_per_series)
@@ -440,12 +444,14 @@ def latest_change_points(
     software versions) is listed once. `only_regressions`: confirmed slowdowns only (a later run shows the new
     level too; the newest run alone never makes a regression).
 
-    Read from ``db.series_state`` after :func:`refresh_series_states` (only the series that gained or lost points
-    since the last view are read again). Each carries the newest annotation made on it (same series, same run).
+    Read from ``db.series_state`` as it stands: this never recomputes (a view after a large ingest would pay for
+    it). The series that gained or lost points since their last refresh are counted in ``pending_series``; the
+    refresh after ingest (``web.series_refresh``) brings them up to date. Each carries the newest annotation made
+    on it (same series, same run).
     """
     from deltabench.db import series_state
 
-    refresh_series_states(session)
+    pending = series_state.pending_count(session)
     since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=since_days)
     rows = series_state.states(session, since=since, op=op, machine_kind=machine_kind, limit=max_series)
     with_change = [(key, state) for key, state in rows if state.change_point is not None]
@@ -486,4 +492,6 @@ def latest_change_points(
         )
     found.sort(key=lambda r: -r.change_point.ratio)
     skipped = sum(state.skipped for _, state in rows)
-    return schemas.RegressionsPublic(data=found, count=len(found), series_scanned=len(rows), skipped_points=skipped)
+    return schemas.RegressionsPublic(
+        data=found, count=len(found), series_scanned=len(rows), skipped_points=skipped, pending_series=pending
+    )

@@ -30,10 +30,12 @@ def _authenticate(engine: Engine, token: str | None) -> None:
         check_token(session, token)
 
 
-def _ingest(engine: Engine, token: str | None, body: schemas.RunsIngest) -> schemas.IngestResponse:
-    with session_scope(engine) as session:
+def _ingest(request: Request, token: str | None, body: schemas.RunsIngest, raw: bytes) -> schemas.IngestResponse:
+    with session_scope(request.app.state.engine) as session:
         check_token(session, token)
-        run_ids, jobs, new_jobs = crud.ingest_batch(session, docs=body.documents)
+        run_ids, jobs, new_jobs = crud.ingest_batch(session, docs=body.documents, raw=raw)
+    if new_jobs:  # committed: the regressions table's refresh reads these results now (web.series_refresh)
+        request.app.state.series_refresher.wake()
     return schemas.IngestResponse(runs=run_ids, jobs=jobs, new_jobs=new_jobs, already_stored_jobs=jobs - new_jobs)
 
 
@@ -65,7 +67,7 @@ async def ingest_runs(
         body = schemas.RunsIngest.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
-    return await run_in_threadpool(_ingest, request.app.state.engine, token, body)
+    return await run_in_threadpool(_ingest, request, token, body, raw)
 
 
 @router.get("", response_model=schemas.RunsPublic, responses=ERRORS)

@@ -48,6 +48,25 @@ def test_a_stream_left_running_fails() -> None:
     assert not cuda_integrity.kernel_time_record(EVENTS_MS, [(0, int(limit_ns) + 1_000)]).passed
 
 
+def test_decode_timer_scopes_agree_within_half_a_microsecond_or_three_percent() -> None:
+    """The decode timer's call scope (CUDA graph) against its kernel scope (CUPTI sum): H200 figures of a one-kernel
+    step (3.30 us a call, 3.12 us of kernel) agree; an adapter's 15.6 us call of 4 kernels summing 4.1 us does not,
+    and the record says why without failing the job."""
+    close = cuda_integrity.timer_agreement_record(3.30, 3.12, 1.0, 75.0)
+    assert close.passed and not close.gating and close.check == "integrity:timer_agreement"
+    assert close.value == pytest.approx(0.18) and close.threshold == 0.5
+    assert "call 3.30 us" in close.detail and "kernel 3.12 us" in close.detail and "host 75.0 us" in close.detail
+    apart = cuda_integrity.timer_agreement_record(15.6, 4.1, 4.0, 90.0)
+    assert not apart.passed and "launch gaps" in apart.detail
+    # the bound: 0.5 us below 16.7 us a call, 3% above it
+    assert cuda_integrity.timer_agreement_record(10.0, 9.51, 1.0, 50.0).passed
+    assert not cuda_integrity.timer_agreement_record(10.0, 9.49, 1.0, 50.0).passed
+    assert cuda_integrity.timer_agreement_record(340.0, 330.0, 1.0, 400.0).passed
+    assert not cuda_integrity.timer_agreement_record(340.0, 329.0, 1.0, 400.0).passed
+    none = cuda_integrity.timer_agreement_record(3.3, None, 0, 75.0, "cupti-python is not installed")
+    assert none.passed and none.value is None and "not available" in none.detail
+
+
 def test_without_cupti_the_record_says_not_available() -> None:
     try:
         import cupti  # noqa: F401

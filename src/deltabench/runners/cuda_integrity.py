@@ -38,12 +38,18 @@ __all__ = [
     "ghost_record",
     "kernel_time_record",
     "synchronize_all",
+    "timer_agreement_record",
 ]
 
 # The kernels' busy time may exceed the events' sum by this share (the events' own resolution, about 0.5 us,
 # and a kernel's launch latency inside a sample) plus this much a call, before work is said to run outside them.
 KERNEL_TIME_TOLERANCE = 0.10
 KERNEL_TIME_SLACK_US = 3.0
+
+# A decode step's CUDA-graph time a call (scope call) and its kernels' CUPTI sum (scope kernel) agree within the
+# larger of these: the events' own resolution spread over a replay's calls, and a share for a launch gap in the graph.
+AGREEMENT_US = 0.5
+AGREEMENT_SHARE = 0.03
 
 
 _record = integrity_record
@@ -99,6 +105,30 @@ def kernel_time_record(
     elif not intervals:
         detail = f"no kernel seen in {len(events_ms)} calls the events timed at {events_ns / 1e6:.3f} ms"
     return _record("kernel_time", "ratio", ratio, 1 + KERNEL_TIME_TOLERANCE, busy <= limit_ns, detail)
+
+
+def timer_agreement_record(
+    call_us: float, kernel_us: float | None, kernels_per_call: float, host_us: float, why_not: str = ""
+) -> CheckRecord:
+    """``integrity:timer_agreement`` of a microsecond timing: the CUDA-graph replay's time a call (`call_us`, scope
+    call) against the CUPTI sum of its kernels' durations a call (`kernel_us`, scope kernel), which must agree within
+    the larger of :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call; `host_us` (a host-synchronised call,
+    scope host) is reported beside them, never held to them. Disagreement flags the figure (the record fails) but
+    is not a wrong answer, so it never fails the job: more call than kernel time is launch gaps between a call's
+    kernels (``kernels_per_call`` > 1) or time outside the kernels; more kernel than call time, kernels running
+    side by side. `kernel_us` None: CUPTI not available (`why_not`), a passing note."""
+    scopes = f"call {call_us:.2f} us (CUDA graph), host {host_us:.1f} us (synchronised each call)"
+    if kernel_us is None:
+        detail = f"{scopes}; kernel time not available: {why_not}"
+        return _record("timer_agreement", "abs_us", None, None, True, detail, gating=False)
+    bound = max(AGREEMENT_US, AGREEMENT_SHARE * call_us)
+    gap = abs(call_us - kernel_us)
+    detail = f"{scopes}, kernel {kernel_us:.2f} us (CUPTI sum of {kernels_per_call:.3g} kernels a call)"
+    if gap > bound:
+        detail += f": the scopes differ by {gap:.2f} us > {bound:.2f}" + (
+            " (launch gaps between the call's kernels are in its call time)" if kernels_per_call > 1.01 else ""
+        )
+    return _record("timer_agreement", "abs_us", gap, bound, gap <= bound, detail, gating=False)
 
 
 class KernelTrace:

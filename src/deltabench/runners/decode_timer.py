@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from . import cuda as cuda_timer
+from .cuda_integrity import KernelTrace, timer_agreement_record
 from .hwstate import hardware_records
 from .timing import Timed, TimerRequest, summarize
 
@@ -41,6 +42,7 @@ __all__ = [
     "time_decode",
     "time_graph_replay",
     "time_job",
+    "timer_agreement",
 ]
 
 _L2_OVERFLOW = 2  # one pass over the copies moves this many times the L2 size
@@ -100,6 +102,23 @@ def time_graph_replay(calls: list[Callable[[], Any]], *, per_replay: int, replay
     """Microseconds per call of `per_replay` calls (cycling through `calls`) captured in one CUDA graph, one sample
     per replay (`replays` of them), with no host synchronisation between calls or replays."""
     return [1e3 * ms for ms in capture_replays(calls, per_replay=per_replay)(replays)]
+
+
+# Replays of the CUPTI pass after the timing (each of the run's calls per replay).
+AGREEMENT_REPLAYS = 5
+
+
+def timer_agreement(measure: Callable[[int], list[float]], per_replay: int, call_us: float, host_us: float) -> Any:
+    """``integrity:timer_agreement`` (runners/cuda_integrity.py): :data:`AGREEMENT_REPLAYS` more replays of
+    `measure` (:func:`capture_replays`' ``measure``, `per_replay` calls a replay) traced by CUPTI, their kernels'
+    summed durations a call against `call_us`, the timing's median a call."""
+    with KernelTrace() as trace:
+        if trace.intervals is None:
+            return timer_agreement_record(call_us, None, 0, host_us, trace.why_not)
+        measure(AGREEMENT_REPLAYS)
+    calls = AGREEMENT_REPLAYS * per_replay
+    kernel_us = sum(end - start for start, end in trace.intervals) / 1e3 / calls
+    return timer_agreement_record(call_us, kernel_us, len(trace.intervals) / calls, host_us)
 
 
 def _host_us(fn: Callable[[], Any], reps: int) -> list[float]:
@@ -167,7 +186,10 @@ def time_job(request: TimerRequest) -> Timed:
         f"decode timer: {per_replay} calls a CUDA-graph replay over {copies} copies of the inputs (L2 overflowed, "
         f"not flushed); a host-synchronised call {host:.1f} us"
     )
-    return Timed(timing, note=note, records=hardware_records(record))
+    agreement = timer_agreement(measure, per_replay, 1e3 * timing.median_ms, host)
+    if not agreement.passed:
+        note += f"; flagged, timer scopes disagree: {agreement.detail}"
+    return Timed(timing, note=note, records=[*hardware_records(record), agreement])
 
 
 def time_decode(impl: Any, case: Any, *, per_replay: int = 200, replays: int = 50) -> DecodeTiming:

@@ -7,7 +7,7 @@ import pytest
 from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl, get_op
 from deltabench.harness.ops import make_case_inputs
-from deltabench.kernels.gdn.triton.decode import gdn_triton_decode
+from deltabench.kernels.gdn.triton.decode import decode_launch, gdn_triton_decode, launch_decode
 from deltabench.references.gdn import gdn_recurrent
 
 
@@ -25,6 +25,38 @@ def test_decode_updates_the_state_it_was_given(T: int, dtype: str) -> None:
     bound = 1e-5 if dtype == "fp32" else 1e-2
     assert ((o.double() - ro).norm() / ro.norm()).item() < bound
     assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("kernel", ["all", "prefetch", "serial"])
+@pytest.mark.parametrize(("T", "BV"), [(1, 16), (5, 16), (8, 32)])
+def test_every_decode_launch_steps_like_the_oracle(kernel: str, T: int, BV: int) -> None:
+    """Each kernel a launch may pick (every token loaded at once, the next one prefetched, token by token), at
+    one, an odd and the most tokens, with V (48) not a multiple of the block: outputs and the state in place."""
+    case = Case("gdn", B=2, T=T, H=3, K=32, V=48, dtype="fp32", mode="decode", regime="long")
+    x = make_case_inputs(get_op("gdn"), case)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ro, rht = gdn_recurrent(*args, initial_state=x["initial_state"])
+    cache, o = x["initial_state"].clone(), x["v"].new_empty(x["v"].shape)
+    launch_decode(*args, cache, o, 32**-0.5, BV=BV, num_warps=1, kernel=kernel)
+    assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
+    assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
+
+
+def test_the_launch_rule_covers_the_served_shapes() -> None:
+    """decode_launch's choices at the decode-h200 shapes are launches launch_decode takes, and its V block never
+    exceeds V's power of two."""
+    kinds = set()
+    for B in (1, 8, 64, 256, 512):
+        for T in (1, 2, 4, 8):
+            launch = decode_launch(B, 16, 128, T)
+            assert launch["kernel"] in ("all", "prefetch") and launch["num_warps"] in (1, 2, 4)
+            kinds.add(launch["kernel"])
+    assert kinds == {"all", "prefetch"}
+    assert decode_launch(512, 16, 16, 1)["BV"] == 16
+    with pytest.raises(ValueError, match="kernel is"):
+        x = make_case_inputs(get_op("gdn"), Case("gdn", B=1, T=1, H=1, K=16, V=16, mode="decode"))
+        args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+        launch_decode(*args, x["initial_state"], x["v"].clone(), 0.25, BV=16, num_warps=1, kernel="fused")
 
 
 def test_decode_refuses_a_state_it_cannot_update() -> None:

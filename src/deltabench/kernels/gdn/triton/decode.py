@@ -1,20 +1,125 @@
 """Gated DeltaNet decode step in Triton (impl ``triton_decode``): one launch per step of T = 1..8 new tokens.
 
-The kernel is :mod:`.fused_recurrent`'s: one program per (V block, batch*head) loads its ``[K, BV]`` slice of the
-float32 state, and per token applies the gate (decay) first, then the delta update, then the output; the slice is
-stored back into the very buffer it was read from (each program reads its slice whole before it writes it, and no
-two programs share one), so the state cache is updated in place and no new state is allocated.
+One program per (V block, batch*head) loads its ``[K, BV]`` slice of the float32 state, and per token applies the
+gate (decay) first, then the delta update, then the output; the slice is stored back into the very buffer it was read
+from (each program reads its slice whole before it writes it, and no two programs share one), so the state cache is
+updated in place and no new state is allocated. Two kernels: :func:`decode_step_kernel` loads every token's inputs
+with the state at once; :mod:`.fused_recurrent`'s walks the tokens, prefetching the next. :func:`decode_launch`
+picks the kernel, V block and warps by the step's shape.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 from ...common.decode import require_state_cache
 from .fused_recurrent import fused_recurrent_fwd_kernel
 
-__all__ = ["gdn_triton_decode"]
+__all__ = ["decode_launch", "decode_step_kernel", "gdn_triton_decode", "launch_decode"]
+
+
+@triton.jit
+def decode_step_kernel(
+    q, k, v, g, beta, state, o,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """One (V block, batch*head) of a decode step of T <= BT tokens: every token's inputs and the state slice are
+    loaded at once (one memory latency, not one a token), the tokens stepped in registers, then the outputs and the
+    state stored once."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rt = tl.arange(0, BT)
+    mk = rk < K
+    mv = rv < V
+    mt = rt < T
+    rows = (i_b * T + rt).to(tl.int64) * H + i_h
+    kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    gg = tl.load(g + rows, mask=mt, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rows, mask=mt, other=0.0).to(tl.float32)
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    mkv = mk[:, None] & mv[None, :]
+    S = tl.load(state + state_off, mask=mkv, other=0.0)
+    out = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in range(T):
+        sel = rt == t
+        kt = tl.sum(tl.where(sel[:, None], kk, 0.0), axis=0)
+        qt = tl.sum(tl.where(sel[:, None], qq, 0.0), axis=0) * scale
+        vt = tl.sum(tl.where(sel[:, None], vv, 0.0), axis=0)
+        S = S * tl.exp(tl.sum(tl.where(sel, gg, 0.0)))
+        ut = tl.sum(tl.where(sel, bb, 0.0)) * (vt - tl.sum(S * kt[:, None], axis=0))
+        S += kt[:, None] * ut[None, :]
+        ot = tl.sum(S * qt[:, None], axis=0)
+        out = tl.where(sel[:, None], ot[None, :], out)
+    tl.store(o + rows[:, None] * V + rv[None, :], out.to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+    tl.store(state + state_off, S, mask=mkv)
+
+
+def decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | str]:
+    """The decode launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: kernel, V block and
+    warps, from benchmarks/gpu/decode_tune.py's sweep on the H200 (NOTES.md). One warp a program once a step has
+    several tokens: each token's two reductions over K then stay inside the warp, and many one-warp programs hide
+    each other's latency. Wide V blocks when B*H heads fill the machine anyway (fewer, longer state streams); small
+    ones when they are few. Past 4 tokens the loaded-at-once kernel holds too much in registers: the token-serial
+    one, each token's inputs prefetched, is faster there."""
+    heads = B * H
+    if T > 4:
+        launch = {"kernel": "prefetch" if heads >= 1024 else "all", "BV": 16, "num_warps": 1}
+    elif T > 2:
+        launch = {"kernel": "all", "BV": 32 if heads >= 1024 else 16, "num_warps": 1}
+    elif heads >= 4096:
+        launch = {"kernel": "all", "BV": 64, "num_warps": 2}
+    elif heads >= 1024:
+        launch = {"kernel": "all", "BV": 32, "num_warps": 1}
+    else:
+        launch = {"kernel": "all", "BV": 16, "num_warps": 4 if T == 1 else 1}
+    launch["BV"] = min(int(launch["BV"]), max(16, triton.next_power_of_2(V)))
+    return launch
+
+
+def launch_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    o: torch.Tensor,
+    scale: float,
+    *,
+    BV: int,
+    num_warps: int,
+    kernel: str = "all",
+) -> None:
+    """One decode launch on contiguous inputs: `state` (``[B, H, K, V]`` float32) updated in place, `o` written.
+    `kernel`: ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once), ``prefetch`` or ``serial``
+    (the token-serial kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update,
+    or after it)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK = max(16, triton.next_power_of_2(K))
+    grid = (triton.cdiv(V, BV), B * H)
+    if kernel == "all":
+        decode_step_kernel[grid](
+            q, k, v, g, beta, state, o, scale, T,
+            H=H, K=K, V=V, BK=BK, BV=BV, BT=max(2, triton.next_power_of_2(T)), num_warps=num_warps, num_stages=1,
+        )  # fmt: skip
+        return
+    if kernel not in ("prefetch", "serial"):
+        raise ValueError(f"kernel is 'all', 'prefetch' or 'serial', got {kernel!r}")
+    fused_recurrent_fwd_kernel[grid](
+        q, k, v, g, beta, state, o, state, scale, T,
+        H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True, PREFETCH=kernel == "prefetch",
+        num_warps=num_warps, num_stages=1,
+    )  # fmt: skip
 
 
 def gdn_triton_decode(
@@ -30,17 +135,9 @@ def gdn_triton_decode(
     (``[B, H, K, V]`` float32 contiguous, updated in place and returned); o ``[B, T, H, V]`` in v's dtype."""
     state = require_state_cache(initial_state)
     B, T, H, K = q.shape
-    V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
     q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()
     o = torch.empty_like(v)
-    BK = max(16, triton.next_power_of_2(K))
-    # Small V blocks: a decode step at B = 1 has only H heads, and B*H*V/BV programs must fill the machine.
-    BV = 16
     with torch.no_grad():
-        fused_recurrent_fwd_kernel[(triton.cdiv(V, BV), B * H)](
-            q, k, v, g, beta, state, o, state, scale, T,
-            H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True,
-            num_warps=4, num_stages=2,
-        )  # fmt: skip
+        launch_decode(q, k, v, g, beta, state, o, scale, **decode_launch(B, H, v.shape[-1], T))
     return o, state

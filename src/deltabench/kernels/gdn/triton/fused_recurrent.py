@@ -25,9 +25,10 @@ def fused_recurrent_fwd_kernel(
     q, k, v, g, beta, h0, o, ht,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREFETCH: tl.constexpr = True,
 ):  # fmt: skip
-    """Walk the tokens of one (batch, head) for one block of V columns."""
+    """Walk the tokens of one (batch, head) for one block of V columns. With PREFETCH the next token's inputs are
+    loaded before this token's update, so their memory latency hides behind it instead of stalling every token."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -38,23 +39,39 @@ def fused_recurrent_fwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    row = (i_b * T).to(tl.int64) * H + i_h
+    kt = tl.load(k + row * K + rk, mask=mk, other=0.0).to(tl.float32)
+    qt = tl.load(q + row * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
+    vt = tl.load(v + row * V + rv, mask=mv, other=0.0).to(tl.float32)
+    gt = tl.load(g + row).to(tl.float32)
+    bt = tl.load(beta + row).to(tl.float32)
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
-    row = (i_b * T).to(tl.int64) * H + i_h
+    last = row + (T - 1) * H
     for _ in range(T):
-        kt = tl.load(k + row * K + rk, mask=mk, other=0.0).to(tl.float32)
-        qt = tl.load(q + row * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
-        vt = tl.load(v + row * V + rv, mask=mv, other=0.0).to(tl.float32)
-        gt = tl.load(g + row).to(tl.float32)
-        bt = tl.load(beta + row).to(tl.float32)
+        nxt = tl.minimum(row + H, last)  # past the last token: that token again, never read out of bounds
+        if PREFETCH:
+            kn = tl.load(k + nxt * K + rk, mask=mk, other=0.0).to(tl.float32)
+            qn = tl.load(q + nxt * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
+            vn = tl.load(v + nxt * V + rv, mask=mv, other=0.0).to(tl.float32)
+            gn = tl.load(g + nxt).to(tl.float32)
+            bn = tl.load(beta + nxt).to(tl.float32)
         S = S * tl.exp(gt)
         ut = bt * (vt - tl.sum(S * kt[:, None], axis=0))
         S += kt[:, None] * ut[None, :]
         ot = tl.sum(S * qt[:, None], axis=0)
         tl.store(o + row * V + rv, ot.to(o.dtype.element_ty), mask=mv)
-        row += H
+        if PREFETCH:
+            kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
+        else:
+            kt = tl.load(k + nxt * K + rk, mask=mk, other=0.0).to(tl.float32)
+            qt = tl.load(q + nxt * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
+            vt = tl.load(v + nxt * V + rv, mask=mv, other=0.0).to(tl.float32)
+            gt = tl.load(g + nxt).to(tl.float32)
+            bt = tl.load(beta + nxt).to(tl.float32)
+        row = nxt
     if STORE_FINAL:
         tl.store(ht + state_off, S, mask=mkv)
 

@@ -1,0 +1,134 @@
+"""Launch sweep for deltabench's Triton decode kernel (kernels/gdn/triton/decode.py) beside FLA's, on one GPU.
+
+    python benchmarks/gpu/decode_tune.py [--batch 1,8,64,256,512] [--tokens 1,2,4,8] [--fla]
+
+For each (B, T) at H = 16, K = V = 128 (bf16 inputs, float32 state updated in place) every launch of the sweep
+(kernel: every token loaded at once, the next token prefetched, or token by token; V block; warps) is first checked
+against a float64 step from the same state on the GPU (state rel. Frobenius error <= 1e-4, the bf16 output <= 1e-2),
+then timed by the decode timer's CUDA-graph replay over enough input copies to overflow L2
+(runners/decode_timer.py), as a run times it. Printed per shape: the current launch (``decode_launch``), the best
+of the sweep, FLA's fused recurrent kernel (``--fla``), and the state traffic's share of the measured copy ceiling.
+Floor: a step reads and writes B*H*K*V float32 once, whatever T (2 * 512 * 16 * 128 * 128 * 4 B = 1.07 GB at
+B = 512: 262 us at 4,099 GB/s); the tokens add under 3% of it.
+Nothing is stored: the decisions go to benchmarks/NOTES.md, the published figures come from the decode-h200 suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deltabench.kernels.gdn.triton.decode import decode_launch, launch_decode
+from deltabench.runners.ceilings import measure_ceilings
+from deltabench.runners.decode_timer import calls_per_replay, rotation_copies, time_graph_replay
+
+H, K, V = 16, 128, 128
+SCALE = K**-0.5
+
+
+def _inputs(B: int, T: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=g)
+
+    k = torch.nn.functional.normalize(rand(B, T, H, K), dim=-1)
+    return {
+        "q": rand(B, T, H, K).bfloat16(), "k": k.bfloat16(), "v": rand(B, T, H, V).bfloat16(),
+        "g": -0.1 * torch.rand(B, T, H, device="cuda", generator=g), "beta": torch.rand(B, T, H, device="cuda",
+                                                                                       generator=g),
+        "state": 0.1 * rand(B, H, K, V),
+    }  # fmt: skip
+
+
+def _float64_step(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    S = x["state"].double().clone()
+    outs = []
+    for t in range(x["q"].shape[1]):
+        S = S * x["g"][:, t].double().exp()[..., None, None]
+        kt = x["k"][:, t].double()
+        u = x["beta"][:, t].double()[..., None] * (x["v"][:, t].double() - torch.einsum("bhk,bhkv->bhv", kt, S))
+        S = S + kt[..., None] * u[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", x["q"][:, t].double() * SCALE, S))
+    return torch.stack(outs, 1), S
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _ours(x: dict[str, torch.Tensor], launch: dict[str, Any]) -> Callable[[], Any]:
+    o = torch.empty_like(x["v"])
+
+    def call() -> None:
+        launch_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], o, SCALE, **launch)
+
+    return call
+
+
+def _fla(x: dict[str, torch.Tensor]) -> Callable[[], Any]:
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    def call() -> Any:
+        return fused_recurrent_gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], scale=SCALE, initial_state=x["state"], output_final_state=True
+        )
+
+    return call
+
+
+def _time(make: Callable[[dict[str, torch.Tensor]], Callable[[], Any]], B: int, T: int) -> float:
+    """Median microseconds a call, the calls rotating over enough input copies to overflow L2."""
+    step_bytes = 2 * B * H * K * V * 4 + B * T * H * (2 * K + 2 * V) * 2
+    copies = rotation_copies(step_bytes, torch.cuda.get_device_properties(0).L2_cache_size)
+    calls = [make(_inputs(B, T, seed)) for seed in range(copies)]
+    return statistics.median(time_graph_replay(calls, per_replay=calls_per_replay(copies), replays=15))
+
+
+def sweep(B: int, T: int) -> list[dict[str, Any]]:
+    """Every launch of the sweep that passes its check at (B, T), with its microseconds, fastest first."""
+    rows = []
+    blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
+    ref_o, ref_s = _float64_step(_inputs(B, T, 12345))
+    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("all", "prefetch", "serial")):
+        launch = {"BV": BV, "num_warps": warps, "kernel": kernel}
+        x = _inputs(B, T, 12345)
+        o = torch.empty_like(x["v"])
+        launch_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], o, SCALE, **launch)
+        o_err, s_err = _rel(o.float(), ref_o), _rel(x["state"], ref_s)
+        if not (o_err <= 1e-2 and s_err <= 1e-4):  # o is bf16: its rounding alone is ~3e-3
+            print(f"  B{B} T{T} {launch}: WRONG o {o_err:.1e} state {s_err:.1e}", flush=True)
+            continue
+        rows.append({**launch, "us": _time(lambda x, launch=launch: _ours(x, launch), B, T)})
+    return sorted(rows, key=lambda r: r["us"])
+
+
+def main() -> None:
+    """Sweep each shape and print the current launch, the best one and FLA's time."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", default="1,8,64,256,512")
+    parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--fla", action="store_true", help="time FLA's fused_recurrent_gated_delta_rule beside")
+    args = parser.parse_args()
+    copy_gbps = measure_ceilings("cuda")["copy_gbps"]
+    print(f"copy ceiling {copy_gbps:.0f} GB/s (read+write)")
+    print(f"{'B':>4} {'T':>2} {'current us':>10} {'best us':>8} {'best launch':34} {'fla us':>8} {'% copy':>6}  top 3")
+    for B, T in itertools.product((int(b) for b in args.batch.split(",")), (int(t) for t in args.tokens.split(","))):
+        rows = sweep(B, T)
+        current = decode_launch(B, H, V, T)
+        now = next((r["us"] for r in rows if all(r[n] == current[n] for n in current)), float("nan"))
+        best = rows[0]
+        fla = _time(_fla, B, T) if args.fla else float("nan")
+        pct = 100 * 2 * B * H * K * V * 4 / (best["us"] * 1e-6) / (copy_gbps * 1e9)
+        launch = f"{best['kernel']} BV{best['BV']} w{best['num_warps']}"
+        top = ", ".join(f"{r['kernel']} BV{r['BV']} w{r['num_warps']} {r['us']:.2f}" for r in rows[:3])
+        print(f"{B:4d} {T:2d} {now:10.2f} {best['us']:8.2f} {launch:34} {fla:8.2f} {pct:6.0f}  {top}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

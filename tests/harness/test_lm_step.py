@@ -110,7 +110,10 @@ def _stale_state(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any =
 
 @pytest.mark.parametrize(
     "mixer, expected",
-    [(_no_decay, {"output", "grad:embed", "grad:a_log"}), (_stale_state, {"output", "grad:initial_state"})],
+    [
+        (_no_decay, {"output", "grad:embed", "grad:a_log"}),
+        (_stale_state, {"output", "grad:initial_state", "boundary:output"}),
+    ],
     ids=["decay-dropped", "initial-state-ignored"],
 )
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

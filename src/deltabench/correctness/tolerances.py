@@ -162,6 +162,14 @@ OP_SCALES: dict[tuple[str, str], dict[str, float]] = {
         # (every lm_step impl wraps a gated impl of gdn, gdn2 or kda); this gate catches the model's wiring (a
         # dropped decay measures 2.3, an ignored initial state 1) and the optimizer step (`loss falls`).
         "gradient": 2.0,
+        # Split on a chunk boundary, a model does not repeat its arithmetic as a mixer does: its projections run as
+        # GEMMs of T1 and T - T1 rows instead of T, which the GPU's BLAS computes (and rounds to bf16) by a kernel
+        # chosen per shape, and each layer passes that rounding on through the carried conv and recurrent states.
+        # On an H200 at e2e-h200's shapes (2026-12-04, regime long, initial state): triton_chunk 1.93e-3 (D1024 x
+        # 4) and 5.14e-3 (D2048 x 8), FLA's chunk kernel 2.05e-3 (D1024 x 4): all over the mixer's 1e-3. Ten times
+        # it is the streaming bound (same impl, two schedules), 1.95x over the worst; a state lost at the split
+        # measures about 1 (an ignored initial state).
+        "boundary": 10.0,
     },
 }
 

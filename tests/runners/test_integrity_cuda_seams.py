@@ -5,6 +5,9 @@ Triton launches under the Triton interpreter."""
 from __future__ import annotations
 
 import os
+import sys
+import types
+from typing import Any
 
 import pytest
 import torch
@@ -157,3 +160,44 @@ def test_the_wall_clock_record_lets_the_timer_leave_out_only_the_samples_it_decl
     assert not wall(kept, 1).passed
     changed = summarize([samples[0] * 0.5, *samples[1:3], *samples[5:]], clock="cpu_monotonic")
     assert "not the ones measured" in wall(changed, 2).detail
+
+
+class _FakeCupti:
+    """CUPTI's activity API as cupti-python exposes it, with a device that ran one kernel and one copy; `refuse`
+    names the activity kinds it will not enable."""
+
+    class ActivityKind:
+        CONCURRENT_KERNEL, MEMCPY, MEMSET = "CONCURRENT_KERNEL", "MEMCPY", "MEMSET"
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.refuse, self.enabled = refuse, []
+
+    def activity_register_callbacks(self, requested: Any, completed: Any) -> None:
+        self.completed = completed
+
+    def activity_enable(self, kind: str) -> None:
+        if kind in self.refuse:
+            raise RuntimeError(f"{kind} not supported")
+        self.enabled.append(kind)
+
+    def activity_disable(self, kind: str) -> None:
+        self.enabled.remove(kind)
+
+    def activity_flush_all(self, flag: int) -> None:
+        ran = [("CONCURRENT_KERNEL", 0, 2_000), ("MEMCPY", 2_500, 262_000), ("MEMSET", 300_000, 300_100)]
+        self.completed([types.SimpleNamespace(kind=k, start=a, end=b) for k, a, b in ran])
+
+
+@pytest.mark.parametrize(("refuse", "traced"), [((), 3), (("MEMCPY", "MEMSET"), 1)])
+def test_the_trace_holds_copies_where_cupti_takes_them(
+    monkeypatch: pytest.MonkeyPatch, refuse: tuple[str, ...], traced: int
+) -> None:
+    """A state cloned by a copy is device work of the call (torch_decode's 260 us at B 512 were one): traced with
+    the kernels; where CUPTI refuses copies, the kernels are still traced, and every kind is disabled after."""
+    fake = _FakeCupti(refuse)
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=fake))
+    monkeypatch.setattr(cuda_integrity, "synchronize_all", lambda: None)
+    with cuda_integrity.KernelTrace() as trace:
+        pass
+    assert trace.intervals is not None and len(trace.intervals) == traced
+    assert trace.kinds[0] == "concurrent_kernel" and len(trace.kinds) == traced and fake.enabled == []

@@ -111,7 +111,8 @@ def timer_agreement_record(
     call_us: float, kernel_us: float | None, kernels_per_call: float, host_us: float, why_not: str = ""
 ) -> CheckRecord:
     """``integrity:timer_agreement`` of a microsecond timing: the CUDA-graph replay's time a call (`call_us`, scope
-    call) against the CUPTI sum of its kernels' durations a call (`kernel_us`, scope kernel), which must agree within
+    call) against the CUPTI sum of its kernels' and copies' durations a call (`kernel_us`, scope kernel), which must
+    agree within
     the larger of :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call; `host_us` (a host-synchronised call,
     scope host) is reported beside them, never held to them. Disagreement flags the figure (the record fails) but
     is not a wrong answer, so it never fails the job: more call than kernel time is launch gaps between a call's
@@ -123,7 +124,7 @@ def timer_agreement_record(
         return _record("timer_agreement", "abs_us", None, None, True, detail, gating=False)
     bound = max(AGREEMENT_US, AGREEMENT_SHARE * call_us)
     gap = abs(call_us - kernel_us)
-    detail = f"{scopes}, kernel {kernel_us:.2f} us (CUPTI sum of {kernels_per_call:.3g} kernels a call)"
+    detail = f"{scopes}, kernel {kernel_us:.2f} us (CUPTI sum of {kernels_per_call:.3g} kernels and copies a call)"
     if gap > bound:
         detail += f": the scopes differ by {gap:.2f} us > {bound:.2f}" + (
             " (launch gaps between the call's kernels are in its call time)" if kernels_per_call > 1.01 else ""
@@ -132,14 +133,18 @@ def timer_agreement_record(
 
 
 class KernelTrace:
-    """Every kernel's ``(start, end)`` on the device while in use (``with KernelTrace() as trace``), from CUPTI's
-    activity API through cupti-python (``pip install cupti-python``). :attr:`why_not` says why there is no trace
-    (cupti-python absent, or CUPTI refused); :attr:`intervals` is then None."""
+    """Every kernel's, copy's and fill's ``(start, end)`` on the device while in use (``with KernelTrace() as
+    trace``), from CUPTI's activity API through cupti-python (``pip install cupti-python``): a copy (a state cloned
+    with ``cudaMemcpyAsync``) is device work a call does as much as a kernel is. :attr:`why_not` says why there is
+    no trace (cupti-python absent, or CUPTI refused kernels); :attr:`intervals` is then None. Copies and fills are
+    traced where CUPTI takes them (:attr:`kinds` names what was)."""
 
     def __init__(self) -> None:
         self.intervals: list[tuple[int, int]] | None = None
         self.why_not = ""
+        self.kinds: list[str] = []
         self._cupti: Any = None
+        self._enabled: list[Any] = []
 
     def __enter__(self) -> KernelTrace:
         try:
@@ -148,21 +153,32 @@ class KernelTrace:
             self.why_not = "cupti-python is not installed (pip install cupti-python)"
             return self
         found: list[tuple[int, int]] = []
+        kinds = cupti.ActivityKind
+        wanted = [kinds.CONCURRENT_KERNEL, *(getattr(kinds, n, None) for n in ("MEMCPY", "MEMSET"))]
 
         def requested() -> tuple[int, int]:
             return 8 * 2**20, 0  # buffer bytes, records (0: as many as fit)
 
         def completed(activities: Any) -> None:
             for a in activities:
-                if a.kind == cupti.ActivityKind.CONCURRENT_KERNEL:
+                if a.kind in self._enabled:
                     found.append((int(a.start), int(a.end)))
 
         try:
             cupti.activity_register_callbacks(requested, completed)
-            cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            cupti.activity_enable(kinds.CONCURRENT_KERNEL)
         except Exception as exc:  # an older driver, another profiler attached
             self.why_not = f"CUPTI refused: {type(exc).__name__}: {exc}"
             return self
+        self._enabled = [kinds.CONCURRENT_KERNEL]
+        for kind in wanted[1:]:
+            try:
+                if kind is not None:
+                    cupti.activity_enable(kind)
+                    self._enabled.append(kind)
+            except Exception:  # kernels alone still answer what kernel_time asks
+                continue
+        self.kinds = [str(getattr(k, "name", k)).lower() for k in self._enabled]
         self._cupti, self.intervals = cupti, found
         return self
 
@@ -173,7 +189,8 @@ class KernelTrace:
         try:
             synchronize_all()
             cupti.activity_flush_all(1)
-            cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            for kind in self._enabled:
+                cupti.activity_disable(kind)
         except Exception as err:
             self.intervals, self.why_not = None, f"CUPTI flush failed: {type(err).__name__}: {err}"
 

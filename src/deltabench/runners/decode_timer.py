@@ -108,16 +108,19 @@ def time_graph_replay(calls: list[Callable[[], Any]], *, per_replay: int, replay
 AGREEMENT_REPLAYS = 5
 
 
-def timer_agreement(measure: Callable[[int], list[float]], per_replay: int, call_us: float, host_us: float) -> Any:
+def timer_agreement(measure: Callable[[int], list[float]], per_replay: int, timed_us: float, host_us: float) -> Any:
     """``integrity:timer_agreement`` (runners/cuda_integrity.py): :data:`AGREEMENT_REPLAYS` more replays of
-    `measure` (:func:`capture_replays`' ``measure``, `per_replay` calls a replay) traced by CUPTI, their kernels'
-    summed durations a call against `call_us`, the timing's median a call."""
+    `measure` (:func:`capture_replays`' ``measure``, `per_replay` calls a replay) traced by CUPTI; their events' time
+    a call against the summed durations of the device work (kernels, copies, fills) they traced. The same replays on
+    both sides: a GPU whose clocks moved since the timing (`timed_us`, its median a call) does not read as a timer
+    that disagrees."""
     with KernelTrace() as trace:
         if trace.intervals is None:
-            return timer_agreement_record(call_us, None, 0, host_us, trace.why_not)
-        measure(AGREEMENT_REPLAYS)
+            return timer_agreement_record(timed_us, None, 0, host_us, trace.why_not)
+        per_call_ms = measure(AGREEMENT_REPLAYS)
     calls = AGREEMENT_REPLAYS * per_replay
     kernel_us = sum(end - start for start, end in trace.intervals) / 1e3 / calls
+    call_us = 1e3 * sum(per_call_ms) / len(per_call_ms)
     return timer_agreement_record(call_us, kernel_us, len(trace.intervals) / calls, host_us)
 
 

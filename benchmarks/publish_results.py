@@ -88,7 +88,8 @@ TABLES: tuple[Table, ...] = (
         "passed. Each timed job also records its kernels' CUPTI sum (integrity:timer_agreement, in the JSON "
         "and the dashboard): one-kernel steps agree with the graph time within 0.5 us or 3%, "
         "except triton_decode at B512 T8 and triton_recurrent at B512 T4, whose traced kernels ran 6-15% longer "
-        "than the timed replays before them; "
+        "than the timed replays before them: those jobs ran at the GPU's power cap (694 W, SM clock 1620-1710 "
+        "MHz, their hardware:throttle records); "
         "steps of several kernels (FlashInfer's adapters, the torch references) differ by their launch gaps. "
         "triton_decode's state traffic reaches 89-97% of the copy ceiling at T 1, 83-92% at T 4, 52-63% at T 8.",
     ),

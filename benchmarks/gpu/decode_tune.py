@@ -1,15 +1,15 @@
-"""Launch sweep for deltabench's Triton decode kernel (kernels/gdn/triton/decode.py) beside FLA's, on one GPU.
+"""Launch sweep for deltabench's Triton decode kernel (kernels/gdn/triton/decode.py), on one GPU.
 
-    python benchmarks/gpu/decode_tune.py [--batch 1,8,64,256,512] [--tokens 1,2,4,8] [--fla]
+    python benchmarks/gpu/decode_tune.py [--batch 1,8,64,256,512] [--tokens 1,2,4,8]
 
 For each (B, T) at H = 16, K = V = 128 (bf16 inputs, float32 state updated in place) every launch of the sweep
-(kernel: every token loaded at once, the next token prefetched, or token by token; V block; warps) is first checked
-against a float64 step from the same state on the GPU (state rel. Frobenius error <= 1e-4, the bf16 output <= 1e-2),
-then timed by the decode timer's CUDA-graph replay over enough input copies to overflow L2
-(runners/decode_timer.py), as a run times it. Printed per shape: the current launch (``decode_launch``), the best
-of the sweep, FLA's fused recurrent kernel (``--fla``), and the state traffic's share of the measured copy ceiling.
-Floor: a step reads and writes B*H*K*V float32 once, whatever T (2 * 512 * 16 * 128 * 128 * 4 B = 1.07 GB at
-B = 512: 262 us at 4,099 GB/s); the tokens add under 3% of it.
+(kernel: the tokens as one chunk, every token loaded at once, the next token prefetched, or token by token; V block;
+warps) is first checked against a float64 step from the same state on the GPU (state rel. Frobenius error <= 1e-4,
+the bf16 output <= 1e-2), then timed by the decode timer's CUDA-graph replay over enough input copies to overflow
+L2 (runners/decode_timer.py), as a run times it. Printed per shape: the current launch (``decode_launch``), the
+best of the sweep and its top three, and the state traffic's share of the measured copy ceiling. FLA's kernel is
+timed beside ours by the decode-h200 suite, not here. Floor: a step reads and writes B*H*K*V float32 once, whatever
+T (2 * 512 * 16 * 128 * 128 * 4 B = 1.07 GB at B = 512: 262 us at 4,099 GB/s); the tokens add under 3% of it.
 Nothing is stored: the decisions go to benchmarks/NOTES.md, the published figures come from the decode-h200 suite.
 """
 
@@ -71,17 +71,6 @@ def _ours(x: dict[str, torch.Tensor], launch: dict[str, Any]) -> Callable[[], An
     return call
 
 
-def _fla(x: dict[str, torch.Tensor]) -> Callable[[], Any]:
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
-    def call() -> Any:
-        return fused_recurrent_gated_delta_rule(
-            x["q"], x["k"], x["v"], x["g"], x["beta"], scale=SCALE, initial_state=x["state"], output_final_state=True
-        )
-
-    return call
-
-
 def _time(make: Callable[[dict[str, torch.Tensor]], Callable[[], Any]], B: int, T: int) -> float:
     """Median microseconds a call, the calls rotating over enough input copies to overflow L2."""
     step_bytes = 2 * B * H * K * V * 4 + B * T * H * (2 * K + 2 * V) * 2
@@ -95,7 +84,7 @@ def sweep(B: int, T: int) -> list[dict[str, Any]]:
     rows = []
     blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
     ref_o, ref_s = _float64_step(_inputs(B, T, 12345))
-    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("all", "prefetch", "serial")):
+    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("chunk", "all", "prefetch", "serial")):
         launch = {"BV": BV, "num_warps": warps, "kernel": kernel}
         x = _inputs(B, T, 12345)
         o = torch.empty_like(x["v"])
@@ -113,21 +102,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="1,8,64,256,512")
     parser.add_argument("--tokens", default="1,2,4,8")
-    parser.add_argument("--fla", action="store_true", help="time FLA's fused_recurrent_gated_delta_rule beside")
     args = parser.parse_args()
     copy_gbps = measure_ceilings("cuda")["copy_gbps"]
     print(f"copy ceiling {copy_gbps:.0f} GB/s (read+write)")
-    print(f"{'B':>4} {'T':>2} {'current us':>10} {'best us':>8} {'best launch':34} {'fla us':>8} {'% copy':>6}  top 3")
+    print(f"{'B':>4} {'T':>2} {'current us':>10} {'best us':>8} {'best launch':34} {'% copy':>6}  top 3")
     for B, T in itertools.product((int(b) for b in args.batch.split(",")), (int(t) for t in args.tokens.split(","))):
         rows = sweep(B, T)
         current = decode_launch(B, H, V, T)
         now = next((r["us"] for r in rows if all(r[n] == current[n] for n in current)), float("nan"))
         best = rows[0]
-        fla = _time(_fla, B, T) if args.fla else float("nan")
         pct = 100 * 2 * B * H * K * V * 4 / (best["us"] * 1e-6) / (copy_gbps * 1e9)
         launch = f"{best['kernel']} BV{best['BV']} w{best['num_warps']}"
         top = ", ".join(f"{r['kernel']} BV{r['BV']} w{r['num_warps']} {r['us']:.2f}" for r in rows[:3])
-        print(f"{B:4d} {T:2d} {now:10.2f} {best['us']:8.2f} {launch:34} {fla:8.2f} {pct:6.0f}  {top}", flush=True)
+        print(f"{B:4d} {T:2d} {now:10.2f} {best['us']:8.2f} {launch:34} {pct:6.0f}  {top}", flush=True)
 
 
 if __name__ == "__main__":

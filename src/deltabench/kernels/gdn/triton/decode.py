@@ -17,7 +17,7 @@ import triton.language as tl
 from ...common.decode import require_state_cache
 from .fused_recurrent import fused_recurrent_fwd_kernel
 
-__all__ = ["decode_launch", "decode_step_kernel", "gdn_triton_decode", "launch_decode"]
+__all__ = ["decode_chunk_kernel", "decode_launch", "decode_step_kernel", "gdn_triton_decode", "launch_decode"]
 
 
 @triton.jit
@@ -63,6 +63,67 @@ def decode_step_kernel(
     tl.store(state + state_off, S, mask=mkv)
 
 
+@triton.jit
+def decode_chunk_kernel(
+    q, k, v, g, beta, state, o,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One (V block, batch*head) of a decode step of T <= 16 tokens as one chunk of the chunked form: the tokens'
+    products with the state (K S, Q S) and the state's update (K^T U) as matrix products over all tokens at once,
+    and only the T x T triangular solve for the new values U token by token. Every product touching the state is
+    3xTF32 (float32-accurate), so the state keeps float32 accuracy over many steps.
+
+    With cumulative log-decays c_t, D_ij = exp(c_i - c_j) (j <= i), and S0 the state before the step::
+
+        U = (I + tril(beta K K^T * D, -1))^-1 beta (V - exp(c) * K S0)
+        O = scale (exp(c) * Q S0 + tril(Q K^T * D) U)
+        S = exp(c_T) S0 + K^T (exp(c_T - c) * U)
+    """
+    BT: tl.constexpr = 16
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rt = tl.arange(0, BT)
+    mk = rk < K
+    mv = rv < V
+    mt = rt < T
+    rows = (i_b * T + rt).to(tl.int64) * H + i_h
+    kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    gg = tl.load(g + rows, mask=mt, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rows, mask=mt, other=0.0).to(tl.float32)
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    mkv = mk[:, None] & mv[None, :]
+    S = tl.load(state + state_off, mask=mkv, other=0.0)
+
+    c = tl.cumsum(gg, axis=0)  # padded tokens add 0: c stays at the last token's
+    c_last = tl.sum(tl.where(rt == T - 1, c, 0.0))
+    lower = rt[:, None] > rt[None, :]
+    decay = tl.where(rt[:, None] >= rt[None, :], tl.exp(c[:, None] - c[None, :]), 0.0)
+    ks = tl.dot(kk, S, input_precision="tf32x3")
+    qs = tl.dot(qq, S, input_precision="tf32x3")
+    kkt = tl.dot(kk, tl.trans(kk), input_precision="tf32x3")
+    qkt = tl.dot(qq, tl.trans(kk), input_precision="tf32x3")
+    a = tl.where(lower, bb[:, None] * kkt * decay, 0.0)
+    r = bb[:, None] * (vv - tl.exp(c)[:, None] * ks)
+    u = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in range(T):  # forward substitution: u_t = r_t - sum_{j<t} a_tj u_j
+        sel = rt == t
+        a_t = tl.sum(tl.where(sel[:, None], a, 0.0), axis=0)
+        u_t = tl.sum(tl.where(sel[:, None], r, 0.0), axis=0) - tl.sum(a_t[:, None] * u, axis=0)
+        u = tl.where(sel[:, None], u_t[None, :], u)
+    out = tl.exp(c)[:, None] * qs + tl.dot(qkt * decay, u, input_precision="tf32x3")
+    tl.store(o + rows[:, None] * V + rv[None, :], (scale * out).to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+    w = tl.where(mt, tl.exp(c_last - c), 0.0)
+    S = S * tl.exp(c_last) + tl.dot(tl.trans(kk * w[:, None]), u, input_precision="tf32x3")
+    tl.store(state + state_off, S, mask=mkv)
+
+
 def decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | str]:
     """The decode launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: kernel, V block and
     warps, from benchmarks/gpu/decode_tune.py's sweep on the H200 (NOTES.md). One warp a program once a step has
@@ -100,13 +161,22 @@ def launch_decode(
     kernel: str = "all",
 ) -> None:
     """One decode launch on contiguous inputs: `state` (``[B, H, K, V]`` float32) updated in place, `o` written.
-    `kernel`: ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once), ``prefetch`` or ``serial``
+    `kernel`: ``chunk`` (:func:`decode_chunk_kernel`: the tokens as one chunk, matrix products on tensor cores),
+    ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once), ``prefetch`` or ``serial``
     (the token-serial kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update,
     or after it)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK = max(16, triton.next_power_of_2(K))
     grid = (triton.cdiv(V, BV), B * H)
+    if kernel == "chunk":
+        if T > 16:
+            raise ValueError(f"the chunk kernel steps at most 16 tokens, got T={T}")
+        decode_chunk_kernel[grid](
+            q, k, v, g, beta, state, o, scale, T,
+            H=H, K=K, V=V, BK=BK, BV=BV, num_warps=num_warps, num_stages=1,
+        )  # fmt: skip
+        return
     if kernel == "all":
         decode_step_kernel[grid](
             q, k, v, g, beta, state, o, scale, T,
@@ -114,7 +184,7 @@ def launch_decode(
         )  # fmt: skip
         return
     if kernel not in ("prefetch", "serial"):
-        raise ValueError(f"kernel is 'all', 'prefetch' or 'serial', got {kernel!r}")
+        raise ValueError(f"kernel is 'chunk', 'all', 'prefetch' or 'serial', got {kernel!r}")
     fused_recurrent_fwd_kernel[grid](
         q, k, v, g, beta, state, o, state, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True, PREFETCH=kernel == "prefetch",

@@ -21,6 +21,47 @@ __all__ = ["decode_chunk_kernel", "decode_launch", "decode_step_kernel", "gdn_tr
 
 
 @triton.jit
+def _load_step(q, k, v, g, beta, state, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, BT: tl.constexpr):  # fmt: skip
+    """This program's step, loaded at once: every token's k, q ``[BT, BK]``, v ``[BT, BV]``, g and beta ``[BT]``
+    (rows past T zero) in float32, and its ``[BK, BV]`` slice of the state."""
+    i_bh = tl.program_id(1)
+    rk = tl.arange(0, BK)
+    rv = tl.program_id(0) * BV + tl.arange(0, BV)
+    rt = tl.arange(0, BT)
+    mk, mv, mt = rk < K, rv < V, rt < T
+    rows = ((i_bh // H) * T + rt).to(tl.int64) * H + i_bh % H
+    kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    gg = tl.load(g + rows, mask=mt, other=0.0).to(tl.float32)
+    bb = tl.load(beta + rows, mask=mt, other=0.0).to(tl.float32)
+    S = tl.load(state + _state_offsets(K, V, BK, BV), mask=mk[:, None] & mv[None, :], other=0.0)
+    return kk, qq, vv, gg, bb, S
+
+
+@triton.jit
+def _state_offsets(K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets of this program's ``[BK, BV]`` slice in the ``[B*H, K, V]`` state."""
+    rv = tl.program_id(0) * BV + tl.arange(0, BV)
+    return tl.program_id(1).to(tl.int64) * K * V + tl.arange(0, BK)[:, None] * V + rv[None, :]
+
+
+@triton.jit
+def _store_step(o, state, out, S, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, BT: tl.constexpr):  # fmt: skip
+    """Store this program's outputs ``[BT, BV]`` (rows past T dropped) and its slice of the new state."""
+    i_bh = tl.program_id(1)
+    rk = tl.arange(0, BK)
+    rv = tl.program_id(0) * BV + tl.arange(0, BV)
+    rt = tl.arange(0, BT)
+    mv = rv < V
+    rows = ((i_bh // H) * T + rt).to(tl.int64) * H + i_bh % H
+    tl.store(o + rows[:, None] * V + rv[None, :], out.to(o.dtype.element_ty), mask=(rt < T)[:, None] & mv[None, :])
+    tl.store(state + _state_offsets(K, V, BK, BV), S, mask=(rk < K)[:, None] & mv[None, :])
+
+
+@triton.jit
 def decode_step_kernel(
     q, k, v, g, beta, state, o,
     scale, T,
@@ -29,25 +70,8 @@ def decode_step_kernel(
     """One (V block, batch*head) of a decode step of T <= BT tokens: every token's inputs and the state slice are
     loaded at once (one memory latency, not one a token), the tokens stepped in registers, then the outputs and the
     state stored once."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
+    kk, qq, vv, gg, bb, S = _load_step(q, k, v, g, beta, state, T, H, K, V, BK, BV, BT)
     rt = tl.arange(0, BT)
-    mk = rk < K
-    mv = rv < V
-    mt = rt < T
-    rows = (i_b * T + rt).to(tl.int64) * H + i_h
-    kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    gg = tl.load(g + rows, mask=mt, other=0.0).to(tl.float32)
-    bb = tl.load(beta + rows, mask=mt, other=0.0).to(tl.float32)
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    mkv = mk[:, None] & mv[None, :]
-    S = tl.load(state + state_off, mask=mkv, other=0.0)
     out = tl.zeros([BT, BV], dtype=tl.float32)
     for t in range(T):
         sel = rt == t
@@ -59,8 +83,7 @@ def decode_step_kernel(
         S += kt[:, None] * ut[None, :]
         ot = tl.sum(S * qt[:, None], axis=0)
         out = tl.where(sel[:, None], ot[None, :], out)
-    tl.store(o + rows[:, None] * V + rv[None, :], out.to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
-    tl.store(state + state_off, S, mask=mkv)
+    _store_step(o, state, out, S, T, H, K, V, BK, BV, BT)
 
 
 @triton.jit
@@ -81,26 +104,9 @@ def decode_chunk_kernel(
         S = exp(c_T) S0 + K^T (exp(c_T - c) * U)
     """
     BT: tl.constexpr = 16
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
+    kk, qq, vv, gg, bb, S = _load_step(q, k, v, g, beta, state, T, H, K, V, BK, BV, BT)
     rt = tl.arange(0, BT)
-    mk = rk < K
-    mv = rv < V
     mt = rt < T
-    rows = (i_b * T + rt).to(tl.int64) * H + i_h
-    kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    gg = tl.load(g + rows, mask=mt, other=0.0).to(tl.float32)
-    bb = tl.load(beta + rows, mask=mt, other=0.0).to(tl.float32)
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    mkv = mk[:, None] & mv[None, :]
-    S = tl.load(state + state_off, mask=mkv, other=0.0)
-
     c = tl.cumsum(gg, axis=0)  # padded tokens add 0: c stays at the last token's
     c_last = tl.sum(tl.where(rt == T - 1, c, 0.0))
     lower = rt[:, None] > rt[None, :]
@@ -118,10 +124,9 @@ def decode_chunk_kernel(
         u_t = tl.sum(tl.where(sel[:, None], r, 0.0), axis=0) - tl.sum(a_t[:, None] * u, axis=0)
         u = tl.where(sel[:, None], u_t[None, :], u)
     out = tl.exp(c)[:, None] * qs + tl.dot(qkt * decay, u, input_precision="tf32x3")
-    tl.store(o + rows[:, None] * V + rv[None, :], (scale * out).to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
     w = tl.where(mt, tl.exp(c_last - c), 0.0)
     S = S * tl.exp(c_last) + tl.dot(tl.trans(kk * w[:, None]), u, input_precision="tf32x3")
-    tl.store(state + state_off, S, mask=mkv)
+    _store_step(o, state, scale * out, S, T, H, K, V, BK, BV, BT)
 
 
 def decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | str]:

@@ -322,6 +322,15 @@ task_decode() {
     run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}"
 }
 
+# The decode launch sweep (benchmarks/gpu/decode_tune.py: every kernel, V block and warp count, each checked, then
+# timed by the decode timer), before the decode table so that a launch rule changed from it is judged the same day
+task_decode_tune() {
+    stamp decode_tune
+    PYTHONPATH=$(pypath) timeout "${TUNE_CAP:-420}" python3 benchmarks/gpu/decode_tune.py \
+        >"$dir/decode-tune.log" 2>&1
+    echo "decode_tune exit=$?"; cut -c1-170 "$dir/decode-tune.log" | tail -24
+}
+
 # Issue 40 on the GPU: each CUDA exploit flagged and the honest kernel not (integrity_h200.py exploits), then the
 # integrity records of the session's suites (every job a shipped impl: a failed record is a false flag)
 task_integrity_exploits() {

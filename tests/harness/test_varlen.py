@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -293,3 +294,21 @@ def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
     assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
     assert first.tolist() == [0, 1, 2, 3, -1] and last.tolist() == [0, 1, 2, -1, 3]
     assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191
+
+
+def test_triton_chunk_split_walks_every_packed_sequence_in_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split forward takes the packed row whole (walk.py's VARLEN walk, then the outputs), not a loop of one
+    forward a sequence."""
+    from deltabench.kernels.gdn.triton import walk
+
+    calls = []
+    real = walk.state_walk
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("packed"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(walk, "state_walk", counted)
+    x = make_case_inputs(get_op("gdn"), packed_case(mode="fwd"))
+    get_impl("gdn", "triton_chunk_split").fn(*(x[n] for n in ("q", "k", "v", "g", "beta")), cu_seqlens=x["cu_seqlens"])
+    assert len(calls) == 1 and calls[0] is not None and calls[0][2] == len(SEQLENS)

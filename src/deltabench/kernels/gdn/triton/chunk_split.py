@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ...common.varlen import run_packed
 from . import walk
 from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_fwd, save_for_chunk_bwd
 from .inputs import prepare_chunk_inputs
@@ -100,9 +99,9 @@ def gdn_triton_chunk_split(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk_split``): ``chunk_gated_delta_rule_split`` with the final state.
-    ``cu_seqlens``: packed sequences (kernels/common/varlen.run_packed)."""
+    ``cu_seqlens``: packed sequences, each on chunks of its own, walked in one launch (triton/varlen.py)."""
     if cu_seqlens is not None:
-        return run_packed(
-            gdn_triton_chunk_split, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
-        )
+        from .varlen import packed_chunk_gated_delta_rule
+
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, split=True)
     return chunk_gated_delta_rule_split(q, k, v, g, beta, scale, initial_state, output_final_state=True)

@@ -25,41 +25,10 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma, mma_acc
-from .walk import compose_segments, map_columns, store_map, walk_segments
+from .walk import compose_segments, map_columns, seq_enter, seq_leave, store_map, walk_segments
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
-
-
-@triton.jit
-def _seq_tile(table, n, i_h, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr):  # fmt: skip
-    """VARLEN: the packed sequence ``table[n]`` names at chunk n (-1: none): ``(offset, at)``, the offset of head
-    i_h's [BK, BV] tile in a per-sequence state ``[N, H, K, V]`` and a [BK, BV] mask true where it names one."""
-    seq = tl.load(table + n)
-    off = (tl.maximum(seq, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
-    return off, (tl.zeros([BK, BV], dtype=tl.int32) + seq) >= 0
-
-
-@triton.jit
-def _seq_enter(table, n, src, S, i_h, rk, rv, mkv, HAS_SRC: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """VARLEN: where a sequence enters the walk at chunk n (``table[n]``), the state restarts from its row of `src`
-    (zeros without one, HAS_SRC false); elsewhere `S` goes on."""
-    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
-    if HAS_SRC:
-        S0 = tl.load(src + off, mask=mkv & at, other=0.0).to(tl.float32)
-    else:
-        S0 = tl.zeros([BK, BV], dtype=tl.float32)
-    return tl.where(at, S0, S)
-
-
-@triton.jit
-def _seq_leave(table, n, dst, S, i_h, rk, rv, mkv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """VARLEN: where a sequence leaves the walk at chunk n (``table[n]``), `S` is stored to its row of `dst`."""
-    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
-    tl.store(dst + off, S, mask=mkv & at)
 
 
 @triton.jit
@@ -102,7 +71,7 @@ def state_fwd_kernel(
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
         if VARLEN:
-            S = _seq_enter(first, n, h0, S, i_h, rk, rv, mkv, HAS_H0, H, K, V, BK, BV)
+            S = seq_enter(first, n, h0, S, i_h, rk, rv, mkv, HAS_H0, H, K, V, BK, BV)
         if STORE_STATES:
             h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
             tl.store(h + h_off + rk[:, None] * V + rv[None, :], S.to(dt), mask=mkv)
@@ -128,7 +97,7 @@ def state_fwd_kernel(
         vs = (vn * tl.exp(G_last - G)[:, None]).to(dt)
         S = mma_acc(kT, vs, S * tl.exp(G_last), PREC)
         if VARLEN and STORE_FINAL:
-            _seq_leave(last, n, ht, S, i_h, rk, rv, mkv, H, K, V, BK, BV)
+            seq_leave(last, n, ht, S, i_h, rk, rv, mkv, H, K, V, BK, BV)
     if STORE_FINAL and not VARLEN:
         tl.store(ht + state_off, S, mask=mkv)
 
@@ -203,7 +172,7 @@ def state_bwd_kernel(
         row = (i_b * T + t).to(tl.int64) * H + i_h
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         if VARLEN:  # walking back, a sequence enters at its last chunk and leaves after its first
-            dH = _seq_enter(last, n, dht, dH, i_h, rk, rv, mkv, HAS_DHT, H, K, V, BK, BV)
+            dH = seq_enter(last, n, dht, dH, i_h, rk, rv, mkv, HAS_DHT, H, K, V, BK, BV)
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
@@ -216,7 +185,7 @@ def state_bwd_kernel(
         dvnd, dH = _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt, PREC)
         tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
         if VARLEN:
-            _seq_leave(first, n, dh0, dH, i_h, rk, rv, mkv, H, K, V, BK, BV)
+            seq_leave(first, n, dh0, dH, i_h, rk, rv, mkv, H, K, V, BK, BV)
     if not VARLEN:
         tl.store(dh0 + state_off, dH, mask=mkv_first)
 

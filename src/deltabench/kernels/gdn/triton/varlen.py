@@ -16,8 +16,10 @@ import itertools
 
 import torch
 
+from . import walk
 from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
+from .output import chunk_output
 from .state import state_bwd, state_fwd
 from .wy import CHUNK, wy_fwd
 
@@ -47,13 +49,18 @@ def chunk_layout(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.
 
 
 class _PackedChunkFunction(torch.autograd.Function):
-    """The chunked forward and backward on the chunk-aligned row, the states one row per sequence."""
+    """The chunked forward and backward on the chunk-aligned row, the states one row per sequence. `split`: the
+    forward in chunk_split.py's stages (the walk, then the outputs all at once) over more than one chunk."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, first, last, n):  # type: ignore[no-untyped-def]
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, first, last, n, split):  # type: ignore[no-untyped-def]
         packed = (first, last, n)
         L, w, u = wy_fwd(k, v, g, beta)
-        o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, True, True, packed=packed)
+        if split and q.shape[1] > CHUNK:
+            h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, True, packed=packed)
+            o = chunk_output(q, k, g, h, vnew, scale)
+        else:
+            o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, True, True, packed=packed)
         ctx.save_for_backward(q, k, v, g, beta, L, w, h, vnew, first, last)
         ctx.scale, ctx.n, ctx.has_h0, ctx.beta_dtype = scale, n, initial_state is not None, beta.dtype
         return o, ht
@@ -66,7 +73,7 @@ class _PackedChunkFunction(torch.autograd.Function):
         dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, ctx.scale, packed=(first, last, ctx.n))
         dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, ctx.scale)
         dh0 = dh0 if ctx.has_h0 else None
-        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0, None, None, None
+        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0, None, None, None, None
 
 
 def packed_chunk_gated_delta_rule(
@@ -78,9 +85,11 @@ def packed_chunk_gated_delta_rule(
     scale: float | None,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor,
+    split: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked Triton GDN over packed sequences: q, k ``[1, T, H, K]`` ..., int32 `cu_seqlens` ``[N + 1]``, the
-    initial state ``[N, H, K, V]`` or None. Returns ``(o [1, T, H, V], final_state [N, H, K, V] fp32)``."""
+    initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward. Returns ``(o [1, T, H, V],
+    final_state [N, H, K, V] fp32)``."""
     T = q.shape[1]
     positions, first, last, NT = chunk_layout(cu_seqlens, T)
     n = cu_seqlens.numel() - 1
@@ -93,5 +102,5 @@ def packed_chunk_gated_delta_rule(
     scale, tensors, initial_state, _ = prepare_chunk_inputs(
         "triton_chunk", *(aligned(x) for x in (q, k, v, g, beta)), scale, initial_state
     )
-    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, first, last, n)
+    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, first, last, n, split)
     return o.index_select(1, positions), ht

@@ -32,7 +32,17 @@ import triton.language as tl
 from ...common.triton.mma import mma, mma_acc
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
-__all__ = ["H200_CLEAN", "LAUNCH", "SEGMENTS", "compose_segments", "launch_config", "state_walk", "walk_segments"]
+__all__ = [
+    "H200_CLEAN",
+    "LAUNCH",
+    "SEGMENTS",
+    "compose_segments",
+    "launch_config",
+    "seq_enter",
+    "seq_leave",
+    "state_walk",
+    "walk_segments",
+]
 
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
 # when 64-column blocks would give fewer than `min_programs` programs (an H200 has 132 SMs: at B*H = 16,
@@ -75,6 +85,37 @@ H200_CLEAN = {
 
 
 @triton.jit
+def _seq_tile(table, n, i_h, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr):  # fmt: skip
+    """VARLEN: the packed sequence ``table[n]`` names at chunk n (-1: none): ``(offset, at)``, the offset of head
+    i_h's [BK, BV] tile in a per-sequence state ``[N, H, K, V]`` and a [BK, BV] mask true where it names one."""
+    seq = tl.load(table + n)
+    off = (tl.maximum(seq, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
+    return off, (tl.zeros([BK, BV], dtype=tl.int32) + seq) >= 0
+
+
+@triton.jit
+def seq_enter(table, n, src, S, i_h, rk, rv, mkv, HAS_SRC: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """VARLEN: where a sequence enters the walk at chunk n (``table[n]``), the state restarts from its row of `src`
+    (zeros without one, HAS_SRC false); elsewhere `S` goes on."""
+    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
+    if HAS_SRC:
+        S0 = tl.load(src + off, mask=mkv & at, other=0.0).to(tl.float32)
+    else:
+        S0 = tl.zeros([BK, BV], dtype=tl.float32)
+    return tl.where(at, S0, S)
+
+
+@triton.jit
+def seq_leave(table, n, dst, S, i_h, rk, rv, mkv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """VARLEN: where a sequence leaves the walk at chunk n (``table[n]``), `S` is stored to its row of `dst`."""
+    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
+    tl.store(dst + off, S, mask=mkv & at)
+
+
+@triton.jit
 def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the walk from state S (fp32), with k read transposed (kT ``[BK, C]``): ``(S rounded to dt,
     v_new in dt, the next S)``.
@@ -94,14 +135,18 @@ def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def state_walk_kernel(
-    k, w, u, g, h0, h, vnew, ht,
+    k, w, u, g, h0, h, vnew, ht, first, last,
     T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state.
     SEGMENTED: grid axis 2 is a segment of SEG chunks, h0 holds every segment's start ``[P, B*H, K, V]``
-    (fp32, from :func:`state_walk`'s segments) and only the last segment stores the final state."""
+    (fp32, from :func:`state_walk`'s segments) and only the last segment stores the final state. VARLEN (never
+    segmented): packed sequences laid out chunk-aligned in a batch of one (triton/varlen.py); at the chunk where
+    sequence i enters (``first``) the state restarts from row i of h0 (zeros without one), and after the chunk
+    where it leaves (``last``) it is stored to row i of ht ``[N, H, K, V]``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -135,6 +180,8 @@ def state_walk_kernel(
         row = (i_b * T + t).to(tl.int64) * H + i_h
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
+        if VARLEN:
+            S = seq_enter(first, n, h0, S, i_h, rk, rv, mkv, HAS_H0, H, K, V, BK, BV)
         # none of these loads depends on S: with LAUNCH stages > 1 Triton may prefetch them a chunk ahead
         kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
@@ -144,7 +191,9 @@ def state_walk_kernel(
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
         tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
-    if STORE_FINAL:
+        if VARLEN and STORE_FINAL:
+            seq_leave(last, n, ht, S, i_h, rk, rv, mkv, H, K, V, BK, BV)
+    if STORE_FINAL and not VARLEN:
         tl.store(ht + state_off, S, mask=mkv_final)
 
 
@@ -255,6 +304,7 @@ def state_walk(
     output_final_state: bool,
     config: tuple[int, int, int] | None = None,
     segments: int = 1,
+    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the state walk.
 
@@ -270,7 +320,9 @@ def state_walk(
         k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
             log-decay; initial_state: ``[B, H, K, V]`` fp32 or None; config: ``(V block, warps, stages)`` in
             place of ``launch_config``'s (for tuning scripts; None in the library); segments: at most this many
-            segments (:func:`walk_segments`; 1: the serial walk).
+            segments (:func:`walk_segments`; 1: the serial walk); packed: ``(first, last, N)``, N sequences
+            laid out chunk-aligned in a batch of one (triton/varlen.py), the initial and final states
+            ``[N, H, K, V]``; walked serially.
 
     Returns:
         ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
@@ -279,12 +331,13 @@ def state_walk(
     B, T, H, K = k.shape
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
-    seg, P = walk_segments(NT, segments)
+    seg, P = walk_segments(NT, segments if packed is None else 1)
     BK = padded(K)
     BV, warps, stages = config or launch_config(V, B * H * P, BK, seg)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
-    ht = k.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    first, last, rows = packed if packed is not None else (None, None, B)
+    ht = k.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     start = initial_state
     if P > 1:
         BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
@@ -298,9 +351,9 @@ def state_walk(
         first = initial_state.reshape(B * H, K, V) if initial_state is not None else b.new_zeros(B * H, K, V)
         start = compose_segments(M, b, first, reverse=False)
     state_walk_kernel[(triton.cdiv(V, BV), B * H, P)](
-        k, w, u, g, start, h, vnew, ht, T, NT, seg,
+        k, w, u, g, start, h, vnew, ht, first, last, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=start is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=P > 1,
-        num_warps=warps, num_stages=stages,
+        VARLEN=packed is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return h, vnew, ht

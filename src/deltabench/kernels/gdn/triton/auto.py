@@ -117,10 +117,11 @@ def gdn_triton_chunk_auto(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state.
-    ``cu_seqlens``: packed sequences take the fused path, each sequence on chunks of its own (triton/varlen.py; the
-    split forward has no per-sequence walk)."""
+    ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py), by :func:`pick`'s path for the
+    packed row as one sequence (its walk is that row's: the same chunks, heads and programs)."""
     if cu_seqlens is not None:
         from .varlen import packed_chunk_gated_delta_rule
 
-        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+        path, _ = pick(1, q.shape[1], q.shape[2], q.shape[3], v.shape[-1])
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, split=path == "split")
     return chunk_gated_delta_rule_auto(q, k, v, g, beta, scale, initial_state, output_final_state=True)

@@ -22,14 +22,17 @@ and the repetitions used. The issue's targets on the H200: >= 100 same-code pair
 A live pair costs >= 6 + 6 fresh processes (about a minute on the H200: 120 pairs are two hours), so ``record`` and
 ``replay`` calibrate from stored runs instead. ``record`` makes K same-code and P planted runs of the suite
 (``deltabench run --repeat R``: R fresh processes a job, each run importing the planted file, at 0 or ``--fraction``;
-same and planted alternate while both last), stopping before a run would pass ``--deadline-s``; ``replay`` replays the
+``--chunk C``: C runs an invocation of ``--repeat C*R``, cut into runs of R by ``runners.replay.split_repetitions``,
+one process tree, correctness gate and document for C runs; same and planted invocations alternate while both last;
+an invocation already recorded whole is not made again, so a call cut short is taken up by the next), starting no
+invocation that would end past ``--deadline-s``; ``replay`` replays the
 sequential rule of ``run --repeat auto --max-repeat 20`` (``runners.replay``: the gate's own comparison at each look) on
 every ordered same-code pair (i, j), i != j (K (K - 1) pairs: a false failure is a regression verdict), and on every
 (same i, planted j) pair (K P pairs: power is the planted jobs all graded regressions)::
 
     python benchmarks/gate_auto_calibration.py record --suite benchmarks/gpu/gate-auto-h200.toml --same 11 \\
-        --planted 2 --fraction 0.05 --repeat 8 --planted-impl gdn/triton_chunk --dir $OUT/runs --deadline-s 660
-    python benchmarks/gate_auto_calibration.py replay --dir $OUT/runs --planted-impl gdn/triton_chunk \\
+        --planted 2 --fraction 0.05 --repeat 6 --chunk 4 --planted-impl gdn/triton_chunk --dir runs --deadline-s 480
+    python benchmarks/gate_auto_calibration.py replay --dir runs --planted-impl gdn/triton_chunk \\
         --threshold 0.05 --threshold 0.02 --out benchmarks/results/gate-calibration/gate-auto-h200.json
 
 What differs from live pairs, and how the figures say so: (1) the two runs of a pair were made minutes apart, not
@@ -55,6 +58,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from deltabench.harness.document import ResultDocument
 
 PLANTED_SOURCE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
 _FRACTION_LINE = 'FRACTION = float(os.environ.get("DELTABENCH_PLANTED_SLOWDOWN", "0.10"))'
@@ -140,11 +145,21 @@ def summarize(pairs: list[dict]) -> dict:
     }
 
 
+def _whole(path: Path, reps: int) -> ResultDocument | None:
+    """The document at `path` when it holds `reps` repetitions of every job, else None."""
+    from deltabench.runners.replay import recorded_repetitions
+
+    if not path.is_file():
+        return None
+    doc = ResultDocument.from_json(path.read_text())
+    have = recorded_repetitions(doc)
+    return doc if have and min(have.values()) >= reps and doc.meta.get("complete", True) is not False else None
+
+
 def record(argv: list[str]) -> int:
     """Record K same-code and P planted ``--repeat R`` runs (module docstring), `--chunk` runs an invocation."""
     from gate_calibration import run_suite
 
-    from deltabench.harness.document import ResultDocument
     from deltabench.runners.replay import split_repetitions
 
     ap = argparse.ArgumentParser(prog="gate_auto_calibration.py record", description=record.__doc__)
@@ -178,17 +193,24 @@ def record(argv: list[str]) -> int:
             )
             break
         path = blocks_dir / f"{kind}-block{b:02d}.json"
-        seconds = run_suite(args.suite, path, reps, args.fraction if kind == "planted" else 0.0, import_planted=True)
-        per_rep = max(per_rep, seconds / reps)
-        if not path.is_file():
-            continue
-        doc = ResultDocument.from_json(path.read_text())
+        doc = _whole(path, reps)
+        if doc is None:  # not recorded yet, or cut short: a call that ran out of time is taken up by the next
+            fraction = args.fraction if kind == "planted" else 0.0
+            seconds = run_suite(args.suite, path, reps, fraction, import_planted=True)
+            per_rep = max(per_rep, seconds / reps)
+            doc = _whole(path, reps)
+            if doc is None:
+                print(f"{path.name}: no whole document of {reps} repetitions, left out", flush=True)
+                continue
         for part in split_repetitions(doc, args.repeat) if args.chunk > 1 else [doc]:
             (args.dir / f"{kind}_{made[kind]:03d}.json").write_text(part.to_json())
             made[kind] += 1
-    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": made}
-    summary["seconds"] = time.perf_counter() - started
-    (args.dir / "record.json").write_text(json.dumps(summary, indent=1) + "\n")
+    call = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": made}
+    call["seconds"] = time.perf_counter() - started
+    index = args.dir / "record.json"  # one entry a call: a call that took up a cut one adds its own
+    calls = json.loads(index.read_text())["calls"] if index.is_file() else []
+    summary = {"calls": [*calls, call], "runs": made}
+    index.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -17,16 +17,19 @@
 #       --out benchmarks/results/gate-calibration/gate-auto-h200.json
 #
 # and ingest runs/blocks/*.json (the invocations' own documents) into the results store (benchmarks/results/README.md).
-# Predicted wall time (benchmarks/NOTES.md section 3): install + 3 invocations x ~15-20 s + 78 processes x 4-6 s,
+# Predicted wall time (benchmarks/NOTES.md section 3): install + 4 invocations x ~15-20 s + 78 processes x 4-6 s,
 # about 6-9 minutes.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 SAME=${SAME:-11}
 PLANTED=${PLANTED:-2}
 REPEAT=${REPEAT:-6}
-CHUNK=${CHUNK:-6}
+CHUNK=${CHUNK:-4}
 DEADLINE_S=${DEADLINE_S:-480}
-mkdir -p "$OUT/runs"
+# Outside $OUT, so that a call cut by DEADLINE_S leaves its whole invocations on the (warm) machine: the same command
+# again records only the rest.
+RUNS=${RUNS:-/tmp/gate-auto-runs}
+mkdir -p "$RUNS" "$OUT"
 export PYTHONUNBUFFERED=1
 export DELTABENCH_GIT_COMMIT=${DELTABENCH_GIT_COMMIT:-$(cat .deltabench-commit 2>/dev/null || true)}
 t0=$SECONDS
@@ -36,7 +39,7 @@ export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 timeout $((DEADLINE_S + 120)) python3 benchmarks/gate_auto_calibration.py record \
     --suite benchmarks/gpu/gate-auto-h200.toml --same "$SAME" --planted "$PLANTED" --fraction 0.05 \
-    --repeat "$REPEAT" --chunk "$CHUNK" --planted-impl gdn/triton_chunk --dir "$OUT/runs" --deadline-s "$DEADLINE_S"
-cp "$OUT/runs/record.json" "$OUT/runs/blocks/collect.log" "$OUT/" 2>/dev/null
-tar czf "$OUT/runs.tgz" -C "$OUT" runs
+    --repeat "$REPEAT" --chunk "$CHUNK" --planted-impl gdn/triton_chunk --dir "$RUNS" --deadline-s "$DEADLINE_S"
+cp "$RUNS/record.json" "$RUNS/blocks/collect.log" "$OUT/" 2>/dev/null
+tar czf "$OUT/runs.tgz" -C "$(dirname "$RUNS")" --transform "s,^$(basename "$RUNS"),runs," "$(basename "$RUNS")"
 echo "total: $((SECONDS - t0)) s"

@@ -239,7 +239,9 @@ def _clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     return 1.0 if k >= n else float(beta.ppf(level, k + 1, n - k))
 
 
-def replay_pairs(same: list, planted: list, args: argparse.Namespace, threshold: float) -> dict:
+def replay_pairs(
+    same: list[ResultDocument], planted: list[ResultDocument], args: argparse.Namespace, threshold: float
+) -> dict:
     """Every ordered same-code pair and every (same, planted) pair replayed at `threshold`: the figures (module
     docstring) and one row a pair."""
     from deltabench.regression import GradingRule

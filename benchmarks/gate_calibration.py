@@ -53,9 +53,32 @@ from deltabench.harness.document import ResultDocument
 from deltabench.regression import GradingRule, compare_documents
 from deltabench.regression.matching import latest_by_key
 from deltabench.regression.noise import run_level, spreads_from_histories
+from deltabench.runners.replay import first_repetitions
 
 PLANTED_FILE = Path(__file__).parent / "cpu" / "planted_slowdown.py"
 PLANTED_IMPL = ("gdn", "torch_chunk")  # evaluate --planted-impl changes it (DELTABENCH_PLANTED_IMPL when collecting)
+
+
+def run_suite(suite: str, path: Path, repeat: int, fraction: float, import_planted: bool = False) -> float:
+    """One ``deltabench run --repeat`` of `suite` to `path`, the planted file imported at `fraction` (when above 0,
+    or when `import_planted`); its seconds, printed and logged beside the machine's load in ``collect.log``."""
+    # The CLI through the interpreter: a GPU machine with deltabench on PYTHONPATH has no console script.
+    cli = [sys.executable, "-m", "deltabench.cli.app", "run"]
+    cmd = [*cli, "--suite", suite, "--no-db", "--out", str(path), "--format", "csv", "--quiet"]
+    if repeat > 1:
+        cmd += ["--repeat", str(repeat)]
+    env = dict(os.environ)
+    if fraction > 0 or import_planted:
+        cmd += ["--import", str(PLANTED_FILE)]
+        env["DELTABENCH_PLANTED_SLOWDOWN"] = str(fraction)
+    t0 = time.time()
+    rc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).returncode
+    seconds = time.time() - t0
+    line = f"{path.name}: rc {rc}, {seconds:.0f} s, load {os.getloadavg()[0]:.1f}"
+    print(line, flush=True)
+    with open(path.parent / "collect.log", "a") as log:  # the machine's load beside each run, for the record
+        log.write(f"{time.strftime('%H:%M:%S', time.gmtime())} UTC {line}\n")
+    return seconds
 
 
 def collect(args: argparse.Namespace) -> None:
@@ -67,27 +90,17 @@ def collect(args: argparse.Namespace) -> None:
         label, frac, n = spec.split(":")
         groups.append((label, float(frac), int(n)))
     done = {label: len(list(out.glob(f"{label}_*.json"))) for label, _, _ in groups}
+    started, longest = time.time(), 0.0
     while any(done[label] < n for label, _, n in groups):
         for label, frac, n in groups:
             if done[label] >= n:
                 continue
+            if args.deadline_s is not None and time.time() - started + longest > args.deadline_s:
+                print(f"deadline: {args.deadline_s:.0f} s leaves no room for another run ({longest:.0f} s)", flush=True)
+                return
             path = out / f"{label}_{done[label]:03d}.json"
-            # The CLI through the interpreter: a GPU machine with deltabench on PYTHONPATH has no console script.
-            cli = [sys.executable, "-m", "deltabench.cli.app", "run"]
-            cmd = [*cli, "--suite", args.suite, "--no-db", "--out", str(path), "--format", "csv", "--quiet"]
-            if args.repeat > 1:
-                cmd += ["--repeat", str(args.repeat)]
-            env = dict(os.environ)
-            if frac > 0:
-                cmd += ["--import", str(PLANTED_FILE)]
-                env["DELTABENCH_PLANTED_SLOWDOWN"] = str(frac)
-            t0 = time.time()
-            rc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False).returncode
-            load = os.getloadavg()[0]
-            line = f"{path.name}: rc {rc}, {time.time() - t0:.0f} s, load {load:.1f}"
-            print(line, flush=True)
-            with open(out / "collect.log", "a") as log:  # the machine's load beside each run, for the record
-                log.write(f"{time.strftime('%H:%M:%S', time.gmtime())} UTC {line}\n")
+            seconds = run_suite(args.suite, path, args.repeat, frac, args.planted_everywhere)
+            longest = max(longest, seconds)
             done[label] += 1
 
 
@@ -276,25 +289,6 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"run-to-run spread over jobs: median {s['median']:.2%}, p90 {s['p90']:.2%}, max {s['max']:.2%}")
 
 
-def first_repetitions(doc: ResultDocument, k: int) -> ResultDocument:
-    """`doc` as a run made with ``--repeat k`` would hold it: each job's samples of its first k repetitions
-    (rounds run in order, so the first k rounds are a k-round run that stopped there)."""
-    from deltabench.runners.timing import merge_repetitions, summarize
-
-    jobs = []
-    for job in doc.jobs:
-        t = job.timing
-        if t is None or not t.repetitions:
-            jobs.append(job)
-            continue
-        per = []
-        for r in sorted(set(t.repetitions))[:k]:
-            kept = [x for x, i in zip(t.samples_ms, t.repetitions, strict=True) if i == r]
-            per.append(summarize(kept, clock=t.clock, warmup=t.warmup, compile_s=t.compile_s))
-        jobs.append(job.model_copy(update={"timing": merge_repetitions(per)}))
-    return doc.model_copy(update={"jobs": jobs})
-
-
 def _planted_row(row, mode: str | None) -> bool:
     return (row.op, row.impl) == PLANTED_IMPL and (mode is None or row.mode == mode)
 
@@ -406,6 +400,8 @@ def main() -> None:
     c.add_argument("--dir", required=True)
     c.add_argument("--group", action="append", required=True, help="LABEL:SLOWDOWN:RUNS, e.g. p10:0.10:20")
     c.add_argument("--repeat", type=int, default=1, help="deltabench run --repeat N for every run")
+    c.add_argument("--planted-everywhere", action="store_true", help="import the planted file at 0 in same groups too")
+    c.add_argument("--deadline-s", type=float, default=None, help="start no run the longest so far would end past")
     e = sub.add_parser("evaluate", help="grade the collected runs and write the summary")
     e.add_argument("--dir", required=True)
     e.add_argument("--same", required=True, help="label of the same-code runs")

@@ -8,7 +8,8 @@ The process tree of ``deltabench run`` (the fleet's workers start the same tree:
     └── a worker process per impl         its jobs one after another: first call, memory, timing (job.py);
                                           ``isolation = "job"``: a process per job instead (isolated.py)
 
-``interleave.py`` runs two source trees' jobs alternately (``deltabench run --base-ref``); ``timing.py`` holds the
+``interleave.py`` runs two source trees' jobs alternately (``deltabench run --base-ref``), and ``replay.py`` replays
+its ``--repeat auto`` stopping rule on recorded runs (the gate's calibration); ``timing.py`` holds the
 timers (CPU clocks, CUDA events and graphs, JAX), ``memory.py`` the peak-memory probe, ``environment.py`` what a
 document records of the machine and the software. The runners never import the store (db/): results leave a run as
 documents.

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from deltabench.db.ingest import store_document
+from deltabench.db.ingest import store_documents
 from deltabench.db.jobs import FINAL_JOB_STATUSES, JOB_STATUSES, cancel_job, create_job, update_job_status
 from deltabench.db.models import Annotation, QueuedJob
 from deltabench.harness.document import ResultDocument
@@ -99,10 +99,10 @@ def ingest_batch(
         _check_storable(doc.model_dump(), f"documents[{i}]")
     run_ids: list[str] = []
     new_jobs = 0
-    for doc in docs:
-        run_id, stored = store_document(session, doc)
+    for run_id, stored in store_documents(session, docs):
         run_ids.append(run_id)
         new_jobs += stored
+    for doc in docs:
         queue_id = doc.meta.get(META_QUEUE_JOB)
         if isinstance(queue_id, int) and not isinstance(queue_id, bool):
             job = session.get(QueuedJob, queue_id)

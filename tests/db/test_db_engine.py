@@ -37,3 +37,18 @@ def test_sqlite_pragmas_and_first_use_migrates(tmp_path: pathlib.Path) -> None:
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
     assert get_engine(f"sqlite:///{tmp_path / 'x.db'}") is engine  # cached per URL
+
+
+def test_postgresql_plans_every_statement_for_its_values(pg_url: str) -> None:
+    """A generic plan of a series' history estimated one row and sorted every point of the series; the engine's
+    connections plan each statement for its values, also after a rollback and a statement's sixth run (when psycopg
+    prepares it), and start no parallel workers."""
+    engine = get_engine(pg_url)
+    with engine.connect() as conn:
+        conn.rollback()
+        for _ in range(7):
+            assert conn.execute(text("SHOW plan_cache_mode"), {}).scalar() == "force_custom_plan"
+        # No parallel workers for the pages' small index-driven reads.
+        assert conn.execute(text("SHOW max_parallel_workers_per_gather")).scalar() == "0"
+        # The URL's own options (the test schema's search_path) still apply.
+        assert conn.execute(text("SHOW search_path")).scalar().startswith("deltabench_test_")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
+import pg_fixtures
 import pytest
 
 from deltabench.db import queries
@@ -279,3 +281,68 @@ def test_annotations(engine) -> None:  # type: ignore[no-untyped-def]
         found = queries.list_annotations(s, series_key=key)
         assert [(a.kind, a.note) for a in found] == [("expected", "new algorithm")]
         assert len(queries.list_annotations(s)) == 2
+
+
+def _attempts_history(engine, factory, runs: int):  # type: ignore[no-untyped-def]
+    """`runs` runs of one series, each with two attempts of its job (ties on the run's time), medians 1, 2, ..."""
+    docs = []
+    for r in range(runs):
+        first = factory.job(median=2.0 * r + 1.0)
+        second = first.model_copy(update={"attempt": 2, "timing": factory.job(median=2.0 * r + 2.0).timing})
+        docs.append(factory.document(jobs=[first, second], created_at=T0 + dt.timedelta(hours=r)))
+    with session_scope(engine) as s:
+        for doc in docs:
+            ingest_document(s, doc)
+    return docs
+
+
+def test_series_history_newest_points_keep_ties_of_one_run_in_order(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    """The newest `limit` points by (time, id), also when the limit falls between two results of one run."""
+    _attempts_history(engine, factory, 6)
+    key = {"op": "gdn", "impl": "torch_chunk", "shape": "B2-T1024-H4-K64-V64", "dtype": "bf16", "mode": "fwd"}
+    with session_scope(engine) as s:
+        every = [p.median_ms for p in queries.series_history(s, **key, machine_kind="h200")]
+        assert every == pytest.approx([float(i) for i in range(1, 13)])
+        for limit in (1, 2, 3, 5, 12, 13, 50):
+            newest = queries.series_history(s, **key, machine_kind="h200", limit=limit)
+            assert [p.median_ms for p in newest] == pytest.approx(every[-limit:]), limit
+        assert queries.series_history(s, **key, machine_kind="h200", limit=0) == []
+        assert (
+            queries.series_software_now(
+                s,
+                key=queries.series_key(
+                    "gdn", "torch_chunk", queries.series_dims("gdn", key["shape"]), "bf16", "fwd", "h200"
+                ),
+            )
+            is not None
+        )
+
+
+def test_postgresql_series_history_reads_only_the_newest_points(pg_url, factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where PostgreSQL estimates one row for a series it sorted every point of it (24,000 at 10M results): the
+    newest `limit` are bounded by the time of the `limit`-th newest, whatever the plan (an incremental sort turned
+    off here leaves the planner only the full sort)."""
+    from sqlalchemy import text
+
+    from deltabench.db.engine import get_engine
+
+    engine = get_engine(pg_url)
+    pg_fixtures.empty_tables(pg_url)
+    _attempts_history(engine, factory, 40)
+    key = {"op": "gdn", "impl": "torch_chunk", "shape": "B2-T1024-H4-K64-V64", "dtype": "bf16", "mode": "fwd"}
+    with session_scope(engine) as s:
+        sent: list[Any] = []
+        execute = s.execute
+        monkeypatch.setattr(s, "execute", lambda q, *a, **kw: (sent.append(q), execute(q, *a, **kw))[1])
+        assert len(queries.series_history(s, **key, machine_kind="h200", limit=3)) == 3
+        monkeypatch.undo()
+        sql = str(sent[-1].compile(engine, compile_kwargs={"literal_binds": True}))
+        s.execute(text("SET LOCAL enable_incremental_sort = off"))
+        plan = s.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.replace(":", "\\:"))).scalar()
+
+    def scanned(node: dict[str, Any]) -> int:  # results rows the statement read, its bound's subquery aside
+        own = node["Actual Rows"] if node.get("Relation Name") == "results" else 0
+        kids = [c for c in node.get("Plans", []) if c.get("Parent Relationship") != "InitPlan"]
+        return own + sum(scanned(c) for c in kids)
+
+    assert scanned(plan[0]["Plan"]) <= 4  # the newest 3 and the other attempt of their oldest run, not all 80

@@ -97,3 +97,27 @@ def test_otava_finds_the_step_and_a_later_run_confirms_it() -> None:
 
     one = ChangePoint(index=40, x=40, before=2.0, after=2.2, pvalue=1e-5, n_before=40, n_after=1)
     assert not one.confirmed and ChangePoint(**{**one.__dict__, "n_after": 2}).confirmed
+
+
+def test_the_segments_welch_test_gives_scipys_p_values_to_the_bit() -> None:
+    """The change points' Welch test is written out for speed; it must stay scipy's ``ttest_ind`` exactly
+    (equal_var=False), on noisy logs, small steps, coarse values and a constant side."""
+    from scipy.stats import ttest_ind
+
+    from deltabench.regression.changepoints import _welch_p
+
+    rng = np.random.default_rng(5)
+    for trial in range(2000):
+        na, nb = (int(n) for n in rng.integers(2, 40, 2))
+        if trial % 3 == 0:
+            a, b = rng.normal(0.0, 1.0, na), rng.normal(rng.normal(0.0, 0.5), rng.uniform(0.1, 3.0), nb)
+        elif trial % 3 == 1:
+            a = np.log(1.3 * np.exp(rng.normal(0.0, 0.01, na)))
+            b = np.log(1.3 * 1.08 * np.exp(rng.normal(0.0, 0.01, nb)))
+        else:
+            a, b = np.round(rng.normal(0.0, 1.0, na), 1), np.full(nb, 0.5)
+        if np.ptp(a) == 0.0 and np.ptp(b) == 0.0:
+            continue
+        assert _welch_p(a, b) == float(ttest_ind(a, b, equal_var=False).pvalue), (trial, a, b)
+    assert _welch_p(np.array([1.0, 1.0]), np.array([2.0, 2.0])) == 0.0
+    assert _welch_p(np.array([1.0]), np.array([2.0, 3.0])) == 1.0

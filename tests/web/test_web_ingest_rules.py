@@ -204,3 +204,27 @@ def test_runs_cut_short_are_marked_incomplete(app_client, db_url, build, complet
     for page in ("/", f"/runs/{doc.run_id}"):
         text = client.get(page, headers={"accept": "text/html"}).text
         assert ("incomplete" in text) is (not complete), page
+
+
+def test_the_fast_screen_answers_as_its_regular_expression_does() -> None:
+    """The screen is written as byte searches for speed; it must say what this regular expression (its definition:
+    a NUL or surrogate in the text, a number of 19 integer digits or an exponent of 19 or more) says, on random
+    texts built from the characters that matter."""
+    import random
+    import re
+
+    from deltabench.web.crud import may_hold_unstorable
+
+    definition = re.compile(
+        rb"\\u0000|\x00|\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]"
+        rb"|[:,\[]\s*-?[0-9]{19}|[:,\[]\s*-?[0-9]+(?:\.[0-9]*)?[eE]\+?(?:19|[2-9][0-9]|[0-9]{3})"
+    )
+    pieces = [b"0", b"1", b"9", b".", b"e", b"E", b"+", b"-", b" ", b"\n", b":", b",", b"[", b"a", b'"', b"\\u"]
+    pieces += [b"d8", b"\xed", b"\xa5", b"\x00", b"0000", b"1234567890", b"19", b"25", b"\\"]
+    rng = random.Random(0)
+    for _ in range(50_000):
+        text = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        assert may_hold_unstorable(text) == bool(definition.search(text)), text
+    assert may_hold_unstorable(b'{"a": [1, 2,\n -1234567890123456789]}')
+    assert may_hold_unstorable(b'{"a": 1.E19}') and may_hold_unstorable(b'{"a": 12e+019}')
+    assert not may_hold_unstorable(b'{"a": 0.12345678901234567890, "b": ".5e19", "c": "1e27ab", "d": 1e18}')

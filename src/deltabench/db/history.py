@@ -15,8 +15,8 @@ from deltabench.references.contract import shape_id
 from deltabench.regression.noise import HISTORY_WINDOW, RunSpread, run_level, spreads_from_histories
 
 from .dims import dims_of
-from .models import Machine, Result, Run
-from .queries import result_sample_sets
+from .ingest import unpack_repetitions, unpack_samples
+from .models import Machine, Result, ResultSamples, Run
 
 __all__ = ["history_spreads"]
 
@@ -31,7 +31,7 @@ def history_spreads(
     widened together when their pooled history is heavier-tailed than the bound assumes
     (``noise.spreads_from_histories``).
 
-    Three queries whatever the number of jobs: the window's runs, their ok results, and those results' samples.
+    Two queries whatever the number of jobs: the window's runs, and their ok results with their samples.
     """
     base = session.execute(select(Run.id, Run.created_at).where(Run.run_id == base_run_id)).first()
     if base is None:
@@ -54,6 +54,8 @@ def history_spreads(
     run_order = {pk: i for i, (pk, _) in enumerate(reversed(session.execute(window).all()))}
     if base.id not in run_order:
         return {}
+    # The results and their raw samples in one statement (an outer join: a result may have no samples). Reading
+    # the samples by the results' ids afterwards cost more than the rest: a statement of 3,000 bound ids.
     rows = session.execute(
         select(
             Result.run_pk,
@@ -70,29 +72,37 @@ def history_spreads(
             Result.software,
             Result.median_ms,
             Result.attempt,
-            Result.id,
-        ).where(Result.run_pk.in_(list(run_order)), Result.status == "ok", Result.median_ms > 0)
+            ResultSamples.samples,
+            ResultSamples.repetitions,
+        )
+        .outerjoin(ResultSamples, ResultSamples.result_id == Result.id)
+        .where(Result.run_pk.in_(list(run_order)), Result.status == "ok", Result.median_ms > 0)
     ).all()
     # One result per (series, run): the highest attempt, as a comparison takes it.
-    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, int, float]]] = defaultdict(dict)
+    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, float, bytes | None, bytes | None]]] = defaultdict(dict)
     base_series: dict[JobKey, str] = {}
     shapes: dict[tuple[Any, ...], str] = {}  # ~100 distinct shapes among ~3,000 rows: each id built once
-    for r in rows:
-        dims = (r.B, r.T, r.H, r.K, r.V, r.extra_dims)
-        if dims not in shapes:
-            shapes[dims] = shape_id(dims_of(*dims))
-        key: JobKey = (r.op, r.impl, shapes[dims], r.dtype, r.mode)
-        runs = per_run[(key, r.software)]
-        if r.run_pk not in runs or r.attempt >= runs[r.run_pk][0]:
-            runs[r.run_pk] = (r.attempt, r.id, float(r.median_ms))
-        if r.run_pk == base.id:
-            base_series[key] = r.software
-    wanted = [v[1] for k, runs in per_run.items() if base_series.get(k[0]) == k[1] for v in runs.values()]
-    samples = result_sample_sets(session, result_ids=wanted)
+    for run_pk, op, impl, b, t, h, k, v, extra, dtype, mode, software, median, attempt, blob, reps in rows:
+        dims = (b, t, h, k, v, extra)
+        shape = shapes.get(dims)
+        if shape is None:
+            shape = shapes[dims] = shape_id(dims_of(*dims))
+        key: JobKey = (op, impl, shape, dtype, mode)
+        runs = per_run[(key, software)]
+        if run_pk not in runs or attempt >= runs[run_pk][0]:
+            runs[run_pk] = (attempt, float(median), blob, reps)
+        if run_pk == base.id:
+            base_series[key] = software
     levels: dict[JobKey, list[float]] = {}
     for key, software in base_series.items():
         runs = per_run[(key, software)]
         ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
-        stored = [(samples.get(runs[pk][1]), runs[pk][2]) for pk in ordered]
-        levels[key] = [run_level(s.samples_ms, m, s.repetitions) if s else m for s, m in stored]
+        levels[key] = [_level(*runs[pk][1:]) for pk in ordered]
     return spreads_from_histories(levels)
+
+
+def _level(median_ms: float, blob: bytes | None, repetitions: bytes | None) -> float:
+    """A stored result's run level (``noise.run_level``) from its median and its packed samples, if any."""
+    if blob is None:
+        return median_ms
+    return run_level(unpack_samples(blob), median_ms, unpack_repetitions(repetitions))

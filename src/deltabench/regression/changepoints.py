@@ -117,14 +117,28 @@ def _running_median(y: np.ndarray, window: int) -> np.ndarray:
 
 
 def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided Welch t-test p-value; segments of one repeated value compare by equality."""
-    from scipy.stats import ttest_ind
+    """Two-sided Welch t-test p-value; segments of one repeated value compare by equality.
 
-    if a.size < 2 or b.size < 2:
+    The same arithmetic as ``scipy.stats.ttest_ind(a, b, equal_var=False)`` (its variance is the second central
+    moment times n / (n - 1), its p-value ``2 * stdtr(df, -|t|)``), written out: scipy's call costs ~0.4 ms of
+    argument handling, and a comparison tests the change points of every job's 30-run history (~100 jobs).
+    """
+    from scipy.special import stdtr
+
+    na, nb = a.size, b.size
+    if na < 2 or nb < 2:
         return 1.0
     if np.ptp(a) == 0.0 and np.ptp(b) == 0.0:
         return 0.0 if a[0] != b[0] else 1.0
-    return float(ttest_ind(a, b, equal_var=False).pvalue)
+    ma, mb = a.mean(), b.mean()
+    vna = ((a - ma) ** 2).mean() * (na / (na - 1)) / na
+    vnb = ((b - mb) ** 2).mean() * (nb / (nb - 1)) / nb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (vna + vnb) ** 2 / (vna**2 / (na - 1) + vnb**2 / (nb - 1))
+        t = np.divide(ma - mb, np.sqrt(vna + vnb))
+    if np.isnan(df):  # both variances zero: any df gives the same p-value
+        df = 1.0
+    return float(2 * stdtr(df, -np.abs(t)))
 
 
 def _pvalues(y: np.ndarray, bounds: list[int]) -> list[float]:

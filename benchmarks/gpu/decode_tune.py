@@ -3,7 +3,7 @@
     python benchmarks/gpu/decode_tune.py [--batch 1,8,64,256,512] [--tokens 1,2,4,8]
 
 For each (B, T) at H = 16, K = V = 128 (bf16 inputs, float32 state updated in place) every launch of the sweep
-(kernel: the tokens as one chunk, every token loaded at once, the next token prefetched, or token by token; V block;
+(kernel: the tokens as one chunk, every token loaded at once, or token by token with the next prefetched; V block;
 warps) is first checked against a float64 step from the same state on the GPU (state rel. Frobenius error <= 1e-4,
 the bf16 output <= 1e-2), then timed by the decode timer's CUDA-graph replay over enough input copies to overflow
 L2 (runners/decode_timer.py), as a run times it. Printed per shape: the current launch (``decode_launch``), the
@@ -84,7 +84,7 @@ def sweep(B: int, T: int) -> list[dict[str, Any]]:
     rows = []
     blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
     ref_o, ref_s = _float64_step(_inputs(B, T, 12345))
-    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("chunk", "all", "prefetch", "serial")):
+    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("chunk", "all", "prefetch")):
         launch = {"BV": BV, "num_warps": warps, "kernel": kernel}
         x = _inputs(B, T, 12345)
         o = torch.empty_like(x["v"])

@@ -112,12 +112,11 @@ def timer_agreement_record(
 ) -> CheckRecord:
     """``integrity:timer_agreement`` of a microsecond timing: the CUDA-graph replay's time a call (`call_us`, scope
     call) against the CUPTI sum of its kernels' and copies' durations a call (`kernel_us`, scope kernel), which must
-    agree within
-    the larger of :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call; `host_us` (a host-synchronised call,
-    scope host) is reported beside them, never held to them. Disagreement flags the figure (the record fails) but
-    is not a wrong answer, so it never fails the job: more call than kernel time is launch gaps between a call's
-    kernels (``kernels_per_call`` > 1) or time outside the kernels; more kernel than call time, kernels running
-    side by side. `kernel_us` None: CUPTI not available (`why_not`), a passing note."""
+    agree within the larger of :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call; `host_us` (a
+    host-synchronised call, scope host) is reported beside them, never held to them. Disagreement flags the figure
+    (the record fails) but is not a wrong answer, so it never fails the job: more call than kernel time is launch
+    gaps between a call's kernels (``kernels_per_call`` > 1) or time outside the kernels; more kernel than call
+    time, kernels running side by side. `kernel_us` None: CUPTI not available (`why_not`), a passing note."""
     scopes = f"call {call_us:.2f} us (CUDA graph), host {host_us:.1f} us (synchronised each call)"
     if kernel_us is None:
         detail = f"{scopes}; kernel time not available: {why_not}"
@@ -154,7 +153,6 @@ class KernelTrace:
             return self
         found: list[tuple[int, int]] = []
         kinds = cupti.ActivityKind
-        wanted = [kinds.CONCURRENT_KERNEL, *(getattr(kinds, n, None) for n in ("MEMCPY", "MEMSET"))]
 
         def requested() -> tuple[int, int]:
             return 8 * 2**20, 0  # buffer bytes, records (0: as many as fit)
@@ -171,7 +169,7 @@ class KernelTrace:
             self.why_not = f"CUPTI refused: {type(exc).__name__}: {exc}"
             return self
         self._enabled = [kinds.CONCURRENT_KERNEL]
-        for kind in wanted[1:]:
+        for kind in (getattr(kinds, name, None) for name in ("MEMCPY", "MEMSET")):
             try:
                 if kind is not None:
                     cupti.activity_enable(kind)

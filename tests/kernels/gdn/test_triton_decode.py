@@ -27,11 +27,11 @@ def test_decode_updates_the_state_it_was_given(T: int, dtype: str) -> None:
     assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("kernel", ["chunk", "all", "prefetch", "serial"])
+@pytest.mark.parametrize("kernel", ["chunk", "all", "prefetch"])
 @pytest.mark.parametrize(("T", "BV"), [(1, 16), (5, 16), (8, 32)])
 def test_every_decode_launch_steps_like_the_oracle(kernel: str, T: int, BV: int) -> None:
-    """Each kernel a launch may pick (one chunk, every token loaded at once, the next one prefetched, token by
-    token), at one, an odd and the most tokens, with V (48) not a multiple of the block: outputs and the state in
+    """Each kernel a launch may pick (one chunk, every token loaded at once, token by token with the next
+    prefetched), at one, an odd and the most tokens, with V (48) not a multiple of the block: outputs and the state in
     place."""
     case = Case("gdn", B=2, T=T, H=3, K=32, V=48, dtype="fp32", mode="decode", regime="long")
     x = make_case_inputs(get_op("gdn"), case)

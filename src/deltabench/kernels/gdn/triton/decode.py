@@ -3,9 +3,10 @@
 One program per (V block, batch*head) loads its ``[K, BV]`` slice of the float32 state, and per token applies the
 gate (decay) first, then the delta update, then the output; the slice is stored back into the very buffer it was read
 from (each program reads its slice whole before it writes it, and no two programs share one), so the state cache is
-updated in place and no new state is allocated. Two kernels: :func:`decode_step_kernel` loads every token's inputs
-with the state at once; :mod:`.fused_recurrent`'s walks the tokens, prefetching the next. :func:`decode_launch`
-picks the kernel, V block and warps by the step's shape.
+updated in place and no new state is allocated. Three kernels: :func:`decode_step_kernel` loads every token's
+inputs with the state at once; :func:`decode_chunk_kernel` does too and steps them as one chunk;
+:mod:`.fused_recurrent`'s walks the tokens, prefetching the next. :func:`decode_launch` picks the kernel, V block
+and warps by the step's shape.
 """
 
 from __future__ import annotations
@@ -21,16 +22,21 @@ __all__ = ["decode_chunk_kernel", "decode_launch", "decode_step_kernel", "gdn_tr
 
 
 @triton.jit
+def _step_rows(T, H: tl.constexpr, BT: tl.constexpr):
+    """The (batch, token, head) rows of this program's BT token slots (slots past T name no token)."""
+    i_bh = tl.program_id(1)
+    return ((i_bh // H) * T + tl.arange(0, BT)).to(tl.int64) * H + i_bh % H
+
+
+@triton.jit
 def _load_step(q, k, v, g, beta, state, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                BV: tl.constexpr, BT: tl.constexpr):  # fmt: skip
     """This program's step, loaded at once: every token's k, q ``[BT, BK]``, v ``[BT, BV]``, g and beta ``[BT]``
     (rows past T zero) in float32, and its ``[BK, BV]`` slice of the state."""
-    i_bh = tl.program_id(1)
     rk = tl.arange(0, BK)
     rv = tl.program_id(0) * BV + tl.arange(0, BV)
-    rt = tl.arange(0, BT)
-    mk, mv, mt = rk < K, rv < V, rt < T
-    rows = ((i_bh // H) * T + rt).to(tl.int64) * H + i_bh % H
+    mk, mv, mt = rk < K, rv < V, tl.arange(0, BT) < T
+    rows = _step_rows(T, H, BT)
     kk = tl.load(k + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
     qq = tl.load(q + rows[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
     vv = tl.load(v + rows[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
@@ -51,13 +57,15 @@ def _state_offsets(K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.co
 def _store_step(o, state, out, S, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, BT: tl.constexpr):  # fmt: skip
     """Store this program's outputs ``[BT, BV]`` (rows past T dropped) and its slice of the new state."""
-    i_bh = tl.program_id(1)
     rk = tl.arange(0, BK)
     rv = tl.program_id(0) * BV + tl.arange(0, BV)
-    rt = tl.arange(0, BT)
     mv = rv < V
-    rows = ((i_bh // H) * T + rt).to(tl.int64) * H + i_bh % H
-    tl.store(o + rows[:, None] * V + rv[None, :], out.to(o.dtype.element_ty), mask=(rt < T)[:, None] & mv[None, :])
+    rows = _step_rows(T, H, BT)
+    tl.store(
+        o + rows[:, None] * V + rv[None, :],
+        out.to(o.dtype.element_ty),
+        mask=(tl.arange(0, BT) < T)[:, None] & mv[None, :],
+    )
     tl.store(state + _state_offsets(K, V, BK, BV), S, mask=(rk < K)[:, None] & mv[None, :])
 
 
@@ -167,9 +175,8 @@ def launch_decode(
 ) -> None:
     """One decode launch on contiguous inputs: `state` (``[B, H, K, V]`` float32) updated in place, `o` written.
     `kernel`: ``chunk`` (:func:`decode_chunk_kernel`: the tokens as one chunk, matrix products on tensor cores),
-    ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once), ``prefetch`` or ``serial``
-    (the token-serial kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update,
-    or after it)."""
+    ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once) or ``prefetch`` (the token-serial
+    kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK = max(16, triton.next_power_of_2(K))
@@ -188,12 +195,11 @@ def launch_decode(
             H=H, K=K, V=V, BK=BK, BV=BV, BT=max(2, triton.next_power_of_2(T)), num_warps=num_warps, num_stages=1,
         )  # fmt: skip
         return
-    if kernel not in ("prefetch", "serial"):
-        raise ValueError(f"kernel is 'chunk', 'all', 'prefetch' or 'serial', got {kernel!r}")
+    if kernel != "prefetch":
+        raise ValueError(f"kernel is 'chunk', 'all' or 'prefetch', got {kernel!r}")
     fused_recurrent_fwd_kernel[grid](
         q, k, v, g, beta, state, o, state, scale, T,
-        H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True, PREFETCH=kernel == "prefetch",
-        num_warps=num_warps, num_stages=1,
+        H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True, num_warps=num_warps, num_stages=1,
     )  # fmt: skip
 
 

@@ -21,14 +21,23 @@ __all__ = ["fused_recurrent_gated_delta_rule", "gdn_triton_recurrent"]
 
 
 @triton.jit
+def _token(q, k, v, g, beta, row, rk, rv, mk, mv, scale, K: tl.constexpr, V: tl.constexpr):
+    """One token's inputs in float32 (`row`: its (batch, token, head) row): k, scale * q, v, g, beta."""
+    kt = tl.load(k + row * K + rk, mask=mk, other=0.0).to(tl.float32)
+    qt = tl.load(q + row * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
+    vt = tl.load(v + row * V + rv, mask=mv, other=0.0).to(tl.float32)
+    return kt, qt, vt, tl.load(g + row).to(tl.float32), tl.load(beta + row).to(tl.float32)
+
+
+@triton.jit
 def fused_recurrent_fwd_kernel(
     q, k, v, g, beta, h0, o, ht,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREFETCH: tl.constexpr = True,
+    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
 ):  # fmt: skip
-    """Walk the tokens of one (batch, head) for one block of V columns. With PREFETCH the next token's inputs are
-    loaded before this token's update, so their memory latency hides behind it instead of stalling every token."""
+    """Walk the tokens of one (batch, head) for one block of V columns. The next token's inputs are loaded before
+    this token's update, so their memory latency hides behind it instead of stalling every token."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -40,11 +49,7 @@ def fused_recurrent_fwd_kernel(
     mkv = mk[:, None] & mv[None, :]
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     row = (i_b * T).to(tl.int64) * H + i_h
-    kt = tl.load(k + row * K + rk, mask=mk, other=0.0).to(tl.float32)
-    qt = tl.load(q + row * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
-    vt = tl.load(v + row * V + rv, mask=mv, other=0.0).to(tl.float32)
-    gt = tl.load(g + row).to(tl.float32)
-    bt = tl.load(beta + row).to(tl.float32)
+    kt, qt, vt, gt, bt = _token(q, k, v, g, beta, row, rk, rv, mk, mv, scale, K, V)
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
@@ -52,25 +57,13 @@ def fused_recurrent_fwd_kernel(
     last = row + (T - 1) * H
     for _ in range(T):
         nxt = tl.minimum(row + H, last)  # past the last token: that token again, never read out of bounds
-        if PREFETCH:
-            kn = tl.load(k + nxt * K + rk, mask=mk, other=0.0).to(tl.float32)
-            qn = tl.load(q + nxt * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
-            vn = tl.load(v + nxt * V + rv, mask=mv, other=0.0).to(tl.float32)
-            gn = tl.load(g + nxt).to(tl.float32)
-            bn = tl.load(beta + nxt).to(tl.float32)
+        kn, qn, vn, gn, bn = _token(q, k, v, g, beta, nxt, rk, rv, mk, mv, scale, K, V)
         S = S * tl.exp(gt)
         ut = bt * (vt - tl.sum(S * kt[:, None], axis=0))
         S += kt[:, None] * ut[None, :]
         ot = tl.sum(S * qt[:, None], axis=0)
         tl.store(o + row * V + rv, ot.to(o.dtype.element_ty), mask=mv)
-        if PREFETCH:
-            kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
-        else:
-            kt = tl.load(k + nxt * K + rk, mask=mk, other=0.0).to(tl.float32)
-            qt = tl.load(q + nxt * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
-            vt = tl.load(v + nxt * V + rv, mask=mv, other=0.0).to(tl.float32)
-            gt = tl.load(g + nxt).to(tl.float32)
-            bt = tl.load(beta + nxt).to(tl.float32)
+        kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
         row = nxt
     if STORE_FINAL:
         tl.store(ht + state_off, S, mask=mkv)

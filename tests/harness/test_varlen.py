@@ -135,6 +135,35 @@ def test_torch_references_pass_the_packed_gate(op: str, name: str) -> None:
     assert {"output", "final_state", "grad:initial_state", "grad:q", "grad:g"} <= checks
 
 
+# One long sequence among short ones: padded to the longest it would be 4 x 130 rows for 136 tokens.
+SKEWED = (3, 1, 130, 2)
+
+
+@pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
+def test_a_skewed_packing_runs_sequence_by_sequence_and_passes_the_gate(op: str) -> None:
+    from deltabench.kernels.common import varlen
+
+    impl = get_impl(op, "torch_chunk")
+    case = Case(op, B=1, T=sum(SKEWED), H=2, K=16, V=16, seqlens=SKEWED, mode="fwd+bwd")
+    report = gate(impl, case)
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    # the layout's choice: every dense call holds one sequence, none padded to the longest
+    calls: list[tuple[int, int]] = []
+
+    def dense(*xs: torch.Tensor, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(tuple(xs[0].shape[:2]))
+        return gdn_torch_recurrent(*xs, **kw)
+
+    x = make_case_inputs(get_op("gdn"), Case("gdn", B=1, T=sum(SKEWED), H=2, K=16, V=16, seqlens=SKEWED))
+    seqs = [x[name] for name in ("q", "k", "v", "g", "beta")]
+    o, ht = varlen.run_packed(dense, *seqs, cu_seqlens=x["cu_seqlens"])
+    assert calls == [(1, n) for n in SKEWED]
+    bounds = list(itertools.pairwise(itertools.accumulate(SKEWED, initial=0)))
+    alone = [gdn_torch_recurrent(*(s[:, a:b] for s in seqs)) for a, b in bounds]
+    assert torch.equal(o, torch.cat([a[0] for a in alone], dim=1))
+    assert torch.equal(ht, torch.cat([a[1] for a in alone]))
+
+
 @pytest.mark.parametrize(
     ("name", "mode"),
     [
@@ -257,7 +286,7 @@ def test_the_fla_adapter_passes_cu_seqlens_to_flas_varlen_path(monkeypatch: pyte
     report = gate(fla.gdn_fla_chunk, packed_case(mode="fwd+bwd"), regimes=("long",))
     assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
     assert seen and all(s["cu_seqlens"] is not None and s["output_final_state"] for s in seen[:1])
-    assert get_impl("gdn", "fla_chunk").varlen and get_impl("kda", "fla_chunk").varlen
+    assert all(get_impl(op, "fla_chunk").varlen for op in ("gdn", "gdn2", "kda"))
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "bwd"])

@@ -15,9 +15,11 @@ from typing import Any
 from deltabench.harness.document import CaseSpec
 from deltabench.references.contract import INDEXED_DIMS, order_dims
 
-__all__ = ["ABSENT", "case_dim_fields", "dims_columns", "dims_of", "extra_dims_text", "stored_dims"]
+__all__ = ["ABSENT", "PACKED_DIM", "case_dim_fields", "dims_columns", "dims_of", "extra_dims_text", "stored_dims"]
 
 ABSENT = 0  # an indexed dim the op does not have
+# A packed case's count of sequences: a stored dim of every op, beside its contract's dims
+PACKED_DIM = "N"
 
 
 def extra_dims_text(extra: Mapping[str, int] | None) -> str:
@@ -38,7 +40,7 @@ def stored_dims(case: CaseSpec) -> dict[str, int]:
     """The dims a document's case (harness.document.CaseSpec) is stored under: its dims, and for packed sequences
     their count as the extra dim ``N`` (so that a packed job's series is not its dense shape's, and its stored
     shape id reads ``B1-T300-H2-K32-V32-N4`` as the case's does)."""
-    packed = {} if case.seqlens is None else {"N": len(case.seqlens)}
+    packed = {} if case.seqlens is None else {PACKED_DIM: len(case.seqlens)}
     return {**case.dims, **packed}
 
 

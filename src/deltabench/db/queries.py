@@ -37,7 +37,7 @@ from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput, UnknownOp
 from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims
 
-from .dims import case_dim_fields, dims_columns
+from .dims import PACKED_DIM, case_dim_fields, dims_columns
 from .ingest import unpack_repetitions, unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
 from .series_state import SeriesKey
@@ -175,11 +175,12 @@ def parse_shape_filter(shape: str | Mapping[str, int] | None) -> dict[str, int]:
 
 
 def _known_dims() -> tuple[str, ...]:
-    """Every dim of the ops registered in this process (B, T, H, K, V first)."""
+    """Every dim of the ops registered in this process (B, T, H, K, V first) and the packed count ``N``."""
     from deltabench.harness.ops import OPS, load_entry_point_ops
 
     load_entry_point_ops()
-    return tuple(order_dims(dict.fromkeys([*INDEXED_DIMS, *(d for c in OPS.values() for d in c.dims)], 1)))
+    every = [*INDEXED_DIMS, *(d for c in OPS.values() for d in c.dims), PACKED_DIM]
+    return tuple(order_dims(dict.fromkeys(every, 1)))
 
 
 def _shape_clauses(shape: str | Mapping[str, int] | None) -> list[Any]:
@@ -1010,10 +1011,11 @@ def series_software_now(session: Session, *, key: SeriesKey, statuses: Sequence[
 
 def series_dims(op: str, shape: str | Mapping[str, int]) -> dict[str, int]:
     """The complete dims of a series of `op` from `shape`: every dim of its contract (B, T, H, K, V for the delta
-    family); of an op not registered in this process, at least B and T. BadInput says what is missing."""
+    family), with ``N`` for packed sequences; of an op not registered in this process, at least B and T. BadInput
+    says what is missing."""
     dims = parse_shape_filter(shape)
     needed = _series_dims(op)
-    if (needed is not None and set(dims) != set(needed)) or not {"B", "T"} <= set(dims):
+    if (needed is not None and set(dims) - {PACKED_DIM} != set(needed)) or not {"B", "T"} <= set(dims):
         raise BadInput(f"a series needs all of {', '.join(needed or ('B', 'T', '...'))}; got {shape!r}")
     return dims
 

@@ -6,6 +6,11 @@ batch of N rows, each zero-padded at its end to the longest length, and runs the
 sequence starts from its own state row and no chunk holds tokens of two sequences. A token whose inputs and gates
 are all zero leaves the delta family's state unchanged (no decay, no write), so each row's final state is its
 sequence's; the padded outputs are dropped. Autograd carries the gradients back through the layout.
+
+Where padding would more than double the tokens (:data:`PAD_LIMIT`: one long sequence among many short ones, as
+lengths drawn lognormal give), the kernel runs sequence by sequence instead: N calls, but memory in proportion to
+the packed T, not to N times the longest (gdn2's chunked PyTorch impl at 32768 packed tokens, 19 sequences, asked
+for 62 GiB padded).
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["run_packed", "seq_offsets"]
+__all__ = ["PAD_LIMIT", "run_packed", "seq_offsets"]
+
+# The most padded tokens per packed token before run_packed calls the kernel once per sequence instead
+PAD_LIMIT = 2.0
 
 
 def seq_offsets(cu_seqlens: torch.Tensor, T: int, B: int) -> list[int]:
@@ -58,6 +66,15 @@ def run_packed(
     n, longest = len(lengths), max(lengths)
     if initial_state is not None and initial_state.shape[0] != n:
         raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
+
+    if n * longest > PAD_LIMIT * T:
+        outs, states = [], []
+        for i, (a, b) in enumerate(itertools.pairwise(offsets)):
+            h0 = None if initial_state is None else initial_state[i : i + 1]
+            o, ht = fn(*(x[:, a:b] for x in seqs), initial_state=h0, **kwargs)
+            outs.append(o)
+            states.append(ht)
+        return torch.cat(outs, dim=1), torch.cat(states)
 
     def rows(x: torch.Tensor) -> torch.Tensor:
         pieces = []

@@ -175,15 +175,19 @@ def gdn2_fla_chunk(
     w: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet-2 through FLA's ``chunk_gdn2``: same names and layouts as deltabench's gdn2.
 
     FLA's rule, ``S_t = (I - k_t (b_t * k_t)^T) Diag(exp g_t) S_{t-1} + k_t (w_t * v_t)^T``, is ours written as one
     product. g ``[B, T, H, K]`` natural-log decay; b ``[B, T, H, K]`` erase gate; w ``[B, T, H, V]`` write gate.
-    FLA asserts K <= 256 and a float32 initial state.
+    FLA asserts K <= 256 and a float32 initial state. cu_seqlens: packed sequences, FLA's varlen path (as
+    :func:`gdn_fla_chunk`).
     """
     fla_gdn2 = _submodule("gdn2")
-    return call_fla_convention(fla_gdn2.chunk_gdn2, q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+    return call_fla_convention(
+        fla_gdn2.chunk_gdn2, q, k, v, g, b, w, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens
+    )
 
 
 def kda_fla_chunk(
@@ -324,7 +328,7 @@ IMPLS = (
         varlen=True,
         notes="FLA 0.6.0's fused_recurrent_gated_delta_rule (it has no backward)",
     ),
-    ImplDecl("gdn2", "fla_chunk", f"{__name__}:gdn2_fla_chunk", **_FLA_IMPL, notes=_NOTE),
+    ImplDecl("gdn2", "fla_chunk", f"{__name__}:gdn2_fla_chunk", **_FLA_IMPL, varlen=True, notes=_NOTE),
     ImplDecl("kda", "fla_chunk", f"{__name__}:kda_fla_chunk", **_FLA_IMPL, varlen=True, notes=_NOTE),
     # Token-serial kernels (forward only): the public entry points allocate the new state; the serving launchers
     # (`*_fwd` with inplace_final_state=True) store it into the state cache given, as an engine's decode step does.

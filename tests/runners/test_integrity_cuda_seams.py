@@ -70,6 +70,25 @@ def test_decode_timer_scopes_agree_within_half_a_microsecond_or_three_percent() 
     assert none.passed and none.value is None and "not available" in none.detail
 
 
+def test_a_call_of_several_kernels_agrees_through_its_span_and_reports_its_launch_gaps() -> None:
+    """An adapter's 15.6 us call of 4 kernels summing 4.1 us: CUPTI's span of the call (15.4 us) agrees with the
+    events, the 11.3 us of launch gaps are reported; a span the events do not see (work left outside the timed call,
+    or an events clock running slow) fails, and so does a kernels' sum past the span (work beside the call)."""
+    gaps = cuda_integrity.timer_agreement_record(15.6, 4.1, 4.0, 90.0, span_us=15.4)
+    assert gaps.passed and "span 15.40 us" in gaps.detail and "launch gaps 11.30 us" in gaps.detail
+    assert not cuda_integrity.timer_agreement_record(15.6, 4.1, 4.0, 90.0, span_us=14.9).passed
+    beside = cuda_integrity.timer_agreement_record(15.6, 17.0, 4.0, 90.0, span_us=15.5)
+    assert not beside.passed and "exceeds their span" in beside.detail
+
+
+def test_the_replay_span_counts_gaps_inside_a_replay_not_between_replays() -> None:
+    """Two replays of two kernels each (ns): 0-10, 15-25 | 1000-1010, 1020-1030: spans 25 + 30, not 1030."""
+    intervals = [(1020, 1030), (0, 10), (1000, 1010), (15, 25)]
+    assert cuda_integrity.replay_span_ns(intervals, 2) == 55
+    assert cuda_integrity.replay_span_ns(intervals, 3) is None  # a replay traced in part
+    assert cuda_integrity.replay_span_ns([], 2) is None
+
+
 def test_without_cupti_the_record_says_not_available() -> None:
     try:
         import cupti  # noqa: F401

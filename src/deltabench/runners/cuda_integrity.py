@@ -37,6 +37,7 @@ __all__ = [
     "ghost_launches",
     "ghost_record",
     "kernel_time_record",
+    "replay_span_ns",
     "synchronize_all",
     "timer_agreement_record",
 ]
@@ -107,28 +108,58 @@ def kernel_time_record(
     return _record("kernel_time", "ratio", ratio, 1 + KERNEL_TIME_TOLERANCE, busy <= limit_ns, detail)
 
 
+def replay_span_ns(intervals: Sequence[tuple[int, int]], replays: int) -> int | None:
+    """The device's own time of `replays` graph replays (ns): each replay's first start to its last end, summed,
+    so the launch gaps between a replay's kernels count and the host's time between replays does not. A graph
+    replays the same work each time, so the sorted intervals fall into `replays` groups of equal count; None when
+    they do not (a replay traced in part)."""
+    if replays < 1 or not intervals or len(intervals) % replays:
+        return None
+    ordered = sorted(intervals)
+    per = len(ordered) // replays
+    groups = [ordered[i : i + per] for i in range(0, len(ordered), per)]
+    return sum(max(end for _, end in group) - group[0][0] for group in groups)
+
+
 def timer_agreement_record(
-    call_us: float, kernel_us: float | None, kernels_per_call: float, host_us: float, why_not: str = ""
+    call_us: float,
+    kernel_us: float | None,
+    kernels_per_call: float,
+    host_us: float,
+    why_not: str = "",
+    span_us: float | None = None,
 ) -> CheckRecord:
-    """``integrity:timer_agreement`` of a microsecond timing: the CUDA-graph replay's time a call (`call_us`, scope
-    call) against the CUPTI sum of its kernels' and copies' durations a call (`kernel_us`, scope kernel), which must
-    agree within the larger of :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call; `host_us` (a
-    host-synchronised call, scope host) is reported beside them, never held to them. Disagreement flags the figure
-    (the record fails) but is not a wrong answer, so it never fails the job: more call than kernel time is launch
-    gaps between a call's kernels (``kernels_per_call`` > 1) or time outside the kernels; more kernel than call
-    time, kernels running side by side. `kernel_us` None: CUPTI not available (`why_not`), a passing note."""
+    """``integrity:timer_agreement`` of a microsecond timing, its three scopes: the CUDA-graph replay's time a call
+    (`call_us`, scope call, the events' clock), the CUPTI sum of its kernels' and copies' durations a call
+    (`kernel_us`, scope kernel) and a host-synchronised call (`host_us`, scope host, reported, never held to them).
+
+    The events' call time must agree with the device's own clock of the same scope, within the larger of
+    :data:`AGREEMENT_US` and :data:`AGREEMENT_SHARE` of the call: CUPTI's span of the call (`span_us`,
+    :func:`replay_span_ns` a call: the kernels with the launch gaps between them) where the trace gives it, else
+    the kernels' sum; and the kernels' sum may not exceed the span (that would be work beside the call's own).
+    The gaps (span - sum) are reported: a call of several kernels pays them, a one-kernel step has none.
+    Disagreement flags the figure (the record fails) but is not a wrong answer, so it never fails the job.
+    `kernel_us` None: CUPTI not available (`why_not`), a passing note."""
     scopes = f"call {call_us:.2f} us (CUDA graph), host {host_us:.1f} us (synchronised each call)"
     if kernel_us is None:
         detail = f"{scopes}; kernel time not available: {why_not}"
         return _record("timer_agreement", "abs_us", None, None, True, detail, gating=False)
     bound = max(AGREEMENT_US, AGREEMENT_SHARE * call_us)
-    gap = abs(call_us - kernel_us)
     detail = f"{scopes}, kernel {kernel_us:.2f} us (CUPTI sum of {kernels_per_call:.3g} kernels and copies a call)"
+    device_us = kernel_us if span_us is None else span_us
+    if span_us is not None:
+        detail += f", span {span_us:.2f} us (CUPTI, launch gaps {span_us - kernel_us:.2f} us a call)"
+    gap = abs(call_us - device_us)
+    passed = gap <= bound and (span_us is None or kernel_us <= span_us + bound)
     if gap > bound:
-        detail += f": the scopes differ by {gap:.2f} us > {bound:.2f}" + (
-            " (launch gaps between the call's kernels are in its call time)" if kernels_per_call > 1.01 else ""
+        detail += f": the events and CUPTI differ by {gap:.2f} us > {bound:.2f}" + (
+            " (launch gaps between the call's kernels are in its call time)"
+            if span_us is None and kernels_per_call > 1.01
+            else ""
         )
-    return _record("timer_agreement", "abs_us", gap, bound, gap <= bound, detail, gating=False)
+    elif not passed:
+        detail += ": the kernels' sum exceeds their span (work running beside the call's own)"
+    return _record("timer_agreement", "abs_us", gap, bound, passed, detail, gating=False)
 
 
 class KernelTrace:

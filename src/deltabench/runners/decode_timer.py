@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import cuda as cuda_timer
-from .cuda_integrity import KernelTrace, timer_agreement_record
+from .cuda_integrity import KernelTrace, replay_span_ns, timer_agreement_record
 from .hwstate import hardware_records
 from .timing import Timed, TimerRequest, summarize
 
@@ -120,8 +120,10 @@ def timer_agreement(measure: Callable[[int], list[float]], per_replay: int, time
         per_call_ms = measure(AGREEMENT_REPLAYS)
     calls = AGREEMENT_REPLAYS * per_replay
     kernel_us = sum(end - start for start, end in trace.intervals) / 1e3 / calls
+    span_ns = replay_span_ns(trace.intervals, AGREEMENT_REPLAYS)
+    span_us = None if span_ns is None else span_ns / 1e3 / calls
     call_us = 1e3 * sum(per_call_ms) / len(per_call_ms)
-    return timer_agreement_record(call_us, kernel_us, len(trace.intervals) / calls, host_us)
+    return timer_agreement_record(call_us, kernel_us, len(trace.intervals) / calls, host_us, span_us=span_us)
 
 
 def _host_us(fn: Callable[[], Any], reps: int) -> list[float]:

@@ -289,6 +289,29 @@ def test_the_fla_adapter_passes_cu_seqlens_to_flas_varlen_path(monkeypatch: pyte
     assert all(get_impl(op, "fla_chunk").varlen for op in ("gdn", "gdn2", "kda"))
 
 
+def test_the_flash_qla_adapter_passes_cu_seqlens_to_its_varlen_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashQLA cannot run here: a stand-in module with its entry point's signature (our torch_chunk behind it)
+    checks that the adapter hands over the offsets, and the gate that the result is the packed one."""
+    import sys
+    import types
+
+    from deltabench.kernels.external import flash_qla
+
+    seen: list[object] = []
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, head_first=False):  # fmt: skip
+        seen.append(cu_seqlens)
+        chunk = get_impl("gdn", "torch_chunk")
+        return chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+    monkeypatch.setitem(sys.modules, "flash_qla", types.SimpleNamespace(chunk_gated_delta_rule=chunk_gated_delta_rule))
+    report = gate(flash_qla.gdn_flash_qla, packed_case(mode="fwd+bwd"), regimes=("long",))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    assert seen and seen[0] is not None
+    assert get_impl("gdn", "flash_qla").varlen
+
+
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "bwd"])
 def test_the_timed_call_gets_the_offsets(mode: str) -> None:
     """The runner times the packed call, not the dense one over the same tokens."""

@@ -61,6 +61,7 @@ def gdn_flash_qla(
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet through ``flash_qla.chunk_gated_delta_rule`` (with its automatic intra-card split on).
 
@@ -68,6 +69,8 @@ def gdn_flash_qla(
         q, k: ``[B, T, H, 128]`` bf16 or fp16, already L2-normalised. v: ``[B, T, H, 128]``, same dtype.
         g: ``[B, T, H]`` log-decay (float32). beta: ``[B, T, H]``.
         scale: default ``K ** -0.5``. initial_state: optional ``[B, H, K, V]`` float32.
+        cu_seqlens: int32 ``[N + 1]`` offsets of packed sequences (B = 1, states ``[N, H, K, V]``): FlashQLA's
+            varlen path, FLA's convention.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state`` ``[B, H, K, V]`` float32.
@@ -75,7 +78,15 @@ def gdn_flash_qla(
     import flash_qla
 
     return call_fla_convention(
-        flash_qla.chunk_gated_delta_rule, q, k, v, g, beta, scale=scale, initial_state=initial_state
+        flash_qla.chunk_gated_delta_rule,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
     )
 
 
@@ -97,6 +108,7 @@ IMPLS = (
         dtypes=("bf16", "fp16"),
         constraint=flash_qla_case,
         requires=("flash_qla", "tilelang"),
+        varlen=True,
         compiles_per_shape=True,  # TileLang, without autotuning: its gates side by side, a process each
         jit="tilelang",  # its kernels listed by a dry run and built side by side before its gates
         notes="FlashQLA 0.1.3 (TileLang); compiles each new shape on its first call, tens of seconds; no decode "

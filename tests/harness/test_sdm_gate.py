@@ -6,6 +6,8 @@ two suites (the CPU smoke suite runs; the GPU suite's jobs end ``unsupported`` o
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from deltabench.harness.cases import Case
 from deltabench.harness.document import BUILTIN_OPS, ResultDocument
 from deltabench.harness.ops import OPS
 from deltabench.harness.suites import load_suite
-from deltabench.kernels.sdm import sdm_torch_chunk
+from deltabench.kernels.sdm import sdm_decode_step, sdm_torch_chunk
 from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
 from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module
 from deltabench.references import sdm
@@ -181,13 +183,29 @@ def test_a_factored_pair_decay_is_rejected_by_the_strong_regime(monkeypatch: pyt
     assert failed and {r.regime for r in failed} == {"strong"}, _failed(report)
 
 
-def test_a_bank_rounded_to_bf16_every_token_is_rejected_at_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At bf16 the float32 banks of torch_recurrent and torch_chunk pass sdm's state bound (1e-4, tolerances.py);
-    the same loop rounding its bank to bf16 after every token fails it in every regime."""
-    case = Case("sdm", **{**SHAPE, "T": 70}, dtype="bf16", mode="fwd")
-    for name in ("torch_recurrent", "torch_chunk"):
-        report = verify_case(registry.get_impl("sdm", name), case, seeds=1, extra_seed=False)
-        assert report.passed, (name, [f"{r.check} {r.regime} {r.detail}" for r in report.failures])
+def test_a_clamped_key_weighted_decay_is_no_bug_under_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_chunk with each write's log-decay ``g * k_val`` clamped at 0: the contract keeps the key-weighted decay to
+    ``k_val >= 0`` (SDM 2.0.0's softmax write weights; signed ones grow the bank without bound), where the clamp
+    changes no bit, and the oracle and every impl refuse a negative weight, where it would change the result."""
+    x = sdm.make_inputs(1, 70, 2, 32, 8, 4, 4, seed=0, regime="key_weighted", initial_bank=True)
+    want = sdm_torch_chunk(**x)
+    real = chunk_module._chunk_slot_decays
+    monkeypatch.setattr(chunk_module, "_chunk_slot_decays", lambda sw, ld, sr, C: real(sw, ld.clamp(max=0), sr, C))
+    got = sdm_torch_chunk(**x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    signed = {**x, "k_val": sdm.make_inputs(1, 70, 2, 32, 8, 4, 4, seed=0)["k_val"]}  # typical's weights, signed
+    first = tuple(int(i) for i in (signed["k_val"] < 0).nonzero()[0])  # the first negative weight, named
+    for fn in (sdm.sdm_recurrent, registry.get_impl("sdm", "torch_recurrent").fn, sdm_torch_chunk):
+        with pytest.raises(ValueError, match=re.escape("key_weighted_decay needs k_val >= 0")) as info:
+            fn(**signed)
+        assert f"k_val at {first} is {float(signed['k_val'][first]):.3g}" in str(info.value)
+    step = {n: signed[n][:, first[1]] for n in ("k_idx", "k_val", "q_idx", "q_val", "v", "g", "beta")}
+    with pytest.raises(ValueError, match="key_weighted_decay needs k_val >= 0"):
+        sdm_decode_step(**step, bank=signed["initial_bank"], key_weighted_decay=True)
+
+
+def _bank_kept_in_bf16(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """torch_recurrent with its bank rounded to bf16 after every token."""
     real = recurrent_module.sdm_step
 
     def bf16_bank(*args):  # type: ignore[no-untyped-def]
@@ -195,9 +213,62 @@ def test_a_bank_rounded_to_bf16_every_token_is_rejected_at_bf16(monkeypatch: pyt
         return y, bank.to(torch.bfloat16).float()
 
     monkeypatch.setattr(recurrent_module, "sdm_step", bf16_bank)
-    report = verify_case(registry.get_impl("sdm", "torch_recurrent").fn, case, seeds=1, extra_seed=False)
-    failed = {r.regime for r in report.failures if r.check == "final_state"}
-    assert failed == set(sdm.SDM_REGIMES), _failed(report)
+    return registry.get_impl("sdm", "torch_recurrent").fn
+
+
+def chunk_by_chunk(carry: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """sdm as torch_chunk run 64 tokens at a time, the bank handed from one chunk to the next rounded to `carry` (in
+    bf16: a kernel that carries its bank between chunks in bf16); the last chunk's bank is returned in float32."""
+
+    def fn(
+        k_idx: torch.Tensor,
+        k_val: torch.Tensor,
+        q_idx: torch.Tensor,
+        q_val: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        initial_bank: torch.Tensor | None = None,
+        key_weighted_decay: bool = False,
+        *,
+        num_slots: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seq, bank, ys = (k_idx, k_val, q_idx, q_val, v, g, beta), initial_bank, []
+        for t0 in range(0, v.shape[1], 64):
+            if t0:
+                bank = bank.to(carry).float()
+            part = (x[:, t0 : t0 + 64] for x in seq)
+            y, bank = sdm_torch_chunk(*part, bank, key_weighted_decay, num_slots=num_slots)
+            ys.append(y)
+        return torch.cat(ys, dim=1), bank
+
+    return fn
+
+
+def test_float32_banks_pass_sdm_bf16_state_bound() -> None:
+    """At bf16 the float32 banks of torch_recurrent and torch_chunk pass sdm's state bound (1e-4, tolerances.py) in
+    every regime, and so does torch_chunk run chunk by chunk with its bank carried in float32 (the planted carry
+    below, its rounding taken out)."""
+    case = Case("sdm", **{**SHAPE, "T": 70}, dtype="bf16", mode="fwd")
+    impls = [registry.get_impl("sdm", n) for n in ("torch_recurrent", "torch_chunk")]
+    for fn in (*impls, chunk_by_chunk(torch.float32)):
+        report = verify_case(fn, case, seeds=1, extra_seed=False)
+        assert report.passed, [f"{r.check} {r.regime} {r.detail}" for r in report.failures]
+
+
+@pytest.mark.parametrize("plant", ["kept", "carried"])
+def test_a_bf16_bank_is_rejected_at_bf16(plant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bank kept in bf16 (rounded after every token) or carried in bf16 (rounded from chunk to chunk) fails sdm's
+    bf16 state bound in the gate: the dtype's 1e-2 let both through."""
+    fn = _bank_kept_in_bf16(monkeypatch) if plant == "kept" else chunk_by_chunk(torch.bfloat16)
+    case = Case("sdm", **{**SHAPE, "T": 70}, dtype="bf16", mode="fwd")
+    report = verify_case(fn, case, seeds=1, extra_seed=False)
+    failed = [r for r in report.failures if r.check == "final_state"]
+    assert failed, _failed(report)
+    assert max(r.value / r.threshold for r in failed) > 10  # by a clear factor, not on the edge
+    assert all(r.value < 1e-2 for r in report.records if r.check == "final_state")  # under the dtype's bound
+    if plant == "kept":
+        assert {r.regime for r in failed} == set(sdm.SDM_REGIMES)
 
 
 def test_read_before_write_in_the_token_loop_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:

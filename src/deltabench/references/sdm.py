@@ -93,9 +93,17 @@ def check_slot_tensors(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int)
             raise ValueError(f"{name} selects {idx.shape[-1]} slots per token, more than the bank's S={num_slots}")
 
 
-def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, allow_repeated_writes: bool) -> None:
+def check_slots(
+    k_idx: torch.Tensor,
+    q_idx: torch.Tensor,
+    num_slots: int,
+    *,
+    allow_repeated_writes: bool,
+    decay_weights: torch.Tensor | None = None,
+) -> None:
     """Raise a one-line ValueError when a slot index is outside ``[0, num_slots)``, an index tensor is not an
-    integer tensor, W or R exceeds S, or (unless allowed) a token repeats a write slot."""
+    integer tensor, W or R exceeds S, (unless allowed) a token repeats a write slot, or one of `decay_weights` (the
+    write weights under key-weighted decay, which the contract holds to ``k_val >= 0``) is negative."""
     check_slot_tensors(k_idx, q_idx, num_slots)
     # Every condition as a device flag, read back in one transfer: on a GPU each read is a synchronisation that
     # leaves the device idle while the host queues the kernels after it.
@@ -108,6 +116,8 @@ def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, all
         ordered = k_idx.sort(dim=-1).values
         same = ordered[..., 1:] == ordered[..., :-1]
         flags.append(same.any())
+    if decay_weights is not None:
+        flags.append((decay_weights < 0).any())
     bad = torch.stack([f.to(k_idx.device) for f in flags]).tolist()
     for name, idx, out_of_range in (("k_idx", k_idx, bad[0]), ("q_idx", q_idx, bad[1])):
         if out_of_range:
@@ -119,6 +129,12 @@ def check_slots(k_idx: torch.Tensor, q_idx: torch.Tensor, num_slots: int, *, all
         first = tuple(int(i) for i in same.nonzero()[0])
         where, slot = first[:-1], int(ordered[first])
         raise ValueError(f"k_idx repeats write slot {slot} within one token at (b, t, h) = {where}")
+    if decay_weights is not None and bad[-1]:
+        where = tuple(int(i) for i in (decay_weights < 0).nonzero()[0])
+        raise ValueError(
+            f"key_weighted_decay needs k_val >= 0 (a write decays its slot by exp(g * k_val)): k_val at {where} is "
+            f"{float(decay_weights[where]):.3g}"
+        )
 
 
 def check_factors(factors: Sequence[int], num_slots: int | None = None) -> tuple[int, ...]:
@@ -185,11 +201,17 @@ def check_sdm_inputs(
     num_slots: int | None = None,
     *,
     allow_repeated_writes: bool = False,
+    key_weighted_decay: bool = False,
 ) -> tuple[int, int, int, int, int, int, int]:
     """Check an sdm call against the contract and return ``(B, T, H, S, D, W, R)``; one-line ValueError otherwise
-    (a shape, an index out of range, W or R > S, a repeated write slot)."""
+    (a shape, an index out of range, W or R > S, a repeated write slot, a negative write weight under
+    `key_weighted_decay`)."""
     dims = check_sdm_shapes(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)
-    check_slots(k_idx, q_idx, dims[3], allow_repeated_writes=allow_repeated_writes)
+    # SDM 2.0.0's key-weighted decay is a forget gate, exp(g * k_val) <= 1, for its default (softmax) write
+    # weights; a negative weight grows its slot instead, and signed weights grow the bank without bound (2e7 to
+    # 2e21 over 8192 tokens: benchmarks/cpu/sdm_key_weighted_growth.py), so the contract keeps it to k_val >= 0.
+    weights = k_val if key_weighted_decay else None
+    check_slots(k_idx, q_idx, dims[3], allow_repeated_writes=allow_repeated_writes, decay_weights=weights)
     return dims
 
 
@@ -245,12 +267,18 @@ def sdm_recurrent(
             write weight is negative under ``key_weighted_decay``.
     """
     B, T, H, S, D, W, R = check_sdm_inputs(
-        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
+        k_idx,
+        k_val,
+        q_idx,
+        q_val,
+        v,
+        g,
+        beta,
+        initial_bank,
+        num_slots,
+        allow_repeated_writes=allow_repeated_writes,
+        key_weighted_decay=key_weighted_decay,
     )
-    if key_weighted_decay and bool((k_val < 0).any()):
-        # exp(g * k_val) with g <= 0 is a decay only for k_val >= 0; the contract holds the key-weighted decay
-        # to that domain, where clamping g * k_val at 0 changes nothing
-        raise ValueError("key_weighted_decay needs k_val >= 0: a write decays its slot by exp(g * k_val)")
     k_val, q_val, v, g, beta = (x.to(torch.float64) for x in (k_val, q_val, v, g, beta))
     k_idx, q_idx = k_idx.long(), q_idx.long()
     first = first_write_mask(k_idx)

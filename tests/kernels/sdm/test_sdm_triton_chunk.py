@@ -117,8 +117,10 @@ def test_bitwise_the_same_in_a_fresh_process(tmp_path: Path) -> None:
         (lambda x: x["k_idx"].__setitem__((0, 1, 0, 0), 99), "outside"),
         (lambda x: x["k_idx"].__setitem__((0, 1, 0, 1), int(x["k_idx"][0, 1, 0, 0])), "repeats write slot"),
         (lambda x: x.update(chunk_size=0), "chunk_size must be"),
+        # the draw's write weights are signed: the contract holds the key-weighted decay to k_val >= 0
+        (lambda x: x.update(key_weighted_decay=True), r"key_weighted_decay needs k_val >= 0"),
     ],
-    ids=["out-of-range", "repeated", "chunk-size"],
+    ids=["out-of-range", "repeated", "chunk-size", "kw-negative"],
 )
 def test_bad_input_is_refused(edit, message: str) -> None:
     x = make_inputs(1, 4, 1, 8, 2, 2, 2, seed=1)

@@ -134,9 +134,12 @@ def sdm_package_chunk(
         module docstring).
 
     Raises:
-        ValueError: a shape, an index, W or R > S or a repeated write slot (deltabench's check, one line).
+        ValueError: a shape, an index, W or R > S, a repeated write slot or a negative write weight under
+            key-weighted decay (deltabench's check, one line).
     """
-    B, T, H, S, D, _, _ = check_sdm_inputs(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots)
+    B, T, H, S, D, _, _ = check_sdm_inputs(
+        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, key_weighted_decay=key_weighted_decay
+    )
     from sparse_delta_memory.memory_ops import sdm_write_read
 
     bank = initial_bank if initial_bank is not None else v.new_zeros(B, H, S, D, dtype=torch.float32)
@@ -168,7 +171,8 @@ def sdm_decode_step_package(
     """One token through sparse-delta-memory 2.0.0's ``sdm_decode_step`` (CUDA, no gradient), with the signature
     of deltabench's :func:`deltabench.kernels.sdm.sdm_decode_step`: ``[B, H, ...]`` inputs, ``bank [B, H, S, D]``
     (not modified); returns ``(y [B, H, D] in v.dtype, new bank [B, H, S, D] float32)``."""
-    check_sdm_inputs(*(x[:, None] for x in (k_idx, k_val, q_idx, q_val, v, g, beta)), initial_bank=bank)
+    seq_args = (x[:, None] for x in (k_idx, k_val, q_idx, q_val, v, g, beta))
+    check_sdm_inputs(*seq_args, initial_bank=bank, key_weighted_decay=key_weighted_decay)
     from sparse_delta_memory.decode import sdm_decode_step
 
     B, H, S, D = bank.shape

@@ -69,14 +69,15 @@ def sdm_decode_step(
         ``(y, bank)``: ``[B, H, D]`` in ``v.dtype`` and the new ``[B, H, S, D]`` float32 bank.
 
     Raises:
-        ValueError: a shape breaks the contract, an index is out of range, W or R > S, or a write slot repeats.
+        ValueError: a shape breaks the contract, an index is out of range, W or R > S, a write slot repeats, or a
+            write weight is negative under ``key_weighted_decay``.
 
     Examples::
 
         >>> y, bank = sdm_decode_step(k_idx, k_val, q_idx, q_val, v, g, beta, bank)
     """
     args = (k_idx, k_val, q_idx, q_val, v, g, beta)
-    check_sdm_inputs(*(x[:, None] for x in args), initial_bank=bank)
+    check_sdm_inputs(*(x[:, None] for x in args), initial_bank=bank, key_weighted_decay=key_weighted_decay)
     y, bank = sdm_step(
         bank.float(), k_idx.long(), k_val.float(), q_idx.long(), q_val.float(), v.float(), g.float(), beta.float(),
         key_weighted_decay, first_write_mask(k_idx),

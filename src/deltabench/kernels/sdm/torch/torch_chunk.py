@@ -187,7 +187,17 @@ def sdm_torch_chunk(
         >>> y, bank = sdm_torch_chunk(**x, chunk_size=64)
     """
     B, T, H, S, D, W, R = check_sdm_inputs(
-        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
+        k_idx,
+        k_val,
+        q_idx,
+        q_val,
+        v,
+        g,
+        beta,
+        initial_bank,
+        num_slots,
+        allow_repeated_writes=allow_repeated_writes,
+        key_weighted_decay=key_weighted_decay,
     )
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")

@@ -49,7 +49,17 @@ def sdm_torch_recurrent(
         >>> y, bank = sdm_torch_recurrent(**x)
     """
     B, T, H, S, D, _, _ = check_sdm_inputs(
-        k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, num_slots, allow_repeated_writes=allow_repeated_writes
+        k_idx,
+        k_val,
+        q_idx,
+        q_val,
+        v,
+        g,
+        beta,
+        initial_bank,
+        num_slots,
+        allow_repeated_writes=allow_repeated_writes,
+        key_weighted_decay=key_weighted_decay,
     )
     bank = v.new_zeros(B, H, S, D, dtype=torch.float32) if initial_bank is None else initial_bank.float()
     k_idx, q_idx = k_idx.long(), q_idx.long()

@@ -554,7 +554,8 @@ def sdm_triton_chunk(
         k_val, q_val, v, S, key_weighted_decay=key_weighted_decay, allow_repeated_writes=allow_repeated_writes
     ):
         return sdm_dense_gdn(k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, S)  # checks the slots itself
-    check_slots(k_idx, q_idx, S, allow_repeated_writes=allow_repeated_writes)
+    weights = k_val if key_weighted_decay else None
+    check_slots(k_idx, q_idx, S, allow_repeated_writes=allow_repeated_writes, decay_weights=weights)
     return _SdmTritonChunk.apply(
         k_idx, k_val, q_idx, q_val, v, g, beta, initial_bank, key_weighted_decay, S, chunk_size
     )

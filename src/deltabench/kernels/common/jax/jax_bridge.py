@@ -239,7 +239,11 @@ class _JaxAutograd(torch.autograd.Function):
     The residuals stay JAX arrays on their device, held by the context: handing each to torch and back through
     DLPack cost about 0.15 ms of host time a buffer (profiled on the CPU; jax_chunk keeps 31), more than its
     programs at small shapes. Torch frees its own saved tensors right after a backward unless the graph is
-    retained; the residuals follow the same rule (:func:`_free_unless_retained`)."""
+    retained; the residuals follow the same rule (:func:`_free_unless_retained`).
+
+    On CUDA each of its two JAX programs takes tensors torch has just handed over (the inputs; the cotangents), so
+    it starts only once torch's stream has passed that point, and torch reads its outputs only once they are
+    written: no host synchronisation, and memory freed on one side is not rewritten by the other while in use."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchFacingJaxOp, scale: float | None, has_h0: bool, *tensors: torch.Tensor) -> Any:
@@ -255,13 +259,14 @@ class _JaxAutograd(torch.autograd.Function):
         ctx.pullback = pullback
         ctx.op, ctx.signature, ctx.on_cpu, ctx.device = op, signature, on_cpu, device
         outs = (jax_to_torch(o, device), jax_to_torch(final_state, device))
-        ctx.outs = tuple((t.shape, t.dtype) for t in outs)  # the cotangents' forms in the backward
         return outs
 
     @staticmethod
-    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> Any:
+    def backward(ctx: Any, do: torch.Tensor, dfinal: torch.Tensor) -> Any:
         ctx.saved_tensors  # noqa: B018 -- raises torch's error when the graph's saved tensors were freed
-        jdo, jdfinal = _cotangents((do, dfinal), ctx.outs, ctx.device)
+        # torch hands zeros for an output the loss left unused (it materialises missing gradients), each of its
+        # output's dtype: the cotangents cross as they come
+        jdo, jdfinal = _arguments((do, dfinal))
         pull = ctx.op.program("pull", ctx.signature, on_cpu=ctx.on_cpu)
         grads = pull(ctx.pullback, jdo, jdfinal)
         _free_unless_retained(ctx)
@@ -287,22 +292,6 @@ def _free_unless_retained(ctx: Any) -> None:
     # the engine's end-of-pass callbacks run after it released (or kept) each node's saved tensors; torch has no
     # public word on whether this pass retains the graph
     torch.autograd.Variable._execution_engine.queue_callback(drop)
-
-
-def _cotangents(
-    cts: tuple[torch.Tensor | None, ...], outs: tuple[tuple[torch.Size, torch.dtype], ...], device: torch.device
-) -> tuple[jax.Array, ...]:
-    """The outputs' cotangents as JAX arrays of the outputs' dtypes (`outs`: each output's torch shape and dtype),
-    crossing over in one batch; zeros shaped like an output where torch passes None (the loss did not use it).
-
-    Those zeros are made by torch, on its stream, and cross over like the rest, so on CUDA the backward's JAX
-    program waits for torch's stream before it writes anything: memory JAX lent torch through DLPack (the
-    forward's outputs) may still be read by torch kernels queued before this backward."""
-    tensors = [
-        torch.zeros(shape, dtype=dtype, device=device) if ct is None else ct.to(dtype)
-        for ct, (shape, dtype) in zip(cts, outs, strict=True)
-    ]
-    return _arguments(tensors)
 
 
 class TorchFacingJaxOp:

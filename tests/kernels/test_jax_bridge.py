@@ -204,3 +204,14 @@ def test_on_cuda_a_training_step_queues_without_the_host_waiting_and_reads_what_
             w = torch.from_numpy(np.array(w)).cuda()
             ulp = float(w.abs().max()) * 2**-24
             torch.testing.assert_close(g, w, rtol=0, atol=2 * ulp, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _jax_sees_a_gpu(), reason="needs CUDA in torch and JAX")
+def test_on_cuda_a_capture_in_a_torch_cuda_graph_is_refused() -> None:
+    """JAX's programs run outside torch's graph: a call inside a capture raises rather than record half a step."""
+    op = _wrapper(IMPLS["gdn", "jax_chunk"])
+    inputs = {n: t.cuda() for n, t in _inputs("gdn", torch.float32, seed=8).items()}
+    args = [inputs[n] for n in get_op("gdn").args]
+    op(*args)  # compiled outside the capture
+    with pytest.raises(RuntimeError, match="cannot be captured"), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        op(*args)

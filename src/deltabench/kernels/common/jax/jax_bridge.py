@@ -137,6 +137,10 @@ def _arguments(tensors: Sequence[torch.Tensor]) -> tuple[jax.Array, ...]:
     Committed to their device, as the JAX runner's arguments are: jit compiles another program for arguments it
     would place itself (a numpy array, an uncommitted array), so the torch-facing calls would no longer run the
     programs the runner times."""
+    if tensors[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # JAX's programs run on JAX's own stream and buffers, which torch's graph does not own: refused here, as
+        # the host synchronisations the crossings once had made such a capture fail
+        raise RuntimeError("a JAX impl cannot be captured in a torch CUDA graph: call it outside the capture")
     out: list[jax.Array | None] = [_cuda_to_jax(t.detach()) if t.device.type == "cuda" else None for t in tensors]
     host = [i for i, a in enumerate(out) if a is None]
     if host:

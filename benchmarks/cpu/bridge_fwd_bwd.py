@@ -1,17 +1,22 @@
-"""A PyTorch user's fwd+bwd through deltabench's JAX bridge, against the bridge's former backward and native JAX.
+"""A PyTorch user's fwd+bwd through deltabench's JAX bridge, against its former selves and native JAX.
 
 For each impl, in one process, samples interleaved (so the load of a shared machine falls on all alike):
 - ``bridge``: the torch-facing call and ``torch.autograd.grad`` of ``sum(o * do)`` (what a PyTorch user pays);
-- ``second forward``: the same through the bridge's former backward, which ran the forward again inside the
-  one-program training step (``jax_fwd_bwd``) instead of keeping the forward's residuals;
+- ``synced crossings``: the same two programs with the bridge's former crossings, where the host waited for the
+  device at each (``torch.cuda.synchronize`` before each input, ``block_until_ready`` on each output; on the CPU
+  the inputs crossed one by one);
+- ``second forward``: the bridge's backward before it kept the forward's residuals: it ran the forward again
+  inside the one-program training step (``jax_fwd_bwd``);
 - ``native fused``: ``jax_fwd_bwd`` on JAX arrays (a JAX user's jitted training step);
 - ``native split``: ``jax_vjp`` then ``jax_pull`` on JAX arrays (the bridge's two programs, no crossing).
-Medians of `--reps` samples after warmup, ms, on the host clock (on CUDA each sample ends synchronised). Usage:
-``python benchmarks/cpu/bridge_fwd_bwd.py [--shape 1,256,2,32,32] [--dtype fp32] [--reps 60] [--device cuda]
-[--impls gdn2/pallas_gpu_chunk,kda/pallas_gpu_chunk] [--torch-threads 1]``. On a two-core CPU, torch's
-intra-op threads (spinning after each torch op) contend with XLA's: ``--torch-threads 1`` leaves the cores to XLA
-(measured at 1x1024x4x64 fp32: the bridge's pullback 337 ms with torch's default threads, 220 with one, 223
-natively).
+Before timing, the bridge's outputs and gradients are checked against the native step's (``max rel``: the largest
+difference over the largest element, per tensor; on a GPU this catches a crossing that reads before the data is
+written). Medians of `--reps` samples after warmup, ms, on the host clock (on CUDA each sample ends
+synchronised). Usage: ``python benchmarks/cpu/bridge_fwd_bwd.py [--shape 1,256,2,32,32] [--dtype fp32]
+[--reps 60] [--device cuda] [--impls gdn2/pallas_gpu_chunk,kda/pallas_gpu_chunk] [--torch-threads 1]``. On a
+two-core CPU, torch's intra-op threads (spinning after each torch op) contend with XLA's: ``--torch-threads 1``
+leaves the cores to XLA (measured at 1x1024x4x64 fp32: the bridge's pullback 337 ms with torch's default threads,
+220 with one, 223 natively).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from deltabench.harness.ops import get_op
@@ -61,6 +67,40 @@ class _SecondForward(torch.autograd.Function):
         return (None, *(jax_to_torch(g, ctx.device) for g in grads))
 
 
+def _synced_to_jax(t: torch.Tensor) -> jax.Array:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    return torch_to_jax(t)
+
+
+def _synced_to_torch(a: jax.Array, device: torch.device) -> torch.Tensor:
+    return jax_to_torch(a.block_until_ready(), device)
+
+
+class _SyncedCrossings(torch.autograd.Function):
+    """The bridge's autograd (``jax_vjp`` forward, ``jax_pull`` backward) with its former crossings: the host
+    waited for the device before each input crossed and after each output was computed."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, *tensors: torch.Tensor) -> Any:
+        o, final_state, ctx.pullback = op.jax_vjp(tuple(_synced_to_jax(t) for t in tensors), None)
+        ctx.op, ctx.device, ctx.final_shape = op, tensors[0].device, tuple(final_state.shape)
+        return _synced_to_torch(o, ctx.device), _synced_to_torch(final_state, ctx.device)
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor, dfinal: torch.Tensor | None) -> Any:
+        if dfinal is None:
+            dfinal = torch.zeros(ctx.final_shape, device=ctx.device)
+        grads = ctx.op.jax_pull(ctx.pullback, _synced_to_jax(do), _synced_to_jax(dfinal))
+        return (None, *(_synced_to_torch(g, ctx.device) for g in grads))
+
+
+def _max_rel(got: torch.Tensor, want: jax.Array) -> float:
+    """The largest difference over the largest element of `want`."""
+    w = torch.from_numpy(np.array(want.astype(jnp.float32)))
+    return float((got.detach().float().cpu() - w).abs().max() / w.abs().max().clamp_min(1e-30))
+
+
 def _sample_ms(fn: Callable[[], object], device: str) -> float:
     t0 = time.perf_counter()
     fn()
@@ -69,8 +109,11 @@ def _sample_ms(fn: Callable[[], object], device: str) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _medians(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, reps: int) -> dict[str, float]:
-    """The four subjects' median ms for impl `name` ("op/impl") at `shape` (B, T, H, K, V)."""
+def _medians(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, reps: int
+) -> tuple[dict[str, float], float]:
+    """The subjects' median ms for impl `name` ("op/impl") at `shape` (B, T, H, K, V), and the bridge's largest
+    relative difference from the native step (outputs and gradients)."""
     B, T, H, K, V = shape
     module, _, attr = IMPLS[name].partition(":")
     op = getattr(importlib.import_module(module), attr)
@@ -87,6 +130,10 @@ def _medians(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,
         o, _ = op(*leaves)
         return torch.autograd.grad((o * do).sum(), leaves)
 
+    def synced() -> object:
+        o, _ = _SyncedCrossings.apply(op, *leaves)
+        return torch.autograd.grad((o * do).sum(), leaves)
+
     def second_forward() -> object:
         o, _ = _SecondForward.apply(op, *leaves)
         return torch.autograd.grad((o * do).sum(), leaves)
@@ -98,14 +145,33 @@ def _medians(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str,
         _o, _s, pullback = op.jax_vjp(args, None)
         return jax.block_until_ready(op.jax_pull(pullback, jdo, dfinal))
 
-    subjects = {"bridge": bridge, "second forward": second_forward, "native fused": fused, "native split": split}
+    subjects = {
+        "bridge": bridge,
+        "synced crossings": synced,
+        "second forward": second_forward,
+        "native fused": fused,
+        "native split": split,
+    }
     samples: dict[str, list[float]] = {k: [] for k in subjects}
     for rep in range(reps + 3):
         for key, fn in subjects.items():
             ms = _sample_ms(fn, device)
             if rep >= 3:  # the first three: compiles and warmup
                 samples[key].append(ms)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: statistics.median(v) for k, v in samples.items()}, _check(op, leaves, do, fused())
+
+
+def _check(op: Any, leaves: list[torch.Tensor], do: torch.Tensor, native: tuple) -> float:
+    """The bridge's largest relative difference from the native step's outputs and gradients, on inputs and a
+    cotangent that torch writes just before the call, behind a GPU sleep on torch's stream: a JAX program that did
+    not wait for torch's stream would read them unwritten."""
+    if do.is_cuda:
+        torch.cuda._sleep(100_000_000)  # about 50 ms of the GPU's clock on torch's stream
+    fresh = [(t.detach() * 1).requires_grad_(True) for t in leaves]
+    o, _ = op(*fresh)
+    got = [o, *torch.autograd.grad((o * (do * 1)).sum(), fresh)]
+    o_ref, _, grads_ref = native
+    return max(_max_rel(g, w) for g, w in zip(got, [o_ref, *grads_ref], strict=True))
 
 
 def main() -> None:
@@ -122,12 +188,12 @@ def main() -> None:
         torch.set_num_threads(opts.torch_threads)
     shape = tuple(int(x) for x in opts.shape.split(","))
     for name in opts.impls.split(","):
-        med = _medians(name, shape, DTYPES[opts.dtype], opts.device, opts.reps)
+        med, rel = _medians(name, shape, DTYPES[opts.dtype], opts.device, opts.reps)
         cells = ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+        ratios = ", ".join(f"{k} {med[k] / med['native fused']:.2f}x" for k in ("bridge", "synced crossings"))
         print(
-            f"{name} {opts.shape} {opts.dtype} {opts.device}: {cells} ms; bridge / second forward "
-            f"{med['bridge'] / med['second forward']:.2f}x, bridge / native fused "
-            f"{med['bridge'] / med['native fused']:.2f}x",
+            f"{name} {opts.shape} {opts.dtype} {opts.device}: {cells} ms; / native fused: {ratios}; "
+            f"bridge vs native: max rel {rel:.1e}",
             flush=True,
         )
 

@@ -151,3 +151,67 @@ def test_a_call_with_no_input_needing_a_gradient_keeps_nothing() -> None:
     inputs = _inputs("gdn", torch.float32, seed=3)
     o, state = op(*(inputs[n] for n in get_op("gdn").args))
     assert o.grad_fn is None and state.grad_fn is None and not o.requires_grad
+
+
+@pytest.mark.parametrize("used", ["o", "final_state"])
+def test_an_output_the_loss_leaves_unused_gets_a_zero_cotangent(used: str) -> None:
+    """For an output the loss does not use, torch hands the backward zeros (it materialises missing gradients):
+    the gradients are the one-program step's with a zero cotangent there."""
+    op = _wrapper(IMPLS["gdn", "jax_chunk"])
+    names = get_op("gdn").args
+    inputs = _inputs("gdn", torch.float32, seed=4)
+    leaves = [inputs[n].clone().requires_grad_(True) for n in names]
+    o, state = op(*leaves)
+    ct = torch.randn((o if used == "o" else state).shape, generator=torch.Generator().manual_seed(5))
+    got = torch.autograd.grad(((o if used == "o" else state) * ct).sum(), leaves)
+
+    do, dstate = (ct, torch.zeros(state.shape)) if used == "o" else (torch.zeros(o.shape), ct)
+    args = tuple(torch_to_jax(inputs[n]) for n in names)
+    _, _, want = op.jax_fwd_bwd(args, torch_to_jax(do), None, torch_to_jax(dstate))
+    for name, g, w in zip(names, got, want, strict=True):
+        torch.testing.assert_close(g, torch.from_numpy(np.array(w)), rtol=0, atol=0, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def _jax_sees_a_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _jax_sees_a_gpu(), reason="needs CUDA in torch and JAX")
+def test_on_cuda_a_training_step_queues_without_the_host_waiting_and_reads_what_torch_wrote() -> None:
+    """On a GPU the crossings synchronise nothing on the host: behind a long sleep on torch's stream, a training
+    step through the bridge returns while the GPU still sleeps; and the inputs and cotangent, written by torch
+    just before the call, reach the JAX programs written (the gradients are the one-program step's)."""
+    op = _wrapper(IMPLS["gdn", "jax_chunk"])
+    names = get_op("gdn").args
+    inputs = {n: t.cuda() for n, t in _inputs("gdn", torch.float32, seed=6).items()}
+    do = torch.randn((B, T, H, V), generator=torch.Generator().manual_seed(7)).cuda()
+    args = tuple(torch_to_jax(inputs[n]) for n in names)
+    _, _, want = jax.block_until_ready(op.jax_fwd_bwd(args, torch_to_jax(do), None, None))
+    for step in range(2):  # the first compiles, which may wait on anything; the second must not wait
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # about half a second of the GPU's clock, on torch's stream
+        leaves = [(inputs[n] * 1).requires_grad_(True) for n in names]  # written behind the sleep
+        o, _ = op(*leaves)
+        got = torch.autograd.grad((o * (do * 1)).sum(), leaves)
+        queued = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        if step == 1:
+            assert queued, "the host waited for the GPU during the training step"
+        for name, g, w in zip(names, got, want, strict=True):
+            w = torch.from_numpy(np.array(w)).cuda()
+            ulp = float(w.abs().max()) * 2**-24
+            torch.testing.assert_close(g, w, rtol=0, atol=2 * ulp, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _jax_sees_a_gpu(), reason="needs CUDA in torch and JAX")
+def test_on_cuda_a_capture_in_a_torch_cuda_graph_is_refused() -> None:
+    """JAX's programs run outside torch's graph: a call inside a capture raises rather than record half a step."""
+    op = _wrapper(IMPLS["gdn", "jax_chunk"])
+    inputs = {n: t.cuda() for n, t in _inputs("gdn", torch.float32, seed=8).items()}
+    args = [inputs[n] for n in get_op("gdn").args]
+    op(*args)  # compiled outside the capture
+    with pytest.raises(RuntimeError, match="cannot be captured"), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        op(*args)

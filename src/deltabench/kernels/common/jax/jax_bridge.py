@@ -4,7 +4,10 @@ deltabench's registry calls every impl with PyTorch tensors (the verification en
 torch inputs), so each JAX op is wrapped in a :class:`TorchFacingJaxOp`:
 
 - tensors cross over without a detour through the host when they can: through numpy on the CPU (a bf16
-  tensor travels as its raw 16-bit pattern, viewed as ``ml_dtypes.bfloat16``), through DLPack on CUDA;
+  tensor travels as its raw 16-bit pattern, viewed as ``ml_dtypes.bfloat16``), the inputs of one call in one
+  batched transfer; through DLPack on CUDA, both ways with no host synchronisation: each side's stream waits for
+  the other's on the device (DLPack's stream handshake), so a training step queues its torch and JAX work
+  without the host waiting for the GPU;
 - a call whose inputs need a gradient goes through a ``torch.autograd.Function``: its forward runs the jitted
   ``jax.vjp`` of the op, which returns the outputs and the residuals the gradient needs; the residuals stay JAX
   arrays on the device, freed after the backward as torch frees its own saved tensors; its backward runs the
@@ -103,19 +106,20 @@ def cheap_compiles() -> Iterator[None]:
         _CHEAP.reset(token)
 
 
-def _signature(arrays: Sequence[jax.Array | None], scale: float | None) -> tuple:
-    """What makes jit compile a new program for these arguments: shapes, dtypes, devices, which are absent, scale."""
-    described = [None if a is None else (a.shape, str(a.dtype), sorted(map(str, a.devices()))) for a in arrays]
+def _signature(tensors: Sequence[torch.Tensor | None], scale: float | None) -> tuple:
+    """What makes jit compile a new program for a call on these torch tensors: shapes, dtypes, where they cross
+    over to (a CUDA tensor's GPU, else the enclosing placement), which are absent, scale."""
+    target = _HOST_TARGET.get()
+    described = [
+        None if t is None else (tuple(t.shape), str(t.dtype), str(t.device) if t.device.type == "cuda" else target)
+        for t in tensors
+    ]
     return repr(described), scale
 
 
-def _device_of(a: jax.Array) -> jax.Device:
-    (device,) = a.devices()
-    return device
-
-
-def _on_cpu(a: jax.Array) -> bool:
-    return all(d.platform == "cpu" for d in a.devices())
+def _on_cpu(t: torch.Tensor) -> bool:
+    """Whether a call on torch tensor `t` runs on JAX's CPU."""
+    return t.device.type != "cuda" and _HOST_TARGET.get()[0] == "cpu"
 
 
 def torch_to_jax(x: torch.Tensor) -> jax.Array:
@@ -123,25 +127,58 @@ def torch_to_jax(x: torch.Tensor) -> jax.Array:
     tensor on the device of the enclosing :func:`placed_on` (the CPU when none)."""
     x = x.detach()
     if x.device.type == "cuda":
-        x = x.contiguous()
-        # torch's producing kernels run on torch's stream, which JAX does not wait on: finish them first (this
-        # path serves the correctness gate; the JAX timer never crosses over)
-        torch.cuda.synchronize(x.device)
+        return _cuda_to_jax(x)
+    return jax.device_put(_host_numpy(x), jax_device(*_HOST_TARGET.get()))
+
+
+def _arguments(tensors: Sequence[torch.Tensor]) -> tuple[jax.Array, ...]:
+    """:func:`torch_to_jax` of each tensor, the host ones in one batched ``jax.device_put``.
+
+    Committed to their device, as the JAX runner's arguments are: jit compiles another program for arguments it
+    would place itself (a numpy array, an uncommitted array), so the torch-facing calls would no longer run the
+    programs the runner times."""
+    if tensors[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # JAX's programs run on JAX's own stream and buffers, which torch's graph does not own: refused here, as
+        # the host synchronisations the crossings once had made such a capture fail
+        raise RuntimeError("a JAX impl cannot be captured in a torch CUDA graph: call it outside the capture")
+    out: list[jax.Array | None] = [_cuda_to_jax(t.detach()) if t.device.type == "cuda" else None for t in tensors]
+    host = [i for i, a in enumerate(out) if a is None]
+    if host:
+        put = jax.device_put([_host_numpy(tensors[i].detach()) for i in host], jax_device(*_HOST_TARGET.get()))
+        for i, a in zip(host, put, strict=True):
+            out[i] = a
+    return tuple(a for a in out if a is not None)
+
+
+def _cuda_to_jax(x: torch.Tensor) -> jax.Array:
+    """A CUDA tensor as a JAX array on its GPU, sharing its memory, with no host synchronisation: JAX's
+    ``from_dlpack`` hands torch the stream JAX's programs wait on, and torch's ``__dlpack__`` makes that stream
+    wait for an event recorded on torch's current stream, so the JAX program reading `x` runs after the torch
+    kernels that wrote it, on the device alone."""
+    x = x.contiguous()
+    if x.device.index == torch.cuda.current_device():
         return jax.dlpack.from_dlpack(x)
+    with torch.cuda.device(x.device):  # torch exports only tensors of its current device
+        return jax.dlpack.from_dlpack(x)
+
+
+def _host_numpy(x: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as a numpy array (the tensor's own memory where it is contiguous)."""
     x = x.cpu().contiguous()
     if x.dtype == torch.bfloat16:
         # numpy has no bfloat16: ship the bit pattern and let ml_dtypes (JAX's own bf16 numpy type) reinterpret it.
-        arr = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    else:
-        arr = x.numpy()
-    return jax.device_put(arr, jax_device(*_HOST_TARGET.get()))
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
 
 
 def jax_to_torch(a: jax.Array, device: torch.device | str) -> torch.Tensor:
-    """A torch tensor on `device` holding the values of JAX array `a`, same dtype."""
+    """A torch tensor on `device` holding the values of JAX array `a`, same dtype.
+
+    On CUDA it shares `a`'s memory, with no host synchronisation: torch's ``from_dlpack`` hands JAX torch's
+    current stream, which JAX makes wait until `a` is computed, so torch's kernels that read it run after."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        return torch.from_dlpack(a.block_until_ready())  # likewise: JAX's stream done before torch reads
+        return torch.from_dlpack(a)
     arr = np.array(a, copy=True)  # writable and owned, so torch may keep it
     if arr.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16).to(dev)
@@ -206,16 +243,19 @@ class _JaxAutograd(torch.autograd.Function):
     The residuals stay JAX arrays on their device, held by the context: handing each to torch and back through
     DLPack cost about 0.15 ms of host time a buffer (profiled on the CPU; jax_chunk keeps 31), more than its
     programs at small shapes. Torch frees its own saved tensors right after a backward unless the graph is
-    retained; the residuals follow the same rule (:func:`_free_unless_retained`)."""
+    retained; the residuals follow the same rule (:func:`_free_unless_retained`).
+
+    On CUDA each of its two JAX programs takes tensors torch has just handed over (the inputs; the cotangents), so
+    it starts only once torch's stream has passed that point, and torch reads its outputs only once they are
+    written: no host synchronisation, and memory freed on one side is not rewritten by the other while in use."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchFacingJaxOp, scale: float | None, has_h0: bool, *tensors: torch.Tensor) -> Any:
-        args, h0 = (tensors[:-1], tensors[-1]) if has_h0 else (tensors, None)
-        device = args[0].device
-        jargs = tuple(torch_to_jax(t) for t in args)
-        jh0 = None if h0 is None else torch_to_jax(h0)
-        signature = _signature((*jargs, jh0), scale)
-        on_cpu = _on_cpu(jargs[0])
+        device = tensors[0].device
+        crossed = _arguments(tensors)
+        jargs, jh0 = (crossed[:-1], crossed[-1]) if has_h0 else (crossed, None)
+        signature = _signature(tensors if has_h0 else (*tensors, None), scale)
+        on_cpu = _on_cpu(tensors[0])
         o, final_state, pullback = op.program("vjp", signature, on_cpu=on_cpu)(jargs, jh0, scale=scale)
         # an empty tensor saved the torch way: torch frees it with the graph's saved tensors, which tells the
         # backward whether the graph was retained, and raises torch's own error on a backward through a freed graph
@@ -223,17 +263,14 @@ class _JaxAutograd(torch.autograd.Function):
         ctx.pullback = pullback
         ctx.op, ctx.signature, ctx.on_cpu, ctx.device = op, signature, on_cpu, device
         outs = (jax_to_torch(o, device), jax_to_torch(final_state, device))
-        # each output's (shape, dtype, device) in JAX and its torch dtype: the cotangents' forms in the backward
-        ctx.outs = tuple(
-            ((a.shape, a.dtype, _device_of(a)), t.dtype) for a, t in zip((o, final_state), outs, strict=True)
-        )
         return outs
 
     @staticmethod
-    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> Any:
+    def backward(ctx: Any, do: torch.Tensor, dfinal: torch.Tensor) -> Any:
         ctx.saved_tensors  # noqa: B018 -- raises torch's error when the graph's saved tensors were freed
-        (o_like, o_dtype), (final_like, final_dtype) = ctx.outs
-        jdo, jdfinal = _cotangent(do, o_like, o_dtype), _cotangent(dfinal, final_like, final_dtype)
+        # torch hands zeros for an output the loss left unused (it materialises missing gradients), each of its
+        # output's dtype: the cotangents cross as they come
+        jdo, jdfinal = _arguments((do, dfinal))
         pull = ctx.op.program("pull", ctx.signature, on_cpu=ctx.on_cpu)
         grads = pull(ctx.pullback, jdo, jdfinal)
         _free_unless_retained(ctx)
@@ -259,15 +296,6 @@ def _free_unless_retained(ctx: Any) -> None:
     # the engine's end-of-pass callbacks run after it released (or kept) each node's saved tensors; torch has no
     # public word on whether this pass retains the graph
     torch.autograd.Variable._execution_engine.queue_callback(drop)
-
-
-def _cotangent(ct: torch.Tensor | None, like: tuple, torch_dtype: torch.dtype) -> jax.Array:
-    """An output's cotangent as a JAX array of that output's dtype (`torch_dtype` its torch face's); zeros shaped
-    like the output (`like`: its ``(shape, dtype, device)``) when torch passes None (the loss did not use it)."""
-    if ct is None:
-        shape, dtype, device = like
-        return jnp.zeros(shape, dtype, device=device)
-    return torch_to_jax(ct.to(torch_dtype))
 
 
 class TorchFacingJaxOp:
@@ -341,9 +369,9 @@ class TorchFacingJaxOp:
         self, args: Sequence[torch.Tensor], initial_state: torch.Tensor | None, scale: float | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward alone (``jax_fn``): no gradient asked for, so no residuals kept."""
-        jargs = tuple(torch_to_jax(t) for t in args)
-        jh0 = None if initial_state is None else torch_to_jax(initial_state)
-        fn = self.program("fn", _signature((*jargs, jh0), scale), on_cpu=_on_cpu(jargs[0]))
+        crossed = _arguments((*args, *(() if initial_state is None else (initial_state,))))
+        jargs, jh0 = (crossed, None) if initial_state is None else (crossed[:-1], crossed[-1])
+        fn = self.program("fn", _signature((*args, initial_state), scale), on_cpu=_on_cpu(args[0]))
         o, final_state = fn(*jargs, scale=scale, initial_state=jh0)
         device = args[0].device
         return jax_to_torch(o, device), jax_to_torch(final_state, device)

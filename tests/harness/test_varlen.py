@@ -338,29 +338,90 @@ def test_a_packed_case_too_costly_for_the_oracle_gates_against_torch_chunk() -> 
 
 
 def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
-    """triton_chunk's packed layout: sequence i starts on a chunk of its own; first/last name each chunk's."""
+    """triton_chunk's packed layout: sequence i starts on a chunk of its own; the packing names each sequence's
+    chunks and the fewest a sequence has."""
     from deltabench.kernels.gdn.triton.varlen import chunk_layout
 
     offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
-    positions, first, last, NT = chunk_layout(offsets, 150)
+    positions, packing, NT = chunk_layout(offsets, 150)
     assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
-    assert first.tolist() == [0, 1, 2, 3, -1] and last.tolist() == [0, 1, 2, -1, 3]
+    assert packing.starts.dtype == torch.int32 and packing.starts.tolist() == [0, 1, 2, 3, 5]
+    assert packing.n == 4 and packing.shortest == 1
     assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191
+    assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599)[1].shortest == 2
 
 
-def test_triton_chunk_split_walks_every_packed_sequence_in_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The split forward takes the packed row whole (walk.py's VARLEN walk, then the outputs), not a loop of one
-    forward a sequence."""
-    from deltabench.kernels.gdn.triton import walk
+# Each sequence is walked by programs of its own, so the walks differ in length: a sequence many chunks longer than
+# the others (7 chunks against 1 to 3), with a one-token sequence (the fused walk: the split forward takes it for a
+# packing with a sequence of one chunk), and with every sequence over one chunk (the split forward's own walk).
+LONG = (1, 70, 400, 129)
+WALKED = (70, 400, 129)
 
-    calls = []
-    real = walk.state_walk
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs.get("packed"))
-        return real(*args, **kwargs)
+def triton_case(seqlens: tuple[int, ...], **fields: object) -> Case:
+    return Case("gdn", B=1, T=sum(seqlens), H=2, K=16, V=16, seqlens=seqlens, **fields)
 
-    monkeypatch.setattr(walk, "state_walk", counted)
-    x = make_case_inputs(get_op("gdn"), packed_case(mode="fwd"))
+
+@pytest.mark.parametrize(("name", "seqlens"), [("triton_chunk", LONG), ("triton_chunk_split", WALKED)])
+def test_triton_gdn_passes_the_packed_gate_with_a_long_sequence(name: str, seqlens: tuple[int, ...]) -> None:
+    report = gate(get_impl("gdn", name), triton_case(seqlens, mode="fwd+bwd"), regimes=("strong",))
+    assert report.passed, [(r.check, r.value, r.detail) for r in report.failures]
+    checks = {r.check for r in report.records}
+    assert {"output", "final_state", "grad:initial_state", "grad:q", "grad:k", "grad:v", "grad:g"} <= checks
+
+
+@pytest.mark.parametrize(("name", "seqlens"), [("triton_chunk", LONG), ("triton_chunk_split", WALKED)])
+def test_a_packed_sequence_gets_the_bits_it_gets_alone(name: str, seqlens: tuple[int, ...]) -> None:
+    """Each packed sequence's output, final state and gradients are bitwise those of the same impl on that sequence
+    alone (the same arithmetic a chunk; the packed chunks zero-padded where the dense ones are masked), but dg's:
+    its in-chunk sums run over the padded rows' terms in another order. Measured here (interpreter, bf16): dg within
+    4.8e-7 of its largest value, float32 rounding, and the same with the packed row walked serially (before each
+    sequence had programs of its own)."""
+    impl = get_impl("gdn", name)
+    x = make_case_inputs(get_op("gdn"), triton_case(seqlens, initial_state=True, dtype="bf16"))
+    names = ("q", "k", "v", "g", "beta", "initial_state")
+
+    def run(xs: list[torch.Tensor], **kw: object) -> list[torch.Tensor]:
+        leaves = [t.detach().clone().requires_grad_(True) for t in xs]
+        o, ht = impl(*leaves[:5], initial_state=leaves[5], **kw)
+        (o.float().square().sum() + ht.square().sum()).backward()
+        return [o, ht, *(t.grad for t in leaves)]
+
+    packed = run([x[n] for n in names], cu_seqlens=x["cu_seqlens"])
+    bounds = list(itertools.pairwise(itertools.accumulate(seqlens, initial=0)))
+    for i, (bos, eos) in enumerate(bounds):
+        alone = run([x[n][i : i + 1] if n == "initial_state" else x[n][:, bos:eos] for n in names])
+        mine = [packed[0][:, bos:eos], packed[1][i : i + 1]]
+        mine += [t[:, bos:eos] for t in packed[2:7]] + [packed[7][i : i + 1]]
+        for what, a, b in zip(("o", "ht", *names), mine, alone, strict=True):
+            where = f"sequence {i} (length {eos - bos}): {what}"
+            if what == "g":
+                assert (a - b).abs().max() <= 1e-6 * b.abs().max(), where
+            else:
+                assert torch.equal(a, b), where
+
+
+@pytest.mark.parametrize(("seqlens", "walked"), [(WALKED, True), (SEQLENS, False)])
+def test_triton_chunk_split_walks_every_packed_sequence_in_one_launch(
+    seqlens: tuple[int, ...], walked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split forward takes the packed row whole (walk.py's VARLEN walk, a program per sequence and head, then
+    the outputs), not a loop of one forward a sequence; with a sequence of one chunk, state.py's fused walk (the
+    split walk's pipelined launch faulted on a walk of one chunk on the H200)."""
+    from deltabench.kernels.gdn.triton import varlen, walk
+
+    calls: dict[str, list] = {"walk": [], "fused": []}
+
+    def counted(key: str, real: Any) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            calls[key].append(kwargs.get("packed"))
+            return real(*args, **kwargs)
+
+        return fn
+
+    monkeypatch.setattr(walk, "state_walk", counted("walk", walk.state_walk))
+    monkeypatch.setattr(varlen, "state_fwd", counted("fused", varlen.state_fwd))
+    x = make_case_inputs(get_op("gdn"), triton_case(seqlens, mode="fwd"))
     get_impl("gdn", "triton_chunk_split").fn(*(x[n] for n in ("q", "k", "v", "g", "beta")), cu_seqlens=x["cu_seqlens"])
-    assert len(calls) == 1 and calls[0] is not None and calls[0][2] == len(SEQLENS)
+    assert len(calls["walk"] + calls["fused"]) == 1 and len(calls["walk"]) == int(walked)
+    assert (calls["walk"] + calls["fused"])[0].n == len(seqlens)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma, mma_acc
-from .walk import compose_segments, map_columns, seq_enter, seq_leave, store_map, walk_segments
+from .walk import Packing, compose_segments, map_columns, packed_sequence, store_map, walk_segments
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
@@ -40,15 +40,15 @@ def _chunk_gates(g, row, mt):
 
 @triton.jit
 def state_fwd_kernel(
-    q, k, w, u, g, h0, h, vnew, o, ht, first, last,
+    q, k, w, u, g, h0, h, vnew, o, ht, starts,
     scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
     VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """Walk the chunks of one (batch, head) for one block of V columns: outputs, states, final state. VARLEN:
-    packed sequences laid out chunk-aligned (a batch of one): ``first[n]`` / ``last[n]`` name the sequence chunk n
-    starts / ends (-1: none); its state row of h0 is loaded at its first chunk and stored to ht after its last."""
+    packed sequences (walk.Packing), grid axis 2 the sequence: a program walks only its sequence's chunks, from its
+    row of h0 (zeros without one), and stores its row of ht ``[N, H, K, V]``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -60,18 +60,21 @@ def state_fwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    n0 = 0
+    n1 = NT
+    state_row = i_bh
+    if VARLEN:
+        n0, n1, state_row = packed_sequence(starts, i_h, H)
+    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
     causal = rc[:, None] >= rc[None, :]
-    for n in range(NT):
+    for n in range(n0, n1):
         t = n * C + rc
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
-        if VARLEN:
-            S = seq_enter(first, n, h0, S, i_h, rk, rv, mkv, HAS_H0, H, K, V, BK, BV)
         if STORE_STATES:
             h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
             tl.store(h + h_off + rk[:, None] * V + rv[None, :], S.to(dt), mask=mkv)
@@ -96,9 +99,7 @@ def state_fwd_kernel(
         # walk.py's update, the same arithmetic: k^T (exp(G_C - G) * v_new), k read transposed
         vs = (vn * tl.exp(G_last - G)[:, None]).to(dt)
         S = mma_acc(kT, vs, S * tl.exp(G_last), PREC)
-        if VARLEN and STORE_FINAL:
-            seq_leave(last, n, ht, S, i_h, rk, rv, mkv, H, K, V, BK, BV)
-    if STORE_FINAL and not VARLEN:
+    if STORE_FINAL:
         tl.store(ht + state_off, S, mask=mkv)
 
 
@@ -128,7 +129,7 @@ def _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt: tl.constexp
 
 @triton.jit
 def state_bwd_kernel(
-    q, k, w, g, do, dht, dh, dvnew, dh0, first, last,
+    q, k, w, g, do, dht, dh, dvnew, dh0, starts,
     scale, T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_DHT: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False, VARLEN: tl.constexpr = False,
@@ -136,8 +137,8 @@ def state_bwd_kernel(
     """Walk the chunks of one (batch, head) backwards for one block of V columns. SEGMENTED: grid axis 2 is a
     segment of SEG chunks, dht holds the gradient entering each segment ``[P, B*H, K, V]`` (fp32, from
     :func:`state_bwd`'s segments) and only the first segment stores dh0. VARLEN (never segmented): as
-    :func:`state_fwd_kernel`'s, dht's row of a sequence enters at its last chunk and dh0's is stored after its
-    first."""
+    :func:`state_fwd_kernel`'s, a program walks its sequence's chunks back from its row of dht (zeros without one)
+    and stores its row of dh0."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -149,9 +150,12 @@ def state_bwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     n0 = 0
     n1 = NT
+    state_row = i_bh
+    if VARLEN:
+        n0, n1, state_row = packed_sequence(starts, i_h, H)
+    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG
@@ -171,8 +175,6 @@ def state_bwd_kernel(
         mt = t < T
         row = (i_b * T + t).to(tl.int64) * H + i_h
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
-        if VARLEN:  # walking back, a sequence enters at its last chunk and leaves after its first
-            dH = seq_enter(last, n, dht, dH, i_h, rk, rv, mkv, HAS_DHT, H, K, V, BK, BV)
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
@@ -184,10 +186,7 @@ def state_bwd_kernel(
         G, G_last = _chunk_gates(g, row, mt)
         dvnd, dH = _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt, PREC)
         tl.store(dvnew + row[:, None] * V + rv[None, :], dvnd, mask=mtv)
-        if VARLEN:
-            seq_leave(first, n, dh0, dH, i_h, rk, rv, mkv, H, K, V, BK, BV)
-    if not VARLEN:
-        tl.store(dh0 + state_off, dH, mask=mkv_first)
+    tl.store(dh0 + state_off, dH, mask=mkv_first)
 
 
 @triton.jit
@@ -253,32 +252,29 @@ BWD_LAUNCH = {"wide": (64, 4, 2), "narrow": (16, 4, 3), "min_programs": 64}
 # bit-identical to 64/8/1's in each): at 1x1024x6 (12 programs at 64 columns) 16/4/3 0.050 ms, 64/4/3 0.061,
 # 64/8/1 0.097; at 4x4096x6 (48) 64/4/3 0.212, 16/4/3 0.321, 64/8/1 0.375. 16 columns below FWD_LAUNCH's
 # min_programs at 64; fewer chunks than stages, or another head size: LAUNCH's gated config.
-# Packed sequences from initial states (VARLEN and HAS_H0, each sequence's row of h0 loaded at its first chunk)
-# take the wide config's 64-column tile into shared memory once more: 262,664 bytes at 64/4/3, over the H200's
-# 232,448 a block (OutOfResources on the H200, varlen-h200 at 1x32768x16, 2026-12-04); 172,292 at 64/4/2, the
-# wide config with a stage less (benchmarks/cpu/kernel_resources.py --seqlens ... --initial-state: the figures
-# Triton 3.6 gave the H200). Not yet timed against 16/4/3 (176,648 bytes).
-FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32, "packed_h0_stages": 2}
+# Packed sequences load their rows of h0 before the walk as the dense walk does, into no more shared memory
+# (197,120 bytes at 64/4/3 with or without h0, Triton 3.9 for sm_90; loaded inside the walk at each sequence's
+# first chunk, 262,664 at 64/4/3 failed on the H200 with OutOfResources).
+FWD_LAUNCH = {"wide": (64, 4, 3), "narrow": (16, 4, 3), "min_programs": 32}
 
 
-def fwd_launch_config(V: int, heads: int, BK: int, NT: int, packed_h0: bool = False) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of ``state_fwd`` for `heads` = B*H sequences of `NT` chunks (FWD_LAUNCH at
-    BK = wy.TUNED_K and V >= 64 with at least as many chunks as stages; LAUNCH's gated config otherwise);
-    `packed_h0`: packed sequences from initial states, at most FWD_LAUNCH's ``packed_h0_stages``."""
+def fwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
+    """``(V block, warps, stages)`` of ``state_fwd`` for `heads` walks side by side (B*H, times the packed
+    sequences), the shortest of `NT` chunks (FWD_LAUNCH at BK = wy.TUNED_K and V >= 64 with at least as many chunks
+    as stages; LAUNCH's gated config otherwise)."""
     gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
     if BK != TUNED_K or padded(V) < 64:
         return gated
     wide = FWD_LAUNCH["wide"]
     tuned = wide if heads * triton.cdiv(V, wide[0]) >= FWD_LAUNCH["min_programs"] else FWD_LAUNCH["narrow"]
-    if packed_h0 and tuned == wide:
-        tuned = (*wide[:2], FWD_LAUNCH["packed_h0_stages"])
     return tuned if tuned[2] <= NT else gated
 
 
 def bwd_launch_config(V: int, heads: int, BK: int, NT: int) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` = B*H sequences of `NT` chunks (see
-    BWD_LAUNCH), at the padded head size `BK` = wy.TUNED_K; at other sizes, or when the walk has fewer chunks
-    than the tuned config has stages, the forward walk's gated LAUNCH config."""
+    """``(V block, warps, stages)`` of ``state_bwd`` for `heads` walks side by side (B*H, times the segments or
+    packed sequences), the shortest of `NT` chunks (see BWD_LAUNCH), at the padded head size `BK` = wy.TUNED_K; at
+    other sizes, or when a walk has fewer chunks than the tuned config has stages, the forward walk's gated LAUNCH
+    config."""
     gated = _block_v(V), _warps(BK, _block_v(V)), LAUNCH["stages"]
     if BK != TUNED_K:
         return gated
@@ -310,14 +306,14 @@ def state_fwd(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     store_states: bool,
-    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    packed: Packing | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Launch the forward sequential stage.
 
     Returns ``(o, final_state, h, v_new)``: o ``[B, T, H, V]``; final_state ``[B, H, K, V]`` fp32 or None;
     h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new ``[B, T, H, V]`` when `store_states`.
-    `packed` ``(first, last, N)``: N sequences laid out chunk-aligned in a batch of one (triton/varlen.py), the
-    initial and final states ``[N, H, K, V]``.
+    `packed`: N sequences laid out chunk-aligned in a batch of one (walk.Packing), the initial and final states
+    ``[N, H, K, V]``, each sequence walked by programs of its own (grid axis 2).
     """
     B, T, H, K = q.shape
     V = u.shape[-1]
@@ -325,12 +321,14 @@ def state_fwd(
     o = torch.empty_like(u)
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
-    first, last, rows = packed if packed is not None else (None, None, B)
+    # grid axis 2 (packed sequences) and the fewest chunks a program walks, which bounds its stages
+    starts, walks, shortest = (None, 1, NT) if packed is None else packed
+    rows = B if packed is None else packed.n
     ht = q.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = padded(K)
-    BV, warps, stages = fwd_launch_config(V, B * H, BK, NT, packed is not None and initial_state is not None)
-    state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, w, u, g, initial_state, h, vnew, o, ht, first, last, scale, T, NT,
+    BV, warps, stages = fwd_launch_config(V, B * H * walks, BK, shortest)
+    state_fwd_kernel[(triton.cdiv(V, BV), B * H, walks)](
+        q, k, w, u, g, initial_state, h, vnew, o, ht, starts, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
         PREC=dot_precision(q.dtype), VARLEN=packed is not None, num_warps=warps, num_stages=stages,
@@ -348,7 +346,7 @@ def state_bwd(
     scale: float,
     config: tuple[int, int, int] | None = None,
     segments: int = 1,
-    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    packed: Packing | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward sequential stage. Returns ``(dh, dv_new, dh0)`` ([B, NT, H, K, V], [B, T, H, V],
     [B, H, K, V] fp32). `config` ``(V block, warps, stages)`` replaces LAUNCH's (for tuning scripts).
@@ -357,18 +355,18 @@ def state_bwd(
     in reverse): (1) each segment's affine map of the gradient entering it, ``dS_start = M dH_end + b``
     (``bwd_segment_summary_kernel``, segments 1.. at once); (2) the gradient entering each segment, from the last
     down (walk.compose_segments); (3) every segment's walk at once, storing dh and dv_new, the first segment dh0.
-    `packed` as :func:`state_fwd`'s (dht and dh0 ``[N, H, K, V]``): walked serially, a segment may hold a
-    boundary."""
+    `packed` as :func:`state_fwd`'s (dht and dh0 ``[N, H, K, V]``): never segmented."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, 1 if packed is not None else segments)
-    first, last, rows = packed if packed is not None else (None, None, B)
+    # grid axis 2 (segments, or packed sequences) and the fewest chunks a program walks, which bounds its stages
+    starts, walks, shortest = (None, P, seg) if packed is None else packed
     BK = padded(K)
-    BV, warps, stages = config or bwd_launch_config(V, B * H * P, BK, seg)
+    BV, warps, stages = config or bwd_launch_config(V, B * H * walks, BK, shortest)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
-    dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
+    dh0 = q.new_empty(B if packed is None else packed.n, H, K, V, dtype=torch.float32)
     entering = dht
     if P > 1:
         BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b
@@ -381,8 +379,8 @@ def state_bwd(
         )  # fmt: skip
         last = dht.reshape(B * H, K, V) if dht is not None else b.new_zeros(B * H, K, V)
         entering = compose_segments(M, b, last, reverse=True)
-    state_bwd_kernel[(triton.cdiv(V, BV), B * H, P)](
-        q, k, w, g, do, entering, dh, dvnew, dh0, first, last, scale, T, NT, seg,
+    state_bwd_kernel[(triton.cdiv(V, BV), B * H, walks)](
+        q, k, w, g, do, entering, dh, dvnew, dh0, starts, scale, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=entering is not None, PREC=dot_precision(q.dtype),
         SEGMENTED=P > 1, VARLEN=packed is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip

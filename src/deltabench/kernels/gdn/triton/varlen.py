@@ -4,10 +4,11 @@ own.
 The N sequences of a batch of one are laid out chunk-aligned: sequence i starts at chunk ``c_i`` (the chunks of the
 ones before it, each ``ceil(len / 64)``), its last chunk zero-padded, so no chunk holds two sequences. The chunk-local
 stages (wy.py's WY/UT factors, local_bwd.py's gradients) then run as they are: a zero token has no decay and writes
-nothing. The sequential stages (state.py) walk the chunks of the row and, at the first chunk of a sequence, start from
-that sequence's row of the initial state; after its last they store its final state (and in reverse, its gradient
-enters at its last chunk and the initial state's leaves at its first). The layout wastes at most 63 tokens a
-sequence, where a dense batch padded to the longest sequence (kernels/common/varlen.py) wastes up to ``N * max - T``.
+nothing. The sequential stages (state.py, walk.py) run one program per (V block, head, sequence), each walking only
+its sequence's chunks ``[c_i, c_(i+1))`` (walk.Packing) from its row of the initial state (the backward: from its row
+of the final state's gradient, back to its row of the initial state's), so a walk is as long as the longest
+sequence, not the row. The layout wastes at most 63 tokens a sequence, where a dense batch padded to the longest
+sequence (kernels/common/varlen.py) wastes up to ``N * max - T``.
 """
 
 from __future__ import annotations
@@ -21,59 +22,54 @@ from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
 from .output import chunk_output
 from .state import state_bwd, state_fwd
+from .walk import Packing
 from .wy import CHUNK, wy_fwd
 
 __all__ = ["chunk_layout", "packed_chunk_gated_delta_rule"]
 
 
-def chunk_layout(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """``(positions, first, last, NT)``: where each packed token goes in the chunk-aligned row (int64 [T]), the
-    sequence each chunk starts and ends (int32 [NT], -1 for none), and the row's chunks."""
+def chunk_layout(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, Packing, int]:
+    """``(positions, packing, NT)``: where each packed token goes in the chunk-aligned row (int64 [T]), the chunks
+    of each sequence (walk.Packing), and the row's chunks."""
     from ...common.varlen import seq_offsets
 
     offsets = seq_offsets(cu_seqlens, T, 1)
-    positions, first, last, chunk = [], [], [], 0
-    for i, (bos, eos) in enumerate(itertools.pairwise(offsets)):
-        n = -(-(eos - bos) // CHUNK)
-        positions.append(torch.arange(eos - bos) + chunk * CHUNK)
-        first += [i] + [-1] * (n - 1)
-        last += [-1] * (n - 1) + [i]
-        chunk += n
+    counts = [-(-(eos - bos) // CHUNK) for bos, eos in itertools.pairwise(offsets)]
+    starts = list(itertools.accumulate(counts, initial=0))
+    bounds = itertools.pairwise(offsets)
+    positions = [torch.arange(eos - bos) + c * CHUNK for (bos, eos), c in zip(bounds, starts[:-1], strict=True)]
     device = cu_seqlens.device
-    return (
-        torch.cat(positions).to(device),
-        torch.tensor(first, dtype=torch.int32, device=device),
-        torch.tensor(last, dtype=torch.int32, device=device),
-        chunk,
-    )
+    packing = Packing(torch.tensor(starts, dtype=torch.int32, device=device), len(counts), min(counts))
+    return torch.cat(positions).to(device), packing, starts[-1]
 
 
 class _PackedChunkFunction(torch.autograd.Function):
     """The chunked forward and backward on the chunk-aligned row, the states one row per sequence. `split`: the
-    forward in chunk_split.py's stages (the walk, then the outputs all at once) over more than one chunk."""
+    forward in chunk_split.py's stages (the walk, then the outputs all at once) when every sequence has more than
+    one chunk; with a sequence of one chunk, state.py's fused walk (same arithmetic): on the H200 the split walk's
+    pipelined launch faulted on a walk of one chunk (chunk_split.py), and each sequence is now a walk of its own."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, first, last, n, split):  # type: ignore[no-untyped-def]
-        packed = (first, last, n)
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, packing, split):  # type: ignore[no-untyped-def]
         L, w, u = wy_fwd(k, v, g, beta)
-        if split and q.shape[1] > CHUNK:
-            h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, True, packed=packed)
+        if split and packing.shortest > 1:
+            h, vnew, ht = walk.state_walk(k, w, u, g, initial_state, True, packed=packing)
             o = chunk_output(q, k, g, h, vnew, scale)
         else:
-            o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, True, True, packed=packed)
-        ctx.save_for_backward(q, k, v, g, beta, L, w, h, vnew, first, last)
-        ctx.scale, ctx.n, ctx.has_h0, ctx.beta_dtype = scale, n, initial_state is not None, beta.dtype
+            o, ht, h, vnew = state_fwd(q, k, w, u, g, scale, initial_state, True, True, packed=packing)
+        ctx.save_for_backward(q, k, v, g, beta, L, w, h, vnew)
+        ctx.scale, ctx.packing, ctx.has_h0, ctx.beta_dtype = scale, packing, initial_state is not None, beta.dtype
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):  # type: ignore[no-untyped-def]
-        q, k, v, g, beta, L, w, h, vnew, first, last = ctx.saved_tensors
+        q, k, v, g, beta, L, w, h, vnew = ctx.saved_tensors
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, ctx.scale, packed=(first, last, ctx.n))
+        dh, dvnew, dh0 = state_bwd(q, k, w, g, do, dht, ctx.scale, packed=ctx.packing)
         dq, dk, dv, dg, dbeta = local_bwd(q, k, v, g, beta, L, h, dh, vnew, dvnew, do, ctx.scale)
         dh0 = dh0 if ctx.has_h0 else None
-        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0, None, None, None, None
+        return dq, dk, dv, dg, dbeta.to(ctx.beta_dtype), None, dh0, None, None
 
 
 def packed_chunk_gated_delta_rule(
@@ -91,10 +87,9 @@ def packed_chunk_gated_delta_rule(
     initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward. Returns ``(o [1, T, H, V],
     final_state [N, H, K, V] fp32)``."""
     T = q.shape[1]
-    positions, first, last, NT = chunk_layout(cu_seqlens, T)
-    n = cu_seqlens.numel() - 1
-    if initial_state is not None and initial_state.shape[0] != n:
-        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
+    positions, packing, NT = chunk_layout(cu_seqlens, T)
+    if initial_state is not None and initial_state.shape[0] != packing.n:
+        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {packing.n} packed sequences")
 
     def aligned(x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(1, NT * CHUNK, *x.shape[2:]).index_copy(1, positions, x)
@@ -102,5 +97,5 @@ def packed_chunk_gated_delta_rule(
     scale, tensors, initial_state, _ = prepare_chunk_inputs(
         "triton_chunk", *(aligned(x) for x in (q, k, v, g, beta)), scale, initial_state
     )
-    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, first, last, n, split)
+    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)
     return o.index_select(1, positions), ht

@@ -25,6 +25,8 @@ H200 at 3e-3 to 4e-3 for o in bf16) and halves the bytes written and re-read aga
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -36,10 +38,10 @@ __all__ = [
     "H200_CLEAN",
     "LAUNCH",
     "SEGMENTS",
+    "Packing",
     "compose_segments",
     "launch_config",
-    "seq_enter",
-    "seq_leave",
+    "packed_sequence",
     "state_walk",
     "walk_segments",
 ]
@@ -84,35 +86,15 @@ H200_CLEAN = {
 }
 
 
-@triton.jit
-def _seq_tile(table, n, i_h, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr):  # fmt: skip
-    """VARLEN: the packed sequence ``table[n]`` names at chunk n (-1: none): ``(offset, at)``, the offset of head
-    i_h's [BK, BV] tile in a per-sequence state ``[N, H, K, V]`` and a [BK, BV] mask true where it names one."""
-    seq = tl.load(table + n)
-    off = (tl.maximum(seq, 0).to(tl.int64) * H + i_h) * K * V + rk[:, None] * V + rv[None, :]
-    return off, (tl.zeros([BK, BV], dtype=tl.int32) + seq) >= 0
+class Packing(NamedTuple):
+    """N packed sequences laid out chunk-aligned in a batch of one (triton/varlen.py), walked one program per
+    (sequence, head): sequence i holds chunks ``[starts[i], starts[i + 1])`` (`starts` int32 ``[N + 1]`` on the
+    inputs' device), and its initial and final states are row i of ``[N, H, K, V]``. `shortest`: the fewest chunks
+    a sequence has, the walk length the launch configs' stages are held to."""
 
-
-@triton.jit
-def seq_enter(table, n, src, S, i_h, rk, rv, mkv, HAS_SRC: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """VARLEN: where a sequence enters the walk at chunk n (``table[n]``), the state restarts from its row of `src`
-    (zeros without one, HAS_SRC false); elsewhere `S` goes on."""
-    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
-    if HAS_SRC:
-        S0 = tl.load(src + off, mask=mkv & at, other=0.0).to(tl.float32)
-    else:
-        S0 = tl.zeros([BK, BV], dtype=tl.float32)
-    return tl.where(at, S0, S)
-
-
-@triton.jit
-def seq_leave(table, n, dst, S, i_h, rk, rv, mkv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """VARLEN: where a sequence leaves the walk at chunk n (``table[n]``), `S` is stored to its row of `dst`."""
-    off, at = _seq_tile(table, n, i_h, rk, rv, H, K, V, BK, BV)
-    tl.store(dst + off, S, mask=mkv & at)
+    starts: torch.Tensor
+    n: int
+    shortest: int
 
 
 @triton.jit
@@ -134,8 +116,16 @@ def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def packed_sequence(starts, i_h, H: tl.constexpr):
+    """VARLEN: the packed sequence i of grid axis 2 (:class:`Packing`, a batch of one): ``(its first chunk, one past
+    its last, the row of head i_h's state in the per-sequence states [N, H, K, V] seen as [N*H, K, V])``."""
+    i_s = tl.program_id(2)
+    return tl.load(starts + i_s), tl.load(starts + i_s + 1), i_s * H + i_h
+
+
+@triton.jit
 def state_walk_kernel(
-    k, w, u, g, h0, h, vnew, ht, first, last,
+    k, w, u, g, h0, h, vnew, ht, starts,
     T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
@@ -144,9 +134,8 @@ def state_walk_kernel(
     """Walk the chunks of one (batch, head) for one block of V columns: h per chunk, v_new, final state.
     SEGMENTED: grid axis 2 is a segment of SEG chunks, h0 holds every segment's start ``[P, B*H, K, V]``
     (fp32, from :func:`state_walk`'s segments) and only the last segment stores the final state. VARLEN (never
-    segmented): packed sequences laid out chunk-aligned in a batch of one (triton/varlen.py); at the chunk where
-    sequence i enters (``first``) the state restarts from row i of h0 (zeros without one), and after the chunk
-    where it leaves (``last``) it is stored to row i of ht ``[N, H, K, V]``."""
+    segmented): packed sequences (:class:`Packing`), grid axis 2 the sequence: a program walks only its sequence's
+    chunks, from its row of h0 (zeros without one), and stores its row of ht ``[N, H, K, V]``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -158,9 +147,12 @@ def state_walk_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = k.dtype.element_ty
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     n0 = 0
     n1 = NT
+    state_row = i_bh
+    if VARLEN:
+        n0, n1, state_row = packed_sequence(starts, i_h, H)
+    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG
@@ -180,8 +172,6 @@ def state_walk_kernel(
         row = (i_b * T + t).to(tl.int64) * H + i_h
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
-        if VARLEN:
-            S = seq_enter(first, n, h0, S, i_h, rk, rv, mkv, HAS_H0, H, K, V, BK, BV)
         # none of these loads depends on S: with LAUNCH stages > 1 Triton may prefetch them a chunk ahead
         kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
         wc = tl.load(w + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
@@ -191,9 +181,7 @@ def state_walk_kernel(
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
         tl.store(vnew + row[:, None] * V + rv[None, :], vnd, mask=mtv)
-        if VARLEN and STORE_FINAL:
-            seq_leave(last, n, ht, S, i_h, rk, rv, mkv, H, K, V, BK, BV)
-    if STORE_FINAL and not VARLEN:
+    if STORE_FINAL:
         tl.store(ht + state_off, S, mask=mkv_final)
 
 
@@ -255,7 +243,8 @@ def segment_summary_kernel(
 
 
 def launch_config(V: int, heads: int, BK: int = TUNED_K, NT: int | None = None) -> tuple[int, int, int]:
-    """``(V block, warps, stages)`` of the walk for `heads` = B*H sequences of `NT` chunks: LAUNCH's wide block
+    """``(V block, warps, stages)`` of the walk for `heads` walks side by side (B*H, times the segments or packed
+    sequences), the shortest of `NT` chunks: LAUNCH's wide block
     (64/4/4), or its small one (16/4/3) below V = 64 or when 64-column blocks give under
     ``LAUNCH["min_programs"]`` programs (never 32 columns, never 16 columns in one stage: see LAUNCH); with fewer
     chunks than that config's stages, the same block in 2 stages (the pipelined walk faulted at one chunk on the
@@ -304,7 +293,7 @@ def state_walk(
     output_final_state: bool,
     config: tuple[int, int, int] | None = None,
     segments: int = 1,
-    packed: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    packed: Packing | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the state walk.
 
@@ -320,9 +309,9 @@ def state_walk(
         k: ``[B, T, H, K]``; w: ``[B, T, H, K]`` and u: ``[B, T, H, V]`` from ``wy_fwd``; g: ``[B, T, H]`` fp32
             log-decay; initial_state: ``[B, H, K, V]`` fp32 or None; config: ``(V block, warps, stages)`` in
             place of ``launch_config``'s (for tuning scripts; None in the library); segments: at most this many
-            segments (:func:`walk_segments`; 1: the serial walk); packed: ``(first, last, N)``, N sequences
-            laid out chunk-aligned in a batch of one (triton/varlen.py), the initial and final states
-            ``[N, H, K, V]``; walked serially.
+            segments (:func:`walk_segments`; 1: the serial walk); packed: N sequences laid out chunk-aligned in a
+            batch of one (:class:`Packing`), the initial and final states ``[N, H, K, V]``; each sequence walked
+            by programs of its own (grid axis 2), never segmented.
 
     Returns:
         ``(h, v_new, final_state)``: h ``[B, NT, H, K, V]`` (state at each chunk's start) and v_new
@@ -332,11 +321,13 @@ def state_walk(
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, segments if packed is None else 1)
+    # grid axis 2 (segments, or packed sequences) and the fewest chunks a program walks, which bounds its stages
+    walks, shortest = (P, seg) if packed is None else (packed.n, packed.shortest)
     BK = padded(K)
-    BV, warps, stages = config or launch_config(V, B * H * P, BK, seg)
+    BV, warps, stages = config or launch_config(V, B * H * walks, BK, shortest)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
-    first, last, rows = packed if packed is not None else (None, None, B)
+    starts, rows = (None, B) if packed is None else (packed.starts, packed.n)
     ht = k.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     start = initial_state
     if P > 1:
@@ -350,8 +341,8 @@ def state_walk(
         )  # fmt: skip
         first = initial_state.reshape(B * H, K, V) if initial_state is not None else b.new_zeros(B * H, K, V)
         start = compose_segments(M, b, first, reverse=False)
-    state_walk_kernel[(triton.cdiv(V, BV), B * H, P)](
-        k, w, u, g, start, h, vnew, ht, first, last, T, NT, seg,
+    state_walk_kernel[(triton.cdiv(V, BV), B * H, walks)](
+        k, w, u, g, start, h, vnew, ht, starts, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=start is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=P > 1,
         VARLEN=packed is not None, num_warps=warps, num_stages=stages,

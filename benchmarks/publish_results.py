@@ -107,8 +107,9 @@ TABLES: tuple[Table, ...] = (
         "455bc5a5a5e34077b22875f9d8577a68",
         "The varlen-h200 suite: 32768 tokens at 16 heads of 128, packed as 19 sequences of lognormal lengths "
         "(mean 2048), beside the same tokens as one dense row and as 16 rows of 2048. GDN's rows are complete and "
-        "gated; deltabench's packed Triton kernels are 2-3x behind FLA's varlen path (their state walk runs one "
-        "program per head over the whole packed row). The gdn2 and kda rows ran out of memory in this run: the "
+        "gated; deltabench's packed Triton kernels are 2-3x behind FLA's varlen path (at that commit their state "
+        "walk ran one program per head over the whole packed row; since, one per sequence and head, not yet "
+        "re-run). The gdn2 and kda rows ran out of memory in this run: the "
         "PyTorch references padded every sequence to the longest (62 GiB), and FLA's gdn2 adapter did not yet "
         "declare its varlen path; both are fixed since, not yet re-run.",
     ),

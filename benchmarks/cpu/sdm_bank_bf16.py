@@ -46,29 +46,37 @@ def bf16_bank() -> Iterator[None]:
         recurrent_module.sdm_step = real
 
 
-def bank_carried_in_bf16(
-    k_idx: torch.Tensor,
-    k_val: torch.Tensor,
-    q_idx: torch.Tensor,
-    q_val: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_bank: torch.Tensor | None = None,
-    key_weighted_decay: bool = False,
-    *,
-    num_slots: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch_chunk run 64 tokens at a time, the bank handed from one chunk to the next rounded to bf16 (the other
-    bug the bound must reject); the last chunk's bank is returned as computed, in float32."""
-    seq, bank, ys = (k_idx, k_val, q_idx, q_val, v, g, beta), initial_bank, []
-    for t0 in range(0, v.shape[1], 64):
-        if t0:
-            bank = bank.to(torch.bfloat16).float()
-        part = (x[:, t0 : t0 + 64] for x in seq)
-        y, bank = sdm_torch_chunk(*part, bank, key_weighted_decay, num_slots=num_slots)
-        ys.append(y)
-    return torch.cat(ys, dim=1), bank
+def chunk_by_chunk(carry: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """sdm as torch_chunk run 64 tokens at a time, the bank handed from one chunk to the next rounded to `carry` (in
+    bf16: a kernel that carries its bank between chunks in bf16, the other bug the bound must reject); the last
+    chunk's bank is returned as computed, in float32. tests/harness/test_sdm_gate.py plants it too."""
+
+    def fn(
+        k_idx: torch.Tensor,
+        k_val: torch.Tensor,
+        q_idx: torch.Tensor,
+        q_val: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        initial_bank: torch.Tensor | None = None,
+        key_weighted_decay: bool = False,
+        *,
+        num_slots: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seq, bank, ys = (k_idx, k_val, q_idx, q_val, v, g, beta), initial_bank, []
+        for t0 in range(0, v.shape[1], 64):
+            if t0:
+                bank = bank.to(carry).float()
+            part = (x[:, t0 : t0 + 64] for x in seq)
+            y, bank = sdm_torch_chunk(*part, bank, key_weighted_decay, num_slots=num_slots)
+            ys.append(y)
+        return torch.cat(ys, dim=1), bank
+
+    return fn
+
+
+bank_carried_in_bf16 = chunk_by_chunk(torch.bfloat16)
 
 
 def worst(fn: Callable[..., Any], shape: str, seeds: list[int]) -> dict[tuple[str, str], float]:

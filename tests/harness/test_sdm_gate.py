@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from deltabench.kernels.sdm import sdm_decode_step, sdm_torch_chunk
 from deltabench.kernels.sdm.torch import torch_chunk as chunk_module
 from deltabench.kernels.sdm.torch import torch_recurrent as recurrent_module
 from deltabench.references import sdm
+
+# The planted chunk-by-chunk bank: the same function the bound's measurement runs (benchmarks/cpu/sdm_bank_bf16.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "cpu"))
+from sdm_bank_bf16 import chunk_by_chunk
 
 # T = 128: two whole chunks of 64, so only the streaming split (63 + 65 tokens) makes a chunk ragged.
 SHAPE = {"B": 1, "T": 128, "H": 2, "S": 32, "D": 8, "W": 4, "R": 4}
@@ -214,35 +219,6 @@ def _bank_kept_in_bf16(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[t
 
     monkeypatch.setattr(recurrent_module, "sdm_step", bf16_bank)
     return registry.get_impl("sdm", "torch_recurrent").fn
-
-
-def chunk_by_chunk(carry: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """sdm as torch_chunk run 64 tokens at a time, the bank handed from one chunk to the next rounded to `carry` (in
-    bf16: a kernel that carries its bank between chunks in bf16); the last chunk's bank is returned in float32."""
-
-    def fn(
-        k_idx: torch.Tensor,
-        k_val: torch.Tensor,
-        q_idx: torch.Tensor,
-        q_val: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        initial_bank: torch.Tensor | None = None,
-        key_weighted_decay: bool = False,
-        *,
-        num_slots: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        seq, bank, ys = (k_idx, k_val, q_idx, q_val, v, g, beta), initial_bank, []
-        for t0 in range(0, v.shape[1], 64):
-            if t0:
-                bank = bank.to(carry).float()
-            part = (x[:, t0 : t0 + 64] for x in seq)
-            y, bank = sdm_torch_chunk(*part, bank, key_weighted_decay, num_slots=num_slots)
-            ys.append(y)
-        return torch.cat(ys, dim=1), bank
-
-    return fn
 
 
 def test_float32_banks_pass_sdm_bf16_state_bound() -> None:

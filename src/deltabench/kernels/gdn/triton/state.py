@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma, mma_acc
-from .walk import Packing, compose_segments, map_columns, packed_sequence, store_map, walk_segments
+from .walk import Packing, compose_segments, map_columns, store_map, walk_segments, walk_span
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
@@ -60,12 +60,7 @@ def state_fwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    n0 = 0
-    n1 = NT
-    state_row = i_bh
-    if VARLEN:
-        n0, n1, state_row = packed_sequence(starts, i_h, H)
-    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
@@ -150,12 +145,7 @@ def state_bwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    n0 = 0
-    n1 = NT
-    state_row = i_bh
-    if VARLEN:
-        n0, n1, state_row = packed_sequence(starts, i_h, H)
-    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG

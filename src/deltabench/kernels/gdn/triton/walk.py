@@ -41,9 +41,9 @@ __all__ = [
     "Packing",
     "compose_segments",
     "launch_config",
-    "packed_sequence",
     "state_walk",
     "walk_segments",
+    "walk_span",
 ]
 
 # Fixed launch settings (no autotuning), (V block, warps, stages). 16 columns are taken below V = 64, and
@@ -116,11 +116,20 @@ def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def packed_sequence(starts, i_h, H: tl.constexpr):
-    """VARLEN: the packed sequence i of grid axis 2 (:class:`Packing`, a batch of one): ``(its first chunk, one past
-    its last, the row of head i_h's state in the per-sequence states [N, H, K, V] seen as [N*H, K, V])``."""
-    i_s = tl.program_id(2)
-    return tl.load(starts + i_s), tl.load(starts + i_s + 1), i_s * H + i_h
+def walk_span(starts, i_bh, NT, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VARLEN: tl.constexpr):
+    """The chunks a walk program covers and its state slice: ``(first chunk, one past the last, the offsets of its
+    [BK, BV] slice of the states)``. Dense: every chunk of its (batch, head) row `i_bh`, the state row `i_bh`.
+    VARLEN: the packed sequence i of grid axis 2 (:class:`Packing`, a batch of one), its chunks from the table
+    `starts`, and head i_h's row of the per-sequence states [N, H, K, V] seen as [N*H, K, V]."""
+    n0 = 0
+    n1 = NT
+    state_row = i_bh
+    if VARLEN:
+        i_s = tl.program_id(2)
+        n0 = tl.load(starts + i_s)
+        n1 = tl.load(starts + i_s + 1)
+        state_row = i_s * H + i_bh % H
+    return n0, n1, state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
 
 
 @triton.jit
@@ -147,12 +156,7 @@ def state_walk_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = k.dtype.element_ty
-    n0 = 0
-    n1 = NT
-    state_row = i_bh
-    if VARLEN:
-        n0, n1, state_row = packed_sequence(starts, i_h, H)
-    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG

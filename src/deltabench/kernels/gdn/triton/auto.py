@@ -118,8 +118,8 @@ def gdn_triton_chunk_auto(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state.
     ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py), by :func:`pick`'s path for the
-    packed row as one sequence (the dense row's walk was the packed one's while a program walked the whole row; each
-    sequence now walks on programs of its own, and no packed rule has been timed yet)."""
+    packed row as one sequence: a rule timed on dense rows, whose walks are not the packed ones (each sequence walks
+    on programs of its own); no packed rule has been timed."""
     if cu_seqlens is not None:
         from .varlen import packed_chunk_gated_delta_rule
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma, mma_acc
-from .walk import Packing, compose_segments, map_columns, store_map, walk_segments, walk_span
+from .walk import Packing, compose_segments, map_columns, store_map, walk_grid, walk_segments, walk_span
 from .wy import CHUNK, TUNED_K, dot_precision, padded
 
 __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
@@ -311,9 +311,7 @@ def state_fwd(
     o = torch.empty_like(u)
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
-    # grid axis 2 (packed sequences) and the fewest chunks a program walks, which bounds its stages
-    starts, walks, shortest = (None, 1, NT) if packed is None else packed
-    rows = B if packed is None else packed.n
+    starts, walks, shortest, rows = walk_grid(packed, B, NT, 1)
     ht = q.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = padded(K)
     BV, warps, stages = fwd_launch_config(V, B * H * walks, BK, shortest)
@@ -350,13 +348,12 @@ def state_bwd(
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, 1 if packed is not None else segments)
-    # grid axis 2 (segments, or packed sequences) and the fewest chunks a program walks, which bounds its stages
-    starts, walks, shortest = (None, P, seg) if packed is None else packed
+    starts, walks, shortest, rows = walk_grid(packed, B, seg, P)
     BK = padded(K)
     BV, warps, stages = config or bwd_launch_config(V, B * H * walks, BK, shortest)
     dh = q.new_empty(B, NT, H, K, V)
     dvnew = torch.empty_like(do)
-    dh0 = q.new_empty(B if packed is None else packed.n, H, K, V, dtype=torch.float32)
+    dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     entering = dht
     if P > 1:
         BVs = min(BV, BK)  # the summary's column block: a divisor of BK, so that a block is all M or all b

@@ -47,7 +47,7 @@ class _PackedChunkFunction(torch.autograd.Function):
     """The chunked forward and backward on the chunk-aligned row, the states one row per sequence. `split`: the
     forward in chunk_split.py's stages (the walk, then the outputs all at once) when every sequence has more than
     one chunk; with a sequence of one chunk, state.py's fused walk (same arithmetic): on the H200 the split walk's
-    pipelined launch faulted on a walk of one chunk (chunk_split.py), and each sequence is now a walk of its own."""
+    pipelined launch faulted on a walk of one chunk (chunk_split.py), and each sequence is a walk of its own."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, packing, split):  # type: ignore[no-untyped-def]

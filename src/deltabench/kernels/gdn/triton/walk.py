@@ -42,6 +42,7 @@ __all__ = [
     "compose_segments",
     "launch_config",
     "state_walk",
+    "walk_grid",
     "walk_segments",
     "walk_span",
 ]
@@ -271,6 +272,15 @@ def walk_segments(NT: int, segments: int) -> tuple[int, int]:
     return seg, triton.cdiv(NT, seg)
 
 
+def walk_grid(packed: Packing | None, B: int, seg: int, P: int) -> tuple[torch.Tensor | None, int, int, int]:
+    """``(starts, walks, shortest, rows)`` of a walk launch: the packed table (None when dense), the programs side
+    by side on grid axis 2 (`P` segments of `seg` chunks, or one per packed sequence), the fewest chunks a program
+    walks (which bounds its stages), and the rows of its initial and final states (`B`, or one per sequence)."""
+    if packed is None:
+        return None, P, seg, B
+    return packed.starts, packed.n, packed.shortest, packed.n
+
+
 def compose_segments(M: torch.Tensor, b: torch.Tensor, first: torch.Tensor, *, reverse: bool) -> torch.Tensor:
     """What enters each of P segments ``[P, B*H, K, V]`` fp32, from `first` (what enters the first segment walked,
     ``[B*H, K, V]``) and the segment maps ``x -> M x + b`` (M ``[P - 1, B*H, K, K]``, b ``[P - 1, B*H, K, V]``):
@@ -325,13 +335,11 @@ def state_walk(
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, segments if packed is None else 1)
-    # grid axis 2 (segments, or packed sequences) and the fewest chunks a program walks, which bounds its stages
-    walks, shortest = (P, seg) if packed is None else (packed.n, packed.shortest)
+    starts, walks, shortest, rows = walk_grid(packed, B, seg, P)
     BK = padded(K)
     BV, warps, stages = config or launch_config(V, B * H * walks, BK, shortest)
     h = k.new_empty(B, NT, H, K, V)
     vnew = torch.empty_like(u)
-    starts, rows = (None, B) if packed is None else (packed.starts, packed.n)
     ht = k.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     start = initial_state
     if P > 1:

@@ -340,7 +340,7 @@ task_integrity_exploits() {
 }
 task_integrity_report() {
     local docs=() name
-    for name in e2e varlen decode train; do [[ -f $dir/$name.json ]] && docs+=("$dir/$name.json"); done
+    for name in e2e varlen decode train sdm-pkg; do [[ -f $dir/$name.json ]] && docs+=("$dir/$name.json"); done
     ((${#docs[@]})) || return 0
     PYTHONPATH=$(pypath) python3 benchmarks/gpu/integrity_h200.py report "${docs[@]}" >"$dir/integrity-report.log" 2>&1
     echo "integrity report exit=$?"; grep -E "FALSE FLAG|false flags|^    " "$dir/integrity-report.log" | cut -c1-170
@@ -355,6 +355,19 @@ task_calibration() {
         --planted-impl gdn/triton_chunk --planted-mode fwd --dir /tmp/gate-auto --out "$dir/gate-auto-h200.json" \
         >"$dir/gate-auto.log" 2>&1
     echo "calibration exit=$?"; grep -E "^(same|planted) " "$dir/gate-auto.log" | cut -c1-170 | tail -20
+}
+
+# Issue 43's bridge on a GPU: the CUDA tests of the torch-facing JAX bridge (no host sync, DLPack streams), then a
+# PyTorch user's fwd+bwd through it beside native JAX (the 1.15x target)
+task_bridge() {
+    stamp bridge
+    {
+        JAX_PLATFORMS=cuda,cpu PYTHONPATH=$(pypath) timeout 300 python3 -m pytest -q -p no:cacheprovider \
+            tests/kernels/test_jax_bridge.py -k cuda
+        PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/cpu/bridge_fwd_bwd.py --device cuda \
+            --impls gdn2/pallas_gpu_chunk,gdn2/jax_chunk --dtype bf16
+    } >"$dir/bridge.log" 2>&1
+    echo "bridge exit=$?"; tail -30 "$dir/bridge.log" | cut -c1-170
 }
 
 # take: the next task of the shared queue, removed from it (empty when none is left)

@@ -286,17 +286,14 @@ def chunk_gdn2_fwd(
 
     Args:
         q, k, v, g: contiguous, q/k/v of one dtype.
-        b: ``[B, T, H, K]``, contiguous or a view whose (token, head) rows step by ``b.stride(2)`` and channels
-            by ``b.stride(3)`` (KDA's beta expanded along K: strides 1 and 0).
+        b: ``[B, T, H, K]`` with (batch, token, head) rows evenly strided by ``b.stride(2)``, channels by
+            ``b.stride(3)``: canonical contiguous strides, or KDA's contiguous beta expanded along K (1 and 0).
         w: ``[B, T, H, V]``, the same way.
         scale: the query scale.
         initial_state: ``[B, H, K, V]`` fp32 contiguous, or None.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    for name, x in (("b", b), ("w", w)):
-        if x.stride(0) != T * H * x.stride(2) or x.stride(1) != H * x.stride(2):
-            raise ValueError(f"{name}: (batch, token, head) rows must be evenly strided, got strides {x.stride()}")
     NT = triton.cdiv(T, CHUNK)
     Tp = NT * CHUNK
     G = chunk_cumulative_decay(g)
@@ -328,6 +325,12 @@ def chunk_gdn2_fwd(
         num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     return o, ht
+
+
+def _canonical(x: torch.Tensor) -> torch.Tensor:
+    """`x` contiguous with the canonical strides even along its size-1 dims (``contiguous()`` may keep a slice's
+    stride there), which the kernels' row strides of b and w are read from."""
+    return x.contiguous().view(-1).view(x.shape)
 
 
 def _forward(q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
@@ -382,7 +385,7 @@ def gdn2_triton_chunk(
         )
     K, V = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3:]
     _check_kv("gdn2 triton_chunk", K, V)
-    return _forward(q, k, v, g, b.contiguous(), w.contiguous(), default_scale(scale, K), initial_state)
+    return _forward(q, k, v, g, _canonical(b), _canonical(w), default_scale(scale, K), initial_state)
 
 
 def kda_triton_chunk(
@@ -419,6 +422,6 @@ def kda_triton_chunk(
         )
     B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
     _check_kv("kda triton_chunk", K, V)
-    beta = beta.contiguous()
+    beta = _canonical(beta)
     erase, write = beta[..., None].expand(B, T, H, K), beta[..., None].expand(B, T, H, V)
     return _forward(q, k, v, g, erase, write, default_scale(scale, K), initial_state)

@@ -44,7 +44,9 @@ _SUB = 16  # row block of the scores and of the blockwise inverse
 # Fixed launch configs (no autotuning), not yet timed on a GPU. prepare: 4 warps, as GDN's inverse kernel away
 # from its tuned head size; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config
 # (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk
-# on the H200, kernels/gdn/triton/state.py).
+# on the H200, kernels/gdn/triton/state.py). Compiled for sm_90 on a CPU host (Triton 3.9's ptxas, the recorder of
+# benchmarks/cpu/kernel_resources.py; K = V = 128, bf16): prepare 255 registers and 992 stack bytes (600 at 8
+# warps; 4936 when P's blocks were kept live to the inverse), apply 145 and none, walk 255 and 352.
 LAUNCH = {"prepare_warps": 4, "apply_cols": 128, "apply_warps": 4, "walk_block_v": 64, "walk_warps": 8}
 
 
@@ -67,12 +69,13 @@ def _tile(x, row, mt, rk, K: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
 
 @triton.jit
 def _far_block(
-    q, k, b, G, t0, a: tl.constexpr, c: tl.constexpr, T, Tp, i_b, i_h,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr,
-    PREC: tl.constexpr,
+    q, k, b, G, Pm, t0, a: tl.constexpr, c: tl.constexpr, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
+    SBK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Blocks (a, c) of A and P, a > c: every pair factored through the last row r = t0 + a*BC - 1 of the block
-    before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1 (G does not increase along the chunk)."""
+    """Block (a, c) of A, returned, and of P, stored (a > c): every pair factored through the last row
+    r = t0 + a*BC - 1 of the block before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1 (G does not
+    increase along the chunk)."""
     rk = tl.arange(0, BK)
     row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
     row_c, grow_c, m_c = _rows(t0, c, T, i_b, i_h, H, Tp, BC)
@@ -82,17 +85,19 @@ def _far_block(
     right = tl.exp(tl.minimum(G_ref[None, :] - _tile(G, grow_c, m_c, rk, K, K, 1), 0.0))
     kr = _tile(k, row_c, m_c, rk, K, K, 1) * right
     bk = _tile(b, row_a, m_a, rk, K, SB, SBK) * _tile(k, row_a, m_a, rk, K, K, 1)
-    A = mma(bk * left, tl.trans(kr), PREC)
     P = mma(_tile(q, row_a, m_a, rk, K, K, 1) * left, tl.trans(kr), PREC)
-    return A, P
+    _store_block(Pm, P, row_a, m_a, c, BC, C)
+    return mma(bk * left, tl.trans(kr), PREC)
 
 
 @triton.jit
 def _near_block(
-    q, k, b, G, t0, a: tl.constexpr, T, Tp, i_b, i_h,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr,
+    q, k, b, G, Pm, t0, a: tl.constexpr, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
+    SBK: tl.constexpr,
 ):  # fmt: skip
-    """Diagonal blocks (a, a) of A (strictly lower) and P (lower, diagonal included): ``exp(G_i - G_j)`` taken
+    """Diagonal block (a, a) of A (strictly lower), returned, and of P (lower, diagonal included), stored:
+    ``exp(G_i - G_j)`` taken
     directly, one key row j at a time (a column of both blocks a step), the pairs above the diagonal masked (their
     differences clamped to 0 before exp, so that nothing overflows)."""
     rk = tl.arange(0, BK)
@@ -115,7 +120,15 @@ def _near_block(
         at = rc[None, :] == j
         A = tl.where(at & (rc[:, None] > j), col_a[:, None], A)
         P = tl.where(at & (rc[:, None] >= j), col_p[:, None], P)
-    return A, P
+    _store_block(Pm, P, row_a, m_a, a, BC, C)
+    return A
+
+
+@triton.jit
+def _store_block(Pm, P, row, mt, c: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
+    """Block column `c` of the rows `row` of a chunk's [C, C] matrix (one row of C a token)."""
+    rc = tl.arange(0, BC)
+    tl.store(Pm + row[:, None] * C + c * BC + rc[None, :], P, mask=mt[:, None])
 
 
 @triton.jit
@@ -132,25 +145,21 @@ def prepare_kernel(
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_n * C
-    A00, P00 = _near_block(q, k, b, G, t0, 0, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK)
-    A11, P11 = _near_block(q, k, b, G, t0, 1, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK)
-    A22, P22 = _near_block(q, k, b, G, t0, 2, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK)
-    A33, P33 = _near_block(q, k, b, G, t0, 3, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK)
-    A10, P10 = _far_block(q, k, b, G, t0, 1, 0, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
-    A20, P20 = _far_block(q, k, b, G, t0, 2, 0, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
-    A21, P21 = _far_block(q, k, b, G, t0, 2, 1, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
-    A30, P30 = _far_block(q, k, b, G, t0, 3, 0, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
-    A31, P31 = _far_block(q, k, b, G, t0, 3, 1, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
-    A32, P32 = _far_block(q, k, b, G, t0, 3, 2, T, Tp, i_b, i_h, H, K, BK, BC, SB, SBK, PREC)
+    # P's blocks are stored as made (nothing here reads them again), so only A's are live at the inverse
+    A00 = _near_block(q, k, b, G, Pm, t0, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A11 = _near_block(q, k, b, G, Pm, t0, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A22 = _near_block(q, k, b, G, Pm, t0, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A33 = _near_block(q, k, b, G, Pm, t0, 3, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A10 = _far_block(q, k, b, G, Pm, t0, 1, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A20 = _far_block(q, k, b, G, Pm, t0, 2, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A21 = _far_block(q, k, b, G, Pm, t0, 2, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A30 = _far_block(q, k, b, G, Pm, t0, 3, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A31 = _far_block(q, k, b, G, Pm, t0, 3, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A32 = _far_block(q, k, b, G, Pm, t0, 3, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
     row0, _, m0 = _rows(t0, 0, T, i_b, i_h, H, Tp, BC)
     row1, _, m1 = _rows(t0, 1, T, i_b, i_h, H, Tp, BC)
     row2, _, m2 = _rows(t0, 2, T, i_b, i_h, H, Tp, BC)
     row3, _, m3 = _rows(t0, 3, T, i_b, i_h, H, Tp, BC)
-    # P is stored first: it is not needed here again, so its blocks are dead before the inverse begins
-    store_row_blocks(Pm, P00, P00, P00, P00, row0, m0, 0, BC, C)
-    store_row_blocks(Pm, P10, P11, P11, P11, row1, m1, 1, BC, C)
-    store_row_blocks(Pm, P20, P21, P22, P22, row2, m2, 2, BC, C)
-    store_row_blocks(Pm, P30, P31, P32, P33, row3, m3, 3, BC, C)
     L00, L10, L11, L20, L21, L22, L30, L31, L32, L33 = block_unit_lower_inverse(
         A00, A11, A22, A33, A10, A20, A21, A30, A31, A32, BC, PREC
     )

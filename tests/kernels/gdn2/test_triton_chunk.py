@@ -4,14 +4,21 @@ under TRITON_INTERPRET=1.
 Output and final state, every gate regime (``strong`` is where a decay factored over a whole chunk overflows),
 T within one chunk, at a chunk multiple and past one, H = 3, K != V (not powers of two too), with and without an
 initial state, fp32 and bf16; a packed batch against its sequences run one by one; the registered impl through the
-harness's gate. bf16 bounds are the interpreter's (its fp32 to bf16 casts truncate, about doubling the rounding
-error: kernels/gdn tests the same way); fp32 errors measure under 1e-6 against a 1e-4 bound.
+harness's gate; and every launch compiled for sm_90 by Triton's own compiler (what the interpreter cannot check:
+that the kernels lower, and fit a Hopper block's shared memory). bf16 bounds are the interpreter's (its fp32 to
+bf16 casts truncate, about doubling the rounding error: kernels/gdn tests the same way); fp32 errors measure under
+1e-6 against a 1e-4 bound.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,3 +93,49 @@ def test_through_the_verification_engine() -> None:
     report = verify_case(get_impl(op, "triton_chunk"), case, seeds=1, extra_seed=False, regimes="strong")
     assert report.passed, [r for r in report.records if not r.passed]
     assert any(r.check == "output" for r in report.records)
+
+
+# Run in a child process: with TRITON_INTERPRET set (as the tests set it) Triton builds no compilable kernels. The
+# kernels are swapped for kernel_resources' recorder while the entry runs, then each recorded launch is compiled.
+CHILD = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+sys.path.insert(0, "benchmarks/cpu")
+from kernel_resources import LAUNCH_OPTIONS, SHARED_LIMIT, _Recorder, signature_of
+from deltabench.kernels.gdn2.triton import chunk
+from deltabench.references.gdn2 import make_inputs
+calls = []
+kernels = [(n, f) for n, f in vars(chunk).items() if isinstance(f, triton.runtime.jit.JITFunction)]
+for n, f in kernels:
+    setattr(chunk, n, _Recorder(f, calls))
+chunk.gdn2_triton_chunk(**make_inputs(1, 200, 2, 128, 128, dtype=torch.bfloat16, initial_state=True))
+for n, f in kernels:
+    setattr(chunk, n, f)
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+out = {"limit": SHARED_LIMIT[90], "launches": []}
+for fn, args, kwargs in calls:
+    options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
+    signature, constexprs, hints = signature_of(fn, args, kwargs)
+    attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    out["launches"].append([fn.__name__, compiled.metadata.shared])
+print(json.dumps(out))
+"""
+
+
+def test_every_launch_compiles_for_hopper() -> None:
+    """The three launches at K = V = 128 (the GPU suites' head size), bf16, from an initial state, compiled for
+    sm_90 without a GPU, each within the H200's shared memory a block."""
+    root = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert [name for name, _ in found["launches"]] == ["prepare_kernel", "apply_kernel", "walk_kernel"]
+    assert all(shared <= found["limit"] for _, shared in found["launches"]), found

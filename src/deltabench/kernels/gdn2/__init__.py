@@ -7,6 +7,8 @@ A folder per backend, each module named in the declarations below as its impl's 
 
 - ``torch/``: :func:`gdn2_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn2_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
+- ``triton/``: ``triton_chunk`` for gdn2 and kda (kda is gdn2 with b = w = beta), the chunked forward in Triton
+  (the Triton interpreter on the CPU); no backward yet;
 - ``jax/``: ``jax_chunk``, ``jax_scan`` and, in ``jax/pallas/``, the fused Pallas kernels (gdn2's and kda's
   ``pallas_chunk``, for the TPU, and ``pallas_gpu_chunk``, for a GPU): Pallas is JAX's kernel language, so the
   folder follows the declared backend.
@@ -14,7 +16,7 @@ A folder per backend, each module named in the declarations below as its impl's 
 
 from typing import Any
 
-from ..common.constraints import jax_scan_memory
+from ..common.constraints import jax_scan_memory, kv_at_most
 from ..declare import JAX_DEVICES, JAX_DTYPES, TORCH_DEVICES, ImplDecl
 from .torch.torch_chunk import gdn2_torch_chunk
 from .torch.torch_recurrent import gdn2_torch_recurrent
@@ -89,6 +91,22 @@ IMPLS = (
         requires=("jax",),
         constraint=jax_scan_memory,
         notes="associative-scan baseline: O(T K^2) memory",
+    ),
+    # Triton kernels (triton/): native Triton on CUDA, the Triton interpreter on the CPU; kda is gdn2 with b = w = beta.
+    *(
+        ImplDecl(
+            op,
+            "triton_chunk",
+            f"{_HERE}.triton.chunk:{op}_triton_chunk",
+            "triton",
+            ("cuda", "cpu"),
+            requires=("triton",),
+            constraint=kv_at_most(256),
+            varlen=True,
+            backward=False,
+            notes="chunked forward (C = 64; prepare, apply, walk kernels); no backward yet",
+        )
+        for op in ("gdn2", "kda")
     ),
     # Pallas kernels (jax/pallas/): Mosaic on a TPU, Pallas' interpreter on the CPU; kda is gdn2 with b = w = beta.
     *(

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma
+from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
 
 __all__ = ["CHUNK", "LAUNCH", "TUNED_K", "wy_fwd"]
 
@@ -49,21 +50,6 @@ APPLY = {"cols": 128, "warps": 4, "stages": 1}
 # (benchmarks/NOTES.md, v2). At other sizes each stage keeps the config the GPU gate passed before v2: a
 # v2 config at K = 64 faulted there (an illegal memory access in the gate's second case, Triton 3.6).
 TUNED_K = 128
-
-
-@triton.jit
-def _unit_lower_inverse(A, BC: tl.constexpr):
-    """(I + A)^{-1} for a strictly lower-triangular fp32 block A [BC, BC], by forward substitution.
-
-    A loop, not unrolled: unrolled (tl.static_range), the inverse kernel spilled at K = 128 bf16 (144 stack
-    bytes with 2 warps, 112 with 4, 80 with 8; Triton 3.6, sm_90a), as a loop it does not."""
-    r = tl.arange(0, BC)
-    inv = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in range(1, BC):
-        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), axis=0)  # row i of A, indexed by column
-        s = tl.sum(a_i[:, None] * inv, axis=0)  # sum_j a_ij inv_j (rows j >= i of inv meet a_ij = 0)
-        inv = tl.where(r[:, None] == i, inv - s[None, :], inv)
-    return inv
 
 
 @triton.jit
@@ -91,25 +77,6 @@ def _block_a(ka, kb, Ga, Gb, ba, diag: tl.constexpr, BC: tl.constexpr, PREC: tl.
         low = r[:, None] > r[None, :]
         return tl.where(low, tl.exp(tl.where(low, d, 0.0)) * kk * ba[:, None], 0.0)
     return tl.exp(d) * kk * ba[:, None]
-
-
-@triton.jit
-def _mm(a, b, prec: tl.constexpr):
-    """fp32 product of two small fp32 blocks (`prec`: "ieee", or "tf32" where LAUNCH's merge_tf32 allows it)."""
-    return mma(a, b, prec)
-
-
-@triton.jit
-def _store_l(L, l0, l1, l2, l3, row, mt, sub: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
-    """Row block `sub` of L: its blocks (sub, b) for b <= sub (the upper blocks are left unwritten)."""
-    rc = tl.arange(0, BC)
-    tl.store(L + row[:, None] * C + rc[None, :], l0, mask=mt[:, None])
-    if sub >= 1:
-        tl.store(L + row[:, None] * C + BC + rc[None, :], l1, mask=mt[:, None])
-    if sub >= 2:
-        tl.store(L + row[:, None] * C + 2 * BC + rc[None, :], l2, mask=mt[:, None])
-    if sub >= 3:
-        tl.store(L + row[:, None] * C + 3 * BC + rc[None, :], l3, mask=mt[:, None])
 
 
 @triton.jit
@@ -144,23 +111,15 @@ def wy_inverse_kernel(
     A30 = _block_a(k3, k0, G3, G0, b3, False, BC, PREC)
     A31 = _block_a(k3, k1, G3, G1, b3, False, BC, PREC)
     A32 = _block_a(k3, k2, G3, G2, b3, False, BC, PREC)
-    # diagonal inverses
-    L00 = _unit_lower_inverse(A00, BC)
-    L11 = _unit_lower_inverse(A11, BC)
-    L22 = _unit_lower_inverse(A22, BC)
-    L33 = _unit_lower_inverse(A33, BC)
-    # off-diagonal blocks: L_ab = -L_aa sum_{c=b}^{a-1} A_ac L_cb
-    L10 = -_mm(L11, _mm(A10, L00, MP), MP)
-    L21 = -_mm(L22, _mm(A21, L11, MP), MP)
-    L20 = -_mm(L22, _mm(A20, L00, MP) + _mm(A21, L10, MP), MP)
-    L32 = -_mm(L33, _mm(A32, L22, MP), MP)
-    L31 = -_mm(L33, _mm(A31, L11, MP) + _mm(A32, L21, MP), MP)
-    L30 = -_mm(L33, _mm(A30, L00, MP) + _mm(A31, L10, MP) + _mm(A32, L20, MP), MP)
+    # diagonal inverses, then the off-diagonal blocks: L_ab = -L_aa sum_{c=b}^{a-1} A_ac L_cb
+    L00, L10, L11, L20, L21, L22, L30, L31, L32, L33 = block_unit_lower_inverse(
+        A00, A11, A22, A33, A10, A20, A21, A30, A31, A32, BC, MP
+    )
 
-    _store_l(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
-    _store_l(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
-    _store_l(L, L20, L21, L22, L22, row2, m2, 2, BC, C)
-    _store_l(L, L30, L31, L32, L33, row3, m3, 3, BC, C)
+    store_row_blocks(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
+    store_row_blocks(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
+    store_row_blocks(L, L20, L21, L22, L22, row2, m2, 2, BC, C)
+    store_row_blocks(L, L30, L31, L32, L33, row3, m3, 3, BC, C)
 
 
 @triton.jit

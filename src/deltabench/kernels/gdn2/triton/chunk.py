@@ -1,0 +1,436 @@
+"""Chunked Gated DeltaNet-2 (and KDA, b = w = beta) in Triton: the forward, chunk C = 64.
+
+Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]`` fp32; g a per-channel
+log-decay (<= 0). Per token: ``S <- Diag(exp g) S; r = S^T (b * k); S <- S + k (w * v - r)^T; o = S^T (scale q)``.
+The chunk algebra is :mod:`deltabench.kernels.common.per_channel_chunk`'s: with ``G`` the in-chunk cumulative
+log-decay (a K-vector a token),
+
+    A_ij = sum_c b_ic k_ic k_jc exp(G_ic - G_jc)  (i > j),   P_ij = sum_c q_ic k_jc exp(G_ic - G_jc)  (i >= j)
+    L = (I + A)^-1,   W = L (b * exp(G) * k),   U = L (w * v)
+    v_new = U - W S,   o = scale ((exp(G) * q) S + P v_new),   S <- Diag(exp G_C) S + (exp(G_C - G) * k)^T v_new
+
+Three launches: (1) :func:`prepare_kernel`, a program per (chunk, batch*head): A and P by 16-row blocks, L
+(kernels/common/triton/trisolve.py), L and P stored; (2) :func:`apply_kernel`, a program per (column block, chunk,
+batch*head): W or U from the stored L; (3) :func:`walk_kernel`, a program per (V block, batch*head), the chunks in
+order with the state in registers: v_new, the output and the next state.
+
+Per-channel decays inside products are bounded ratios, never ``exp(G_i) * exp(-G_j)`` over a whole chunk (in the
+strong-decay regime G reaches about -180 within a chunk, and exp(180) overflows fp32): a pair of rows in different
+16-row blocks factors through the last row r of the block before row i's, ``exp(G_i - G_r) * exp(G_r - G_j)``,
+both factors <= 1; a pair inside one block takes ``exp(G_i - G_j)`` directly, a key row at a time. G is made
+once per chunk by torch (a cumulative sum over T padded to whole chunks, the padded rows' g zero, so that G stays
+non-increasing there too) and read by every kernel.
+
+Products take the inputs' dtype with fp32 accumulation, as GDN's kernels (kernels/gdn/triton/): the scores and the
+inverse in fp32 (IEEE for fp32 inputs, tf32 for 16-bit ones), W and U stored in the inputs' dtype. No autotuning:
+every launch config is fixed. Forward only (no backward yet).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...common.checks import check_op_inputs, default_scale
+from ...common.triton.mma import mma, mma_acc
+from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
+from ...common.varlen import run_packed
+
+__all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton_chunk"]
+
+CHUNK = 64
+_SUB = 16  # row block of the scores and of the blockwise inverse
+# Fixed launch configs (no autotuning), not yet timed on a GPU. prepare: 4 warps, as GDN's inverse kernel away
+# from its tuned head size; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config
+# (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk
+# on the H200, kernels/gdn/triton/state.py). Compiled for sm_90 on a CPU host (Triton 3.9's ptxas, the recorder of
+# benchmarks/cpu/kernel_resources.py; K = V = 128, bf16): prepare 255 registers and 992 stack bytes (600 at 8
+# warps; 4936 when P's blocks were kept live to the inverse), apply 145 and none, walk 255 and 352.
+LAUNCH = {"prepare_warps": 4, "apply_cols": 128, "apply_warps": 4, "walk_block_v": 64, "walk_warps": 8}
+
+
+@triton.jit
+def _rows(t0, sub, T, i_b, i_h, H: tl.constexpr, Tp, BC: tl.constexpr):
+    """Rows [t0 + sub*BC, +BC) of one head: ``(row in [B, T, H], row in the padded G [B, Tp, H], t < T)``."""
+    t = t0 + sub * BC + tl.arange(0, BC)
+    row = (i_b * T + t).to(tl.int64) * H + i_h
+    grow = (i_b * Tp + t).to(tl.int64) * H + i_h
+    return row, grow, t < T
+
+
+@triton.jit
+def _tile(x, row, mt, rk, K: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
+    """fp32 tile ``x[row, rk]`` (rows t >= T and columns >= K zero) with row and column strides SR, SC."""
+    return tl.load(x + row[:, None] * SR + rk[None, :] * SC, mask=mt[:, None] & (rk[None, :] < K), other=0.0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _far_block(
+    q, k, b, G, Pm, t0, a: tl.constexpr, c: tl.constexpr, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
+    SBK: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Block (a, c) of A, returned, and of P, stored (a > c): every pair factored through the last row
+    r = t0 + a*BC - 1 of the block before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1 (G does not
+    increase along the chunk)."""
+    rk = tl.arange(0, BK)
+    row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
+    row_c, grow_c, m_c = _rows(t0, c, T, i_b, i_h, H, Tp, BC)
+    r_ref = (i_b * Tp + t0 + a * BC - 1).to(tl.int64) * H + i_h
+    G_ref = tl.load(G + r_ref * K + rk, mask=rk < K, other=0.0)
+    left = tl.exp(tl.minimum(_tile(G, grow_a, m_a, rk, K, K, 1) - G_ref[None, :], 0.0))
+    right = tl.exp(tl.minimum(G_ref[None, :] - _tile(G, grow_c, m_c, rk, K, K, 1), 0.0))
+    kr = _tile(k, row_c, m_c, rk, K, K, 1) * right
+    bk = _tile(b, row_a, m_a, rk, K, SB, SBK) * _tile(k, row_a, m_a, rk, K, K, 1)
+    P = mma(_tile(q, row_a, m_a, rk, K, K, 1) * left, tl.trans(kr), PREC)
+    _store_block(Pm, P, row_a, m_a, c, BC, C)
+    return mma(bk * left, tl.trans(kr), PREC)
+
+
+@triton.jit
+def _near_block(
+    q, k, b, G, Pm, t0, a: tl.constexpr, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
+    SBK: tl.constexpr,
+):  # fmt: skip
+    """Diagonal block (a, a) of A (strictly lower), returned, and of P (lower, diagonal included), stored:
+    ``exp(G_i - G_j)`` taken
+    directly, one key row j at a time (a column of both blocks a step), the pairs above the diagonal masked (their
+    differences clamped to 0 before exp, so that nothing overflows)."""
+    rk = tl.arange(0, BK)
+    rc = tl.arange(0, BC)
+    row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
+    Ga = _tile(G, grow_a, m_a, rk, K, K, 1)
+    ka = _tile(k, row_a, m_a, rk, K, K, 1)
+    bk = _tile(b, row_a, m_a, rk, K, SB, SBK) * ka
+    qa = _tile(q, row_a, m_a, rk, K, K, 1)
+    A = tl.zeros([BC, BC], dtype=tl.float32)
+    P = tl.zeros([BC, BC], dtype=tl.float32)
+    for j in range(BC):
+        t_j = t0 + a * BC + j + 0 * rk  # the key row's token, broadcast over the channels
+        mj = (rk < K) & (t_j < T)
+        k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mj, other=0.0).to(tl.float32)
+        G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=rk < K, other=0.0)
+        decayed = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0)) * k_j[None, :]
+        col_a = tl.sum(bk * decayed, axis=1)
+        col_p = tl.sum(qa * decayed, axis=1)
+        at = rc[None, :] == j
+        A = tl.where(at & (rc[:, None] > j), col_a[:, None], A)
+        P = tl.where(at & (rc[:, None] >= j), col_p[:, None], P)
+    _store_block(Pm, P, row_a, m_a, a, BC, C)
+    return A
+
+
+@triton.jit
+def _store_block(Pm, P, row, mt, c: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
+    """Block column `c` of the rows `row` of a chunk's [C, C] matrix (one row of C a token)."""
+    rc = tl.arange(0, BC)
+    tl.store(Pm + row[:, None] * C + c * BC + rc[None, :], P, mask=mt[:, None])
+
+
+@triton.jit
+def prepare_kernel(
+    q, k, b, G, L, Pm,
+    T, Tp,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
+    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (chunk, batch*head): the chunk's scores A and P by 16-row blocks, L = (I + A)^-1; stores the
+    lower blocks of L and of P (one row of C a token; the blocks above the diagonal unwritten)."""
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_n * C
+    # P's blocks are stored as made (nothing here reads them again), so only A's are live at the inverse
+    A00 = _near_block(q, k, b, G, Pm, t0, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A11 = _near_block(q, k, b, G, Pm, t0, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A22 = _near_block(q, k, b, G, Pm, t0, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A33 = _near_block(q, k, b, G, Pm, t0, 3, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    A10 = _far_block(q, k, b, G, Pm, t0, 1, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A20 = _far_block(q, k, b, G, Pm, t0, 2, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A21 = _far_block(q, k, b, G, Pm, t0, 2, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A30 = _far_block(q, k, b, G, Pm, t0, 3, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A31 = _far_block(q, k, b, G, Pm, t0, 3, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    A32 = _far_block(q, k, b, G, Pm, t0, 3, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
+    row0, _, m0 = _rows(t0, 0, T, i_b, i_h, H, Tp, BC)
+    row1, _, m1 = _rows(t0, 1, T, i_b, i_h, H, Tp, BC)
+    row2, _, m2 = _rows(t0, 2, T, i_b, i_h, H, Tp, BC)
+    row3, _, m3 = _rows(t0, 3, T, i_b, i_h, H, Tp, BC)
+    L00, L10, L11, L20, L21, L22, L30, L31, L32, L33 = block_unit_lower_inverse(
+        A00, A11, A22, A33, A10, A20, A21, A30, A31, A32, BC, PREC
+    )
+    store_row_blocks(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
+    store_row_blocks(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
+    store_row_blocks(L, L20, L21, L22, L22, row2, m2, 2, BC, C)
+    store_row_blocks(L, L30, L31, L32, L33, row3, m3, 3, BC, C)
+
+
+@triton.jit
+def _apply_side(
+    L, x, s, G, out, T, Tp, i_b, i_h, t0, c0,
+    DECAY: tl.constexpr, H: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
+    SS: tl.constexpr, SSC: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Columns [c0, c0 + BN) of ``L (s * exp(G) * x)`` (DECAY) or ``L (s * x)``, for one chunk of one head: L's
+    lower triangle and the scaled inputs rounded to x's dtype, one [C, C] x [C, BN] product."""
+    rc = tl.arange(0, C)
+    row, grow, mt = _rows(t0, 0, T, i_b, i_h, H, Tp, C)
+    rn = c0 + tl.arange(0, BN)
+    mtn = mt[:, None] & (rn[None, :] < N)
+    dt = x.dtype.element_ty
+    sx = _tile(x, row, mt, rn, N, N, 1) * _tile(s, row, mt, rn, N, SS, SSC)
+    if DECAY:
+        sx = sx * tl.exp(_tile(G, grow, mt, rn, N, N, 1))
+    Lm = tl.load(L + row[:, None] * C + rc[None, :], mask=mt[:, None] & (rc[None, :] <= rc[:, None]), other=0.0)
+    acc = mma(Lm.to(dt), sx.to(dt), PREC)
+    tl.store(out + row[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mtn)
+
+
+@triton.jit
+def apply_kernel(
+    k, v, b, w, G, L, Wm, Um,
+    T, Tp,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BNK: tl.constexpr, BNV: tl.constexpr, NK: tl.constexpr,
+    C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr, SW: tl.constexpr, SWV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (column block, chunk, batch*head): the first NK programs on axis 0 write a BNK-column block
+    of W = L (b * exp(G) * k), the others a BNV-column block of U = L (w * v)."""
+    i_c = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_n * C
+    if i_c < NK:
+        _apply_side(L, k, b, G, Wm, T, Tp, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, SB, SBK, PREC)
+    else:
+        _apply_side(L, v, w, G, Um, T, Tp, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, C, SW, SWV, PREC)
+
+
+@triton.jit
+def walk_kernel(
+    q, k, Wm, Um, G, Pm, h0, o, ht,
+    scale, T, Tp, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    HAS_H0: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (V block, batch*head): the chunks in order, the state [BK, BV] (fp32) in registers; each
+    chunk's v_new, output and next state, the final state stored at the end."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    rc = tl.arange(0, C)
+    mk = rk < K
+    mv = rv < V
+    mkv = mk[:, None] & mv[None, :]
+    dt = q.dtype.element_ty
+    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    causal = rc[:, None] >= rc[None, :]
+    for n in range(NT):
+        row, grow, mt = _rows(n * C, 0, T, i_b, i_h, H, Tp, C)
+        mtk = mt[:, None] & mk[None, :]
+        mtv = mt[:, None] & mv[None, :]
+        mkt = mk[:, None] & mt[None, :]
+        # the padded G has whole chunks: its rows past T are valid (G constant there)
+        Gc = tl.load(G + grow[:, None] * K + rk[None, :], mask=mk[None, :], other=0.0)
+        GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
+        G_last = tl.load(G + ((i_b * Tp + n * C + C - 1).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
+        qd = (tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32) * tl.exp(Gc)).to(dt)
+        kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
+        kdT = (kT * tl.exp(tl.minimum(G_last[:, None] - GT, 0.0))).to(dt)
+        wc = tl.load(Wm + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        uc = tl.load(Um + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        Pc = tl.load(Pm + row[:, None] * C + rc[None, :], mask=mt[:, None] & causal, other=0.0)
+        Sd = S.to(dt)
+        vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
+        oc = mma_acc(Pc.to(dt), vnd, mma(qd, Sd, PREC), PREC)
+        tl.store(o + row[:, None] * V + rv[None, :], (oc * scale).to(o.dtype.element_ty), mask=mtv)
+        S = mma_acc(kdT, vnd, S * tl.exp(G_last)[:, None], PREC)
+    tl.store(ht + state_off, S, mask=mkv)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """IEEE products for fp32 inputs (no silent tf32); tf32 for the fp32 operands of a 16-bit run."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _padded(n: int) -> int:
+    """Tile width for a head dimension: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def chunk_cumulative_decay(g: torch.Tensor) -> torch.Tensor:
+    """The in-chunk cumulative log-decay G, fp32 ``[B, Tp, H, K]`` with T padded to whole chunks (Tp): the padded
+    rows' g taken as 0, so G stays non-increasing along every chunk and every ratio the kernels form is <= 1."""
+    B, T, H, K = g.shape
+    NT = max(1, triton.cdiv(T, CHUNK))
+    padded = g.new_zeros(B, NT * CHUNK, H, K, dtype=torch.float32)
+    padded[:, :T] = g
+    return padded.view(B, NT, CHUNK, H, K).cumsum(2).view(B, NT * CHUNK, H, K).contiguous()
+
+
+def chunk_gdn2_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The three launches on checked inputs: ``(o, final_state)``, ``[B, T, H, V]`` in v's dtype and
+    ``[B, H, K, V]`` fp32.
+
+    Args:
+        q, k, v, g: contiguous, q/k/v of one dtype.
+        b: ``[B, T, H, K]`` with (batch, token, head) rows evenly strided by ``b.stride(2)``, channels by
+            ``b.stride(3)``: canonical contiguous strides, or KDA's contiguous beta expanded along K (1 and 0).
+        w: ``[B, T, H, V]``, the same way.
+        scale: the query scale.
+        initial_state: ``[B, H, K, V]`` fp32 contiguous, or None.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    Tp = NT * CHUNK
+    G = chunk_cumulative_decay(g)
+    prec = _dot_precision(q.dtype)
+    BK = _padded(K)
+    L = q.new_empty(B, T, H, CHUNK, dtype=torch.float32)
+    Pm = torch.empty_like(L)
+    sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
+    prepare_kernel[(NT, B * H)](
+        q, k, b, G, L, Pm, T, Tp,
+        H=H, K=K, BK=BK, BC=_SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
+        num_warps=LAUNCH["prepare_warps"], num_stages=1,
+    )  # fmt: skip
+    Wm = torch.empty_like(k)
+    Um = torch.empty_like(v)
+    bnk, bnv = min(LAUNCH["apply_cols"], BK), min(LAUNCH["apply_cols"], _padded(V))
+    nk = triton.cdiv(K, bnk)
+    apply_kernel[(nk + triton.cdiv(V, bnv), NT, B * H)](
+        k, v, b, w, G, L, Wm, Um, T, Tp,
+        H=H, K=K, V=V, BNK=bnk, BNV=bnv, NK=nk, C=CHUNK, SB=sb[0], SBK=sb[1], SW=sw[0], SWV=sw[1], PREC=prec,
+        num_warps=LAUNCH["apply_warps"], num_stages=1,
+    )  # fmt: skip
+    o = torch.empty_like(v)
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+    BV = LAUNCH["walk_block_v"] if _padded(V) >= 64 else 16
+    walk_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, Wm, Um, G, Pm, initial_state, o, ht, scale, T, Tp, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec,
+        num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
+    )  # fmt: skip
+    return o, ht
+
+
+def _canonical(x: torch.Tensor) -> torch.Tensor:
+    """`x` contiguous with the canonical strides even along its size-1 dims (``contiguous()`` may keep a slice's
+    stride there), which the kernels' row strides of b and w are read from."""
+    return x.contiguous().view(-1).view(x.shape)
+
+
+def _forward(q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
+    """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd` without autograd."""
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
+    with torch.no_grad():
+        return chunk_gdn2_fwd(
+            q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w, scale, initial_state
+        )
+
+
+def _check_kv(name: str, K: int, V: int) -> None:
+    """The kernels hold a key row and a value row in one tile: K and V up to 256."""
+    if max(K, V) > 256:
+        raise ValueError(f"{name} supports K and V up to 256, got K={K}, V={V}")
+
+
+def gdn2_triton_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Registry entry (op ``gdn2``, impl ``triton_chunk``): GDN-2 by chunks of 64 tokens in Triton, forward only.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H, K]`` per-channel log-decay (<= 0);
+            b: ``[B, T, H, K]`` erase strength; w: ``[B, T, H, V]`` write strength.
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]``.
+        cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
+
+    Returns:
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Not differentiable (computed
+        under ``torch.no_grad``).
+
+    Examples::
+
+        >>> from deltabench.references.gdn2 import make_inputs
+        >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
+        >>> o, ht = gdn2_triton_chunk(**x)
+    """
+    if cu_seqlens is not None:
+        return run_packed(
+            gdn2_triton_chunk, q, k, v, g, b, w, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
+    K, V = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3:]
+    _check_kv("gdn2 triton_chunk", K, V)
+    return _forward(q, k, v, g, _canonical(b), _canonical(w), default_scale(scale, K), initial_state)
+
+
+def kda_triton_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Registry entry (op ``kda``, impl ``triton_chunk``): GDN-2's kernels with b = w = beta, forward only.
+
+    Args:
+        q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]`` write strength (read in place, a
+            stride-0 view along K and V: nothing is expanded in memory).
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]``.
+        cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
+
+    Returns:
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32 (not differentiable).
+
+    Examples::
+
+        >>> from deltabench.references.kda import make_inputs
+        >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
+        >>> o, ht = kda_triton_chunk(**x)
+    """
+    if cu_seqlens is not None:
+        return run_packed(
+            kda_triton_chunk, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
+        )
+    B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
+    _check_kv("kda triton_chunk", K, V)
+    beta = _canonical(beta)
+    erase, write = beta[..., None].expand(B, T, H, K), beta[..., None].expand(B, T, H, V)
+    return _forward(q, k, v, g, erase, write, default_scale(scale, K), initial_state)

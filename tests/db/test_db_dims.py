@@ -82,3 +82,22 @@ def test_0006_stores_extra_dims_and_downgrades_without_them(tmp_path, factory) -
             assert {r[0] for r in conn.execute(text("SELECT DISTINCT extra_dims FROM results"))} == {""}
     finally:
         document._registered_ops.discard("bankop")
+
+
+def test_ingest_builds_each_cases_columns_as_dims_columns_of_its_stored_dims() -> None:
+    """Ingest keeps a case's columns by its dims (built once a shape): the same as built per case, for delta-family,
+    extra-dim and packed cases, whatever order the extra dims come in."""
+    from deltabench.db.dims import stored_dims
+    from deltabench.db.ingest import _case_dims_columns
+
+    cases = [
+        CaseSpec(op="gdn", B=2, T=64, H=4, K=16, V=32, dtype="fp32"),
+        CaseSpec(op="gdn", B=2, T=64, H=4, K=16, V=16, dtype="fp32"),
+        CaseSpec(op="sdm", B=1, T=128, H=2, extra_dims={"S": 64, "D": 32, "W": 4, "R": 8}, dtype="bf16"),
+        CaseSpec(op="sdm", B=1, T=128, H=2, extra_dims={"R": 8, "W": 4, "D": 32, "S": 64}, dtype="bf16"),
+        CaseSpec(op="sdm", B=1, T=128, H=2, extra_dims={"S": 64, "D": 16, "W": 4, "R": 8}, dtype="bf16"),
+        CaseSpec(op="gdn", B=1, T=300, H=2, K=32, V=32, dtype="fp32", seqlens=[100, 150, 50]),
+        CaseSpec(op="gdn", B=1, T=300, H=2, K=32, V=32, dtype="fp32", seqlens=[100, 200]),
+    ]
+    for case in cases * 2:
+        assert _case_dims_columns(case) == dims_columns(stored_dims(case)), case

@@ -57,3 +57,24 @@ def test_history_spreads_read_the_runs_up_to_the_base_without_the_head(engine, f
     bests = np.array([0.98 * m for m in levels])  # the fixture's samples reach 2% under the median
     assert spread.center_ms == pytest.approx(float(np.exp(np.log(bests).mean())))
     assert spread.sigma == pytest.approx(float(np.std(np.log(bests), ddof=1)))
+
+
+def test_levels_are_run_level_of_each_result() -> None:
+    """The history's run levels, taken together for speed, are ``noise.run_level`` of each stored result: its best
+    sample, the median of its repetitions' best samples, or its median without samples (NULL or empty)."""
+    from deltabench.db.history import _levels
+    from deltabench.db.ingest import pack_repetitions, pack_samples
+    from deltabench.regression.noise import run_level
+
+    rng = np.random.default_rng(4)
+    results: list[tuple[float, bytes | None, bytes | None]] = []
+    expected = []
+    for i in range(300):
+        samples = rng.lognormal(0.0, 0.05, int(rng.integers(1, 25))).tolist()
+        reps = [j % 3 for j in range(len(samples))] if i % 4 == 0 else []
+        median = float(np.median(samples))
+        blob = None if i % 7 == 0 else b"" if i % 11 == 0 else pack_samples(samples)
+        results.append((median, blob, pack_repetitions(reps) if blob else None))
+        expected.append(median if not blob else run_level(samples, median, reps))
+    assert _levels(results) == expected
+    assert _levels([]) == []

@@ -121,3 +121,29 @@ def test_the_segments_welch_test_gives_scipys_p_values_to_the_bit() -> None:
         assert _welch_p(a, b) == float(ttest_ind(a, b, equal_var=False).pvalue), (trial, a, b)
     assert _welch_p(np.array([1.0, 1.0]), np.array([2.0, 2.0])) == 0.0
     assert _welch_p(np.array([1.0]), np.array([2.0, 3.0])) == 1.0
+
+
+def test_the_written_out_medians_are_numpys_to_the_bit() -> None:
+    """The segmentation's medians skip ``np.median``'s generic reduction for speed; they must stay its values
+    exactly: odd and even counts, ties, coarse values, and the running median of 5 at any length."""
+    from deltabench.regression.changepoints import _MEDIAN_WINDOW, _median, _running_median
+
+    rng = np.random.default_rng(11)
+    for trial in range(3000):
+        n = int(rng.integers(1, 60))
+        a = rng.normal(0.0, 1.0, n) if trial % 2 else np.round(rng.normal(0.0, 1.0, n), 1)
+        assert _median(a) == float(np.median(a)), (trial, a)
+        y = np.log(np.exp(rng.normal(0.0, 0.01, n)) * (1.0 + (rng.random(n) < 0.1)))
+        half = _MEDIAN_WINDOW // 2
+        windows = np.lib.stride_tricks.sliding_window_view(np.pad(y, half, mode="edge"), _MEDIAN_WINDOW)
+        assert np.array_equal(_running_median(y, _MEDIAN_WINDOW), np.median(windows, axis=1)), (trial, y)
+
+
+def test_change_points_of_values_are_find_change_points_of_the_same_points() -> None:
+    from deltabench.regression.changepoints import change_points_of_values
+
+    rng = np.random.default_rng(2)
+    for n in (5, 6, 31, 32, 100):
+        v = _history(rng, n, outliers=0.05)
+        v[n // 2 :] *= 1.1
+        assert change_points_of_values(range(n), v) == find_change_points(list(enumerate(v.tolist())))

@@ -48,6 +48,15 @@ def test_a_registered_op_name_is_accepted() -> None:
         ({"median_ms": 0.0}, "median_ms must be positive"),
         ({"median_ms": 1.0, "stdev_ms": -0.1}, "stdev_ms must not be negative"),
         ({"median_ms": 1.0, "samples_ms": [1.0, float("nan")]}, "samples_ms[1] must be finite"),
+        # A NaN or an infinity anywhere, and a non-positive sample, whatever the others (min and max skip a NaN
+        # placed after a finite value; an overflowing sum of finite samples is fine).
+        ({"median_ms": 1.0, "samples_ms": [float("nan"), 1.0, 2.0]}, "samples_ms[0] must be finite"),
+        ({"median_ms": 1.0, "samples_ms": [2.0, 1.0, float("nan"), 3.0]}, "samples_ms[2] must be finite"),
+        ({"median_ms": 1.0, "samples_ms": [2.0, float("inf")]}, "samples_ms[1] must be finite"),
+        ({"median_ms": 1.0, "samples_ms": [2.0, 0.0, 1.0]}, "samples_ms[1] must be positive"),
+        ({"median_ms": 1.0, "samples_ms": [2.0, 1.0, -1e-300]}, "samples_ms[2] must be positive"),
+        ({"median_ms": 1.0, "samples_ms": [1e308, 1e308, 1.0]}, None),
+        ({"median_ms": 1.0, "samples_ms": []}, None),
     ],
 )
 def test_timing_problem(fields: dict, problem: str | None) -> None:

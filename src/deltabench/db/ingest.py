@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
+from deltabench.harness.document import CaseSpec, JobResult, ResultDocument
 from deltabench.harness.document import Environment as EnvironmentDoc
-from deltabench.harness.document import JobResult, ResultDocument
 from deltabench.harness.series import series_software
 
 from .dims import dims_columns, stored_dims
@@ -141,7 +141,20 @@ def _run_pk(session: Session, doc: ResultDocument) -> int:
     return _get_or_create(session, Run, {"run_id": doc.run_id}, values)
 
 
-def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument) -> dict[str, Any]:
+def _run_columns(doc: ResultDocument) -> dict[str, Any]:
+    """The results columns copied from the document's run and environment, the same for each of its jobs (once a
+    document: the software string alone was a tenth of an ingest's Python time when built per job)."""
+    return {
+        "run_created_at": utc(doc.created_at),
+        "git_commit": doc.environment.git_commit,
+        "machine_kind": doc.environment.machine_kind,
+        "software": series_software(doc.environment),
+    }
+
+
+def _result_row(job: JobResult, position: int, run_pk: int, run_columns: dict[str, Any]) -> dict[str, Any]:
+    """The results row of `job`, its `position` in its document of run `run_pk` (whose :func:`_run_columns` are
+    `run_columns`)."""
     case, timing, memory, work = job.case, job.timing, job.memory, job.work
     return {
         "run_pk": run_pk,
@@ -150,16 +163,13 @@ def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument)
         "position": position,
         "op": case.op,
         "impl": job.impl,
-        **dims_columns(stored_dims(case)),
+        **_case_dims_columns(case),
         "dtype": case.dtype,
         "mode": case.mode,
         "regime": case.regime,
         "seed": case.seed,
         "initial_state": case.initial_state,
-        "run_created_at": utc(doc.created_at),
-        "git_commit": doc.environment.git_commit,
-        "machine_kind": doc.environment.machine_kind,
-        "software": series_software(doc.environment),
+        **run_columns,
         "backend": job.backend,
         "device": job.device,
         "status": job.status,
@@ -192,6 +202,24 @@ def _result_row(job: JobResult, position: int, run_pk: int, doc: ResultDocument)
     }
 
 
+# dims_columns(stored_dims(case)) by the case's dims: a suite's few hundred shapes recur in every document, and built
+# per job the columns were a tenth of an ingest's Python time. Read-only (rows copy them); emptied when full.
+_DIMS_COLUMNS: dict[tuple[Any, ...], dict[str, Any]] = {}
+_DIMS_COLUMNS_MAX = 4096
+
+
+def _case_dims_columns(case: CaseSpec) -> dict[str, Any]:
+    """``dims_columns(stored_dims(case))``, built once for each distinct set of dims."""
+    extra = tuple(sorted(case.extra_dims.items())) if case.extra_dims else ()
+    key = (case.B, case.T, case.H, case.K, case.V, extra, None if case.seqlens is None else len(case.seqlens))
+    columns = _DIMS_COLUMNS.get(key)
+    if columns is None:
+        if len(_DIMS_COLUMNS) >= _DIMS_COLUMNS_MAX:
+            _DIMS_COLUMNS.clear()
+        columns = _DIMS_COLUMNS[key] = dims_columns(stored_dims(case))
+    return columns
+
+
 def _check_rows(job: JobResult, result_id: int) -> list[dict[str, Any]]:
     return [{"result_id": result_id, "position": i, **record.model_dump()} for i, record in enumerate(job.verification)]
 
@@ -205,10 +233,11 @@ def _store_jobs(session: Session, doc: ResultDocument, run_pk: int) -> int:
     already = _stored_keys(session, by_key)
     pending = [(i, job) for i, job in enumerate(doc.jobs) if (job.job_id, job.attempt) not in already]
     results_table: Table = Result.__table__  # type: ignore[assignment]
+    run_columns = _run_columns(doc)
     stored = 0
     for start in range(0, len(pending), _BATCH):
         chunk = pending[start : start + _BATCH]
-        rows = [_result_row(job, i, run_pk, doc) for i, job in chunk]
+        rows = [_result_row(job, i, run_pk, run_columns) for i, job in chunk]
         session.execute(_insert_ignore(session, results_table), rows)
         # Only rows of this run are ours: a job that another run stored first is that run's.
         inserted = session.execute(
@@ -272,7 +301,11 @@ def _copy_jobs(session: Session, docs: list[tuple[ResultDocument, int]]) -> coll
     (rows are inserted in the order they were copied). A job that a concurrent upload stored first is not returned,
     so its samples and checks are that upload's to write. Returns how many jobs were stored per run key."""
     stored: collections.Counter[int] = collections.Counter()
-    rows = [_result_row(job, i, run_pk, doc) for doc, run_pk in docs for i, job in enumerate(doc.jobs)]
+    rows = [
+        _result_row(job, i, run_pk, run_columns)
+        for doc, run_pk, run_columns in ((doc, run_pk, _run_columns(doc)) for doc, run_pk in docs)
+        for i, job in enumerate(doc.jobs)
+    ]
     if not rows:
         return stored
     columns = ", ".join(f'"{c}"' for c in rows[0])
@@ -292,7 +325,8 @@ def _copy_jobs(session: Session, docs: list[tuple[ResultDocument, int]]) -> coll
     samples, checks = _children(by_key, ours)
     _copy_rows(cursor, "result_samples", samples)
     for check in checks:  # a JSON column: its text, as SQLAlchemy writes it (None is JSON null)
-        check["worst_index"] = json.dumps(check["worst_index"])
+        worst = check["worst_index"]
+        check["worst_index"] = "null" if worst is None else json.dumps(worst)
     _copy_rows(cursor, "checks", checks)
     # The regressions page's refresh recomputes the series these results joined (db.series_state).
     mark_dirty(session, [row for row in rows if (row["job_id"], row["attempt"], row["run_pk"]) in ours])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -112,7 +113,8 @@ def _key(row: Mapping[str, Any] | Any) -> SeriesKey:
 
 def mark_dirty(session: Session, result_rows: Iterable[Mapping[str, Any]]) -> None:
     """Mark the series of these result rows (``results`` columns; only ``ok`` ones are in a series) as changed."""
-    seen = sorted({tuple(row[c] for c in SERIES_COLUMNS) for row in result_rows if row.get("status") == "ok"})
+    key = operator.itemgetter(*SERIES_COLUMNS)
+    seen = sorted({key(row) for row in result_rows if row.get("status") == "ok"})
     if not seen:
         return
     if session.get_bind().dialect.name == "postgresql":  # one COPY: an executemany is a statement per row there

@@ -151,7 +151,13 @@ def timing_problem(
         problem = _finite(float(value), name, positive=positive)
         if problem:
             return problem
-    for i, sample in enumerate(samples_ms or ()):
+    samples_ms = samples_ms or ()
+    # Every sample positive and finite is the common case, checked by two C loops (a NaN or an infinity makes the
+    # sum so; a huge sum that overflows only sends the check to the loop): the loop below names the first bad
+    # sample, and building its name per sample was a seventh of an ingest's Python time.
+    if not len(samples_ms) or (min(samples_ms) > 0.0 and math.isfinite(sum(samples_ms))):
+        return None
+    for i, sample in enumerate(samples_ms):
         problem = _finite(float(sample), f"samples_ms[{i}]", positive=True)
         if problem:
             return problem

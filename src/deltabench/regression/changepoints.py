@@ -32,6 +32,7 @@ import numpy as np
 __all__ = [
     "DASHBOARD_DETECTOR",
     "ChangePoint",
+    "change_points_of_values",
     "dashboard_change_points",
     "find_change_points",
     "find_change_points_otava",
@@ -100,20 +101,33 @@ def point_values(points: Sequence[tuple[Hashable, float | Sequence[float]]]) -> 
     return xs, np.asarray(vals, float)
 
 
+def _median(a: np.ndarray) -> float:
+    """``np.median`` of a 1-d float array, the same value (the middle element, or the mean of the two middle ones)
+    without its generic reduction's cost (~20 us a call; a comparison segments ~100 histories)."""
+    n = a.size
+    half = n // 2
+    if n % 2:
+        return float(np.partition(a, half)[half])
+    part = np.partition(a, (half - 1, half))
+    return float((part[half - 1] + part[half]) / 2.0)
+
+
 def robust_noise(y: np.ndarray) -> float:
     """Robust standard deviation of the point-to-point noise of `y` (MAD of first differences / sqrt 2)."""
     if y.size < 3:
         return _MIN_SIGMA
     d = np.diff(y)
-    mad = float(np.median(np.abs(d - np.median(d))))
+    mad = _median(np.abs(d - _median(d)))
     return max(1.4826 * mad / math.sqrt(2.0), _MIN_SIGMA)
 
 
 def _running_median(y: np.ndarray, window: int) -> np.ndarray:
+    """The median of each point's `window` (odd) neighbours, the series' ends repeated: each window's middle element
+    after a partition, which is what ``np.median`` takes of an odd count."""
     half = window // 2
     padded = np.pad(y, half, mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, window)
-    return np.median(windows, axis=1)
+    return np.partition(windows, half, axis=1)[:, half]
 
 
 def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -174,9 +188,27 @@ def find_change_points(
         >>> [(c.index, round(c.ratio, 2)) for c in find_change_points(pts)]
         [(30, 1.1)]
     """
+    xs, vals = point_values(points)
+    return change_points_of_values(
+        xs, vals, max_pvalue=max_pvalue, penalty=penalty, min_size=min_size, clip=clip, min_change=min_change
+    )
+
+
+def change_points_of_values(
+    xs: Sequence[Hashable],
+    vals: np.ndarray,
+    *,
+    max_pvalue: float = DEFAULT_MAX_PVALUE,
+    penalty: float = DEFAULT_PENALTY,
+    min_size: int = DEFAULT_MIN_SIZE,
+    clip: float = DEFAULT_CLIP,
+    min_change: float = 0.0,
+) -> list[ChangePoint]:
+    """:func:`find_change_points` of values already split from their labels (:func:`point_values`): `vals`
+    positive and finite, `xs` their labels. For callers holding an array of levels: building and checking a point
+    per value cost a sixth of a history's segmentation."""
     import ruptures
 
-    xs, vals = point_values(points)
     n = vals.size
     if n < 2 * min_size:
         return []

@@ -312,9 +312,9 @@ def _current_segment(levels: np.ndarray) -> np.ndarray:
     """The levels after the series' last change point: a real step in the history is a change, not noise."""
     if levels.size < 2 * MIN_HISTORY_RUNS:
         return levels
-    from .changepoints import find_change_points
+    from .changepoints import change_points_of_values
 
-    found = find_change_points(list(enumerate(levels.tolist())))
+    found = change_points_of_values(range(levels.size), levels)
     return levels[found[-1].index :] if found else levels
 
 

@@ -99,10 +99,13 @@ def gram_kernel(
     slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, A, QK, Z, N, seg_n, seg_c0,
     C: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
     BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_COL: tl.constexpr, BLOCK_C: tl.constexpr,
+    AQK: tl.constexpr,
 ):  # fmt: skip
-    """One program per (stream-chunk, token t): row t of A and QK, and the rows of Z of token t's write entries.
-    The programs cover `seg_n` chunks a stream from chunk `seg_c0` on (all N from 0 in the forward; one segment in
-    the backward's replay), and the outputs hold those chunks; the inputs hold all N."""
+    """One program per (stream-chunk, token t): row t of A and QK (with AQK), and the rows of Z of token t's write
+    entries. The programs cover `seg_n` chunks a stream from chunk `seg_c0` on (all N from 0 in the forward; one
+    segment in the backward's replay, which needs Z alone), and the outputs hold those chunks; the inputs hold all N.
+    Without AQK, A and QK are neither computed nor stored and a block is skipped when no write entry of token t
+    meets it: Z gets the same bits, since a block with a read match only adds exact zeros to it."""
     so = tl.program_id(0).to(tl.int64)  # this stream-chunk in the outputs
     sc = (so // seg_n) * N + seg_c0 + so % seg_n  # and in the inputs
     t = tl.program_id(1)
@@ -133,23 +136,29 @@ def gram_kernel(
         # A block in which no entry of token t shares a slot adds exact zeros to every sum: skipped, with the same
         # bits (the sums start at +0 and never become -0). With S much larger than a chunk's entries (the flagship
         # op: 4096 write entries a chunk over 65536 slots) that is most blocks, and their exponentials.
-        if tl.max(mw.to(tl.int32)) + tl.max(mr.to(tl.int32)) > 0:
+        hits = tl.max(mw.to(tl.int32))
+        if AQK:
+            hits += tl.max(mr.to(tl.int32))
+        if hits > 0:
             kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
             L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
             to_token = ((t_f[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # [BLOCK_COL, BLOCK_C]
             # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
-            ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
-            pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
-            a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
+            if AQK:
+                ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
+                pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
+                a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
             zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
             pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
             z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
-            rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
-            pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
-            qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
+            if AQK:
+                rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
+                pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
+                qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
     mc = c < C
-    tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
-    tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)
+    if AQK:
+        tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
+        tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)
     tl.store(Z + (so * E + e)[:, None] * C + c[None, :], z_rows, mask=mn[:, None] & mc[None, :])
 
 
@@ -378,15 +387,17 @@ def _gram(
     QK: torch.Tensor,
     Z: torch.Tensor,
     seg_c0: int,
+    aqk: bool = True,
 ) -> None:
-    """A, QK and Z (:func:`gram_kernel`) of the chunks the outputs hold (``A.shape[1]`` a stream, from `seg_c0`)."""
+    """A, QK and Z (:func:`gram_kernel`) of the chunks Z holds (``Z.shape[1]`` a stream, from `seg_c0`); without
+    `aqk`, Z alone (A and QK are left as they are), with the bits it has with them."""
     BH, N, E = s_w.shape
     P = s_r.shape[-1]
-    seg_n, C = A.shape[1], A.shape[-1]
+    seg_n, C = Z.shape[1], Z.shape[-1]
     W, R = E // C, P // C
     gram_kernel[(BH * seg_n, C)](
         s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, N, seg_n, seg_c0,
-        C, E, P, W, R, _pow2(W), _pow2(R), BLOCK_ENTRIES, _pow2(C), **LAUNCH,
+        C, E, P, W, R, _pow2(W), _pow2(R), BLOCK_ENTRIES, _pow2(C), aqk, **LAUNCH,
     )  # fmt: skip
 
 
@@ -428,8 +439,8 @@ def _step(
 
 def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chunk-start rows of chunks c0 .. c1-1 (``[BH, c1 - c0, E | P, D]``) and their Z (``[BH, c1 - c0, E, C]``),
-    by the forward's Phase 1 Gram kernel and steps run again, from the bank kept at c0 (:func:`replay_segment`),
-    which they use up."""
+    by the forward's Phase 1 Gram kernel (Z alone, with the forward's bits) and steps run again, from the bank kept
+    at c0 (:func:`replay_segment`), which they use up."""
     k = c0 // sv.segment
     bank, sv.checkpoints[k] = sv.checkpoints[k], None  # the reverse walk never comes back to this segment
     assert bank is not None, f"segment {k} replayed twice"
@@ -438,9 +449,8 @@ def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, to
     C, D = sv.v.shape[-2:]
     n = c1 - c0
     dev = bank.device
-    A, QK = (torch.empty(BH, n, C, C, device=dev) for _ in range(2))  # as the forward made them: unused
     Z = torch.empty(BH, n, E, C, device=dev)
-    _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, A, QK, Z, c0)
+    _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, Z, Z, Z, c0, aqk=False)  # Z stands in for A, QK
     rows_w, rows_r = (torch.empty(BH, n, m, D, device=dev) for m in (E, P))
     y, U, KM = (torch.empty(BH, n, C, D, device=dev) for _ in range(3))  # as the forward wrote them: unused
     for i in range(c0, c1):

@@ -13,6 +13,10 @@ Phase 1, for every chunk at once (it does not depend on the bank):
   ``Z [E, C]``, the weight of token t' in the new row of write entry e's slot;
 - ``solve``: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32.
 
+``slot_decay`` and ``gram`` compare every pair of a chunk's entries; with :data:`PHASE1` = "sort" the entries are
+sorted into slot runs instead and each meets only its run (:mod:`.phase1_sorted`: the same tensors up to float32
+rounding, and the backward's replay makes Z from the same runs).
+
 Phase 2, chunk after chunk, two launches a chunk: ``gather`` (one program per stream, token and column slice)
 sums each token's decay-weighted chunk-start bank rows into ``Kdec M0`` and ``Qdec M0``; ``update`` (one per stream,
 column slice and group of write entries) computes ``U = X beta (V - Kdec M0)`` and ``Y = Qdec M0 + QK U``, then each
@@ -43,6 +47,7 @@ from ....references.sdm import check_sdm_shapes, check_slots, first_write_mask
 from ...common.triton.mma import mma
 from . import triton_chunk_bwd as _bwd
 from .dense import sdm_dense_gdn, takes_dense_path
+from .phase1_sorted import phase1_sorted, run_gram
 from .triton_chunk_bwd import BLOCK_ENTRIES, Saved, entry_groups, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
@@ -51,6 +56,10 @@ LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every ca
 SUPPORTS_BACKWARD = True
 _BLOCK_D = 32  # bank columns per update program
 _GATHER_D = 128  # bank columns per gather program, at most
+# Phase 1's slot decays and Gram matrices, read at each call: "pairs" (slot_decay_kernel and gram_kernel, every pair
+# of a chunk's entries compared) or "sort" (:mod:`.phase1_sorted`: entries sorted into slot runs, each meeting only
+# its run; the same values up to float32 rounding, not the same bits). Not timed on a GPU yet: "pairs" stays.
+PHASE1 = "pairs"
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -327,10 +336,15 @@ def _forward(
     A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
     Z = torch.empty(BH, N, E, C, device=dev)
     block_c = _pow2(C)
-    slot_decay_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
-        s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **LAUNCH
-    )
-    _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
+    runs = None
+    if PHASE1 == "sort":
+        out = {"L_w": L_w, "L_tot": L_tot, "L_r": L_r, "first": first, "A": A, "QK": QK, "Z": Z}
+        runs = phase1_sorted(s_w, s_r, ld, kv, qv, out, LAUNCH)
+    else:
+        slot_decay_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
+            s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **LAUNCH
+        )
+        _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
     solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
     bank = torch.zeros(BH, S, D, device=dev) if initial_bank is None else initial_bank.float().reshape(BH, S, D).clone()
     y = torch.empty(BH, N, C, D, device=dev)
@@ -338,7 +352,7 @@ def _forward(
     sv = Saved(
         s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
         A=A, QK=QK, X=X, Z=Z, U=torch.empty(BH, N, C, D, device=dev) if save else y,
-        KM=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment,
+        KM=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment, runs=runs,
     )  # fmt: skip
     if not save:
         for i in range(N):
@@ -450,7 +464,10 @@ def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, to
     n = c1 - c0
     dev = bank.device
     Z = torch.empty(BH, n, E, C, device=dev)
-    _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, Z, Z, Z, c0, aqk=False)  # Z stands in for A, QK
+    if sv.runs is not None:  # the forward's Phase 1 was by slot runs: its Z comes from them
+        run_gram(sv.runs, sv.kv, sv.L_w, sv.L_tot, sv.qv, sv.L_r, Z, Z, Z, c0, LAUNCH, aqk=False)
+    else:
+        _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, Z, Z, Z, c0, aqk=False)  # Z stands in for A, QK
     rows_w, rows_r = (torch.empty(BH, n, m, D, device=dev) for m in (E, P))
     y, U, KM = (torch.empty(BH, n, C, D, device=dev) for _ in range(3))  # as the forward wrote them: unused
     for i in range(c0, c1):

@@ -93,6 +93,7 @@ class Saved:
     rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
     rows_r: torch.Tensor | None = None  # [BH, N, P, D] the same at the read slots
     checkpoints: list[torch.Tensor | None] = dataclasses.field(default_factory=list)  # [BH, S, D] per segment
+    runs: object | None = None  # phase1_sorted.Runs where Phase 1 was by slot runs (the replay makes Z from them)
 
 
 def sdm_chunk_backward(

@@ -13,6 +13,10 @@ Phase 1, for every chunk at once (it does not depend on the bank):
   ``Z [E, C]``, the weight of token t' in the new row of write entry e's slot;
 - ``solve``: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32.
 
+``slot_decay`` and ``gram`` compare every pair of a chunk's entries; with :data:`PHASE1` = "sort" the entries are
+sorted into slot runs instead and each meets only its run (:mod:`.phase1_sorted`: the same tensors up to float32
+rounding, and the backward's replay makes Z from the same runs).
+
 Phase 2, chunk after chunk, two launches a chunk: ``gather`` (one program per stream, token and column slice)
 sums each token's decay-weighted chunk-start bank rows into ``Kdec M0`` and ``Qdec M0``; ``update`` (one per stream,
 column slice and group of write entries) computes ``U = X beta (V - Kdec M0)`` and ``Y = Qdec M0 + QK U``, then each
@@ -43,6 +47,7 @@ from ....references.sdm import check_sdm_shapes, check_slots, first_write_mask
 from ...common.triton.mma import mma
 from . import triton_chunk_bwd as _bwd
 from .dense import sdm_dense_gdn, takes_dense_path
+from .phase1_sorted import phase1_sorted, run_gram
 from .triton_chunk_bwd import BLOCK_ENTRIES, Saved, entry_groups, sdm_chunk_backward, sum_in_order
 
 __all__ = ["LAUNCH", "SUPPORTS_BACKWARD", "sdm_triton_chunk"]
@@ -51,6 +56,10 @@ LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every ca
 SUPPORTS_BACKWARD = True
 _BLOCK_D = 32  # bank columns per update program
 _GATHER_D = 128  # bank columns per gather program, at most
+# Phase 1's slot decays and Gram matrices, read at each call: "pairs" (slot_decay_kernel and gram_kernel, every pair
+# of a chunk's entries compared) or "sort" (:mod:`.phase1_sorted`: entries sorted into slot runs, each meeting only
+# its run; the same values up to float32 rounding, not the same bits). Not timed on a GPU yet: "pairs" stays.
+PHASE1 = "pairs"
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -99,10 +108,13 @@ def gram_kernel(
     slot_w, k_val, L_w, L_tot, slot_r, q_val, L_r, A, QK, Z, N, seg_n, seg_c0,
     C: tl.constexpr, E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
     BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_COL: tl.constexpr, BLOCK_C: tl.constexpr,
+    AQK: tl.constexpr,
 ):  # fmt: skip
-    """One program per (stream-chunk, token t): row t of A and QK, and the rows of Z of token t's write entries.
-    The programs cover `seg_n` chunks a stream from chunk `seg_c0` on (all N from 0 in the forward; one segment in
-    the backward's replay), and the outputs hold those chunks; the inputs hold all N."""
+    """One program per (stream-chunk, token t): row t of A and QK (with AQK), and the rows of Z of token t's write
+    entries. The programs cover `seg_n` chunks a stream from chunk `seg_c0` on (all N from 0 in the forward; one
+    segment in the backward's replay, which needs Z alone), and the outputs hold those chunks; the inputs hold all N.
+    Without AQK, A and QK are neither computed nor stored and a block is skipped when no write entry of token t
+    meets it: Z gets the same bits, since a block with a read match only adds exact zeros to it."""
     so = tl.program_id(0).to(tl.int64)  # this stream-chunk in the outputs
     sc = (so // seg_n) * N + seg_c0 + so % seg_n  # and in the inputs
     t = tl.program_id(1)
@@ -133,23 +145,29 @@ def gram_kernel(
         # A block in which no entry of token t shares a slot adds exact zeros to every sum: skipped, with the same
         # bits (the sums start at +0 and never become -0). With S much larger than a chunk's entries (the flagship
         # op: 4096 write entries a chunk over 65536 slots) that is most blocks, and their exponentials.
-        if tl.max(mw.to(tl.int32)) + tl.max(mr.to(tl.int32)) > 0:
+        hits = tl.max(mw.to(tl.int32))
+        if AQK:
+            hits += tl.max(mr.to(tl.int32))
+        if hits > 0:
             kv_f = tl.load(k_val + sc * E + f, mask=mf, other=0.0)
             L_f = tl.load(L_w + sc * E + f, mask=mf, other=0.0)
             to_token = ((t_f[:, None] == c[None, :]) & mf[:, None]).to(tl.float32)  # [BLOCK_COL, BLOCK_C]
             # Masked pairs get a zero exponent before exp, so no overflow can reach the sums.
-            ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
-            pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
-            a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
+            if AQK:
+                ww = tl.where(mw & (t_f[None, :] < t), L_e[:, None] - L_f[None, :], 0.0)
+                pw = tl.where(mw & (t_f[None, :] < t), kv_e[:, None] * kv_f[None, :] * tl.exp(ww), 0.0)
+                a_row += tl.sum(tl.sum(pw, axis=0)[:, None] * to_token, axis=0)
             zz = tl.where(mw, T_e[:, None] - L_f[None, :], 0.0)
             pz = tl.where(mw, kv_f[None, :] * tl.exp(zz), 0.0)  # [BLOCK_W, BLOCK_COL]
             z_rows += mma(pz, to_token, "ieee")  # to_token is 0/1: exact products, a fixed-order sum
-            rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
-            pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
-            qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
+            if AQK:
+                rr = tl.where(mr, L_p[:, None] - L_f[None, :], 0.0)
+                pr = tl.where(mr, qv_p[:, None] * kv_f[None, :] * tl.exp(rr), 0.0)
+                qk_row += tl.sum(tl.sum(pr, axis=0)[:, None] * to_token, axis=0)
     mc = c < C
-    tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
-    tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)
+    if AQK:
+        tl.store(A + (so * C + t) * C + c, a_row, mask=mc)
+        tl.store(QK + (so * C + t) * C + c, qk_row, mask=mc)
     tl.store(Z + (so * E + e)[:, None] * C + c[None, :], z_rows, mask=mn[:, None] & mc[None, :])
 
 
@@ -318,10 +336,15 @@ def _forward(
     A, QK, X = (torch.empty(BH, N, C, C, device=dev) for _ in range(3))
     Z = torch.empty(BH, N, E, C, device=dev)
     block_c = _pow2(C)
-    slot_decay_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
-        s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **LAUNCH
-    )
-    _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
+    runs = None
+    if PHASE1 == "sort":
+        out = {"L_w": L_w, "L_tot": L_tot, "L_r": L_r, "first": first, "A": A, "QK": QK, "Z": Z}
+        runs = phase1_sorted(s_w, s_r, ld, kv, qv, out, LAUNCH)
+    else:
+        slot_decay_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
+            s_w, ld, s_r, L_w, L_tot, L_r, first, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, **LAUNCH
+        )
+        _gram(s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, 0)
     solve_kernel[(BH * N,)](A, b_s, X, C, block_c, **LAUNCH)
     bank = torch.zeros(BH, S, D, device=dev) if initial_bank is None else initial_bank.float().reshape(BH, S, D).clone()
     y = torch.empty(BH, N, C, D, device=dev)
@@ -329,7 +352,7 @@ def _forward(
     sv = Saved(
         s_w=s_w, s_r=s_r, kv=kv, qv=qv, ld=ld, v=v_s, b=b_s, L_w=L_w, L_tot=L_tot, L_r=L_r, first=first,
         A=A, QK=QK, X=X, Z=Z, U=torch.empty(BH, N, C, D, device=dev) if save else y,
-        KM=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment,
+        KM=torch.empty(BH, N, C, D, device=dev) if save else y, segment=segment, runs=runs,
     )  # fmt: skip
     if not save:
         for i in range(N):
@@ -378,15 +401,17 @@ def _gram(
     QK: torch.Tensor,
     Z: torch.Tensor,
     seg_c0: int,
+    aqk: bool = True,
 ) -> None:
-    """A, QK and Z (:func:`gram_kernel`) of the chunks the outputs hold (``A.shape[1]`` a stream, from `seg_c0`)."""
+    """A, QK and Z (:func:`gram_kernel`) of the chunks Z holds (``Z.shape[1]`` a stream, from `seg_c0`); without
+    `aqk`, Z alone (A and QK are left as they are), with the bits it has with them."""
     BH, N, E = s_w.shape
     P = s_r.shape[-1]
-    seg_n, C = A.shape[1], A.shape[-1]
+    seg_n, C = Z.shape[1], Z.shape[-1]
     W, R = E // C, P // C
     gram_kernel[(BH * seg_n, C)](
         s_w, kv, L_w, L_tot, s_r, qv, L_r, A, QK, Z, N, seg_n, seg_c0,
-        C, E, P, W, R, _pow2(W), _pow2(R), BLOCK_ENTRIES, _pow2(C), **LAUNCH,
+        C, E, P, W, R, _pow2(W), _pow2(R), BLOCK_ENTRIES, _pow2(C), aqk, **LAUNCH,
     )  # fmt: skip
 
 
@@ -428,8 +453,8 @@ def _step(
 
 def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chunk-start rows of chunks c0 .. c1-1 (``[BH, c1 - c0, E | P, D]``) and their Z (``[BH, c1 - c0, E, C]``),
-    by the forward's Phase 1 Gram kernel and steps run again, from the bank kept at c0 (:func:`replay_segment`),
-    which they use up."""
+    by the forward's Phase 1 Gram kernel (Z alone, with the forward's bits) and steps run again, from the bank kept
+    at c0 (:func:`replay_segment`), which they use up."""
     k = c0 // sv.segment
     bank, sv.checkpoints[k] = sv.checkpoints[k], None  # the reverse walk never comes back to this segment
     assert bank is not None, f"segment {k} replayed twice"
@@ -438,9 +463,11 @@ def _replay(sv: Saved, c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor, to
     C, D = sv.v.shape[-2:]
     n = c1 - c0
     dev = bank.device
-    A, QK = (torch.empty(BH, n, C, C, device=dev) for _ in range(2))  # as the forward made them: unused
     Z = torch.empty(BH, n, E, C, device=dev)
-    _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, A, QK, Z, c0)
+    if sv.runs is not None:  # the forward's Phase 1 was by slot runs: its Z comes from them
+        run_gram(sv.runs, sv.kv, sv.L_w, sv.L_tot, sv.qv, sv.L_r, Z, Z, Z, c0, LAUNCH, aqk=False)
+    else:
+        _gram(sv.s_w, sv.kv, sv.L_w, sv.L_tot, sv.s_r, sv.qv, sv.L_r, Z, Z, Z, c0, aqk=False)  # Z stands in for A, QK
     rows_w, rows_r = (torch.empty(BH, n, m, D, device=dev) for m in (E, P))
     y, U, KM = (torch.empty(BH, n, C, D, device=dev) for _ in range(3))  # as the forward wrote them: unused
     for i in range(c0, c1):

@@ -93,6 +93,7 @@ class Saved:
     rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
     rows_r: torch.Tensor | None = None  # [BH, N, P, D] the same at the read slots
     checkpoints: list[torch.Tensor | None] = dataclasses.field(default_factory=list)  # [BH, S, D] per segment
+    runs: object | None = None  # phase1_sorted.Runs where Phase 1 was by slot runs (the replay makes Z from them)
 
 
 def sdm_chunk_backward(
@@ -515,10 +516,14 @@ def gram_bwd_kernel(
 def decay_bwd_kernel(
     slot_w, slot_r, dL_w, dL_r, dtot, dld,
     E: tl.constexpr, P: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-    BLOCK_ROW: tl.constexpr, BLOCK_COL: tl.constexpr,
+    BLOCK_ROW: tl.constexpr, BLOCK_COL: tl.constexpr, SKIP: tl.constexpr = True,
 ):  # fmt: skip
     """One program per (stream-chunk, block of write entries f): the gradient of f's log-decay, which the segmented
-    scans add to every same-slot entry of its token or later and to its slot's chunk total."""
+    scans add to every same-slot entry of its token or later and to its slot's chunk total.
+
+    With SKIP, a block of entries none of which meets a row adds no loads and no sum: the sum it would add is +0
+    exactly, and ``acc + 0.0`` (kept) is what that add does to acc (-0 becomes +0, every other value stays), so the
+    bits are those of SKIP=False, which sums every block (the tests compare the two)."""
     sc = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1) * BLOCK_ROW + tl.arange(0, BLOCK_ROW)
     mf = f < E
@@ -529,14 +534,20 @@ def decay_bwd_kernel(
         e = e0 + tl.arange(0, BLOCK_COL)
         me = e < E
         s_e = tl.load(slot_w + sc * E + e, mask=me, other=-2)
-        d_e = tl.load(dL_w + sc * E + e, mask=me, other=0.0)
         hit = (s_f[:, None] == s_e[None, :]) & me[None, :] & ((e // W)[None, :] >= t_f[:, None])
-        acc += tl.sum(tl.where(hit, d_e[None, :], 0.0), axis=1)
+        if tl.max(hit.to(tl.int32)) + (0 if SKIP else 1) > 0:
+            d_e = tl.load(dL_w + sc * E + e, mask=me, other=0.0)
+            acc += tl.sum(tl.where(hit, d_e[None, :], 0.0), axis=1)
+        else:
+            acc += 0.0
     for p0 in range(0, P, BLOCK_COL):
         p = p0 + tl.arange(0, BLOCK_COL)
         mp = p < P
         s_p = tl.load(slot_r + sc * P + p, mask=mp, other=-2)
-        d_p = tl.load(dL_r + sc * P + p, mask=mp, other=0.0)
         hit = (s_f[:, None] == s_p[None, :]) & mp[None, :] & ((p // R)[None, :] >= t_f[:, None])
-        acc += tl.sum(tl.where(hit, d_p[None, :], 0.0), axis=1)
+        if tl.max(hit.to(tl.int32)) + (0 if SKIP else 1) > 0:
+            d_p = tl.load(dL_r + sc * P + p, mask=mp, other=0.0)
+            acc += tl.sum(tl.where(hit, d_p[None, :], 0.0), axis=1)
+        else:
+            acc += 0.0
     tl.store(dld + sc * E + f, acc, mask=mf)

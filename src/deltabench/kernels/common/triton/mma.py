@@ -1,4 +1,4 @@
-"""The one matrix-product helper every deltabench Triton kernel uses.
+"""The one matrix-product helper every deltabench Triton kernel uses, with its precision and tile width.
 
 Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16 operands as their
 raw 16-bit integers, so under the interpreter both operands are widened to fp32 first. That is the same
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "mma", "mma_acc"]
+__all__ = ["INTERPRETED", "dot_precision", "mma", "mma_acc", "padded"]
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -34,3 +35,13 @@ def mma_acc(a, b, acc, prec: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, input_precision=prec)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """IEEE products for fp32 inputs (no silent tf32); tf32 for the fp32 operands of a 16-bit run."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def padded(n: int) -> int:
+    """Tile width for a head dimension: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))

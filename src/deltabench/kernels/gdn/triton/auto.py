@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import torch
 
+from ...common.triton.mma import padded
 from .chunk import ChunkGatedDeltaRuleFunction, chunk_gdn_bwd, chunk_gdn_fwd, save_for_chunk_bwd
 from .chunk_split import chunk_split_fwd
 from .inputs import prepare_chunk_inputs
-from .wy import CHUNK, TUNED_K, padded
+from .wy import CHUNK, TUNED_K
 
 __all__ = ["RULE", "chunk_gated_delta_rule_auto", "gdn_triton_chunk_auto", "pick"]
 

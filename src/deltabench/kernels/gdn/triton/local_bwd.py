@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma
-from .wy import CHUNK, TUNED_K, dot_precision, padded
+from ...common.triton.mma import dot_precision, mma, padded
+from .wy import CHUNK, TUNED_K
 
 __all__ = ["LAUNCH", "local_bwd"]
 

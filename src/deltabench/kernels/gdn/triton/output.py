@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma
-from .wy import CHUNK, dot_precision, padded
+from ...common.triton.mma import dot_precision, mma, padded
+from .wy import CHUNK
 
 __all__ = ["LAUNCH", "chunk_output"]
 

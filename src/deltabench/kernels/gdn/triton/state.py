@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma, mma_acc
+from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from .walk import Packing, compose_segments, map_columns, store_map, walk_grid, walk_segments, walk_span
-from .wy import CHUNK, TUNED_K, dot_precision, padded
+from .wy import CHUNK, TUNED_K
 
 __all__ = ["BWD_LAUNCH", "FWD_LAUNCH", "LAUNCH", "bwd_launch_config", "fwd_launch_config", "state_bwd", "state_fwd"]
 

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma, mma_acc
-from .wy import CHUNK, TUNED_K, dot_precision, padded
+from ...common.triton.mma import dot_precision, mma, mma_acc, padded
+from .wy import CHUNK, TUNED_K
 
 __all__ = [
     "H200_CLEAN",

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.triton.mma import mma
+from ...common.triton.mma import dot_precision, mma, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
 
 __all__ = ["CHUNK", "LAUNCH", "TUNED_K", "wy_fwd"]
@@ -179,16 +179,6 @@ def wy_apply_kernel(
         _apply_side(L, k, w, g, beta, T, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, PREC)
     else:
         _apply_side(L, v, u, g, beta, T, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, C, PREC)
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """IEEE products for fp32 inputs (no silent tf32); tf32 for the fp32 operands of a 16-bit run."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def padded(n: int) -> int:
-    """Tile width for a head dimension: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(n))
 
 
 def wy_fwd(

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ...common.checks import check_op_inputs, default_scale
-from ...common.triton.mma import mma, mma_acc
+from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
 from ...common.varlen import run_packed
 
@@ -260,16 +260,6 @@ def walk_kernel(
     tl.store(ht + state_off, S, mask=mkv)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """IEEE products for fp32 inputs (no silent tf32); tf32 for the fp32 operands of a 16-bit run."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _padded(n: int) -> int:
-    """Tile width for a head dimension: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(n))
-
-
 def chunk_cumulative_decay(g: torch.Tensor) -> torch.Tensor:
     """The in-chunk cumulative log-decay G, fp32 ``[B, Tp, H, K]`` with T padded to whole chunks (Tp): the padded
     rows' g taken as 0, so G stays non-increasing along every chunk and every ratio the kernels form is <= 1."""
@@ -306,8 +296,8 @@ def chunk_gdn2_fwd(
     NT = triton.cdiv(T, CHUNK)
     Tp = NT * CHUNK
     G = chunk_cumulative_decay(g)
-    prec = _dot_precision(q.dtype)
-    BK = _padded(K)
+    prec = dot_precision(q.dtype)
+    BK = padded(K)
     L = q.new_empty(B, T, H, CHUNK, dtype=torch.float32)
     Pm = torch.empty_like(L)
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
@@ -318,7 +308,7 @@ def chunk_gdn2_fwd(
     )  # fmt: skip
     Wm = torch.empty_like(k)
     Um = torch.empty_like(v)
-    bnk, bnv = min(LAUNCH["apply_cols"], BK), min(LAUNCH["apply_cols"], _padded(V))
+    bnk, bnv = min(LAUNCH["apply_cols"], BK), min(LAUNCH["apply_cols"], padded(V))
     nk = triton.cdiv(K, bnk)
     apply_kernel[(nk + triton.cdiv(V, bnv), NT, B * H)](
         k, v, b, w, G, L, Wm, Um, T, Tp,
@@ -327,7 +317,7 @@ def chunk_gdn2_fwd(
     )  # fmt: skip
     o = torch.empty_like(v)
     ht = q.new_empty(B, H, K, V, dtype=torch.float32)
-    BV = LAUNCH["walk_block_v"] if _padded(V) >= 64 else 16
+    BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     walk_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, Wm, Um, G, Pm, initial_state, o, ht, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec,

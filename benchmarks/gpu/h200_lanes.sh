@@ -342,7 +342,7 @@ task_integrity_exploits() {
 }
 task_integrity_report() {
     local docs=() name
-    for name in e2e varlen decode train sdm-pkg; do [[ -f $dir/$name.json ]] && docs+=("$dir/$name.json"); done
+    for name in e2e varlen decode train train-jax sdm-pkg sdm-gpu-dense sdm-gpu-32k sdm-gpu-8k; do [[ -f $dir/$name.json ]] && docs+=("$dir/$name.json"); done
     ((${#docs[@]})) || return 0
     PYTHONPATH=$(pypath) python3 benchmarks/gpu/integrity_h200.py report "${docs[@]}" >"$dir/integrity-report.log" 2>&1
     echo "integrity report exit=$?"; grep -E "FALSE FLAG|false flags|^    " "$dir/integrity-report.log" | cut -c1-170
@@ -370,6 +370,41 @@ task_bridge() {
             --impls gdn2/pallas_gpu_chunk,gdn2/jax_chunk --dtype bf16
     } >"$dir/bridge.log" 2>&1
     echo "bridge exit=$?"; tail -30 "$dir/bridge.log" | cut -c1-170
+}
+
+# Issue 40's last H200 jobs under the defences: jax_chunk's train jobs (the 600 s cap of 2026-12-04 18:22 ended
+# the train run before six of them), then the sdm-gpu suite's dense and 32K parts and ours' fwd+bwd at the flagship
+# (SDM 2.0.0's jobs and our forward there were run that day: run 6f47b8ff)
+task_train_jax() { run_gated "${TRAIN_JAX_CAP:-420}" train-jax 2 --suite train --timeout 300 --impl jax_chunk; }
+task_sdm_rest() {
+    run 420 sdm-gpu-dense --suite sdm-gpu --shape B=1,T=8192,H=2,S=128,D=128,W=128,R=128 \
+        --shape B=1,T=8192,H=2,K=128,V=128 --impl triton_chunk --impl triton_chunk_split --timeout 380 --gate-workers 3
+    run 600 sdm-gpu-32k --suite sdm-gpu --shape B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
+        --timeout 560
+    run 420 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
+        --mode fwd+bwd --timeout 400
+}
+
+# Issue 43's Triton GDN-2 / KDA forward on the GPU: the oracle's gate (every regime, two seeds) at K = V = 128 over
+# ragged chunks and at K != V within one chunk over odd heads, the four gates at once, then the diagnostic beside
+# FLA with each launch setting varied alone
+task_gdn2_triton() {
+    stamp gdn2_triton
+    local op shape
+    {
+        for op in gdn2 kda; do
+            for shape in B=2,T=300,H=3,K=128,V=128 B=1,T=40,H=5,K=128,V=64; do
+                PYTHONPATH=$(pypath) timeout 240 python3 -m deltabench.cli.app verify --op "$op" --impl triton_chunk \
+                    --mode fwd --device cuda --dtype bf16 --seeds 2 --timeout 220 --shape "$shape" \
+                    >"$dir/gdn2-triton-verify-$op-$shape.log" 2>&1 &
+            done
+        done
+        wait
+        for op in "$dir"/gdn2-triton-verify-*.log; do echo "== $op"; tail -25 "$op"; done
+        PYTHONPATH=$(pypath) timeout "${GDN2_TRITON_CAP:-300}" python3 benchmarks/gpu/gdn2_triton.py --sweep
+        echo "gdn2_triton exit=$?"
+    } >"$dir/gdn2-triton.log" 2>&1
+    grep -E "PASS|FAIL|exit=|ms|sweep|Error" "$dir/gdn2-triton.log" | tail -60 | cut -c1-170
 }
 
 # take: the next task of the shared queue, removed from it (empty when none is left)

@@ -150,7 +150,7 @@ def main() -> None:
                             err = max(rel(vo, o), rel(vh, ht))
                             ms = time_ms(mine, x) if err < 1e-2 else float("nan")
                             say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
-                        except Exception as exc:  # noqa: BLE001  (a config that fails to compile is a result)
+                        except Exception as exc:  # a config that fails to compile is a result
                             say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
                         finally:
                             chunk.LAUNCH[key] = old

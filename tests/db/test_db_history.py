@@ -78,3 +78,40 @@ def test_levels_are_run_level_of_each_result() -> None:
         expected.append(median if not blob else run_level(samples, median, reps))
     assert _levels(results) == expected
     assert _levels([]) == []
+
+
+def test_levels_stored_at_ingest_and_rows_without_one_read_from_their_samples(engine, factory) -> None:  # type: ignore[no-untyped-def]
+    """Ingest stores each timed result's ``noise.run_level`` in ``results.level_ms``; the history reads it, and
+    results stored before that column (NULL) give the very same spreads from their raw samples."""
+    from sqlalchemy import select, update
+
+    from deltabench.db.ingest import unpack_samples
+    from deltabench.db.models import Result, ResultSamples
+    from deltabench.regression.noise import run_level
+
+    runs = [
+        factory.document(
+            jobs=[factory.job(impl="torch_chunk", median=m), factory.job(impl="triton_chunk", median=m / 2)],
+            created_at=T0 + dt.timedelta(hours=i),
+        )
+        for i, m in enumerate([1.00, 1.04, 0.97, 1.02, 1.01, 0.99])
+    ]
+    with session_scope(engine) as s:
+        for doc in runs:
+            ingest_document(s, doc)
+    with session_scope(engine) as s:
+        stored = s.execute(
+            select(Result.level_ms, Result.median_ms, ResultSamples.samples).join(
+                ResultSamples, ResultSamples.result_id == Result.id
+            )
+        ).all()
+        assert len(stored) == 12
+        for level, median, blob in stored:
+            assert level == run_level(unpack_samples(blob), median) and level < median
+        with_levels = history_spreads(s, base_run_id=runs[-1].run_id)
+        s.execute(update(Result).where(Result.impl == "torch_chunk").values(level_ms=None))  # half "stored before"
+        mixed = history_spreads(s, base_run_id=runs[-1].run_id)
+        s.execute(update(Result).values(level_ms=None))
+        without = history_spreads(s, base_run_id=runs[-1].run_id)
+    assert len(with_levels) == 2
+    assert with_levels == mixed == without

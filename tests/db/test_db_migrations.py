@@ -32,7 +32,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) == "0001"
     assert _tables(fresh_engine) == MEASUREMENT
     upgrade(fresh_engine)
-    assert current_revision(fresh_engine) == head_revision() == "0009"
+    assert current_revision(fresh_engine) == head_revision() == "0011"
     assert _tables(fresh_engine) == MEASUREMENT | SERVICE
     downgrade(fresh_engine, "0001")
     assert _tables(fresh_engine) == MEASUREMENT
@@ -40,7 +40,7 @@ def test_upgrade_downgrade_round_trip(fresh_engine) -> None:  # type: ignore[no-
     assert current_revision(fresh_engine) is None and _tables(fresh_engine) == set()
     upgrade(fresh_engine)
     upgrade(fresh_engine)  # at head already: nothing to do
-    assert current_revision(fresh_engine) == "0009"
+    assert current_revision(fresh_engine) == "0011"
 
 
 def test_head_schema_matches_models(fresh_engine) -> None:  # type: ignore[no-untyped-def]
@@ -152,3 +152,29 @@ def test_0009_marks_every_series_of_a_store_whose_table_was_never_built(fresh_en
     upgrade(fresh_engine)
     with session_scope(fresh_engine) as s:
         assert s.scalar(select(func.count()).select_from(SeriesDirty)) == 0
+
+
+def test_0010_drops_the_children_foreign_keys_and_downgrades(fresh_engine) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    def keys(table: str) -> list[str | None]:
+        return [fk["name"] for fk in inspect(fresh_engine).get_foreign_keys(table)]
+
+    upgrade(fresh_engine, "0009")
+    assert keys("checks") == ["fk_checks_result_id_results"]
+    assert keys("result_samples") == ["fk_result_samples_result_id_results"]
+    upgrade(fresh_engine, "0010")
+    assert keys("checks") == [] and keys("result_samples") == []
+    assert keys("results") == ["fk_results_run_pk_runs"]  # a result still belongs to a run
+    # a child row naming no result: nothing refuses it now, and the downgrade removes it before the key returns
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            text(
+                'INSERT INTO checks (result_id, position, "check", metric, passed, gating, reference, detail) '
+                "VALUES (424242, 0, 'output', 'rel_err', true, true, 'oracle', '')"
+            )
+        )
+    downgrade(fresh_engine, "0009")
+    assert keys("checks") == ["fk_checks_result_id_results"]
+    with fresh_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM checks")).scalar_one() == 0

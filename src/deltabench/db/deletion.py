@@ -22,8 +22,8 @@ def delete_run(session: Session, *, run_id: str) -> int | None:
         return None
     result_ids = select(Result.id).where(Result.run_pk == run_pk).scalar_subquery()
     n_results = session.scalar(select(func.count()).select_from(Result).where(Result.run_pk == run_pk)) or 0
-    # Explicit deletes rather than relying on ON DELETE CASCADE: an SQLite connection opened without
-    # foreign_keys=ON would leave the children behind.
+    # The children first: they name their result without a foreign key (migration 0010), so nothing else removes
+    # them.
     mark_run_dirty(session, run_pk)  # its series lose points: the regressions page recomputes them
     session.execute(delete(Check).where(Check.result_id.in_(result_ids)))
     session.execute(delete(ResultSamples).where(ResultSamples.result_id.in_(result_ids)))

@@ -32,7 +32,8 @@ def history_spreads(
     widened together when their pooled history is heavier-tailed than the bound assumes
     (``noise.spreads_from_histories``).
 
-    Two queries whatever the number of jobs: the window's runs, and their ok results with their samples.
+    Two queries whatever the number of jobs: the window's runs, and their ok results with their levels (a third
+    reads the raw samples of results stored before migration 0011, when the window holds any).
     """
     base = session.execute(select(Run.id, Run.created_at).where(Run.run_id == base_run_id)).first()
     if base is None:
@@ -55,10 +56,11 @@ def history_spreads(
     run_order = {pk: i for i, (pk, _) in enumerate(reversed(session.execute(window).all()))}
     if base.id not in run_order:
         return {}
-    # The results and their raw samples in one statement (an outer join: a result may have no samples). Reading
-    # the samples by the results' ids afterwards cost more than the rest: a statement of 3,000 bound ids. Core
-    # columns: the ORM's row processing of the same select cost a tenth of a first view.
-    results, samples = Result.__table__, ResultSamples.__table__
+    # The results with their run levels, made at ingest (results.level_ms); Core columns: the ORM's row processing
+    # of the same select cost a tenth of a first view. Results stored before the column (NULL) take theirs from
+    # their raw samples, read for those rows alone.
+    results = Result.__table__
+    in_window = (results.c.run_pk.in_(list(run_order)), results.c.status == "ok", results.c.median_ms > 0)
     rows = session.execute(
         select(
             results.c.run_pk,
@@ -73,19 +75,18 @@ def history_spreads(
             results.c.dtype,
             results.c.mode,
             results.c.software,
-            results.c.median_ms,
             results.c.attempt,
-            samples.c.samples,
-            samples.c.repetitions,
-        )
-        .outerjoin(samples, samples.c.result_id == results.c.id)
-        .where(results.c.run_pk.in_(list(run_order)), results.c.status == "ok", results.c.median_ms > 0)
+            results.c.level_ms,
+            results.c.id,
+        ).where(*in_window)
     ).all()
+    stored_before = any(row.level_ms is None for row in rows)
+    levels_of = _levels_from_samples(session, in_window) if stored_before else {}
     # One result per (series, run): the highest attempt, as a comparison takes it.
-    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, float, bytes | None, bytes | None]]] = defaultdict(dict)
+    per_run: dict[tuple[JobKey, str], dict[int, tuple[int, float]]] = defaultdict(dict)
     base_series: dict[JobKey, str] = {}
     shapes: dict[tuple[Any, ...], str] = {}  # ~100 distinct shapes among ~3,000 rows: each id built once
-    for run_pk, op, impl, b, t, h, k, v, extra, dtype, mode, software, median, attempt, blob, reps in rows:
+    for run_pk, op, impl, b, t, h, k, v, extra, dtype, mode, software, attempt, level, result_id in rows:
         dims = (b, t, h, k, v, extra)
         shape = shapes.get(dims)
         if shape is None:
@@ -93,21 +94,26 @@ def history_spreads(
         key: JobKey = (op, impl, shape, dtype, mode)
         runs = per_run[(key, software)]
         if run_pk not in runs or attempt >= runs[run_pk][0]:
-            runs[run_pk] = (attempt, float(median), blob, reps)
+            runs[run_pk] = (attempt, level if level is not None else levels_of[result_id])
         if run_pk == base.id:
             base_series[key] = software
-    histories: dict[JobKey, list[tuple[float, bytes | None, bytes | None]]] = {}
+    levels: dict[JobKey, list[float]] = {}
     for key, software in base_series.items():
         runs = per_run[(key, software)]
-        ordered = sorted(runs, key=run_order.__getitem__)  # oldest first, the base last
-        histories[key] = [runs[pk][1:] for pk in ordered]
-    flat = _levels([result for history in histories.values() for result in history])
-    levels: dict[JobKey, list[float]] = {}
-    start = 0
-    for key, history in histories.items():
-        levels[key] = flat[start : start + len(history)]
-        start += len(history)
+        levels[key] = [runs[pk][1] for pk in sorted(runs, key=run_order.__getitem__)]  # oldest first, the base last
     return spreads_from_histories(levels)
+
+
+def _levels_from_samples(session: Session, in_window: tuple[Any, ...]) -> dict[int, float]:
+    """The run levels of the window's results stored without one (before migration 0011), by result id, from their
+    raw samples (an outer join: a result may have none)."""
+    results, samples = Result.__table__, ResultSamples.__table__
+    rows = session.execute(
+        select(results.c.id, results.c.median_ms, samples.c.samples, samples.c.repetitions)
+        .outerjoin(samples, samples.c.result_id == results.c.id)
+        .where(*in_window, results.c.level_ms.is_(None))
+    ).all()
+    return dict(zip([row.id for row in rows], _levels([tuple(row)[1:] for row in rows]), strict=True))
 
 
 def _levels(results: list[tuple[float, bytes | None, bytes | None]]) -> list[float]:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from deltabench.harness.document import CaseSpec, JobResult, ResultDocument
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.series import series_software
+from deltabench.regression.noise import run_level
 
 from .dims import dims_columns, stored_dims
 from .models import Check, Environment, Machine, Result, ResultSamples, Run
@@ -190,6 +191,7 @@ def _result_row(job: JobResult, position: int, run_pk: int, run_columns: dict[st
         "l2_flush": timing.l2_flush if timing else None,
         "compile_s": timing.compile_s if timing else None,
         "stop_reason": timing.stop_reason if timing else None,
+        "level_ms": run_level(timing.samples_ms, timing.median_ms, timing.repetitions) if timing else None,
         "peak_bytes": memory.peak_bytes if memory else None,
         "inputs_bytes": memory.inputs_bytes if memory else None,
         "memory_method": memory.method if memory else None,

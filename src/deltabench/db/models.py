@@ -10,6 +10,9 @@ Measurement side (what result documents hold)::
                     and each sample's repetition when the run repeated its jobs
     checks        the verification records of a result, in document order
 
+A result's samples and checks name it by ``result_id`` without a foreign key (migration 0010): ingest writes them in
+the transaction that stored the result, and deletion removes them before it (db/deletion.py).
+
 Service side (written by the web layer and workers)::
 
     api_tokens    bearer tokens, stored as sha256 hashes
@@ -249,6 +252,9 @@ class Result(Base):
     l2_flush: Mapped[bool | None] = mapped_column(Boolean)
     compile_s: Mapped[float | None] = mapped_column(Float)
     stop_reason: Mapped[str | None] = mapped_column(Text)
+    # The run level the regression model reads (regression.noise.run_level of the raw samples), made at ingest so
+    # that a history is read without the samples (migration 0011; NULL for results stored before it)
+    level_ms: Mapped[float | None] = mapped_column(Float)
     # memory (NULL without)
     peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     inputs_bytes: Mapped[int | None] = mapped_column(BigInteger)
@@ -269,7 +275,7 @@ class ResultSamples(Base):
 
     __tablename__ = "result_samples"
 
-    result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"), primary_key=True)
+    result_id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="results.id (no foreign key: migration 0010)")
     samples: Mapped[bytes] = mapped_column(LargeBinary)
     # The repetition of each sample (``TimingStats.repetitions``, ``db.ingest.pack_repetitions``); NULL: one.
     repetitions: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
@@ -282,7 +288,7 @@ class Check(Base):
     __table_args__ = (Index("ix_checks_result_position", "result_id", "position", unique=True),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))
+    result_id: Mapped[int] = mapped_column(Integer, doc="results.id (no foreign key: migration 0010)")
     position: Mapped[int] = mapped_column(Integer)
     check: Mapped[str] = mapped_column(_sized(doc.CheckRecord, "check"))
     metric: Mapped[str] = mapped_column(_sized(doc.CheckRecord, "metric"))

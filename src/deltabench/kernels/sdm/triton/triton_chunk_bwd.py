@@ -23,6 +23,10 @@ Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it
   ``dA`` and the solve's share of ``dbeta``), ``gram_bwd_kernel`` (per entry: the gradient of its weight and of its
   log-decay since the chunk start, through A, QK, Z and the gathers; per write entry that of its slot's chunk total)
   and ``decay_bwd_kernel`` (the segmented scans backward: the gradient of each write entry's log-decay).
+- Where the forward's Phase 1 ran by slot runs (``Saved.runs``, triton_chunk.PHASE1 = "sort"), the three kernels
+  that compare every pair of a chunk's entries, ``gather_weights_kernel``, ``gram_bwd_kernel`` and
+  ``decay_bwd_kernel``, give way to their run forms (:mod:`.phase1_sorted_bwd`, on the forward's sort): the same
+  values up to float32 rounding.
 
 The caller (:mod:`.triton_chunk`) turns the log-decay gradients into those of g (and of k_val with key-weighted
 decay) with a sum over the W entries of each token, in PyTorch.

@@ -14,6 +14,7 @@ import pytest
 import torch
 import triton
 from test_sdm_torch import errors, run_with_grads
+from test_sdm_triton_chunk import _Edited
 from test_sdm_triton_phase1 import _same_bits, _slots
 
 from deltabench.kernels.sdm.triton import phase1_sorted_bwd as runs_bwd
@@ -250,3 +251,27 @@ def test_planted_run_bound_bug_is_caught(plant, monkeypatch: pytest.MonkeyPatch)
             failed.append(name)
     assert "y" not in failed and "final_bank" not in failed  # the forward's runs are right
     assert "grad:g" in failed and "grad:k_val" in failed, failed
+
+
+RUN_MUTANTS = {  # (run kernel, edit of its arguments, before the launch): test_sdm_triton_chunk's MUTANTS, by runs
+    # The carried bank gradient misses the chunk's decay of its row (exp(L_total) taken as 1).
+    "no-decay-on-carried-bank-grad": ("run_gather_weights_kernel", lambda args: args[9].zero_(), False),
+    # The gradient through each write's share of its slot's new row (<dM[s_e], U[t_e]>) is dropped.
+    "no-new-row-share": ("run_gram_bwd_kernel", lambda args: args[10].zero_(), True),
+    # The gradient of each read's gather of the chunk-start bank (<G[t_p], M0[s_p]>) is dropped.
+    "no-read-gather": ("run_gram_bwd_kernel", lambda args: args[13].zero_(), True),
+    # The segmented scans' backward forgets the slot's chunk total (its decay of the slot's new row).
+    "no-slot-total-in-scan": ("run_decay_bwd_kernel", lambda args: args[5].zero_(), True),
+}
+
+
+@pytest.mark.parametrize("bad", list(RUN_MUTANTS))
+def test_run_backward_mutants_are_rejected(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each planted bug in a run kernel moves some gradient far past the oracle's bound, y untouched."""
+    name, edit, before = RUN_MUTANTS[bad]
+    monkeypatch.setattr(bwd_module, name, _Edited(getattr(bwd_module, name), edit, before))
+    monkeypatch.setattr(fwd_module, "PHASE1", "sort")
+    x = make_inputs(1, 19, 1, 10, 4, 3, 2, seed=5, regime="collisions", initial_bank=True)
+    ref = run_with_grads(sdm_recurrent, x, torch.float64)
+    errs = errors(run_with_grads(sdm_triton_chunk, x, torch.float32, chunk_size=8), ref)
+    assert errs["y"] < BOUND and max(errs.values()) > 1e-2, errs

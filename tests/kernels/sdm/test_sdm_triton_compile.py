@@ -18,10 +18,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from deltabench.kernels.sdm.triton import triton_chunk as F, triton_chunk_bwd as B
+from deltabench.kernels.sdm.triton import phase1_sorted as FS, phase1_sorted_bwd as BS
 
 C, W, R = 8, 3, 2
 E, P, BC = C * W, C * R, 16
-I64, I32 = {"slot_w", "slot_r"}, {"first", "rep"}
+I64, I32 = {"slot_w", "slot_r"}, {"first", "rep", "order", "pos", "start", "end"}
 KERNELS = {
     F.gram_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_W=16, BLOCK_R=16, BLOCK_COL=32, BLOCK_C=BC),
     F.gather_kernel: dict(S=40, D=64, E=E, P=P, W=W, R=R, BLOCK_W=4, BLOCK_R=2, BLOCK_D=64, SAVE=True),
@@ -35,6 +36,11 @@ KERNELS = {
     B.solve_bwd_kernel: dict(C=C, BLOCK_C=BC),
     B.gram_bwd_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
     B.decay_bwd_kernel: dict(E=E, P=P, W=W, R=R, BLOCK_ROW=32, BLOCK_COL=32),
+    FS.run_decay_kernel: dict(E=E, P=P, BLOCK=32),
+    FS.run_gram_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK_W=4, BLOCK_R=2, BLOCK_C=BC, AQK=True),
+    BS.run_gather_weights_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK=32, BLOCK_C=BC),
+    BS.run_gram_bwd_kernel: dict(C=C, E=E, P=P, W=W, R=R, BLOCK=32),
+    BS.run_decay_bwd_kernel: dict(E=E, P=P, W=W, R=R, BLOCK=32),
 }
 # the kernels with a dot precision (triton_chunk_bwd.DOT_PRECISION) compile at each one
 CASES = []
@@ -57,11 +63,12 @@ for fn, const in CASES:
 
 
 def test_every_sdm_kernel_compiles_for_sm90() -> None:
-    """The forward's Gram, gather and update kernels (which the backward's replay runs again) and the backward's
-    seven kernels compile to sm_90 code without a GPU, the four with a dot precision at both of theirs."""
+    """The forward's Gram, gather and update kernels (which the backward's replay runs again), the backward's
+    seven kernels and the five of Phase 1 and its backward by slot runs (PHASE1 = "sort") compile to sm_90 code
+    without a GPU, the four with a dot precision at both of theirs."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE_ALL], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled ") == 14 and done.stdout.count(" tf32x3") == 4, done.stdout
+    assert done.stdout.count("compiled ") == 19 and done.stdout.count(" tf32x3") == 4, done.stdout

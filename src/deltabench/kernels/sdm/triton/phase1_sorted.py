@@ -15,6 +15,7 @@ same one). A slot's entries then lie in one run, in token order, a token's write
 The results are those of :func:`.triton_chunk.slot_decay_kernel` and :func:`.triton_chunk.gram_kernel` up to float32
 rounding (the sums run in another order), at a cost proportional to the pairs sharing a slot instead of all pairs of
 a chunk's entries (the flagship op: about 4096 x 8192 compares a stream-chunk against a few thousand pairs).
+The backward's pair kernels walk the same runs (:mod:`.phase1_sorted_bwd`).
 Determinism: no atomics, every output has one writer, every sum runs in a fixed order (along a run, or a fixed
 reduction tree over a token's entries); the exponents are differences ``L_e - L_f`` (never products of exps), so
 a slot's log-decay far past float32's exp range (the strong regime) stays finite.

@@ -13,9 +13,15 @@ Phase 1, for every chunk at once (it does not depend on the bank):
   ``Z [E, C]``, the weight of token t' in the new row of write entry e's slot;
 - ``solve``: ``X = (I + tril(beta A, -1))^-1`` by forward substitution in float32.
 
-``slot_decay`` and ``gram`` compare every pair of a chunk's entries; with :data:`PHASE1` = "sort" the entries are
-sorted into slot runs instead and each meets only its run (:mod:`.phase1_sorted`: the same tensors up to float32
-rounding, and the backward's replay makes Z from the same runs).
+``slot_decay`` and ``gram`` compare every pair of a chunk's entries, and so do the backward's ``gather_weights``,
+``gram_bwd`` and ``decay_bwd``. With :data:`PHASE1` = "sort" the entries are sorted into slot runs instead (entries
+of one slot, in token order) and each meets only its run, in all five: the forward's (:mod:`.phase1_sorted`), the
+backward's on the forward's sort (:mod:`.phase1_sorted_bwd`), and the replay's Z. The same tensors and gradients up
+to float32 rounding; bitwise repeatable. Expected saving (benchmarks/NOTES.md section 6, H200, the flagship
+B1-T8192-H2-S65536-D1024-W64-R64, fwd+bwd 155 ms): those five took 61.6 ms (slot_decay 3.9, gram 15.9;
+gather_weights 15.9, gram_bwd 18.6, decay_bwd 7.3); by runs a program of 32 positions walks as many steps as its
+longest run (at most ~4 there: ~16K lane steps a stream-chunk and kernel against 67M pair compares,
+benchmarks/cpu/sdm_run_walks.py), so the plan expects fwd+bwd ~155 -> ~97 ms. Not timed on a GPU yet.
 
 Phase 2, chunk after chunk, two launches a chunk: ``gather`` (one program per stream, token and column slice)
 sums each token's decay-weighted chunk-start bank rows into ``Kdec M0`` and ``Qdec M0``; ``update`` (one per stream,
@@ -56,9 +62,10 @@ LAUNCH = {"num_warps": 4, "num_stages": 1}  # pinned: no autotuning, so every ca
 SUPPORTS_BACKWARD = True
 _BLOCK_D = 32  # bank columns per update program
 _GATHER_D = 128  # bank columns per gather program, at most
-# Phase 1's slot decays and Gram matrices, read at each call: "pairs" (slot_decay_kernel and gram_kernel, every pair
-# of a chunk's entries compared) or "sort" (:mod:`.phase1_sorted`: entries sorted into slot runs, each meeting only
-# its run; the same values up to float32 rounding, not the same bits). Not timed on a GPU yet: "pairs" stays.
+# Phase 1's slot decays and Gram matrices and their backward, read at each call: "pairs" (slot_decay_kernel,
+# gram_kernel and the backward's gather_weights, gram_bwd and decay_bwd: every pair of a chunk's entries compared) or
+# "sort" (:mod:`.phase1_sorted` and :mod:`.phase1_sorted_bwd`: entries sorted into slot runs, each meeting only its
+# run; the same values up to float32 rounding, not the same bits). Not timed on a GPU yet: "pairs" stays.
 PHASE1 = "pairs"
 
 

@@ -23,6 +23,10 @@ Per chunk, with ``G = dL/dY`` of the chunk and ``dM`` the bank gradient after it
   ``dA`` and the solve's share of ``dbeta``), ``gram_bwd_kernel`` (per entry: the gradient of its weight and of its
   log-decay since the chunk start, through A, QK, Z and the gathers; per write entry that of its slot's chunk total)
   and ``decay_bwd_kernel`` (the segmented scans backward: the gradient of each write entry's log-decay).
+- Where the forward's Phase 1 ran by slot runs (``Saved.runs``, triton_chunk.PHASE1 = "sort"), the three kernels
+  that compare every pair of a chunk's entries, ``gather_weights_kernel``, ``gram_bwd_kernel`` and
+  ``decay_bwd_kernel``, give way to their run forms (:mod:`.phase1_sorted_bwd`, on the forward's sort): the same
+  values up to float32 rounding.
 
 The caller (:mod:`.triton_chunk`) turns the log-decay gradients into those of g (and of k_val with key-weighted
 decay) with a sum over the W entries of each token, in PyTorch.
@@ -40,6 +44,8 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import mma
+from .phase1_sorted import Runs
+from .phase1_sorted_bwd import RUN_BLOCK, run_decay_bwd_kernel, run_gather_weights_kernel, run_gram_bwd_kernel
 
 __all__ = [
     "BLOCK_D",
@@ -93,7 +99,7 @@ class Saved:
     rows_w: torch.Tensor | None = None  # [BH, N, E, D] bank rows at the chunk start, gathered at the write slots
     rows_r: torch.Tensor | None = None  # [BH, N, P, D] the same at the read slots
     checkpoints: list[torch.Tensor | None] = dataclasses.field(default_factory=list)  # [BH, S, D] per segment
-    runs: object | None = None  # phase1_sorted.Runs where Phase 1 was by slot runs (the replay makes Z from them)
+    runs: Runs | None = None  # where Phase 1 was by slot runs: the replay makes Z from them, the pair backward runs
 
 
 def sdm_chunk_backward(
@@ -148,6 +154,18 @@ def sdm_chunk_backward(
     solve_bwd_kernel[(BH * N,)](saved.X, sums["dX"], saved.A, saved.b, sums["db"], dA, db, C, _pow2(C), **launch)
     dkv, dL_w, dtot, dld = (torch.empty_like(saved.kv) for _ in range(4))
     dqv, dL_r = torch.empty_like(saved.qv), torch.empty_like(saved.qv)
+    runs = saved.runs
+    if runs is not None:  # Phase 1 ran by slot runs: so does its backward, on the forward's sort
+        grid = (BH * N, triton.cdiv(E + P, RUN_BLOCK))
+        run_gram_bwd_kernel[grid](
+            runs.order, runs.start, runs.end, saved.kv, saved.L_w, saved.L_tot, saved.qv, saved.L_r, dA,
+            sums["dQK"], sums["h"], sums["mdm"], sums["dcw"], sums["dcr"], dkv, dL_w, dtot, dqv, dL_r,
+            C, E, P, W, R, RUN_BLOCK, **launch,
+        )  # fmt: skip
+        run_decay_bwd_kernel[grid](
+            runs.order, runs.start, runs.end, dL_w, dL_r, dtot, dld, E, P, W, R, RUN_BLOCK, **launch
+        )
+        return {"k_val": dkv, "q_val": dqv, "ld": dld, "v": dv, "beta": db, "bank": dbank}
     gram_bwd_kernel[(BH * N, triton.cdiv(E + P, BLOCK_ENTRIES))](
         saved.s_w, saved.kv, saved.L_w, saved.L_tot, saved.s_r, saved.qv, saved.L_r, dA, sums["dQK"],
         sums["h"], sums["mdm"], sums["dcw"], sums["dcr"], dkv, dL_w, dtot, dqv, dL_r,
@@ -386,10 +404,17 @@ def _step_backward(
     rep = torch.empty(BH, E + P, device=dev, dtype=torch.int32)
     ltot = torch.empty(BH, E + P, device=dev)
     Gk, Gq = (torch.empty(BH, E + P, C, device=dev) for _ in range(2))
-    gather_weights_kernel[(BH, triton.cdiv(E + P, BLOCK_ENTRIES))](
-        sv.s_w, sv.kv, sv.L_w, sv.ld, sv.s_r, sv.qv, sv.L_r, rep, ltot, Gk, Gq, chunk, N,
-        C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
-    )  # fmt: skip
+    runs = sv.runs
+    if runs is not None:  # Phase 1 ran by slot runs: the gather weights are summed along the forward's runs
+        run_gather_weights_kernel[(BH, triton.cdiv(E + P, RUN_BLOCK))](
+            runs.order, runs.start, runs.end, sv.kv, sv.L_w, sv.ld, sv.qv, sv.L_r, rep, ltot, Gk, Gq, chunk, N,
+            C, E, P, W, R, RUN_BLOCK, block_c, **launch,
+        )  # fmt: skip
+    else:
+        gather_weights_kernel[(BH, triton.cdiv(E + P, BLOCK_ENTRIES))](
+            sv.s_w, sv.kv, sv.L_w, sv.ld, sv.s_r, sv.qv, sv.L_r, rep, ltot, Gk, Gq, chunk, N,
+            C, E, P, W, R, BLOCK_ENTRIES, BLOCK_ENTRIES, block_c, **launch,
+        )  # fmt: skip
     per_group = entry_groups(E, BH * nd)
     groups = triton.cdiv(E, per_group)
     p_du = torch.empty(BH, groups, C, D, device=dev)

@@ -286,11 +286,12 @@ task_sdm_dense_parts() {
     PYTHONPATH=$(pypath) timeout 180 python3 benchmarks/gpu/sdm_dense_parts.py >"$dir/sdm-dense-parts.log" 2>&1
     echo "sdm_dense_parts exit=$?"; cat "$dir/sdm-dense-parts.log"
 }
-# sdm's flagship kernels by CUDA time under torch.profiler, the dot precision of the update and the walk (IEEE
-# against TF32 x 3: 28.2 / 157 ms at IEEE, 2026-12-02), and torch_chunk's fwd and fwd+bwd beside (the 10x ratio)
+# sdm's flagship kernels by CUDA time under torch.profiler, the pair work by all pairs and by slot runs (PHASE1
+# "pairs" / "sort", each checked against the first), at the defaults (IEEE, 32 columns: 28.2 / 157 ms, 2026-12-02)
 task_sdm_profile() {
     stamp sdm_profile
-    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py --block-d 32 >"$dir/sdm-profile.log" 2>&1
+    PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/sdm_profile.py --block-d 32 --precision ieee \
+        --phase1 pairs,sort --no-torch >"$dir/sdm-profile.log" 2>&1
     echo "sdm_profile exit=$?"; tail -40 "$dir/sdm-profile.log" | cut -c1-170
 }
 task_gdn2_tpu() { run 600 gdn2-tpu --suite gdn2-tpu --timeout 300 --gate-workers 2; }

@@ -10,10 +10,12 @@ the chunk's end and dS w.r.t. the state at its start:
 (:func:`state_bwd_kernel`, the chunks in reverse; dH of each chunk and dv_new stored, dS of the first chunk the
 initial state's gradient). Then per chunk (:func:`local_bwd_kernel`), the V-long products first:
 
-    dq  = scale gamma * (do S^T) + dq_P,            dP = scale (do v_new^T) (lower, diagonal included)
-    dL  = dv_new (w * v)^T - (dv_new S^T)^T-side:   dL = dv_new (w * v)^T + dW X^T,   dW = -dv_new S^T
-    dA  = -L^T dL L^T (strictly lower),             dX = L^T dW,   d(w * v) = L^T dv_new
-    kd's terms: dk += exp(G_C - G) * (v_new dH^T), dG -= kd * (v_new dH^T), dG_C += sum_i(..) + exp(G_C) sum_v S dH
+    dq  = scale gamma * (do S^T) + dq_P,      dG += q * scale gamma * (do S^T),   dP = scale do v_new^T (i >= j)
+    dW  = -dv_new S^T,   dX = L^T dW,         dk += b gamma dX,  db += gamma k dX,  dG += X * dX
+    dL  = dv_new (w * v)^T + dW X^T,          dA = -L^T dL L^T (strictly lower)
+    d(w * v) = L^T dv_new,                    dv = w * d(w * v),  dw = v * d(w * v)
+    Y = v_new dH^T (kd's gradient):           dk += exp(G_C - G) * Y,  dG -= kd * Y,
+                                              dG_C = sum_i kd * Y + exp(G_C) * sum_v S * dH
 
 and last (:func:`pair_bwd_kernel`) the pairwise scores' terms, A_ij = sum_c (b k)_ic k_jc exp(G_ic - G_jc) and
 P_ij = sum_c q_ic k_jc exp(G_ic - G_jc):

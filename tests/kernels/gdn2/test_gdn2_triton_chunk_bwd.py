@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -182,3 +185,62 @@ def test_planted_bug_is_rejected(planted: Callable[[str], None], bug: str) -> No
     planted(bug)
     with pytest.raises(AssertionError):
         _check("gdn2", x, seed=70 + 16)
+
+
+# Run in a child process: with TRITON_INTERPRET set (as the tests set it) Triton builds no compilable kernels. The
+# kernels are swapped for kernel_resources' recorder while the forward and backward run, then each launch is compiled.
+CHILD = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+sys.path.insert(0, "benchmarks/cpu")
+from kernel_resources import LAUNCH_OPTIONS, SHARED_LIMIT, _Recorder, signature_of
+from deltabench.kernels.gdn2.triton import chunk, chunk_bwd
+from deltabench.references.gdn2 import make_inputs
+KV = int(sys.argv[1])
+calls = []
+kernels = [(m, n, f) for m in (chunk, chunk_bwd) for n, f in vars(m).items()
+           if isinstance(f, triton.runtime.jit.JITFunction)]
+for m, n, f in kernels:
+    setattr(m, n, _Recorder(f, calls))
+x = make_inputs(1, 200, 2, KV, KV, dtype=torch.bfloat16, initial_state=True)
+x = {n: t.requires_grad_(True) for n, t in x.items()}
+o, ht = chunk.gdn2_triton_chunk(**x)
+torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
+for m, n, f in kernels:
+    setattr(m, n, f)
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+out = {"limit": SHARED_LIMIT[90], "launches": []}
+for fn, args, kwargs in calls:
+    options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
+    signature, constexprs, hints = signature_of(fn, args, kwargs)
+    attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    out["launches"].append([fn.__name__, compiled.metadata.shared])
+print(json.dumps(out))
+"""
+
+
+def test_every_backward_launch_compiles_for_hopper() -> None:
+    """The forward's launches with the states kept and the three backward launches at K = V = 128 (the GPU suites'
+    head size), bf16, from an initial state, compiled for sm_90 without a GPU, each within the H200's shared
+    memory a block."""
+    root = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, "128"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    names = ["prepare_kernel", "apply_kernel", "walk_kernel", "state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel"]
+    assert [name for name, _ in found["launches"]] == names
+    assert all(shared <= found["limit"] for _, shared in found["launches"]), found

@@ -1,4 +1,5 @@
-"""Chunked Gated DeltaNet-2 (and KDA, b = w = beta) in Triton: the forward, chunk C = 64.
+"""Chunked Gated DeltaNet-2 (and KDA, b = w = beta) in Triton: the forward, chunk C = 64, and the autograd entry
+whose backward is :mod:`.chunk_bwd`.
 
 Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]`` fp32; g a per-channel
 log-decay (<= 0). Per token: ``S <- Diag(exp g) S; r = S^T (b * k); S <- S + k (w * v - r)^T; o = S^T (scale q)``.
@@ -23,7 +24,12 @@ non-increasing there too) and read by every kernel.
 
 Products take the inputs' dtype with fp32 accumulation, as GDN's kernels (kernels/gdn/triton/): the scores and the
 inverse in fp32 (IEEE for fp32 inputs, tf32 for 16-bit ones), W and U stored in the inputs' dtype. No autotuning:
-every launch config is fixed. Forward only (no backward yet).
+every launch config is fixed.
+
+Backward: when a gradient is wanted the entries run through :class:`ChunkGDN2Function`, whose forward also stores
+the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P and W; its backward is
+:mod:`.chunk_bwd`'s three launches (a reverse state walk, then two per-chunk gradient kernels), all Triton, with the
+same bounded decay ratios. Without a gradient nothing is stored.
 """
 
 from __future__ import annotations
@@ -401,7 +407,8 @@ def gdn2_triton_chunk(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (op ``gdn2``, impl ``triton_chunk``): GDN-2 by chunks of 64 tokens in Triton, forward only.
+    """Registry entry (op ``gdn2``, impl ``triton_chunk``): GDN-2 by chunks of 64 tokens in Triton,
+    differentiable (backward in Triton, chunk_bwd.py).
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H, K]`` per-channel log-decay (<= 0);
@@ -411,8 +418,9 @@ def gdn2_triton_chunk(
         cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
 
     Returns:
-        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Not differentiable (computed
-        under ``torch.no_grad``).
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Differentiable in q, k, v, g,
+        b, w and the initial state (:class:`ChunkGDN2Function`); without a gradient wanted, computed under
+        ``torch.no_grad`` with nothing kept.
 
     Examples::
 
@@ -439,7 +447,8 @@ def kda_triton_chunk(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (op ``kda``, impl ``triton_chunk``): GDN-2's kernels with b = w = beta, forward only.
+    """Registry entry (op ``kda``, impl ``triton_chunk``): GDN-2's kernels with b = w = beta, forward and
+    backward (beta's gradient: autograd sums b's and w's through their stride-0 views).
 
     Args:
         q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]`` write strength (read in place, a
@@ -449,7 +458,7 @@ def kda_triton_chunk(
         cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
 
     Returns:
-        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32 (not differentiable).
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32; differentiable in every input.
 
     Examples::
 

@@ -50,7 +50,7 @@ __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 # Fixed launch configs, not yet timed on a GPU: the reverse walk takes the forward walk's (64-column V blocks at 8
 # warps, 16 columns at 4 under V = 64); the local kernel loops over V in 64-column blocks at 4 warps; the pair
 # kernel 4 warps.
-BWD_LAUNCH = {"local_block_v": 64, "local_warps": 4, "pair_warps": 4}
+BWD_LAUNCH = {"local_block_v": 64, "local_warps": 8, "pair_warps": 4}
 
 
 @triton.jit

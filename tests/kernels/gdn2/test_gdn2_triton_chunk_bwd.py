@@ -58,29 +58,35 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _gradients(
-    fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor, dht: torch.Tensor | None, **kwargs: object
+    fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor | None, dht: torch.Tensor | None, **kwargs: object
 ) -> dict[str, torch.Tensor]:
-    """Every input's gradient of ``sum(o * do) + sum(final_state * dht)`` (dht None: the output's term alone)."""
+    """Every input's gradient of ``sum(o * do) + sum(final_state * dht)`` (a term left out where its gradient is
+    None: no gradient reaches that output)."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
     o, ht = fn(**leaves, **kwargs)
-    loss = (o.to(do.dtype) * do).sum()
+    loss = 0.0
+    if do is not None:
+        loss = loss + (o.to(do.dtype) * do).sum()
     if dht is not None:
         loss = loss + (ht.to(dht.dtype) * dht).sum()
     loss.backward()
     return {n: t.grad for n, t in leaves.items()}
 
 
-def _check(op: str, x: dict[str, torch.Tensor], seed: int, state_grad: bool = True) -> dict[str, float]:
+def _check(op: str, x: dict[str, torch.Tensor], seed: int, terms: str = "both") -> dict[str, float]:
     """Asserts every gradient finite, of its input's dtype and shape, and within BOUND of the oracle's (float64
-    autograd on the same rounded inputs) in relative Frobenius norm; returns the errors."""
+    autograd on the same rounded inputs) in relative Frobenius norm; returns the errors. `terms`: the loss's
+    ("both", or "o" / "final_state" alone)."""
     fn, oracle, _ = OPS[op]
     B, T, H, V = x["v"].shape
     K = x["q"].shape[-1]
     gen = torch.Generator().manual_seed(seed)
-    do = torch.randn(B, T, H, V, generator=gen)
-    dht = torch.randn(B, H, K, V, generator=gen) if state_grad else None
+    do = torch.randn(B, T, H, V, generator=gen) if terms != "final_state" else None
+    dht = torch.randn(B, H, K, V, generator=gen) if terms != "o" else None
     got = _gradients(fn, x, do, dht)
-    ref = _gradients(oracle, {n: t.double() for n, t in x.items()}, do.double(), None if dht is None else dht.double())
+    ref = _gradients(
+        oracle, {n: t.double() for n, t in x.items()}, *(None if d is None else d.double() for d in (do, dht))
+    )
     for n, t in got.items():
         assert t is not None and t.dtype == x[n].dtype and t.shape == x[n].shape, n
         assert torch.isfinite(t).all(), n
@@ -103,11 +109,12 @@ def test_gradients_match_oracle(
     assert set(errors) >= {"q", "k", "v", "g"} | ({"initial_state"} if h0 else set())
 
 
-@pytest.mark.parametrize("op", ["gdn2", "kda"])
-def test_gradients_from_the_output_alone(op: str) -> None:
-    """No gradient reaches the final state (it is unused): the reverse walk starts from zero."""
+@pytest.mark.parametrize("op,term", [("gdn2", "o"), ("kda", "o"), ("gdn2", "final_state")])
+def test_gradients_from_one_output(op: str, term: str) -> None:
+    """A loss of one output alone: autograd passes None for the other's gradient (the reverse walk then starts
+    from zero, or reads no output gradient)."""
     x = OPS[op][2](1, 100, 3, 16, 24, seed=3, regime="long", initial_state=True)
-    _check(op, x, seed=4, state_grad=False)
+    _check(op, x, seed=4, terms=term)
 
 
 def test_packed_sequences_gradients_match_one_by_one() -> None:

@@ -362,6 +362,7 @@ class ChunkGDN2Function(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, b, w, *saved)
         ctx.scale = scale
         ctx.dtypes = (g.dtype, b.dtype, w.dtype, None if initial_state is None else initial_state.dtype)
+        ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: the walk starts from zero
         return o, ht
 
     @staticmethod
@@ -370,8 +371,9 @@ class ChunkGDN2Function(torch.autograd.Function):
         from .chunk_bwd import chunk_gdn2_bwd  # chunk_bwd imports this module's helpers
 
         q, k, v, b, w, *saved = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
-        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do.contiguous(), dht)
+        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht)
         g_dt, b_dt, w_dt, h0_dt = ctx.dtypes
         dh0 = None if h0_dt is None else dh0.to(h0_dt)
         return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0

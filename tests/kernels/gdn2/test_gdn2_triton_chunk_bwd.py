@@ -5,8 +5,9 @@ Every gradient (q, k, v, g, b, w or KDA's beta, the initial state), from a rando
 final-state gradient (and from the output's alone: no state gradient enters the reverse walk), every gate regime
 (``strong`` is where a decay factored over a whole chunk overflows), T within one chunk, at one and two chunks, and
 ragged past them (70, 130), H = 3, K != V (not powers of two too), with and without an initial state, fp32 and bf16;
-packed sequences against each sequence alone; the registered impl through the harness's fwd+bwd gate; and two bugs
-planted in the kernels' source (a dropped decay factor in dk, an off-by-one in the reverse walk), each rejected.
+the local kernel's V loop in several blocks; packed sequences against each sequence alone; the registered impl through the harness's fwd+bwd gate; and two bugs
+planted in the kernels' source (a dropped decay factor in dk, two off-by-ones in the reverse walk), each rejected;
+and every launch compiled for sm_90.
 fp32 gradients measure under 1e-6 against a 1e-5 bound; bf16 bounds are the interpreter's, as the forward's tests
 (its fp32 to bf16 casts truncate).
 """
@@ -111,6 +112,14 @@ def test_gradients_match_oracle(
     x = OPS[op][2](B, T, 3, K, V, dtype=dtype, seed=T + K, regime=regime, initial_state=h0)
     errors = _check(op, x, seed=T + V)
     assert set(errors) >= {"q", "k", "v", "g"} | ({"initial_state"} if h0 else set())
+
+
+def test_gradients_with_the_local_kernels_v_loop_in_several_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local kernel's V loops in 16-column blocks (V = 40: three, the last partial; at the tests' V the default
+    64-column block is one pass), as V > 64 runs them on a GPU."""
+    monkeypatch.setitem(chunk_bwd.BWD_LAUNCH, "local_block_v", 16)
+    x = gdn2.make_inputs(1, 70, 3, 24, 40, seed=9, regime="strong", initial_state=True)
+    _check("gdn2", x, seed=10)
 
 
 @pytest.mark.parametrize("op,term", [("gdn2", "o"), ("kda", "o"), ("gdn2", "final_state")])

@@ -1,15 +1,14 @@
 """The backward of deltabench's Triton chunked GDN-2 and KDA (kernels/gdn2/triton/chunk_bwd.py) against the float64
 oracle's autograd, under TRITON_INTERPRET=1.
 
-Every gradient (q, k, v, g, b, w or KDA's beta, the initial state), from a random output gradient and a random
-final-state gradient (and from the output's alone: no state gradient enters the reverse walk), every gate regime
-(``strong`` is where a decay factored over a whole chunk overflows), T within one chunk, at one and two chunks, and
-ragged past them (70, 130), H = 3, K != V (not powers of two too), with and without an initial state, fp32 and bf16;
-the local kernel's V loop in several blocks; packed sequences against each sequence alone; the registered impl through the harness's fwd+bwd gate; and two bugs
-planted in the kernels' source (a dropped decay factor in dk, two off-by-ones in the reverse walk), each rejected;
-and every launch compiled for sm_90.
-fp32 gradients measure under 1e-6 against a 1e-5 bound; bf16 bounds are the interpreter's, as the forward's tests
-(its fp32 to bf16 casts truncate).
+Every gradient (q, k, v, g, b, w or KDA's beta, the initial state), from random output and final-state gradients
+(and from either output alone: autograd then passes None for the other's), every gate regime (``strong`` is where a
+decay factored over a whole chunk overflows), T within one chunk, at one and two chunks, and ragged past them (70,
+130), H = 3, K != V (not powers of two too), with and without an initial state, fp32 and bf16; the local kernel's V
+loop in several blocks; packed sequences against each sequence alone; the registered impl through the harness's
+fwd+bwd gate; three bugs planted in the kernels' source (a dropped decay factor in dk, two off-by-ones in the
+reverse walk), each rejected; and every launch compiled for sm_90. fp32 gradients measure under 1e-6 against a 1e-5
+bound; bf16 bounds are the interpreter's, as the forward's tests (its fp32 to bf16 casts truncate).
 """
 
 from __future__ import annotations

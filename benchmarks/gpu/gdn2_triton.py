@@ -3,6 +3,12 @@
 on the gdn2-gpu and kda-gpu suites, the gate itself from `deltabench verify`).
 
     python benchmarks/gpu/gdn2_triton.py [--ops gdn2,kda] [--shapes 8,4096,6,128;4,8192,16,128] [--sweep] [--no-fla]
+        [--bwd]
+
+``--bwd``: the same for forward and backward (chunk_bwd.py): one call is the forward and the gradients of every
+input from fixed random output and final-state gradients; each gradient compared with FLA's (relative max
+difference), and ``--sweep`` varies ``chunk_bwd.BWD_LAUNCH`` instead, each variant's gradients checked against the
+default's.
 
 At each op and shape, fresh bf16 inputs: ours against FLA (relative max difference of o and the final state: a
 smoke check before timing; the oracle's check is the gate's), do_bench medians of the forward (L2 flushed between
@@ -44,6 +50,13 @@ SWEEP = {
 }
 
 
+SWEEP_BWD = {
+    "local_block_v": [32, 128],
+    "local_warps": [4],
+    "pair_warps": [8],
+}
+
+
 def say(msg: str) -> None:
     """One line of the log, flushed (the lane prints the log's tail as the call returns)."""
     print(msg, flush=True)
@@ -68,6 +81,25 @@ def fla(op: str):  # type: ignore[no-untyped-def]
         say(f"FLA: not importable ({exc})")
         return None
     return adapter.gdn2_fla_chunk if op == "gdn2" else adapter.kda_fla_chunk
+
+
+def with_backward(fn, x: dict[str, torch.Tensor]):  # type: ignore[no-untyped-def]
+    """`fn` as one forward and backward call (``--bwd``): the gradients of `x`'s floating inputs (made to require
+    them) from fixed random gradients of o and of the final state, returned as a tuple in `x`'s order."""
+    names = [n for n, t in x.items() if t.is_floating_point()]
+    for n in names:
+        x[n].requires_grad_(True)
+    gen = torch.Generator(device=x["v"].device).manual_seed(1)
+    B, _, H, V = x["v"].shape
+    K = x["q"].shape[-1]
+    do = torch.randn(x["v"].shape, generator=gen, device=x["v"].device).to(x["v"].dtype)
+    dht = torch.randn(B, H, K, V, generator=gen, device=x["v"].device)
+
+    def call(**kw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        o, ht = fn(**kw)
+        return torch.autograd.grad((o, ht), [kw[n] for n in names], (do, dht.to(ht.dtype)))
+
+    return call
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -116,7 +148,11 @@ def main() -> None:
     p.add_argument("--shapes", default="8,4096,6,128;4,8192,16,128")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--bwd", action="store_true", help="time and check forward and backward (see the docstring)")
     a = p.parse_args()
+    if a.bwd:
+        main_bwd(a)
+        return
     say(f"launch: {chunk.LAUNCH}")
     for op in a.ops.split(","):
         theirs = None if a.no_fla else fla(op)
@@ -154,6 +190,55 @@ def main() -> None:
                             say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
                         finally:
                             chunk.LAUNCH[key] = old
+            del x
+            torch.cuda.empty_cache()
+
+
+def main_bwd(a: argparse.Namespace) -> None:
+    """``--bwd``: check, time and profile ours (forward and backward) beside FLA's; BWD_LAUNCH's sweep when asked."""
+    from deltabench.kernels.gdn2.triton import chunk_bwd
+
+    say(f"launch: {chunk.LAUNCH}, backward {chunk_bwd.BWD_LAUNCH}")
+    for op in a.ops.split(","):
+        theirs_fwd = None if a.no_fla else fla(op)
+        for spec in a.shapes.split(";"):
+            B, T, H, D = (int(s) for s in spec.split(","))
+            x = inputs(op, B, T, H, D)
+            names = [n for n, t in x.items() if t.is_floating_point()]
+            name = f"{op} {B}x{T}x{H}x{D} fwd+bwd"
+            mine = with_backward(ours(op), x)
+            grads = mine(**x)
+            torch.cuda.synchronize()
+            line = f"{name}: ours {time_ms(mine, x):.3f} ms, peak {peak_mib(mine, x):.0f} MiB"
+            theirs = None
+            if theirs_fwd is not None:
+                theirs = with_backward(theirs_fwd, x)
+                try:
+                    fgrads = theirs(**x)
+                    diffs = ", ".join(f"d{n} {rel(g, f):.2e}" for n, g, f in zip(names, grads, fgrads, strict=True))
+                    line += f" | FLA {time_ms(theirs, x):.3f} ms, peak {peak_mib(theirs, x):.0f} MiB | vs FLA {diffs}"
+                except Exception as exc:  # FLA's backward missing or failing is a result, not the end of the run
+                    line += f" | FLA: {type(exc).__name__}: {str(exc)[:120]}"
+                    theirs = None
+            say(line)
+            for kname, us in kernel_times(mine, x):
+                say(f"    ours {kname:<60} {us:8.1f} us")
+            if theirs is not None:
+                for kname, us in kernel_times(theirs, x)[:12]:
+                    say(f"    FLA  {kname:<60} {us:8.1f} us")
+            if a.sweep:
+                for key, values in SWEEP_BWD.items():
+                    for value in values:
+                        old = chunk_bwd.BWD_LAUNCH[key]
+                        chunk_bwd.BWD_LAUNCH[key] = value
+                        try:
+                            err = max(rel(v, g) for v, g in zip(mine(**x), grads, strict=True))
+                            ms = time_ms(mine, x) if err < 1e-2 else float("nan")
+                            say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
+                        except Exception as exc:  # a config that fails to compile is a result
+                            say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
+                        finally:
+                            chunk_bwd.BWD_LAUNCH[key] = old
             del x
             torch.cuda.empty_cache()
 

@@ -8,7 +8,7 @@ A folder per backend, each module named in the declarations below as its impl's 
 - ``torch/``: :func:`gdn2_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn2_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
 - ``triton/``: ``triton_chunk`` for gdn2 and kda (kda is gdn2 with b = w = beta), the chunked forward in Triton
-  (the Triton interpreter on the CPU); no backward yet;
+  and its backward (chunk_bwd.py), all in Triton (the Triton interpreter on the CPU);
 - ``jax/``: ``jax_chunk``, ``jax_scan`` and, in ``jax/pallas/``, the fused Pallas kernels (gdn2's and kda's
   ``pallas_chunk``, for the TPU, and ``pallas_gpu_chunk``, for a GPU): Pallas is JAX's kernel language, so the
   folder follows the declared backend.
@@ -103,8 +103,8 @@ IMPLS = (
             requires=("triton",),
             constraint=kv_at_most(256),
             varlen=True,
-            backward=False,
-            notes="chunked forward (C = 64; prepare, apply, walk kernels); no backward yet",
+            notes="chunked forward (C = 64; prepare, apply, walk kernels) and backward (reverse state walk, "
+            "local and pairwise-score gradient kernels), all in Triton",
         )
         for op in ("gdn2", "kda")
     ),

@@ -1,4 +1,5 @@
-"""Chunked Gated DeltaNet-2 (and KDA, b = w = beta) in Triton: the forward, chunk C = 64.
+"""Chunked Gated DeltaNet-2 (and KDA, b = w = beta) in Triton: the forward, chunk C = 64, and the autograd entry
+whose backward is :mod:`.chunk_bwd`.
 
 Layout: q, k, g, b ``[B, T, H, K]``; v, w ``[B, T, H, V]``; state ``[B, H, K, V]`` fp32; g a per-channel
 log-decay (<= 0). Per token: ``S <- Diag(exp g) S; r = S^T (b * k); S <- S + k (w * v - r)^T; o = S^T (scale q)``.
@@ -23,7 +24,12 @@ non-increasing there too) and read by every kernel.
 
 Products take the inputs' dtype with fp32 accumulation, as GDN's kernels (kernels/gdn/triton/): the scores and the
 inverse in fp32 (IEEE for fp32 inputs, tf32 for 16-bit ones), W and U stored in the inputs' dtype. No autotuning:
-every launch config is fixed. Forward only (no backward yet).
+every launch config is fixed.
+
+Backward: when a gradient is wanted the entries run through :class:`ChunkGDN2Function`, whose forward also stores
+the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P and W; its backward is
+:mod:`.chunk_bwd`'s three launches (a reverse state walk, then two per-chunk gradient kernels), all Triton, with the
+same bounded decay ratios. Without a gradient nothing is stored.
 """
 
 from __future__ import annotations
@@ -213,13 +219,15 @@ def apply_kernel(
 
 @triton.jit
 def walk_kernel(
-    q, k, Wm, Um, G, Pm, h0, o, ht,
+    q, k, Wm, Um, G, Pm, h0, o, ht, h, vn,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_H0: tl.constexpr, PREC: tl.constexpr,
+    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head): the chunks in order, the state [BK, BV] (fp32) in registers; each
-    chunk's v_new, output and next state, the final state stored at the end."""
+    chunk's v_new, output and next state, the final state stored at the end. STORE_STATES (for the backward): the
+    state at each chunk's start into h ``[B, NT, H, K, V]`` and v_new into vn ``[B, T, H, V]``, in the inputs'
+    dtype."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -254,6 +262,10 @@ def walk_kernel(
         Pc = tl.load(Pm + row[:, None] * C + rc[None, :], mask=mt[:, None] & causal, other=0.0)
         Sd = S.to(dt)
         vnd = (uc.to(tl.float32) - mma(wc, Sd, PREC)).to(dt)
+        if STORE_STATES:
+            h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
+            tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
+            tl.store(vn + row[:, None] * V + rv[None, :], vnd, mask=mtv)
         oc = mma_acc(Pc.to(dt), vnd, mma(qd, Sd, PREC), PREC)
         tl.store(o + row[:, None] * V + rv[None, :], (oc * scale).to(o.dtype.element_ty), mask=mtv)
         S = mma_acc(kdT, vnd, S * tl.exp(G_last)[:, None], PREC)
@@ -279,9 +291,12 @@ def chunk_gdn2_fwd(
     w: torch.Tensor,
     scale: float,
     initial_state: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The three launches on checked inputs: ``(o, final_state)``, ``[B, T, H, V]`` in v's dtype and
-    ``[B, H, K, V]`` fp32.
+    keep: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """The three launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
+    ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new)``: h
+    ``[B, NT, H, K, V]`` the state at each chunk's start and v_new ``[B, T, H, V]``, both in the inputs' dtype
+    (None without `keep`).
 
     Args:
         q, k, v, g: contiguous, q/k/v of one dtype.
@@ -290,6 +305,7 @@ def chunk_gdn2_fwd(
         w: ``[B, T, H, V]``, the same way.
         scale: the query scale.
         initial_state: ``[B, H, K, V]`` fp32 contiguous, or None.
+        keep: store the per-chunk states and v_new, and return the saved residuals.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -317,13 +333,15 @@ def chunk_gdn2_fwd(
     )  # fmt: skip
     o = torch.empty_like(v)
     ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+    h = q.new_empty(B, NT, H, K, V) if keep else None
+    vn = torch.empty_like(v) if keep else None
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     walk_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, Wm, Um, G, Pm, initial_state, o, ht, scale, T, Tp, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec,
+        q, k, Wm, Um, G, Pm, initial_state, o, ht, h, vn, scale, T, Tp, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
         num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
-    return o, ht
+    return o, ht, ((G, L, Pm, Wm, h, vn) if keep else None)
 
 
 def _canonical(x: torch.Tensor) -> torch.Tensor:
@@ -332,14 +350,46 @@ def _canonical(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(-1).view(x.shape)
 
 
+class ChunkGDN2Function(torch.autograd.Function):
+    """autograd wrapper of the Triton forward and backward: keeps the forward's G, L, P, W, per-chunk states and
+    v_new; the backward (chunk_bwd.py) recomputes nothing else. b and w may be stride-0 views (KDA's beta): their
+    gradients come back full-shaped and autograd sums them through the expand."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
+        """``(o, final_state)``, the residuals saved for :meth:`backward`."""
+        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True)
+        ctx.save_for_backward(q, k, v, b, w, *saved)
+        ctx.scale = scale
+        ctx.dtypes = (g.dtype, b.dtype, w.dtype, None if initial_state is None else initial_state.dtype)
+        ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: the walk starts from zero
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):  # type: ignore[no-untyped-def]
+        """Gradients of q, k, v, g, b, w and the initial state (None for the scale)."""
+        from .chunk_bwd import chunk_gdn2_bwd  # chunk_bwd imports this module's helpers
+
+        q, k, v, b, w, *saved = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        dht = None if dht is None else dht.float().contiguous()
+        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht)
+        g_dt, b_dt, w_dt, h0_dt = ctx.dtypes
+        dh0 = None if h0_dt is None else dh0.to(h0_dt)
+        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0
+
+
 def _forward(q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
-    """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd` without autograd."""
+    """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd`: through
+    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept)."""
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w)
+    tensors = (*args, initial_state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return ChunkGDN2Function.apply(*args, scale, initial_state)
     with torch.no_grad():
-        return chunk_gdn2_fwd(
-            q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w, scale, initial_state
-        )
+        return chunk_gdn2_fwd(*args, scale, initial_state)[:2]
 
 
 def _check_kv(name: str, K: int, V: int) -> None:
@@ -359,7 +409,8 @@ def gdn2_triton_chunk(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (op ``gdn2``, impl ``triton_chunk``): GDN-2 by chunks of 64 tokens in Triton, forward only.
+    """Registry entry (op ``gdn2``, impl ``triton_chunk``): GDN-2 by chunks of 64 tokens in Triton,
+    differentiable (backward in Triton, chunk_bwd.py).
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H, K]`` per-channel log-decay (<= 0);
@@ -369,8 +420,9 @@ def gdn2_triton_chunk(
         cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
 
     Returns:
-        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Not differentiable (computed
-        under ``torch.no_grad``).
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Differentiable in q, k, v, g,
+        b, w and the initial state (:class:`ChunkGDN2Function`); without a gradient wanted, computed under
+        ``torch.no_grad`` with nothing kept.
 
     Examples::
 
@@ -397,7 +449,8 @@ def kda_triton_chunk(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registry entry (op ``kda``, impl ``triton_chunk``): GDN-2's kernels with b = w = beta, forward only.
+    """Registry entry (op ``kda``, impl ``triton_chunk``): GDN-2's kernels with b = w = beta, forward and
+    backward (beta's gradient: autograd sums b's and w's through their stride-0 views).
 
     Args:
         q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]`` write strength (read in place, a
@@ -407,7 +460,7 @@ def kda_triton_chunk(
         cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
 
     Returns:
-        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32 (not differentiable).
+        ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32; differentiable in every input.
 
     Examples::
 

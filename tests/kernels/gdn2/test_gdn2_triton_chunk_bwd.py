@@ -1,0 +1,265 @@
+"""The backward of deltabench's Triton chunked GDN-2 and KDA (kernels/gdn2/triton/chunk_bwd.py) against the float64
+oracle's autograd, under TRITON_INTERPRET=1.
+
+Every gradient (q, k, v, g, b, w or KDA's beta, the initial state), from random output and final-state gradients
+(and from either output alone: autograd then passes None for the other's), every gate regime (``strong`` is where a
+decay factored over a whole chunk overflows), T within one chunk, at one and two chunks, and ragged past them (70,
+130), H = 3, K != V (not powers of two too), with and without an initial state, fp32 and bf16; the local kernel's V
+loop in several blocks; packed sequences against each sequence alone; the registered impl through the harness's
+fwd+bwd gate; three bugs planted in the kernels' source (a dropped decay factor in dk, two off-by-ones in the
+reverse walk), each rejected; and every launch compiled for sm_90. fp32 gradients measure under 1e-6 against a 1e-5
+bound; bf16 bounds are the interpreter's, as the forward's tests (its fp32 to bf16 casts truncate).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from deltabench.kernels.gdn2.triton import chunk as chunk_mod
+from deltabench.kernels.gdn2.triton import chunk_bwd
+from deltabench.kernels.gdn2.triton.chunk import gdn2_triton_chunk, kda_triton_chunk
+from deltabench.references import gdn2, kda
+
+BOUND = {torch.float32: 1e-5, torch.bfloat16: 2.5e-2}
+OPS: dict[str, tuple[Callable, Callable, Callable]] = {
+    "gdn2": (gdn2_triton_chunk, gdn2.gdn2_recurrent, gdn2.make_inputs),
+    "kda": (kda_triton_chunk, kda.kda_recurrent, kda.make_inputs),
+}
+CASES = [  # (op, B, T, K, V, dtype, regime, initial_state)
+    ("gdn2", 1, 20, 32, 16, torch.float32, "strong", True),  # within one chunk
+    ("gdn2", 1, 64, 16, 32, torch.float32, "long", False),  # one whole chunk, K < V
+    ("gdn2", 1, 128, 32, 16, torch.float32, "typical", False),  # two whole chunks
+    ("gdn2", 1, 70, 32, 16, torch.float32, "strong", True),  # ragged
+    ("gdn2", 1, 130, 24, 40, torch.float32, "typical", True),  # ragged, K and V not powers of two
+    ("gdn2", 2, 70, 16, 24, torch.float32, "long", True),
+    ("gdn2", 1, 130, 32, 16, torch.float32, "strong", False),
+    ("gdn2", 1, 70, 32, 16, torch.bfloat16, "strong", True),
+    ("gdn2", 1, 40, 16, 24, torch.bfloat16, "typical", False),
+    ("kda", 1, 70, 32, 16, torch.float32, "strong", True),
+    ("kda", 1, 130, 16, 24, torch.float32, "typical", False),
+    ("kda", 1, 64, 32, 16, torch.float32, "long", True),
+    ("kda", 1, 33, 16, 24, torch.bfloat16, "long", False),
+]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error in float64."""
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def _gradients(
+    fn: Callable, x: dict[str, torch.Tensor], do: torch.Tensor | None, dht: torch.Tensor | None, **kwargs: object
+) -> dict[str, torch.Tensor]:
+    """Every input's gradient of ``sum(o * do) + sum(final_state * dht)`` (a term left out where its gradient is
+    None: no gradient reaches that output)."""
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    o, ht = fn(**leaves, **kwargs)
+    loss = 0.0
+    if do is not None:
+        loss = loss + (o.to(do.dtype) * do).sum()
+    if dht is not None:
+        loss = loss + (ht.to(dht.dtype) * dht).sum()
+    loss.backward()
+    return {n: t.grad for n, t in leaves.items()}
+
+
+def _check(op: str, x: dict[str, torch.Tensor], seed: int, terms: str = "both") -> dict[str, float]:
+    """Asserts every gradient finite, of its input's dtype and shape, and within BOUND of the oracle's (float64
+    autograd on the same rounded inputs) in relative Frobenius norm; returns the errors. `terms`: the loss's
+    ("both", or "o" / "final_state" alone)."""
+    fn, oracle, _ = OPS[op]
+    B, T, H, V = x["v"].shape
+    K = x["q"].shape[-1]
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(B, T, H, V, generator=gen) if terms != "final_state" else None
+    dht = torch.randn(B, H, K, V, generator=gen) if terms != "o" else None
+    got = _gradients(fn, x, do, dht)
+    ref = _gradients(
+        oracle, {n: t.double() for n, t in x.items()}, *(None if d is None else d.double() for d in (do, dht))
+    )
+    for n, t in got.items():
+        assert t is not None and t.dtype == x[n].dtype and t.shape == x[n].shape, n
+        assert torch.isfinite(t).all(), n
+    # an input the loss does not reach (q, when the final state alone is differentiated) has no oracle gradient:
+    # the kernels' must then be exactly zero
+    unreached = [n for n in x if ref[n] is None]
+    assert all(not got[n].any() for n in unreached), unreached
+    errors = {n: _rel(got[n], ref[n]) for n in x if n not in unreached}
+    assert all(e < BOUND[x["q"].dtype] for e in errors.values()), errors
+    return errors
+
+
+@pytest.mark.parametrize(
+    "op,B,T,K,V,dtype,regime,h0",
+    CASES,
+    ids=[f"{c[0]}-B{c[1]}-T{c[2]}-K{c[3]}-V{c[4]}-{str(c[5])[6:]}-{c[6]}-h0{int(c[7])}" for c in CASES],
+)
+def test_gradients_match_oracle(
+    op: str, B: int, T: int, K: int, V: int, dtype: torch.dtype, regime: str, h0: bool
+) -> None:
+    """Every input's gradient, from random output and final-state gradients, against the float64 recurrence's."""
+    x = OPS[op][2](B, T, 3, K, V, dtype=dtype, seed=T + K, regime=regime, initial_state=h0)
+    errors = _check(op, x, seed=T + V)
+    assert set(errors) >= {"q", "k", "v", "g"} | ({"initial_state"} if h0 else set())
+
+
+def test_gradients_with_the_local_kernels_v_loop_in_several_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local kernel's V loops in 16-column blocks (V = 40: three, the last partial; at the tests' V the default
+    64-column block is one pass), as V > 64 runs them on a GPU."""
+    monkeypatch.setitem(chunk_bwd.BWD_LAUNCH, "local_block_v", 16)
+    x = gdn2.make_inputs(1, 70, 3, 24, 40, seed=9, regime="strong", initial_state=True)
+    _check("gdn2", x, seed=10)
+
+
+@pytest.mark.parametrize("op,term", [("gdn2", "o"), ("kda", "o"), ("gdn2", "final_state")])
+def test_gradients_from_one_output(op: str, term: str) -> None:
+    """A loss of one output alone: autograd passes None for the other's gradient (the reverse walk then starts
+    from zero, or reads no output gradient)."""
+    x = OPS[op][2](1, 100, 3, 16, 24, seed=3, regime="long", initial_state=True)
+    _check(op, x, seed=4, terms=term)
+
+
+def test_packed_sequences_gradients_match_one_by_one() -> None:
+    """``cu_seqlens``: the gradients of a packed batch (kda, beta through stride-0 views) are those of each sequence
+    run alone, initial states included."""
+    fn, _, make_inputs = OPS["kda"]
+    x = make_inputs(1, 90, 1, 16, 16, seed=11, regime="strong", initial_state=True)
+    x["initial_state"] = torch.cat([x["initial_state"], x["initial_state"].flip(1)])  # one state per sequence
+    bounds = [0, 25, 90]
+    gen = torch.Generator().manual_seed(12)
+    do = torch.randn_like(x["v"])
+    dht = torch.randn(x["initial_state"].shape, generator=gen)
+    packed = _gradients(fn, x, do, dht, cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
+    for i, (t0, t1) in enumerate(itertools.pairwise(bounds)):
+        part = {n: t[:, t0:t1] for n, t in x.items() if n != "initial_state"}
+        part["initial_state"] = x["initial_state"][i : i + 1]
+        alone = _gradients(fn, part, do[:, t0:t1], dht[i : i + 1])
+        for n, t in alone.items():
+            got = packed[n][i : i + 1] if n == "initial_state" else packed[n][:, t0:t1]
+            torch.testing.assert_close(got, t, rtol=1e-6, atol=1e-6)
+
+
+def test_through_the_verification_engine() -> None:
+    """The registered gdn2 impl passes the harness gate in mode fwd+bwd (fp32, strong regime) on the CPU
+    interpreter (kda's, the same declaration, is gated by `deltabench verify --op kda --mode fwd+bwd`)."""
+    from deltabench.correctness.engine import verify_case
+    from deltabench.harness.cases import Case
+    from deltabench.harness.registry import get_impl
+
+    case = Case("gdn2", 1, 70, 3, 16, 24, dtype="fp32", mode="fwd+bwd", initial_state=True)
+    report = verify_case(get_impl("gdn2", "triton_chunk"), case, seeds=1, extra_seed=False, regimes="strong")
+    assert report.passed, [r for r in report.records if not r.passed]
+    checks = {r.check for r in report.records}
+    assert checks >= {f"grad:{n}" for n in ("q", "k", "v", "g", "b", "w", "initial_state")}, checks
+
+
+# --- planted bugs: chunk_bwd.py's source with one edit, loaded as a module of its own ----------------------------
+PLANTED = {
+    # the state update's decay exp(G_C - G) dropped from dk's term v_new dH^T
+    "dropped_decay_dk": ("dk_p += dkd_acc * ed", "dk_p += dkd_acc"),
+    # the reverse walk one chunk off: the last chunk never visited (its dH never stored), the first twice
+    "walk_off_by_one": ("n = NT - 1 - i", "n = tl.maximum(NT - 2 - i, 0)"),
+    # the reverse walk's chunk decay exp(G_C) read one row early
+    "walk_decay_row_early": ("n * C + C - 1) * H", "n * C + C - 2) * H"),
+}
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], None]:
+    """``plant(bug)``: the backward's launches replaced by those of chunk_bwd.py with `bug`'s edit (undone after)."""
+
+    def plant(bug: str) -> None:
+        old, new = PLANTED[bug]
+        source = Path(chunk_bwd.__file__).read_text()
+        assert source.count(old) == 1, bug
+        path = tmp_path / f"chunk_bwd_{bug}.py"  # Triton reads a kernel's source from its file
+        path.write_text(source.replace(old, new))
+        name = f"{chunk_mod.__package__}.chunk_bwd_{bug}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        # ChunkGDN2Function.backward imports chunk_bwd at each call
+        monkeypatch.setitem(sys.modules, chunk_bwd.__name__, module)
+        monkeypatch.setattr(sys.modules[chunk_mod.__package__], "chunk_bwd", module)
+
+    return plant
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_bug_is_rejected(planted: Callable[[str], None], bug: str) -> None:
+    """The check of :func:`test_gradients_match_oracle` fails on each planted bug, on the inputs of its case
+    gdn2-B1-T70-K32-V16-float32-strong-h01 (which passes: a chunk and a ragged second)."""
+    x = gdn2.make_inputs(1, 70, 3, 32, 16, seed=70 + 32, regime="strong", initial_state=True)
+    planted(bug)
+    with pytest.raises(AssertionError):
+        _check("gdn2", x, seed=70 + 16)
+
+
+# Run in a child process: with TRITON_INTERPRET set (as the tests set it) Triton builds no compilable kernels. The
+# kernels are swapped for kernel_resources' recorder while the forward and backward run, then each launch is compiled.
+CHILD = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+sys.path.insert(0, "benchmarks/cpu")
+from kernel_resources import LAUNCH_OPTIONS, SHARED_LIMIT, _Recorder, signature_of
+from deltabench.kernels.gdn2.triton import chunk, chunk_bwd
+from deltabench.references.gdn2 import make_inputs
+KV = int(sys.argv[1])
+calls = []
+kernels = [(m, n, f) for m in (chunk, chunk_bwd) for n, f in vars(m).items()
+           if isinstance(f, triton.runtime.jit.JITFunction)]
+for m, n, f in kernels:
+    setattr(m, n, _Recorder(f, calls))
+x = make_inputs(1, 200, 2, KV, KV, dtype=torch.bfloat16, initial_state=True)
+x = {n: t.requires_grad_(True) for n, t in x.items()}
+o, ht = chunk.gdn2_triton_chunk(**x)
+torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
+for m, n, f in kernels:
+    setattr(m, n, f)
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+out = {"limit": SHARED_LIMIT[90], "launches": []}
+for fn, args, kwargs in calls:
+    options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
+    signature, constexprs, hints = signature_of(fn, args, kwargs)
+    attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    out["launches"].append([fn.__name__, compiled.metadata.shared])
+print(json.dumps(out))
+"""
+
+
+def test_every_backward_launch_compiles_for_hopper() -> None:
+    """The forward's launches with the states kept and the three backward launches at K = V = 128 (the GPU suites'
+    head size), bf16, from an initial state, compiled for sm_90 without a GPU, each within the H200's shared
+    memory a block."""
+    root = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, "128"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    names = ["prepare_kernel", "apply_kernel", "walk_kernel", "state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel"]
+    assert [name for name, _ in found["launches"]] == names
+    assert all(shared <= found["limit"] for _, shared in found["launches"]), found

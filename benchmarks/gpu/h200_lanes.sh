@@ -386,9 +386,9 @@ task_sdm_rest() {
         --mode fwd+bwd --timeout 400
 }
 
-# Issue 43's Triton GDN-2 / KDA forward on the GPU: the oracle's gate (every regime, two seeds) at K = V = 128 over
+# Issue 43's Triton GDN-2 / KDA on the GPU: the oracle's fwd+bwd gate (every regime, two seeds) at K = V = 128 over
 # ragged chunks and at K != V within one chunk over odd heads, the four gates at once, then the diagnostic beside
-# FLA with each launch setting varied alone
+# FLA, forward then fwd+bwd, with each launch setting varied alone
 task_gdn2_triton() {
     stamp gdn2_triton
     local op shape
@@ -396,7 +396,7 @@ task_gdn2_triton() {
         for op in gdn2 kda; do
             for shape in B=2,T=300,H=3,K=128,V=128 B=1,T=40,H=5,K=128,V=64; do
                 PYTHONPATH=$(pypath) timeout 240 python3 -m deltabench.cli.app verify --op "$op" --impl triton_chunk \
-                    --mode fwd --device cuda --dtype bf16 --seeds 2 --timeout 220 --shape "$shape" \
+                    --mode fwd+bwd --device cuda --dtype bf16 --seeds 2 --timeout 220 --shape "$shape" \
                     >"$dir/gdn2-triton-verify-$op-$shape.log" 2>&1 &
             done
         done
@@ -404,6 +404,8 @@ task_gdn2_triton() {
         for op in "$dir"/gdn2-triton-verify-*.log; do echo "== $op"; tail -25 "$op"; done
         PYTHONPATH=$(pypath) timeout "${GDN2_TRITON_CAP:-300}" python3 benchmarks/gpu/gdn2_triton.py --sweep
         echo "gdn2_triton exit=$?"
+        PYTHONPATH=$(pypath) timeout "${GDN2_TRITON_CAP:-300}" python3 benchmarks/gpu/gdn2_triton.py --sweep --bwd
+        echo "gdn2_triton --bwd exit=$?"
     } >"$dir/gdn2-triton.log" 2>&1
     grep -E "PASS|FAIL|exit=|ms|sweep|Error" "$dir/gdn2-triton.log" | tail -60 | cut -c1-170
 }

@@ -67,7 +67,15 @@ import numpy as np
 
 from deltabench.harness.document import TimingStats
 
-from .noise import RUN_LEVEL, SAME_RUN, RunSpread, repetition_levels, run_level, spread_from_repetitions
+from .noise import (
+    RUN_LEVEL,
+    SAME_RUN,
+    RunSpread,
+    normal_isf,
+    repetition_levels,
+    run_level,
+    spread_from_repetitions,
+)
 from .result import DIFFERENT, IMPROVEMENT, REGRESSION, SAME, UNKNOWN, WITHIN_NOISE, TimingEvidence
 from .samples import (
     DEFAULT_RESAMPLES,
@@ -368,7 +376,7 @@ class GradingRule:
             )
             return Verdict(WITHIN_NOISE, reason, ev)
         p = float(2.0 * norm.sf(abs(math.log(ratio)) / se))
-        half = float(norm.isf(self.alpha / 2.0)) * se
+        half = normal_isf(self.alpha / 2.0) * se
         ci = (ratio * math.exp(-half), ratio * math.exp(half))
         reference = spread.center_ms if spread.center_ms is not None else run_level([], base.median_ms)
         v = self._verdict(ratio, ci, p, nb, nh, "summary", spread, run_level([], head.median_ms), reference)

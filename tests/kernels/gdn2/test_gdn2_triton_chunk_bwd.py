@@ -189,9 +189,8 @@ def planted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], 
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, name, module)
         spec.loader.exec_module(module)
-        # ChunkGDN2Function.backward imports chunk_bwd at each call
-        monkeypatch.setitem(sys.modules, chunk_bwd.__name__, module)
-        monkeypatch.setattr(sys.modules[chunk_mod.__package__], "chunk_bwd", module)
+        # ChunkGDN2Function.backward calls the chunk_gdn2_bwd that chunk.py imported
+        monkeypatch.setattr(chunk_mod, "chunk_gdn2_bwd", module.chunk_gdn2_bwd)
 
     return plant
 

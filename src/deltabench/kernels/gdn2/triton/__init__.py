@@ -3,5 +3,6 @@ Triton).
 
 - :mod:`.chunk`: ``triton_chunk``, the chunked forward (chunk C = 64) for ops ``gdn2`` and ``kda``, and its autograd
   entry;
-- :mod:`.chunk_bwd`: the backward's kernels (reverse state walk, local and pairwise-score gradients).
+- :mod:`.chunk_bwd`: the backward's kernels (reverse state walk, local and pairwise-score gradients);
+- :mod:`.layout`: what both share (chunk and row-block sizes, the launch table, the row helpers).
 """

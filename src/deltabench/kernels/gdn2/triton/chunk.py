@@ -42,35 +42,10 @@ from ...common.checks import check_op_inputs, default_scale
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
 from ...common.varlen import run_packed
+from .chunk_bwd import chunk_gdn2_bwd
+from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
 
 __all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton_chunk"]
-
-CHUNK = 64
-_SUB = 16  # row block of the scores and of the blockwise inverse
-# Fixed launch configs (no autotuning), not yet timed on a GPU. prepare: 4 warps, as GDN's inverse kernel away
-# from its tuned head size; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config
-# (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk
-# on the H200, kernels/gdn/triton/state.py). Compiled for sm_90 on a CPU host (Triton 3.9's ptxas, the recorder of
-# benchmarks/cpu/kernel_resources.py; K = V = 128, bf16): prepare 255 registers and 992 stack bytes (600 at 8
-# warps; 4936 when P's blocks were kept live to the inverse), apply 145 and none, walk 255 and 352.
-LAUNCH = {"prepare_warps": 4, "apply_cols": 128, "apply_warps": 4, "walk_block_v": 64, "walk_warps": 8}
-
-
-@triton.jit
-def _rows(t0, sub, T, i_b, i_h, H: tl.constexpr, Tp, BC: tl.constexpr):
-    """Rows [t0 + sub*BC, +BC) of one head: ``(row in [B, T, H], row in the padded G [B, Tp, H], t < T)``."""
-    t = t0 + sub * BC + tl.arange(0, BC)
-    row = (i_b * T + t).to(tl.int64) * H + i_h
-    grow = (i_b * Tp + t).to(tl.int64) * H + i_h
-    return row, grow, t < T
-
-
-@triton.jit
-def _tile(x, row, mt, rk, K: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
-    """fp32 tile ``x[row, rk]`` (rows t >= T and columns >= K zero) with row and column strides SR, SC."""
-    return tl.load(x + row[:, None] * SR + rk[None, :] * SC, mask=mt[:, None] & (rk[None, :] < K), other=0.0).to(
-        tl.float32
-    )
 
 
 @triton.jit
@@ -83,15 +58,15 @@ def _far_block(
     r = t0 + a*BC - 1 of the block before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1 (G does not
     increase along the chunk)."""
     rk = tl.arange(0, BK)
-    row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
-    row_c, grow_c, m_c = _rows(t0, c, T, i_b, i_h, H, Tp, BC)
+    row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
+    row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
     r_ref = (i_b * Tp + t0 + a * BC - 1).to(tl.int64) * H + i_h
     G_ref = tl.load(G + r_ref * K + rk, mask=rk < K, other=0.0)
-    left = tl.exp(tl.minimum(_tile(G, grow_a, m_a, rk, K, K, 1) - G_ref[None, :], 0.0))
-    right = tl.exp(tl.minimum(G_ref[None, :] - _tile(G, grow_c, m_c, rk, K, K, 1), 0.0))
-    kr = _tile(k, row_c, m_c, rk, K, K, 1) * right
-    bk = _tile(b, row_a, m_a, rk, K, SB, SBK) * _tile(k, row_a, m_a, rk, K, K, 1)
-    P = mma(_tile(q, row_a, m_a, rk, K, K, 1) * left, tl.trans(kr), PREC)
+    left = tl.exp(tl.minimum(tile_of(G, grow_a, m_a, rk, K, K, 1) - G_ref[None, :], 0.0))
+    right = tl.exp(tl.minimum(G_ref[None, :] - tile_of(G, grow_c, m_c, rk, K, K, 1), 0.0))
+    kr = tile_of(k, row_c, m_c, rk, K, K, 1) * right
+    bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * tile_of(k, row_a, m_a, rk, K, K, 1)
+    P = mma(tile_of(q, row_a, m_a, rk, K, K, 1) * left, tl.trans(kr), PREC)
     _store_block(Pm, P, row_a, m_a, c, BC, C)
     return mma(bk * left, tl.trans(kr), PREC)
 
@@ -108,11 +83,11 @@ def _near_block(
     differences clamped to 0 before exp, so that nothing overflows)."""
     rk = tl.arange(0, BK)
     rc = tl.arange(0, BC)
-    row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
-    Ga = _tile(G, grow_a, m_a, rk, K, K, 1)
-    ka = _tile(k, row_a, m_a, rk, K, K, 1)
-    bk = _tile(b, row_a, m_a, rk, K, SB, SBK) * ka
-    qa = _tile(q, row_a, m_a, rk, K, K, 1)
+    row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
+    Ga = tile_of(G, grow_a, m_a, rk, K, K, 1)
+    ka = tile_of(k, row_a, m_a, rk, K, K, 1)
+    bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * ka
+    qa = tile_of(q, row_a, m_a, rk, K, K, 1)
     A = tl.zeros([BC, BC], dtype=tl.float32)
     P = tl.zeros([BC, BC], dtype=tl.float32)
     for j in range(BC):
@@ -162,10 +137,10 @@ def prepare_kernel(
     A30 = _far_block(q, k, b, G, Pm, t0, 3, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
     A31 = _far_block(q, k, b, G, Pm, t0, 3, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
     A32 = _far_block(q, k, b, G, Pm, t0, 3, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    row0, _, m0 = _rows(t0, 0, T, i_b, i_h, H, Tp, BC)
-    row1, _, m1 = _rows(t0, 1, T, i_b, i_h, H, Tp, BC)
-    row2, _, m2 = _rows(t0, 2, T, i_b, i_h, H, Tp, BC)
-    row3, _, m3 = _rows(t0, 3, T, i_b, i_h, H, Tp, BC)
+    row0, _, m0 = rows_of(t0, 0, T, i_b, i_h, H, Tp, BC)
+    row1, _, m1 = rows_of(t0, 1, T, i_b, i_h, H, Tp, BC)
+    row2, _, m2 = rows_of(t0, 2, T, i_b, i_h, H, Tp, BC)
+    row3, _, m3 = rows_of(t0, 3, T, i_b, i_h, H, Tp, BC)
     L00, L10, L11, L20, L21, L22, L30, L31, L32, L33 = block_unit_lower_inverse(
         A00, A11, A22, A33, A10, A20, A21, A30, A31, A32, BC, PREC
     )
@@ -184,13 +159,13 @@ def _apply_side(
     """Columns [c0, c0 + BN) of ``L (s * exp(G) * x)`` (DECAY) or ``L (s * x)``, for one chunk of one head: L's
     lower triangle and the scaled inputs rounded to x's dtype, one [C, C] x [C, BN] product."""
     rc = tl.arange(0, C)
-    row, grow, mt = _rows(t0, 0, T, i_b, i_h, H, Tp, C)
+    row, grow, mt = rows_of(t0, 0, T, i_b, i_h, H, Tp, C)
     rn = c0 + tl.arange(0, BN)
     mtn = mt[:, None] & (rn[None, :] < N)
     dt = x.dtype.element_ty
-    sx = _tile(x, row, mt, rn, N, N, 1) * _tile(s, row, mt, rn, N, SS, SSC)
+    sx = tile_of(x, row, mt, rn, N, N, 1) * tile_of(s, row, mt, rn, N, SS, SSC)
     if DECAY:
-        sx = sx * tl.exp(_tile(G, grow, mt, rn, N, N, 1))
+        sx = sx * tl.exp(tile_of(G, grow, mt, rn, N, N, 1))
     Lm = tl.load(L + row[:, None] * C + rc[None, :], mask=mt[:, None] & (rc[None, :] <= rc[:, None]), other=0.0)
     acc = mma(Lm.to(dt), sx.to(dt), PREC)
     tl.store(out + row[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mtn)
@@ -246,7 +221,7 @@ def walk_kernel(
         S = tl.zeros([BK, BV], dtype=tl.float32)
     causal = rc[:, None] >= rc[None, :]
     for n in range(NT):
-        row, grow, mt = _rows(n * C, 0, T, i_b, i_h, H, Tp, C)
+        row, grow, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         mkt = mk[:, None] & mt[None, :]
@@ -319,7 +294,7 @@ def chunk_gdn2_fwd(
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
     prepare_kernel[(NT, B * H)](
         q, k, b, G, L, Pm, T, Tp,
-        H=H, K=K, BK=BK, BC=_SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
+        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
         num_warps=LAUNCH["prepare_warps"], num_stages=1,
     )  # fmt: skip
     Wm = torch.empty_like(k)
@@ -368,8 +343,6 @@ class ChunkGDN2Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):  # type: ignore[no-untyped-def]
         """Gradients of q, k, v, g, b, w and the initial state (None for the scale)."""
-        from .chunk_bwd import chunk_gdn2_bwd  # chunk_bwd imports this module's helpers
-
         q, k, v, b, w, *saved = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dht = None if dht is None else dht.float().contiguous()

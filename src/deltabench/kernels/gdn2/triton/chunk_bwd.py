@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
-from .chunk import _SUB, CHUNK, LAUNCH, _rows, _tile
+from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
@@ -94,7 +94,7 @@ def state_bwd_kernel(
     anticausal = rc[:, None] <= rc[None, :]
     for i in range(NT):
         n = NT - 1 - i
-        row, grow, mt = _rows(n * C, 0, T, i_b, i_h, H, Tp, C)
+        row, grow, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
@@ -135,7 +135,7 @@ def local_bwd_kernel(
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_n * C
-    row, grow, mt = _rows(t0, 0, T, i_b, i_h, H, Tp, C)
+    row, grow, mt = rows_of(t0, 0, T, i_b, i_h, H, Tp, C)
     rk = tl.arange(0, BK)
     rc = tl.arange(0, C)
     mk = rk < K
@@ -160,7 +160,7 @@ def local_bwd_kernel(
         dvnb = tl.load(dvn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         dob = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         # w * v rounded to the inputs' dtype, as the forward's apply kernel took it
-        wv = (_tile(v, row, mt, rv, V, V, 1) * _tile(w, row, mt, rv, V, SW, SWV)).to(dt)
+        wv = (tile_of(v, row, mt, rv, V, V, 1) * tile_of(w, row, mt, rv, V, SW, SWV)).to(dt)
         dq_acc += mma(dob, tl.trans(Sb), PREC)
         dP += mma(dob, tl.trans(vnb), PREC)
         dkd_acc += mma(vnb, tl.trans(dHb), PREC)
@@ -171,9 +171,9 @@ def local_bwd_kernel(
     Gc = _gtile(G, grow, rk, K)
     G_last = _grow(G, (i_b * Tp + t0 + C - 1) * H + i_h, rk, K)
     gam = tl.exp(Gc)
-    kc = _tile(k, row, mt, rk, K, K, 1)
-    qc = _tile(q, row, mt, rk, K, K, 1)
-    bc = _tile(b, row, mt, rk, K, SB, SBK)
+    kc = tile_of(k, row, mt, rk, K, K, 1)
+    qc = tile_of(q, row, mt, rk, K, K, 1)
+    bc = tile_of(b, row, mt, rk, K, SB, SBK)
     X = bc * gam * kc
     # W = L X: dL += dW X^T = -dWn X^T; dX = L^T dW = -L^T dWn
     dL -= mma(dWn, tl.trans(X), PREC)
@@ -212,8 +212,8 @@ def local_bwd_kernel(
         mtv = mt[:, None] & (rv < V)[None, :]
         dvnb = tl.load(dvn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         dwv = mma(LTd, dvnb, PREC)
-        vb = _tile(v, row, mt, rv, V, V, 1)
-        wb = _tile(w, row, mt, rv, V, SW, SWV)
+        vb = tile_of(v, row, mt, rv, V, V, 1)
+        wb = tile_of(w, row, mt, rv, V, SW, SWV)
         tl.store(dv + row[:, None] * V + rv[None, :], (dwv * wb).to(dv.dtype.element_ty), mask=mtv)
         tl.store(dw + row[:, None] * V + rv[None, :], dwv * vb, mask=mtv)
 
@@ -241,12 +241,12 @@ def pair_bwd_kernel(
     running = tl.load(dGC + ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
     for ia in range(NB):
         a = NB - 1 - ia
-        row_a, grow_a, m_a = _rows(t0, a, T, i_b, i_h, H, Tp, BC)
+        row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
         mak = m_a[:, None] & mk[None, :]
         Ga = _gtile(G, grow_a, rk, K)
-        ka = _tile(k, row_a, m_a, rk, K, K, 1)
-        qa = _tile(q, row_a, m_a, rk, K, K, 1)
-        ba = _tile(b, row_a, m_a, rk, K, SB, SBK)
+        ka = tile_of(k, row_a, m_a, rk, K, K, 1)
+        qa = tile_of(q, row_a, m_a, rk, K, K, 1)
+        ba = tile_of(b, row_a, m_a, rk, K, SB, SBK)
         bka = ba * ka
         dQ = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dP_ij exp(G_i - G_j) k_j
         dBK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dA_ij exp(G_i - G_j) k_j
@@ -257,8 +257,8 @@ def pair_bwd_kernel(
         accQ = tl.zeros([BC, BK], dtype=tl.float32)
         accB = tl.zeros([BC, BK], dtype=tl.float32)
         for c in range(a):
-            row_c, grow_c, m_c = _rows(t0, c, T, i_b, i_h, H, Tp, BC)
-            kr = _tile(k, row_c, m_c, rk, K, K, 1) * tl.exp(tl.minimum(G_r[None, :] - _gtile(G, grow_c, rk, K), 0.0))
+            row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
+            kr = tile_of(k, row_c, m_c, rk, K, K, 1) * tl.exp(tl.minimum(G_r[None, :] - _gtile(G, grow_c, rk, K), 0.0))
             dPb = tl.load(dPs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
             dAb = tl.load(dAs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
             accQ = mma_acc(dPb, kr, accQ, PREC)
@@ -268,11 +268,11 @@ def pair_bwd_kernel(
         dBK += left * accB
         # block a as the key side of blocks p > a, through the last row of block p - 1
         for p in range(a + 1, NB):
-            row_p, grow_p, m_p = _rows(t0, p, T, i_b, i_h, H, Tp, BC)
+            row_p, grow_p, m_p = rows_of(t0, p, T, i_b, i_h, H, Tp, BC)
             G_s = _grow(G, (i_b * Tp + t0 + p * BC - 1) * H + i_h, rk, K)
             left_p = tl.exp(tl.minimum(_gtile(G, grow_p, rk, K) - G_s[None, :], 0.0))
-            qp = _tile(q, row_p, m_p, rk, K, K, 1) * left_p
-            bkp = _tile(b, row_p, m_p, rk, K, SB, SBK) * _tile(k, row_p, m_p, rk, K, K, 1) * left_p
+            qp = tile_of(q, row_p, m_p, rk, K, K, 1) * left_p
+            bkp = tile_of(b, row_p, m_p, rk, K, SB, SBK) * tile_of(k, row_p, m_p, rk, K, K, 1) * left_p
             # block (p, a) read transposed: [j in a, i in p]
             dPT = tl.load(dPs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
             dAT = tl.load(dAs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
@@ -359,7 +359,7 @@ def chunk_gdn2_bwd(
     db, dg = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
     pair_bwd_kernel[(NT, B * H)](
         q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dGC, dq, dk, db, dg, T, Tp, NT,
-        H=H, K=K, BK=BK, BC=_SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
+        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
         num_warps=BWD_LAUNCH["pair_warps"], num_stages=1,
     )  # fmt: skip
     return dq, dk, dv, dg, db, dw, dh0

@@ -1,0 +1,37 @@
+"""What GDN-2's Triton forward (:mod:`.chunk`) and backward (:mod:`.chunk_bwd`) share: the chunk and row-block
+sizes, the forward's launch table (the backward's reverse walk takes the forward walk's), and the two row helpers.
+A module of its own so that the backward reads them without importing the forward, which imports the backward."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["CHUNK", "LAUNCH", "SUB", "rows_of", "tile_of"]
+
+CHUNK = 64
+SUB = 16  # row block of the scores and of the blockwise inverse
+# Fixed launch configs (no autotuning), not yet timed on a GPU. prepare: 4 warps, as GDN's inverse kernel away
+# from its tuned head size; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config
+# (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk
+# on the H200, kernels/gdn/triton/state.py). Compiled for sm_90 on a CPU host (Triton 3.9's ptxas, the recorder of
+# benchmarks/cpu/kernel_resources.py; K = V = 128, bf16): prepare 255 registers and 992 stack bytes (600 at 8
+# warps; 4936 when P's blocks were kept live to the inverse), apply 145 and none, walk 255 and 352.
+LAUNCH = {"prepare_warps": 4, "apply_cols": 128, "apply_warps": 4, "walk_block_v": 64, "walk_warps": 8}
+
+
+@triton.jit
+def rows_of(t0, sub, T, i_b, i_h, H: tl.constexpr, Tp, BC: tl.constexpr):
+    """Rows [t0 + sub*BC, +BC) of one head: ``(row in [B, T, H], row in the padded G [B, Tp, H], t < T)``."""
+    t = t0 + sub * BC + tl.arange(0, BC)
+    row = (i_b * T + t).to(tl.int64) * H + i_h
+    grow = (i_b * Tp + t).to(tl.int64) * H + i_h
+    return row, grow, t < T
+
+
+@triton.jit
+def tile_of(x, row, mt, rk, K: tl.constexpr, SR: tl.constexpr, SC: tl.constexpr):
+    """fp32 tile ``x[row, rk]`` (rows t >= T and columns >= K zero) with row and column strides SR, SC."""
+    return tl.load(x + row[:, None] * SR + rk[None, :] * SC, mask=mt[:, None] & (rk[None, :] < K), other=0.0).to(
+        tl.float32
+    )

@@ -51,6 +51,7 @@ from deltabench.harness.document import (
 )
 from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.series import series_software
+from deltabench.regression.noise import run_level
 
 OPS = ("gdn", "gdn2", "kda")
 IMPLS = ("torch_chunk", "triton_chunk", "fla_chunk", "jax_chunk")
@@ -284,7 +285,7 @@ def fill(engine: Engine, n_results: int, per_run: int, seed: int = 0) -> float:
                     "l2_flush": True if ok else None,
                     "compile_s": None,
                     "stop_reason": "sem" if ok else None,
-                    "level_ms": min(samples) if ok else None,  # noise.run_level of one repetition's samples
+                    "level_ms": run_level(samples, median) if ok else None,
                     "peak_bytes": 1 << 27 if ok else None,
                     "inputs_bytes": 1 << 20 if ok else None,
                     "memory_method": "torch" if ok else None,

@@ -136,6 +136,32 @@ def kernel_times(fn, x, calls: int = 5) -> list[tuple[str, float]]:  # type: ign
     return sorted(total.items(), key=lambda kv: -kv[1])
 
 
+def say_kernels(mine, theirs, x, fla_rows: int) -> None:  # type: ignore[no-untyped-def]
+    """Device time per kernel of one call of ours, then of FLA's largest `fla_rows` kernels when FLA runs."""
+    for kname, us in kernel_times(mine, x):
+        say(f"    ours {kname:<60} {us:8.1f} us")
+    if theirs is not None:
+        for kname, us in kernel_times(theirs, x)[:fla_rows]:
+            say(f"    FLA  {kname:<60} {us:8.1f} us")
+
+
+def sweep(table: dict, grid: dict, mine, x, reference: tuple[torch.Tensor, ...]) -> None:  # type: ignore[no-untyped-def]
+    """Each setting of `grid` set alone in the launch `table` (restored after): `mine`'s outputs compared with
+    `reference` (the default's), timed when they agree within 1e-2; a setting that fails to compile is reported."""
+    for key, values in grid.items():
+        for value in values:
+            old = table[key]
+            table[key] = value
+            try:
+                err = max(rel(v, r) for v, r in zip(mine(**x), reference, strict=True))
+                ms = time_ms(mine, x) if err < 1e-2 else float("nan")
+                say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
+            except Exception as exc:  # a config that fails to compile is a result
+                say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
+            finally:
+                table[key] = old
+
+
 def time_ms(fn, x) -> float:  # type: ignore[no-untyped-def]
     """do_bench's median of one forward call, ms."""
     return do_bench(lambda: fn(**x), warmup=25, rep=200, return_mode="median")
@@ -171,25 +197,9 @@ def main() -> None:
                     f" | o vs FLA {rel(o, fo):.2e}, state {rel(ht, fh):.2e}"
                 )
             say(line)
-            for kname, us in kernel_times(mine, x):
-                say(f"    ours {kname:<60} {us:8.1f} us")
-            if theirs is not None:
-                for kname, us in kernel_times(theirs, x)[:8]:
-                    say(f"    FLA  {kname:<60} {us:8.1f} us")
+            say_kernels(mine, theirs, x, fla_rows=8)
             if a.sweep:
-                for key, values in SWEEP.items():
-                    for value in values:
-                        old = chunk.LAUNCH[key]
-                        chunk.LAUNCH[key] = value
-                        try:
-                            vo, vh = mine(**x)
-                            err = max(rel(vo, o), rel(vh, ht))
-                            ms = time_ms(mine, x) if err < 1e-2 else float("nan")
-                            say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
-                        except Exception as exc:  # a config that fails to compile is a result
-                            say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
-                        finally:
-                            chunk.LAUNCH[key] = old
+                sweep(chunk.LAUNCH, SWEEP, mine, x, (o, ht))
             del x
             torch.cuda.empty_cache()
 
@@ -221,24 +231,9 @@ def main_bwd(a: argparse.Namespace) -> None:
                     line += f" | FLA: {type(exc).__name__}: {str(exc)[:120]}"
                     theirs = None
             say(line)
-            for kname, us in kernel_times(mine, x):
-                say(f"    ours {kname:<60} {us:8.1f} us")
-            if theirs is not None:
-                for kname, us in kernel_times(theirs, x)[:12]:
-                    say(f"    FLA  {kname:<60} {us:8.1f} us")
+            say_kernels(mine, theirs, x, fla_rows=12)
             if a.sweep:
-                for key, values in SWEEP_BWD.items():
-                    for value in values:
-                        old = chunk_bwd.BWD_LAUNCH[key]
-                        chunk_bwd.BWD_LAUNCH[key] = value
-                        try:
-                            err = max(rel(v, g) for v, g in zip(mine(**x), grads, strict=True))
-                            ms = time_ms(mine, x) if err < 1e-2 else float("nan")
-                            say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
-                        except Exception as exc:  # a config that fails to compile is a result
-                            say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
-                        finally:
-                            chunk_bwd.BWD_LAUNCH[key] = old
+                sweep(chunk_bwd.BWD_LAUNCH, SWEEP_BWD, mine, x, grads)
             del x
             torch.cuda.empty_cache()
 

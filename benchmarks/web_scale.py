@@ -9,8 +9,10 @@ every ninth case's series (change points); raw samples and two verification reco
 store is written with COPY and indexed afterwards. Then it starts the real app under uvicorn on a free port and
 measures, with an HTTP client over a socket, p50/p95/p99 over ``--requests`` requests each of:
 
-- the run page and API (random runs); the comparison page's first views (distinct random pairs, the comparison
-  cache cold) and the same pairs again (cached); a series' history page and API (random series); the regressions
+- the run page and API (random runs), and a page of the runs list from a random run on (keyset); the comparison
+  page's first views (distinct random pairs, the comparison cache cold), the same pairs again (cached) and the
+  comparison API's first views (the pairs reversed, the cache emptied); a series' history page and API (random
+  series); the regressions
   page and API (every series active in the last 90 days); ``db.frame.results_frame`` over one op, impl and machine
   class in the last 30 days (called in-process);
 - the batch ingest rate through ``POST /api/v1/runs`` with ``--writers`` concurrent writers (``--batch`` documents of
@@ -239,6 +241,10 @@ def main() -> None:
         build_ms, build_s = refreshed(client)
         results["run page"] = timed(client, [f"/runs/{rng.choice(runs)}" for _ in range(args.requests)])
         results["run API"] = timed(client, [f"/api/v1/runs/{rng.choice(runs)}" for _ in range(args.requests)])
+        # The runs list, a page from anywhere in the store (keyset: `before` a run, as `next_before` hands it back).
+        results["runs list API"] = timed(
+            client, [f"/api/v1/runs?limit=50&before={rng.choice(runs)}" for _ in range(args.requests)]
+        )
         # First views: distinct pairs never requested before, and the comparison cache emptied, so every measured
         # request loads both runs and grades every job.
         pairs: list[tuple[str, str]] = []
@@ -249,6 +255,9 @@ def main() -> None:
         services.forget_runs(runs)
         results["comparison page"] = timed(client, [f"/compare?base={a}&head={b}" for a, b in pairs])
         results["comparison, cached"] = timed(client, [f"/compare?base={a}&head={b}" for a, b in pairs])
+        api_pairs = [(b, a) for a, b in pairs]  # the same runs the other way round: first views again
+        services.forget_runs(runs)
+        results["comparison API"] = timed(client, [f"/api/v1/compare/runs?base={a}&head={b}" for a, b in api_pairs])
         picks = [rng.choice(all_series) for _ in range(args.requests)]
         results["history page"] = timed(client, [f"/history?{series_query(k)}" for k in picks])
         picks = [rng.choice(all_series) for _ in range(args.requests)]

@@ -12,7 +12,7 @@ measures, with an HTTP client over a socket, p50/p95/p99 over ``--requests`` req
 - the run page and API (random runs), and a page of the runs list from a random run on (keyset); the comparison
   page's first views (distinct random pairs, the comparison cache cold), the same pairs again (cached) and the
   comparison API's first views (the pairs reversed, the cache emptied); a series' history page and API (random
-  series); the regressions
+  series); the series list page (``/history`` without a series, all ops or one) and API; the regressions
   page and API (every series active in the last 90 days); ``db.frame.results_frame`` over one op, impl and machine
   class in the last 30 days (called in-process);
 - the batch ingest rate through ``POST /api/v1/runs`` with ``--writers`` concurrent writers (``--batch`` documents of
@@ -262,6 +262,11 @@ def main() -> None:
         results["history page"] = timed(client, [f"/history?{series_query(k)}" for k in picks])
         picks = [rng.choice(all_series) for _ in range(args.requests)]
         results["history API"] = timed(client, [f"/api/v1/history?{series_query(k)}" for k in picks])
+        ops = sorted({key.op for key in all_series})
+        results["series list page"] = timed(
+            client, [f"/history?op={rng.choice(['', *ops])}" for _ in range(args.requests)]
+        )
+        results["series API"] = timed(client, [f"/api/v1/series?op={rng.choice(ops)}" for _ in range(args.requests)])
         results["regressions page"] = timed(client, ["/regressions"] * args.requests)
         results["regressions API"] = timed(client, ["/api/v1/regressions"] * args.requests)
     frames = []

@@ -123,14 +123,14 @@ def test_0008_adds_the_series_state_tables_and_downgrades(fresh_engine) -> None:
 def test_0009_marks_every_series_of_a_store_whose_table_was_never_built(fresh_engine, factory) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import func, select
 
-    from deltabench.db import queries, series_state
+    from deltabench.db import series_state
     from deltabench.db.engine import session_scope
     from deltabench.db.ingest import ingest_document
     from deltabench.db.models import SeriesDirty
 
-    def marked() -> list[str]:
+    def marked() -> list[series_state.SeriesKey]:
         with session_scope(fresh_engine) as s:
-            return [key.key for key in series_state.take_dirty(s)]
+            return series_state.take_dirty(s)
 
     upgrade(fresh_engine)
     docs = [factory.document(commit=f"{i:040x}") for i in range(3)]
@@ -147,7 +147,7 @@ def test_0009_marks_every_series_of_a_store_whose_table_was_never_built(fresh_en
     assert marked() == series
     # A store whose table was built keeps its marks as they are (none here).
     with session_scope(fresh_engine) as s:
-        series_state.save_states(s, [(key, docs[0].created_at, None, 0) for key in queries.list_series(s)])
+        series_state.save_states(s, [(key, docs[0].created_at, None, 0) for key in series])
     downgrade(fresh_engine, "0008")
     upgrade(fresh_engine)
     with session_scope(fresh_engine) as s:

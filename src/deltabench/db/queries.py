@@ -37,6 +37,7 @@ from deltabench.harness.document import Environment as EnvironmentDoc
 from deltabench.harness.errors import BadInput, UnknownOp
 from deltabench.references.contract import INDEXED_DIMS, order_dims, parse_dims
 
+from . import series_state
 from .dims import PACKED_DIM, case_dim_fields, dims_columns
 from .ingest import unpack_repetitions, unpack_samples, utc
 from .models import Annotation, ApiToken, Check, Environment, Machine, QueuedJob, Result, ResultSamples, Run
@@ -1094,17 +1095,11 @@ def list_series(
     since: _dt.datetime | None = None,
     limit: int = 10_000,
 ) -> list[SeriesKey]:
-    """The distinct series with at least one ok result (optionally since a time), sorted by their fields."""
-    columns = [Result.op, Result.impl, *(getattr(Result, d) for d in INDEXED_DIMS), Result.dtype, Result.mode]
-    query = select(*columns, Result.machine_kind, Result.software, Result.extra_dims)
-    query = query.where(Result.status == "ok").distinct()
-    for column, value in ((Result.op, op), (Result.impl, impl), (Result.machine_kind, machine_kind)):
-        if value is not None:
-            query = query.where(column == value)
-    if since is not None:
-        query = query.where(Result.run_created_at >= utc(since))
-    query = query.order_by(*columns, Result.machine_kind, Result.software, Result.extra_dims).limit(limit)
-    return [SeriesKey(*row) for row in session.execute(query)]
+    """The distinct series with at least one ok result (optionally since a time), sorted by their fields
+    (``db.series_state.listed``: read from the maintained tables, exact before the refresh catches up)."""
+    return series_state.listed(
+        session, op=op, impl=impl, machine_kind=machine_kind, since=None if since is None else utc(since), limit=limit
+    )
 
 
 def list_annotations(

@@ -21,7 +21,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, select, text, tuple_
+from sqlalchemy import Table, and_, delete, exists, func, insert, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from deltabench.harness.series import SeriesKey as HarnessSeriesKey
@@ -34,6 +34,7 @@ from .models import SERIES_COLUMNS, Result, SeriesDirty, SeriesState
 __all__ = [
     "SeriesKey",
     "drop_states",
+    "listed",
     "lock_refresh",
     "mark_all_dirty",
     "mark_dirty",
@@ -230,3 +231,49 @@ def states(
     order = [getattr(SeriesState, c) for c in ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode")]
     order += [SeriesState.machine_kind, SeriesState.software, SeriesState.extra_dims]
     return [(_key(row), row) for row in session.scalars(query.order_by(*order).limit(limit))]
+
+
+# How a series list is sorted: its fields, the dims before dtype and mode, the machine class and software last.
+_LIST_ORDER = ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode", "machine_kind", "software", "extra_dims")
+
+
+def listed(
+    session: Session,
+    *,
+    op: str | None = None,
+    impl: str | None = None,
+    machine_kind: str | None = None,
+    since: _dt.datetime | None = None,
+    limit: int = 10_000,
+) -> list[SeriesKey]:
+    """The series with at least one ok result (with one since `since`, when given), optionally of one op, impl and
+    machine class, sorted by :data:`_LIST_ORDER`, at most `limit`.
+
+    Read from the maintained tables, not from the results: a distinct over every ok result took 5-8 s at 10M results
+    on PostgreSQL. Exact whatever the refresh has caught up with: a series without a mark is as its state says, and
+    a marked one (new, grown or emptied since its state) is looked up in the results (one probe of the series index
+    each).
+    """
+    state: Table = SeriesState.__table__  # type: ignore[assignment]
+    dirty: Table = SeriesDirty.__table__  # type: ignore[assignment]
+    marked_columns = [dirty.c[c] for c in SERIES_COLUMNS]
+    filters = {"op": op, "impl": impl, "machine_kind": machine_kind}
+    marked_query = select(*marked_columns).distinct()
+    stated_query = select(*(state.c[c] for c in SERIES_COLUMNS))
+    for name, value in filters.items():
+        if value is not None:
+            marked_query = marked_query.where(dirty.c[name] == value)
+            stated_query = stated_query.where(state.c[name] == value)
+    if since is not None:
+        stated_query = stated_query.where(state.c.last_point_at >= since)
+    marked = {_key(row) for row in session.execute(marked_query)}
+    keys = {_key(row) for row in session.execute(stated_query)} - marked
+    if marked:
+        results: Table = Result.__table__  # type: ignore[assignment]
+        same_series = [results.c[c] == dirty.c[c] for c in SERIES_COLUMNS]
+        point = and_(*same_series, results.c.status == "ok")
+        if since is not None:
+            point = and_(point, results.c.run_created_at >= since)
+        keys |= {_key(row) for row in session.execute(marked_query.where(exists().where(point)))}
+    order = operator.attrgetter(*_LIST_ORDER)
+    return sorted(keys, key=order)[:limit]

@@ -1094,20 +1094,32 @@ def list_series(
     machine_kind: str | None = None,
     since: _dt.datetime | None = None,
     limit: int = 10_000,
+    after: str | None = None,
 ) -> list[SeriesKey]:
     """The distinct series with at least one ok result (optionally since a time), sorted by their fields
-    (``db.series_state.listed``: read from the maintained tables, exact before the refresh catches up)."""
-    return series_state.listed(
-        session, op=op, impl=impl, machine_kind=machine_kind, since=None if since is None else utc(since), limit=limit
-    )
+    (``db.series_state.listed``: read from the maintained tables, exact before the refresh catches up). `after` (a
+    series' :attr:`SeriesKey.key`, the last of the previous page) starts the page after that series; an unknown one
+    gives an empty page."""
+    since = None if since is None else utc(since)
+    if after is None:
+        return series_state.listed(session, op=op, impl=impl, machine_kind=machine_kind, since=since, limit=limit)
+    every = series_state.listed(session, op=op, impl=impl, machine_kind=machine_kind, since=since, limit=None)
+    start = next((i + 1 for i, key in enumerate(every) if key.key == after), len(every))
+    return every[start : start + limit]
 
 
 def list_annotations(
-    session: Session, *, series_key: str | Sequence[str] | None = None, limit: int = 1000
+    session: Session, *, series_key: str | Sequence[str] | None = None, limit: int = 1000, before: int | None = None
 ) -> list[Annotation]:
     """Annotations on change points, newest first (of one series when `series_key` is given; several keys of one
-    series, e.g. its key and :attr:`SeriesKey.legacy_key`, may be given as a list)."""
+    series, e.g. its key and :attr:`SeriesKey.legacy_key`, may be given as a list). `before` (an annotation id, the
+    last of the previous page) starts the page after it; an unknown one gives an empty page."""
     query = select(Annotation)
+    if before is not None:
+        cursor = session.execute(select(Annotation.created_at, Annotation.id).where(Annotation.id == before)).first()
+        if cursor is None:
+            return []
+        query = query.where(tuple_(Annotation.created_at, Annotation.id) < tuple_(cursor.created_at, cursor.id))
     if isinstance(series_key, str):
         query = query.where(Annotation.series_key == series_key)
     elif series_key is not None:
@@ -1203,9 +1215,17 @@ def list_queued_jobs(
     device_kind: str | None = None,
     limit: int = 100,
     offset: int = 0,
+    before: int | None = None,
 ) -> list[QueuedJob]:
-    """Submitted jobs, newest first, optionally of some statuses and one device kind."""
+    """Submitted jobs, newest first, optionally of some statuses and one device kind. `before` (a job id, the last
+    of the previous page) starts the page after that job (keyset: every page costs what the first does); an unknown
+    one gives an empty page."""
     query = _queued_jobs_query(status=status, device_kind=device_kind)
+    if before is not None:
+        cursor = session.execute(select(QueuedJob.created_at, QueuedJob.id).where(QueuedJob.id == before)).first()
+        if cursor is None:
+            return []
+        query = query.where(tuple_(QueuedJob.created_at, QueuedJob.id) < tuple_(cursor.created_at, cursor.id))
     query = query.order_by(QueuedJob.created_at.desc(), QueuedJob.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(query))
 

@@ -244,10 +244,10 @@ def listed(
     impl: str | None = None,
     machine_kind: str | None = None,
     since: _dt.datetime | None = None,
-    limit: int = 10_000,
+    limit: int | None = 10_000,
 ) -> list[SeriesKey]:
     """The series with at least one ok result (with one since `since`, when given), optionally of one op, impl and
-    machine class, sorted by :data:`_LIST_ORDER`, at most `limit`.
+    machine class, sorted by :data:`_LIST_ORDER`, at most `limit` (None: all).
 
     Read from the maintained tables, not from the results: a distinct over every ok result took 5-8 s at 10M results
     on PostgreSQL. Exact whatever the refresh has caught up with: a series without a mark is as its state says, and
@@ -276,4 +276,4 @@ def listed(
             point = and_(point, results.c.run_created_at >= since)
         keys |= {_key(row) for row in session.execute(marked_query.where(exists().where(point)))}
     order = operator.attrgetter(*_LIST_ORDER)
-    return sorted(keys, key=order)[:limit]
+    return sorted(keys, key=order)[:limit]  # [:None] is all

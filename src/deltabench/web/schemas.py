@@ -216,6 +216,7 @@ class AnnotationsPublic(BaseModel):
 
     data: list[AnnotationPublic]
     count: int
+    next_before: int | None = Field(None, description="`before` for the next page (None on the last page)")
 
 
 class HistoryPublic(BaseModel):
@@ -330,6 +331,7 @@ class JobsPublic(BaseModel):
 
     data: list[JobPublic]
     count: int
+    next_before: int | None = Field(None, description="`before` for the next page (None on the last page)")
 
 
 # ----------------------------------------------------------------------------------------- workers, machines

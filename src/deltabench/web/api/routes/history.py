@@ -53,9 +53,11 @@ def list_series(
     impl: Text = None,
     machine: Text = None,
     limit: Limit = 1000,
+    after: Text = None,
 ) -> dict[str, Any]:
-    """The distinct series with at least one ok result, sorted by key."""
-    keys = queries.list_series(session, op=op, impl=impl, machine_kind=machine, limit=limit)
+    """The distinct series with at least one ok result, sorted by their fields. Page with `after` (the previous
+    page's `next_after`: the last series' key)."""
+    keys = queries.list_series(session, op=op, impl=impl, machine_kind=machine, limit=limit, after=after)
     data = [
         {
             "key": k.key,
@@ -69,4 +71,4 @@ def list_series(
         }
         for k in keys
     ]
-    return {"data": data, "count": len(data)}
+    return {"data": data, "count": len(data), "next_after": keys[-1].key if len(keys) == limit else None}

@@ -19,7 +19,7 @@ from deltabench.db import queries
 
 from ... import crud, jobspec, schemas
 from ...deps import ReadAccessDep, SessionDep, WriteTokenDep
-from ._common import ERRORS, WRITE_ERRORS, Limit, Offset
+from ._common import ERRORS, WRITE_ERRORS, Before, Limit, Offset
 
 __all__ = ["dispatch_job", "dispatch_to_workers", "router", "submit"]
 
@@ -88,12 +88,16 @@ def list_jobs(
     device_kind: Kind = None,
     limit: Limit = 100,
     offset: Offset = 0,
+    before: Before = None,
 ) -> schemas.JobsPublic:
-    """Submitted jobs, newest first."""
-    rows = queries.list_queued_jobs(session, status=status, device_kind=device_kind, limit=limit, offset=offset)
+    """Submitted jobs, newest first. Page with `before` (the previous page's `next_before`): each page costs the
+    same however deep."""
+    filters = {"status": status, "device_kind": device_kind}
+    rows = queries.list_queued_jobs(session, limit=limit, offset=offset, before=before, **filters)
     return schemas.JobsPublic(
         data=[schemas.JobPublic.model_validate(r) for r in rows],
-        count=queries.count_queued_jobs(session, status=status, device_kind=device_kind),
+        count=queries.count_queued_jobs(session, **filters),
+        next_before=rows[-1].id if len(rows) == limit else None,
     )
 
 

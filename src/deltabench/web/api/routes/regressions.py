@@ -10,7 +10,7 @@ from deltabench.db import queries
 
 from ... import crud, schemas, services
 from ...deps import ReadAccessDep, SessionDep, WriteTokenDep
-from ._common import ERRORS, WRITE_ERRORS, Limit, Text
+from ._common import ERRORS, WRITE_ERRORS, Before, Limit, Text
 
 __all__ = ["router"]
 
@@ -34,11 +34,20 @@ def latest_regressions(
 
 @router.get("/annotations", response_model=schemas.AnnotationsPublic, responses=ERRORS)
 def list_annotations(
-    session: SessionDep, _read: ReadAccessDep, series_key: Text = None, limit: Limit = 1000
+    session: SessionDep,
+    _read: ReadAccessDep,
+    series_key: Text = None,
+    limit: Limit = 1000,
+    before: Before = None,
 ) -> schemas.AnnotationsPublic:
-    """Annotations, newest first (of one series when `series_key` is given)."""
-    rows = queries.list_annotations(session, series_key=series_key, limit=limit)
-    return schemas.AnnotationsPublic(data=[schemas.AnnotationPublic.model_validate(a) for a in rows], count=len(rows))
+    """Annotations, newest first (of one series when `series_key` is given). Page with `before` (the previous
+    page's `next_before`)."""
+    rows = queries.list_annotations(session, series_key=series_key, limit=limit, before=before)
+    return schemas.AnnotationsPublic(
+        data=[schemas.AnnotationPublic.model_validate(a) for a in rows],
+        count=len(rows),
+        next_before=rows[-1].id if len(rows) == limit else None,
+    )
 
 
 @router.post("/annotations", status_code=201, response_model=schemas.AnnotationPublic, responses=WRITE_ERRORS)

@@ -142,6 +142,10 @@ def mark_all_dirty(session: Session) -> None:
     session.execute(insert(SeriesDirty).from_select(list(SERIES_COLUMNS), rows))
 
 
+# How a series list is sorted: its fields, the dims before dtype and mode, the machine class and software last.
+_LIST_ORDER = ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode", "machine_kind", "software", "extra_dims")
+
+
 # An arbitrary constant key for pg_try_advisory_xact_lock: one refresh of series_state at a time on PostgreSQL.
 _PG_REFRESH_LOCK = 0x5E1E57A7
 
@@ -219,8 +223,8 @@ def states(
     machine_kind: str | None = None,
     limit: int = 10_000,
 ) -> list[tuple[SeriesKey, SeriesState]]:
-    """The stored series with a point since `since` (optionally of one op or machine class), sorted by their
-    fields as ``queries.list_series`` sorts them, at most `limit`."""
+    """The stored series with a point since `since` (optionally of one op or machine class), sorted by
+    :data:`_LIST_ORDER` as :func:`listed` sorts them, at most `limit`."""
     query = select(SeriesState)
     if since is not None:
         query = query.where(SeriesState.last_point_at >= since)
@@ -228,13 +232,8 @@ def states(
         query = query.where(SeriesState.op == op)
     if machine_kind is not None:
         query = query.where(SeriesState.machine_kind == machine_kind)
-    order = [getattr(SeriesState, c) for c in ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode")]
-    order += [SeriesState.machine_kind, SeriesState.software, SeriesState.extra_dims]
+    order = [getattr(SeriesState, c) for c in _LIST_ORDER]
     return [(_key(row), row) for row in session.scalars(query.order_by(*order).limit(limit))]
-
-
-# How a series list is sorted: its fields, the dims before dtype and mode, the machine class and software last.
-_LIST_ORDER = ("op", "impl", "B", "T", "H", "K", "V", "dtype", "mode", "machine_kind", "software", "extra_dims")
 
 
 def listed(

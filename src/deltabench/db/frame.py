@@ -20,7 +20,7 @@ import datetime as _dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Table, select
 from sqlalchemy.orm import Session
 
 from deltabench.harness.errors import BadInput
@@ -136,6 +136,24 @@ _INTS = ("n_samples", "warmup", "peak_bytes", "inputs_bytes", "device_count", "s
 _FLAGS = {"l2_flush": "boolean", "initial_state": "bool", "git_dirty": "bool"}
 
 
+# The frame columns that come from a result's run and its environment, and the two ceilings the run recorded.
+_RUN_COLUMNS = tuple((name, column) for name, column in _RESULT_COLUMNS if column.class_ is not Result)
+_RUN_COLUMN_NAMES = (*(name for name, _ in _RUN_COLUMNS), "ceiling_matmul_tflops", "ceiling_copy_gbps")
+
+
+def _run_columns(session: Session, run_pks: list[int]) -> dict[int, tuple[Any, ...]]:
+    """Each run's values of :data:`_RUN_COLUMN_NAMES`, by run key."""
+    out: dict[int, tuple[Any, ...]] = {}
+    query = select(Run.id, Run.ceilings, *(column for _, column in _RUN_COLUMNS)).join(
+        Environment, Run.environment_id == Environment.id
+    )
+    for start in range(0, len(run_pks), 900):  # SQLite's bound-parameter limit
+        for pk, ceilings, *values in session.execute(query.where(Run.id.in_(run_pks[start : start + 900]))):
+            ceilings = ceilings or {}
+            out[pk] = (*values, ceilings.get("matmul_tflops"), ceilings.get("copy_gbps"))
+    return out
+
+
 def _columns() -> tuple[str, ...]:
     out: list[str] = []
     for name, _ in _RESULT_COLUMNS:
@@ -212,38 +230,42 @@ def _frame(
 ) -> pd.DataFrame:
     import pandas as pd
 
-    query = (
-        select(Result.id, Run.ceilings, *(column for _, column in _RESULT_COLUMNS))
-        .join(Run, Result.run_pk == Run.id)
-        .join(Environment, Run.environment_id == Environment.id)
-    )
+    # The results' own columns by Core (the ORM's row processing cost a tenth of the call); the columns of each
+    # result's run and environment read once a run (a join repeated them, the run's ceilings' JSON decoded, on every
+    # row), then spread over the rows.
+    results: Table = Result.__table__  # type: ignore[assignment]
+    own = [(name, column.property.columns[0]) for name, column in _RESULT_COLUMNS if column.class_ is Result]
+    query = select(results.c.id, results.c.run_pk, *(table_column for _, table_column in own))
     runs = _as_list(run)
     if runs is not None:
-        query = query.where(Run.run_id.in_([queries.resolve_run_id(session, ref=ref) for ref in runs]))
-    for column, value in ((Result.op, op), (Result.impl, impl), (Result.machine_kind, machine_kind)):
+        run_ids = [queries.resolve_run_id(session, ref=ref) for ref in runs]
+        query = query.where(results.c.run_pk.in_(select(Run.id).where(Run.run_id.in_(run_ids))))
+    for name, value in (("op", op), ("impl", impl), ("machine_kind", machine_kind), ("status", status)):
         values = _as_list(value)
         if values is not None:
-            query = query.where(column.in_(values))
-    statuses = _as_list(status)
-    if statuses is not None:
-        query = query.where(Result.status.in_(statuses))
+            query = query.where(results.c[name].in_(values))
     if (start := _as_time(since, "since")) is not None:
-        query = query.where(Result.run_created_at >= start)
+        query = query.where(results.c.run_created_at >= start)
     if (end := _as_time(until, "until")) is not None:
-        query = query.where(Result.run_created_at <= end)
-    query = query.order_by(Result.run_created_at, Run.id, Result.position, Result.attempt)
+        query = query.where(results.c.run_created_at <= end)
+    query = query.order_by(results.c.run_created_at, results.c.run_pk, results.c.position, results.c.attempt)
     rows = session.execute(query).all()
-    names = [name for name, _ in _RESULT_COLUMNS]
-    frame = pd.DataFrame([row[2:] for row in rows], columns=names)
+    frame = pd.DataFrame([row[2:] for row in rows], columns=[name for name, _ in own])
     ids = [row[0] for row in rows]
-    ceilings = [row[1] or {} for row in rows]
-    frame["shape"] = [
-        shape_id(dims_of(*dims)) for dims in zip(*(frame[d] for d in (*"BTHKV", "extra_dims")), strict=True)
-    ]
+    run_pks = [row[1] for row in rows]
+    of_run = _run_columns(session, sorted(set(run_pks)))
+    for i, name in enumerate(_RUN_COLUMN_NAMES):
+        frame[name] = [of_run[pk][i] for pk in run_pks]
+    shapes: dict[tuple[Any, ...], str] = {}  # a few hundred distinct shapes among the rows: each id built once
+    shape_ids = []
+    for dims in zip(*(frame[d] for d in (*"BTHKV", "extra_dims")), strict=True):
+        shape = shapes.get(dims)
+        if shape is None:
+            shape = shapes[dims] = shape_id(dims_of(*dims))
+        shape_ids.append(shape)
+    frame["shape"] = shape_ids
     frame["iqr_ms"] = frame["q3_ms"] - frame["q1_ms"]
     frame["peak_mib"] = frame["peak_bytes"] / 2**20
-    frame["ceiling_matmul_tflops"] = [c.get("matmul_tflops") for c in ceilings]
-    frame["ceiling_copy_gbps"] = [c.get("copy_gbps") for c in ceilings]
     if samples:
         found = queries.result_samples(session, result_ids=ids)
         frame["samples_ms"] = [found.get(i) for i in ids]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import Select, and_, func, literal, or_, select, tuple_
+from sqlalchemy import Integer, Row, Select, and_, any_, bindparam, func, literal, or_, select, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from deltabench.harness.document import (
@@ -440,17 +441,24 @@ def _commit_time_bounds(session: Session, commit_range: tuple[str, str]) -> tupl
     return start, end
 
 
+def _rows_of_results(session: Session, query: Select[Any], result_ids: Sequence[int]) -> Iterator[Row[Any]]:
+    """The rows of `query` (over ``result_samples``) for the results `result_ids`: on PostgreSQL one statement with
+    the ids as one array parameter (a list of ~900 bound values a statement was a tenth of a long frame's time,
+    parsed by the driver), elsewhere batches within SQLite's bound-parameter limit."""
+    ids = list(result_ids)
+    column = ResultSamples.__table__.c.result_id
+    if session.get_bind().dialect.name == "postgresql":
+        yield from session.execute(query.where(column == any_(bindparam("ids", ids, type_=ARRAY(Integer)))))
+        return
+    for start in range(0, len(ids), 900):
+        yield from session.execute(query.where(column.in_(ids[start : start + 900])))
+
+
 def result_samples(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[float]]:
     """Raw timing samples (ms) per result id; results without timing are absent."""
-    out: dict[int, list[float]] = {}
-    ids = list(result_ids)
-    for start in range(0, len(ids), 900):
-        chunk = ids[start : start + 900]
-        for result_id, blob in session.execute(
-            select(ResultSamples.result_id, ResultSamples.samples).where(ResultSamples.result_id.in_(chunk))
-        ):
-            out[result_id] = unpack_samples(blob)
-    return out
+    samples = ResultSamples.__table__.c
+    query = select(samples.result_id, samples.samples)
+    return {result_id: unpack_samples(blob) for result_id, blob in _rows_of_results(session, query, result_ids)}
 
 
 class SampleSet(NamedTuple):
@@ -462,17 +470,12 @@ class SampleSet(NamedTuple):
 
 def result_sample_sets(session: Session, *, result_ids: Sequence[int]) -> dict[int, SampleSet]:
     """Raw timing samples with their repetitions per result id; results without timing are absent."""
-    out: dict[int, SampleSet] = {}
-    ids = list(result_ids)
-    for start in range(0, len(ids), 900):
-        chunk = ids[start : start + 900]
-        for result_id, blob, reps in session.execute(
-            select(ResultSamples.result_id, ResultSamples.samples, ResultSamples.repetitions).where(
-                ResultSamples.result_id.in_(chunk)
-            )
-        ):
-            out[result_id] = SampleSet(unpack_samples(blob), unpack_repetitions(reps))
-    return out
+    samples = ResultSamples.__table__.c
+    query = select(samples.result_id, samples.samples, samples.repetitions)
+    return {
+        result_id: SampleSet(unpack_samples(blob), unpack_repetitions(reps))
+        for result_id, blob, reps in _rows_of_results(session, query, result_ids)
+    }
 
 
 def result_checks(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[CheckRecord]]:

@@ -147,10 +147,9 @@ def _run_columns(session: Session, run_pks: list[int]) -> dict[int, tuple[Any, .
     query = select(Run.id, Run.ceilings, *(column for _, column in _RUN_COLUMNS)).join(
         Environment, Run.environment_id == Environment.id
     )
-    for start in range(0, len(run_pks), 900):  # SQLite's bound-parameter limit
-        for pk, ceilings, *values in session.execute(query.where(Run.id.in_(run_pks[start : start + 900]))):
-            ceilings = ceilings or {}
-            out[pk] = (*values, ceilings.get("matmul_tflops"), ceilings.get("copy_gbps"))
+    for pk, ceilings, *values in queries.rows_with_ids(session, query, Run.id, run_pks):
+        ceilings = ceilings or {}
+        out[pk] = (*values, ceilings.get("matmul_tflops"), ceilings.get("copy_gbps"))
     return out
 
 

@@ -78,6 +78,7 @@ __all__ = [
     "result_checks",
     "result_sample_sets",
     "result_samples",
+    "rows_with_ids",
     "run_ids_by_pk",
     "run_results",
     "series_dims",
@@ -296,10 +297,9 @@ def list_runs(
         until=until,
     )
     if before is not None:
-        cursor = session.execute(select(Run.created_at, Run.id).where(Run.run_id == before)).first()
-        if cursor is None:
+        query = _after(session, query, Run.created_at, Run.id, Run.run_id, before)
+        if query is None:
             return []
-        query = query.where(tuple_(Run.created_at, Run.id) < tuple_(cursor.created_at, cursor.id))
     runs = session.execute(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit).offset(offset)).all()
     counts: dict[int, dict[str, int]] = {run.id: {} for run in runs}
     if runs:
@@ -421,12 +421,11 @@ def find_results(
         clauses.append(Result.run_created_at >= utc(since))
     if until is not None:
         clauses.append(Result.run_created_at <= utc(until))
-    if before is not None:
-        cursor = session.execute(select(Result.run_created_at, Result.id).where(Result.id == before)).first()
-        if cursor is None:
-            return []
-        clauses.append(tuple_(Result.run_created_at, Result.id) < tuple_(cursor.run_created_at, cursor.id))
     query = select(Result).where(*clauses)
+    if before is not None:
+        query = _after(session, query, Result.run_created_at, Result.id, Result.id, before)
+        if query is None:
+            return []
     query = query.order_by(Result.run_created_at.desc(), Result.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(query))
 
@@ -441,12 +440,11 @@ def _commit_time_bounds(session: Session, commit_range: tuple[str, str]) -> tupl
     return start, end
 
 
-def _rows_of_results(session: Session, query: Select[Any], result_ids: Sequence[int]) -> Iterator[Row[Any]]:
-    """The rows of `query` (over ``result_samples``) for the results `result_ids`: on PostgreSQL one statement with
-    the ids as one array parameter (a list of ~900 bound values a statement was a tenth of a long frame's time,
-    parsed by the driver), elsewhere batches within SQLite's bound-parameter limit."""
-    ids = list(result_ids)
-    column = ResultSamples.__table__.c.result_id
+def rows_with_ids(session: Session, query: Select[Any], column: Any, ids: Sequence[int]) -> Iterator[Row[Any]]:
+    """The rows of `query` whose integer `column` is one of `ids`: on PostgreSQL one statement with the ids as one
+    array parameter (a list of ~900 bound values a statement was a tenth of a long frame's time, parsed by the
+    driver), elsewhere batches within SQLite's bound-parameter limit (an ordered `query` is ordered per batch)."""
+    ids = list(ids)
     if session.get_bind().dialect.name == "postgresql":
         yield from session.execute(query.where(column == any_(bindparam("ids", ids, type_=ARRAY(Integer)))))
         return
@@ -454,11 +452,21 @@ def _rows_of_results(session: Session, query: Select[Any], result_ids: Sequence[
         yield from session.execute(query.where(column.in_(ids[start : start + 900])))
 
 
+def _after(
+    session: Session, query: Select[Any], time: Any, key: Any, cursor_column: Any, cursor: Any
+) -> Select[Any] | None:
+    """Keyset paging of a list ordered newest first by (`time`, `key`): `query` narrowed to the rows after the one
+    whose `cursor_column` is `cursor` (the previous page's last), or None when no row is (an empty page)."""
+    found = session.execute(select(time, key).where(cursor_column == cursor)).first()
+    return None if found is None else query.where(tuple_(time, key) < tuple_(*found))
+
+
 def result_samples(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[float]]:
     """Raw timing samples (ms) per result id; results without timing are absent."""
     samples = ResultSamples.__table__.c
     query = select(samples.result_id, samples.samples)
-    return {result_id: unpack_samples(blob) for result_id, blob in _rows_of_results(session, query, result_ids)}
+    rows = rows_with_ids(session, query, samples.result_id, result_ids)
+    return {result_id: unpack_samples(blob) for result_id, blob in rows}
 
 
 class SampleSet(NamedTuple):
@@ -474,21 +482,16 @@ def result_sample_sets(session: Session, *, result_ids: Sequence[int]) -> dict[i
     query = select(samples.result_id, samples.samples, samples.repetitions)
     return {
         result_id: SampleSet(unpack_samples(blob), unpack_repetitions(reps))
-        for result_id, blob, reps in _rows_of_results(session, query, result_ids)
+        for result_id, blob, reps in rows_with_ids(session, query, samples.result_id, result_ids)
     }
 
 
 def result_checks(session: Session, *, result_ids: Sequence[int]) -> dict[int, list[CheckRecord]]:
     """Verification records per result id, in their document order (results without any are absent)."""
     out: dict[int, list[CheckRecord]] = {}
-    ids = list(result_ids)
-    for start in range(0, len(ids), 900):
-        chunk = ids[start : start + 900]
-        rows = session.scalars(
-            select(Check).where(Check.result_id.in_(chunk)).order_by(Check.result_id, Check.position)
-        )
-        for row in rows:
-            out.setdefault(row.result_id, []).append(_check_record(row))
+    query = select(Check).order_by(Check.result_id, Check.position)
+    for (row,) in rows_with_ids(session, query, Check.result_id, result_ids):
+        out.setdefault(row.result_id, []).append(_check_record(row))
     return out
 
 
@@ -1119,10 +1122,9 @@ def list_annotations(
     last of the previous page) starts the page after it; an unknown one gives an empty page."""
     query = select(Annotation)
     if before is not None:
-        cursor = session.execute(select(Annotation.created_at, Annotation.id).where(Annotation.id == before)).first()
-        if cursor is None:
+        query = _after(session, query, Annotation.created_at, Annotation.id, Annotation.id, before)
+        if query is None:
             return []
-        query = query.where(tuple_(Annotation.created_at, Annotation.id) < tuple_(cursor.created_at, cursor.id))
     if isinstance(series_key, str):
         query = query.where(Annotation.series_key == series_key)
     elif series_key is not None:
@@ -1225,10 +1227,9 @@ def list_queued_jobs(
     one gives an empty page."""
     query = _queued_jobs_query(status=status, device_kind=device_kind)
     if before is not None:
-        cursor = session.execute(select(QueuedJob.created_at, QueuedJob.id).where(QueuedJob.id == before)).first()
-        if cursor is None:
+        query = _after(session, query, QueuedJob.created_at, QueuedJob.id, QueuedJob.id, before)
+        if query is None:
             return []
-        query = query.where(tuple_(QueuedJob.created_at, QueuedJob.id) < tuple_(cursor.created_at, cursor.id))
     query = query.order_by(QueuedJob.created_at.desc(), QueuedJob.id.desc()).limit(limit).offset(offset)
     return list(session.scalars(query))
 
@@ -1284,12 +1285,7 @@ def list_workers(session: Session, *, limit: int = 500) -> list[WorkerSummary]:
 
 def run_ids_by_pk(session: Session, *, run_pks: Sequence[int]) -> dict[int, str]:
     """The run id of each run primary key given (results carry ``run_pk``; the API shows run ids)."""
-    pks = sorted(set(run_pks))
-    out: dict[int, str] = {}
-    for start in range(0, len(pks), 900):
-        chunk = pks[start : start + 900]
-        out.update({pk: run_id for pk, run_id in session.execute(select(Run.id, Run.run_id).where(Run.id.in_(chunk)))})
-    return out
+    return dict(rows_with_ids(session, select(Run.id, Run.run_id), Run.id, sorted(set(run_pks))))
 
 
 def get_annotation(session: Session, *, annotation_id: int) -> Annotation | None:

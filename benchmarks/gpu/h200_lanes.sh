@@ -377,14 +377,20 @@ task_bridge() {
 # the train run before six of them), then the sdm-gpu suite's dense and 32K parts and ours' fwd+bwd at the flagship
 # (SDM 2.0.0's jobs and our forward there were run that day: run 6f47b8ff)
 task_train_jax() { run_gated "${TRAIN_JAX_CAP:-420}" train-jax 2 --suite train --timeout 300 --impl jax_chunk; }
-task_sdm_rest() {
+# each part a task of its own, so that a session short of device time queues only some of them
+task_sdm_rest_dense() {
     run 420 sdm-gpu-dense --suite sdm-gpu --shape B=1,T=8192,H=2,S=128,D=128,W=128,R=128 \
         --shape B=1,T=8192,H=2,K=128,V=128 --impl triton_chunk --impl triton_chunk_split --timeout 380 --gate-workers 3
+}
+task_sdm_rest_32k() {
     run 600 sdm-gpu-32k --suite sdm-gpu --shape B=1,T=32768,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
         --timeout 560
+}
+task_sdm_rest_8k() {
     run 420 sdm-gpu-8k --suite sdm-gpu --shape B=1,T=8192,H=2,S=65536,D=1024,W=64,R=64 --impl triton_chunk \
         --mode fwd+bwd --timeout 400
 }
+task_sdm_rest() { task_sdm_rest_dense; task_sdm_rest_32k; task_sdm_rest_8k; }
 
 # Issue 43's Triton GDN-2 / KDA on the GPU: the oracle's fwd+bwd gate (every regime, two seeds) at K = V = 128 over
 # ragged chunks and at K != V within one chunk over odd heads, the four gates at once, then the diagnostic beside

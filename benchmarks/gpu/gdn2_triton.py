@@ -42,7 +42,10 @@ from deltabench.references import gdn2 as ref_gdn2
 from deltabench.references import kda as ref_kda
 
 SWEEP = {
-    "prepare_warps": [8],
+    "scores_warps": [2, 8],
+    "scores_pairs": [True],
+    "scores_far_cols": [32, 128],
+    "inverse_warps": [2, 4],
     "apply_cols": [64],
     "apply_warps": [8],
     "walk_block_v": [128],

@@ -66,6 +66,25 @@ def test_forward_matches_oracle(
     assert all(e < BOUND[dtype] for e in errors.values()), errors
 
 
+@pytest.mark.parametrize("launch", [{"scores_pairs": True, "scores_pair_cols": 16}, {"scores_far_cols": 16}])
+@pytest.mark.parametrize("op,dtype", [("gdn2", torch.float32), ("kda", torch.bfloat16)])
+def test_scores_launch_variants_match_oracle(
+    op: str, dtype: torch.dtype, launch: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scores kernel's other ways (every pair of the diagonal block at once; the blocks left of it in narrower
+    channel steps), several channel steps each (K = 48), against the oracle in the strong regime past one chunk."""
+    from deltabench.kernels.gdn2.triton.layout import LAUNCH
+
+    for key, value in launch.items():
+        monkeypatch.setitem(LAUNCH, key, value)
+    fn, oracle, make_inputs = OPS[op]
+    x = make_inputs(1, 90, 3, 48, 16, dtype=dtype, seed=5, regime="strong", initial_state=True)
+    o, ht = fn(**x)
+    ro, rht = oracle(**{n: t.double() if n != "initial_state" else t for n, t in x.items()})
+    errors = {"o": _rel(o, ro), "final_state": _rel(ht, rht)}
+    assert all(e < BOUND[dtype] for e in errors.values()), errors
+
+
 def test_packed_sequences_match_one_by_one() -> None:
     """``cu_seqlens`` (kda: its beta read through a stride-0 view of each sequence's slice): each packed sequence's
     output and final state are those of the sequence run alone."""
@@ -137,5 +156,5 @@ def test_every_launch_compiles_for_hopper() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    assert [name for name, _ in found["launches"]] == ["prepare_kernel", "apply_kernel", "walk_kernel"]
+    assert [name for name, _ in found["launches"]] == ["scores_kernel", "inverse_kernel", "apply_kernel", "walk_kernel"]
     assert all(shared <= found["limit"] for _, shared in found["launches"]), found

@@ -10,10 +10,11 @@ log-decay (a K-vector a token),
     L = (I + A)^-1,   W = L (b * exp(G) * k),   U = L (w * v)
     v_new = U - W S,   o = scale ((exp(G) * q) S + P v_new),   S <- Diag(exp G_C) S + (exp(G_C - G) * k)^T v_new
 
-Three launches: (1) :func:`prepare_kernel`, a program per (chunk, batch*head): A and P by 16-row blocks, L
-(kernels/common/triton/trisolve.py), L and P stored; (2) :func:`apply_kernel`, a program per (column block, chunk,
-batch*head): W or U from the stored L; (3) :func:`walk_kernel`, a program per (V block, batch*head), the chunks in
-order with the state in registers: v_new, the output and the next state.
+Four launches: (1) :func:`scores_kernel`, a program per (16-row block, chunk, batch*head): the block's rows of A
+and P, stored; (2) :func:`inverse_kernel`, a program per (chunk, batch*head): L = (I + A)^-1 over A in place
+(kernels/common/triton/trisolve.py); (3) :func:`apply_kernel`, a program per (column block, chunk, batch*head): W or
+U from the stored L; (4) :func:`walk_kernel`, a program per (V block, batch*head), the chunks in order with the
+state in registers: v_new, the output and the next state.
 
 Per-channel decays inside products are bounded ratios, never ``exp(G_i) * exp(-G_j)`` over a whole chunk (in the
 strong-decay regime G reaches about -180 within a chunk, and exp(180) overflows fp32): a pair of rows in different
@@ -50,37 +51,40 @@ __all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton
 
 @triton.jit
 def _far_block(
-    q, k, b, G, Pm, t0, a: tl.constexpr, c: tl.constexpr, T, Tp, i_b, i_h,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
-    SBK: tl.constexpr, PREC: tl.constexpr,
+    q, k, b, G, Pm, t0, a, c, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr,
+    PREC: tl.constexpr, BKF: tl.constexpr,
 ):  # fmt: skip
     """Block (a, c) of A, returned, and of P, stored (a > c): every pair factored through the last row
     r = t0 + a*BC - 1 of the block before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1 (G does not
-    increase along the chunk)."""
-    rk = tl.arange(0, BK)
+    increase along the chunk). BKF channels a step (the [BC, K] tiles of a whole head spilled at K = 128)."""
     row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
     row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
     r_ref = (i_b * Tp + t0 + a * BC - 1).to(tl.int64) * H + i_h
-    G_ref = tl.load(G + r_ref * K + rk, mask=rk < K, other=0.0)
-    left = tl.exp(tl.minimum(tile_of(G, grow_a, m_a, rk, K, K, 1) - G_ref[None, :], 0.0))
-    right = tl.exp(tl.minimum(G_ref[None, :] - tile_of(G, grow_c, m_c, rk, K, K, 1), 0.0))
-    kr = tile_of(k, row_c, m_c, rk, K, K, 1) * right
-    bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * tile_of(k, row_a, m_a, rk, K, K, 1)
-    P = mma(tile_of(q, row_a, m_a, rk, K, K, 1) * left, tl.trans(kr), PREC)
+    A = tl.zeros([BC, BC], dtype=tl.float32)
+    P = tl.zeros([BC, BC], dtype=tl.float32)
+    for c0 in range(0, K, BKF):
+        rk = c0 + tl.arange(0, BKF)
+        G_ref = tl.load(G + r_ref * K + rk, mask=rk < K, other=0.0)
+        left = tl.exp(tl.minimum(tile_of(G, grow_a, m_a, rk, K, K, 1) - G_ref[None, :], 0.0))
+        right = tl.exp(tl.minimum(G_ref[None, :] - tile_of(G, grow_c, m_c, rk, K, K, 1), 0.0))
+        krT = tl.trans(tile_of(k, row_c, m_c, rk, K, K, 1) * right)
+        bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * tile_of(k, row_a, m_a, rk, K, K, 1)
+        P = mma_acc(tile_of(q, row_a, m_a, rk, K, K, 1) * left, krT, P, PREC)
+        A = mma_acc(bk * left, krT, A, PREC)
     _store_block(Pm, P, row_a, m_a, c, BC, C)
-    return mma(bk * left, tl.trans(kr), PREC)
+    return A
 
 
 @triton.jit
 def _near_block(
-    q, k, b, G, Pm, t0, a: tl.constexpr, T, Tp, i_b, i_h,
+    q, k, b, G, Pm, t0, a, T, Tp, i_b, i_h,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
     SBK: tl.constexpr,
 ):  # fmt: skip
     """Diagonal block (a, a) of A (strictly lower), returned, and of P (lower, diagonal included), stored:
-    ``exp(G_i - G_j)`` taken
-    directly, one key row j at a time (a column of both blocks a step), the pairs above the diagonal masked (their
-    differences clamped to 0 before exp, so that nothing overflows)."""
+    ``exp(G_i - G_j)`` taken directly, one key row j at a time (a column of both blocks a step), the pairs above
+    the diagonal masked (their differences clamped to 0 before exp, so that nothing overflows)."""
     rk = tl.arange(0, BK)
     rc = tl.arange(0, BC)
     row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
@@ -106,43 +110,101 @@ def _near_block(
 
 
 @triton.jit
-def _store_block(Pm, P, row, mt, c: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
+def _near_block_pairs(
+    q, k, b, G, Pm, t0, a, T, Tp, i_b, i_h,
+    H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr,
+    BKC: tl.constexpr,
+):  # fmt: skip
+    """:func:`_near_block` by every pair of the block at once, BKC channels a step: ``[BC, BC, BKC]`` tiles of
+    ``exp(min(G_i - G_j, 0)) k_j`` summed against b_i k_i and q_i (no loop over key rows; the same exponentials)."""
+    rc = tl.arange(0, BC)
+    row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
+    A = tl.zeros([BC, BC], dtype=tl.float32)
+    P = tl.zeros([BC, BC], dtype=tl.float32)
+    for c0 in range(0, K, BKC):
+        rk = c0 + tl.arange(0, BKC)
+        Gt = tile_of(G, grow_a, m_a, rk, K, K, 1)
+        kt = tile_of(k, row_a, m_a, rk, K, K, 1)
+        bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * kt
+        qt = tile_of(q, row_a, m_a, rk, K, K, 1)
+        decayed = tl.exp(tl.minimum(Gt[:, None, :] - Gt[None, :, :], 0.0)) * kt[None, :, :]
+        A += tl.sum(bk[:, None, :] * decayed, axis=2)
+        P += tl.sum(qt[:, None, :] * decayed, axis=2)
+    _store_block(Pm, tl.where(rc[:, None] >= rc[None, :], P, 0.0), row_a, m_a, a, BC, C)
+    return tl.where(rc[:, None] > rc[None, :], A, 0.0)
+
+
+@triton.jit
+def _store_block(Pm, P, row, mt, c, BC: tl.constexpr, C: tl.constexpr):
     """Block column `c` of the rows `row` of a chunk's [C, C] matrix (one row of C a token)."""
     rc = tl.arange(0, BC)
     tl.store(Pm + row[:, None] * C + c * BC + rc[None, :], P, mask=mt[:, None])
 
 
 @triton.jit
-def prepare_kernel(
-    q, k, b, G, L, Pm,
+def scores_kernel(
+    q, k, b, G, Am, Pm,
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr,
+    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, PAIRS: tl.constexpr, BKC: tl.constexpr,
+    BKF: tl.constexpr,
 ):  # fmt: skip
-    """One program per (chunk, batch*head): the chunk's scores A and P by 16-row blocks, L = (I + A)^-1; stores the
-    lower blocks of L and of P (one row of C a token; the blocks above the diagonal unwritten)."""
+    """One program per (row block, chunk, batch*head): the row block's blocks of A (into Am) and of P (into Pm),
+    the diagonal one (:func:`_near_block`, or :func:`_near_block_pairs` with PAIRS) and those left of it
+    (:func:`_far_block`); one row of C a token, the blocks above the diagonal unwritten."""
+    i_a = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_n * C
+    row_a, _, m_a = rows_of(t0, i_a, T, i_b, i_h, H, Tp, BC)
+    if PAIRS:
+        A = _near_block_pairs(q, k, b, G, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BC, C, SB, SBK, BKC)
+    else:
+        A = _near_block(q, k, b, G, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
+    _store_block(Am, A, row_a, m_a, i_a, BC, C)
+    for c in range(0, i_a):
+        A = _far_block(q, k, b, G, Pm, t0, i_a, c, T, Tp, i_b, i_h, H, K, BC, C, SB, SBK, PREC, BKF)
+        _store_block(Am, A, row_a, m_a, c, BC, C)
+
+
+@triton.jit
+def _load_block(Am, row, mt, c: tl.constexpr, BC: tl.constexpr, C: tl.constexpr):
+    """Block column `c` of the rows `row` of a chunk's [C, C] fp32 matrix (rows past T zero)."""
+    rc = tl.arange(0, BC)
+    return tl.load(Am + row[:, None] * C + c * BC + rc[None, :], mask=mt[:, None], other=0.0)
+
+
+@triton.jit
+def inverse_kernel(
+    L, T, Tp,
+    H: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One program per (chunk, batch*head): L = (I + A)^-1 from the ten lower blocks of A that
+    :func:`scores_kernel` left in `L`, written over them (every block is read before any is written)."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_n * C
-    # P's blocks are stored as made (nothing here reads them again), so only A's are live at the inverse
-    A00 = _near_block(q, k, b, G, Pm, t0, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
-    A11 = _near_block(q, k, b, G, Pm, t0, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
-    A22 = _near_block(q, k, b, G, Pm, t0, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
-    A33 = _near_block(q, k, b, G, Pm, t0, 3, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
-    A10 = _far_block(q, k, b, G, Pm, t0, 1, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    A20 = _far_block(q, k, b, G, Pm, t0, 2, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    A21 = _far_block(q, k, b, G, Pm, t0, 2, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    A30 = _far_block(q, k, b, G, Pm, t0, 3, 0, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    A31 = _far_block(q, k, b, G, Pm, t0, 3, 1, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
-    A32 = _far_block(q, k, b, G, Pm, t0, 3, 2, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, PREC)
     row0, _, m0 = rows_of(t0, 0, T, i_b, i_h, H, Tp, BC)
     row1, _, m1 = rows_of(t0, 1, T, i_b, i_h, H, Tp, BC)
     row2, _, m2 = rows_of(t0, 2, T, i_b, i_h, H, Tp, BC)
     row3, _, m3 = rows_of(t0, 3, T, i_b, i_h, H, Tp, BC)
     L00, L10, L11, L20, L21, L22, L30, L31, L32, L33 = block_unit_lower_inverse(
-        A00, A11, A22, A33, A10, A20, A21, A30, A31, A32, BC, PREC
+        _load_block(L, row0, m0, 0, BC, C),
+        _load_block(L, row1, m1, 1, BC, C),
+        _load_block(L, row2, m2, 2, BC, C),
+        _load_block(L, row3, m3, 3, BC, C),
+        _load_block(L, row1, m1, 0, BC, C),
+        _load_block(L, row2, m2, 0, BC, C),
+        _load_block(L, row2, m2, 1, BC, C),
+        _load_block(L, row3, m3, 0, BC, C),
+        _load_block(L, row3, m3, 1, BC, C),
+        _load_block(L, row3, m3, 2, BC, C),
+        BC,
+        PREC,
     )
     store_row_blocks(L, L00, L00, L00, L00, row0, m0, 0, BC, C)
     store_row_blocks(L, L10, L11, L11, L11, row1, m1, 1, BC, C)
@@ -292,10 +354,13 @@ def chunk_gdn2_fwd(
     L = q.new_empty(B, T, H, CHUNK, dtype=torch.float32)
     Pm = torch.empty_like(L)
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
-    prepare_kernel[(NT, B * H)](
+    scores_kernel[(CHUNK // SUB, NT, B * H)](
         q, k, b, G, L, Pm, T, Tp,
-        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
-        num_warps=LAUNCH["prepare_warps"], num_stages=1,
+        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec, PAIRS=LAUNCH["scores_pairs"],
+        BKC=min(LAUNCH["scores_pair_cols"], BK), BKF=min(LAUNCH["scores_far_cols"], BK), num_warps=LAUNCH["scores_warps"], num_stages=1,
+    )  # fmt: skip
+    inverse_kernel[(NT, B * H)](
+        L, T, Tp, H=H, BC=SUB, C=CHUNK, PREC=prec, num_warps=LAUNCH["inverse_warps"], num_stages=1
     )  # fmt: skip
     Wm = torch.empty_like(k)
     Um = torch.empty_like(v)

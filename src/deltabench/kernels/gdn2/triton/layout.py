@@ -11,13 +11,24 @@ __all__ = ["CHUNK", "LAUNCH", "SUB", "rows_of", "tile_of"]
 
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
-# Fixed launch configs (no autotuning), not yet timed on a GPU. prepare: 4 warps, as GDN's inverse kernel away
-# from its tuned head size; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config
-# (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk
-# on the H200, kernels/gdn/triton/state.py). Compiled for sm_90 on a CPU host (Triton 3.9's ptxas, the recorder of
-# benchmarks/cpu/kernel_resources.py; K = V = 128, bf16): prepare 255 registers and 992 stack bytes (600 at 8
-# warps; 4936 when P's blocks were kept live to the inverse), apply 145 and none, walk 255 and 352.
-LAUNCH = {"prepare_warps": 4, "apply_cols": 128, "apply_warps": 4, "walk_block_v": 64, "walk_warps": 8}
+# Fixed launch configs (no autotuning). scores: a program per 16-row block (the diagonal block key row by key row, or
+# with scores_pairs every pair at once, scores_pair_cols channels a step; the blocks left of it scores_far_cols
+# channels a step); inverse: 1 warp, as GDN's inverse kernel
+# at its tuned head size (kernels/gdn/triton/wy.py); apply: GDN's apply kernel's (128-column blocks, 4 warps); walk:
+# GDN's gated walk config (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks
+# faulted in GDN's walk on the H200, kernels/gdn/triton/state.py). The scores and the inverse were one kernel until
+# 2026-12-05: 2.17 of the forward's 3.04 ms at gdn2 8x4096x6 on the H200, 255 registers and 992 stack bytes.
+LAUNCH = {
+    "scores_warps": 4,
+    "scores_pairs": False,
+    "scores_pair_cols": 32,
+    "scores_far_cols": 64,
+    "inverse_warps": 1,
+    "apply_cols": 128,
+    "apply_warps": 4,
+    "walk_block_v": 64,
+    "walk_warps": 8,
+}
 
 
 @triton.jit

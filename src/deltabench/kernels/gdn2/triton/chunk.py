@@ -357,7 +357,8 @@ def chunk_gdn2_fwd(
     scores_kernel[(CHUNK // SUB, NT, B * H)](
         q, k, b, G, L, Pm, T, Tp,
         H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec, PAIRS=LAUNCH["scores_pairs"],
-        BKC=min(LAUNCH["scores_pair_cols"], BK), BKF=min(LAUNCH["scores_far_cols"], BK), num_warps=LAUNCH["scores_warps"], num_stages=1,
+        BKC=min(LAUNCH["scores_pair_cols"], BK), BKF=min(LAUNCH["scores_far_cols"], BK),
+        num_warps=LAUNCH["scores_warps"], num_stages=1,
     )  # fmt: skip
     inverse_kernel[(NT, B * H)](
         L, T, Tp, H=H, BC=SUB, C=CHUNK, PREC=prec, num_warps=LAUNCH["inverse_warps"], num_stages=1

@@ -43,6 +43,7 @@ CASES = [  # (op, B, T, K, V, dtype, regime, initial_state)
     ("gdn2", 1, 130, 24, 40, torch.float32, "typical", True),  # ragged, K and V not powers of two
     ("gdn2", 2, 70, 16, 24, torch.float32, "long", True),
     ("gdn2", 1, 130, 32, 16, torch.float32, "strong", False),
+    ("gdn2", 1, 70, 48, 24, torch.float32, "strong", True),  # K past one of the local kernel's 32-column blocks
     ("gdn2", 1, 70, 32, 16, torch.bfloat16, "strong", True),
     ("gdn2", 1, 40, 16, 24, torch.bfloat16, "typical", False),
     ("kda", 1, 70, 32, 16, torch.float32, "strong", True),
@@ -166,7 +167,7 @@ def test_through_the_verification_engine() -> None:
 # --- planted bugs: chunk_bwd.py's source with one edit, loaded as a module of its own ----------------------------
 PLANTED = {
     # the state update's decay exp(G_C - G) dropped from dk's term v_new dH^T
-    "dropped_decay_dk": ("dk_p += dkd_acc * ed", "dk_p += dkd_acc"),
+    "dropped_decay_dk": ("tl.store(dkp + offs, dkd_acc * ed, mask=mtkb)", "tl.store(dkp + offs, dkd_acc, mask=mtkb)"),
     # the reverse walk one chunk off: the last chunk never visited (its dH never stored), the first twice
     "walk_off_by_one": ("n = NT - 1 - i", "n = tl.maximum(NT - 2 - i, 0)"),
     # the reverse walk's chunk decay exp(G_C) read one row early

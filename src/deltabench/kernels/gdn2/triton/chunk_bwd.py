@@ -47,10 +47,11 @@ from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
-# Fixed launch configs, not yet timed on a GPU: the reverse walk takes the forward walk's (64-column V blocks at 8
-# warps, 16 columns at 4 under V = 64); the local kernel loops over V in 64-column blocks at 4 warps; the pair
+# Fixed launch configs: the reverse walk takes the forward walk's (64-column V blocks at 8 warps, 16 columns at 4
+# under V = 64); the local kernel loops over V in 64-column blocks and over K in 32-column blocks at 8 warps (no
+# spills at K = V = 128 on sm_90: 248 registers; 64-column K blocks 48 stack bytes, the whole K 1472); the pair
 # kernel 4 warps.
-BWD_LAUNCH = {"local_block_v": 64, "local_warps": 8, "pair_warps": 4}
+BWD_LAUNCH = {"local_block_v": 64, "local_block_k": 32, "local_warps": 8, "pair_warps": 4}
 
 
 @triton.jit
@@ -126,6 +127,7 @@ def local_bwd_kernel(
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     SB: tl.constexpr, SBK: tl.constexpr, SW: tl.constexpr, SWV: tl.constexpr, PREC: tl.constexpr,
+    BKL: tl.constexpr,
 ):  # fmt: skip
     """One program per (chunk, batch*head): the chunk's gradients that need no pairwise decay. Stores dA and dP
     ([C, C] rows, zero outside their triangles), the fp32 partial dq, dk, db and dG (the query side, W's and the
@@ -136,74 +138,95 @@ def local_bwd_kernel(
     i_h = i_bh % H
     t0 = i_n * C
     row, grow, mt = rows_of(t0, 0, T, i_b, i_h, H, Tp, C)
-    rk = tl.arange(0, BK)
     rc = tl.arange(0, C)
-    mk = rk < K
-    mtk = mt[:, None] & mk[None, :]
     dt = q.dtype.element_ty
     h_off = ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K * V
 
-    dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
-    dkd_acc = tl.zeros([C, BK], dtype=tl.float32)  # v_new dH^T
-    dWn = tl.zeros([C, BK], dtype=tl.float32)  # dv_new S^T (= -dW)
-    dP = tl.zeros([C, C], dtype=tl.float32)  # do v_new^T
-    dL = tl.zeros([C, C], dtype=tl.float32)  # dv_new (w * v)^T, U's part of dL
-    gC = tl.zeros([BK], dtype=tl.float32)  # sum_v S * dH
+    # Two passes, each over V and by BKL-column blocks of K (the [C, K] sums' columns are independent), each
+    # ending in its stores: five [C, K] fp32 tiles live at once spilled 1472 bytes at K = V = 128 on sm_90.
+    # First: dP = do v_new^T, then the query side's do S^T and kd's v_new dH^T.
+    dP = tl.zeros([C, C], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         rv = i_v * BV + tl.arange(0, BV)
-        mv = rv < V
-        mkv = mk[:, None] & mv[None, :]
-        mtv = mt[:, None] & mv[None, :]
-        Sb = tl.load(h + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
-        dHb = tl.load(dh + h_off + rk[:, None] * V + rv[None, :], mask=mkv, other=0.0)
+        mtv = mt[:, None] & (rv < V)[None, :]
         vnb = tl.load(vn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-        dvnb = tl.load(dvn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         dob = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+        dP += mma(dob, tl.trans(vnb), PREC)
+    dP = tl.where((rc[:, None] >= rc[None, :]) & mt[None, :], dP * scale, 0.0)
+    tl.store(dPs + row[:, None] * C + rc[None, :], dP, mask=mt[:, None])
+    for kb in range(0, K, BKL):
+        rkb = kb + tl.arange(0, BKL)
+        mkb = rkb < K
+        dq_acc = tl.zeros([C, BKL], dtype=tl.float32)  # do S^T
+        dkd_acc = tl.zeros([C, BKL], dtype=tl.float32)  # v_new dH^T
+        gC = tl.zeros([BKL], dtype=tl.float32)  # sum_v S * dH
+        for i_v in range(tl.cdiv(V, BV)):
+            rv = i_v * BV + tl.arange(0, BV)
+            mv = rv < V
+            mkv = mkb[:, None] & mv[None, :]
+            mtv = mt[:, None] & mv[None, :]
+            Sb = tl.load(h + h_off + rkb[:, None] * V + rv[None, :], mask=mkv, other=0.0)
+            dHb = tl.load(dh + h_off + rkb[:, None] * V + rv[None, :], mask=mkv, other=0.0)
+            vnb = tl.load(vn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+            dob = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
+            dq_acc += mma(dob, tl.trans(Sb), PREC)
+            dkd_acc += mma(vnb, tl.trans(dHb), PREC)
+            gC += tl.sum(Sb.to(tl.float32) * dHb.to(tl.float32), axis=1)
+        # the state update's kd = exp(G_C - G) * k: its gradient v_new dH^T
+        G_last = _grow(G, (i_b * Tp + t0 + C - 1) * H + i_h, rkb, K)
+        Gc = _gtile(G, grow, rkb, K)
+        ed = tl.exp(tl.minimum(G_last[None, :] - Gc, 0.0))
+        kd = tile_of(k, row, mt, rkb, K, K, 1) * ed
+        # the output's inter-chunk term scale (gamma * q) S
+        dq_p = dq_acc * tl.exp(Gc) * scale
+        offs = row[:, None] * K + rkb[None, :]
+        mtkb = mt[:, None] & mkb[None, :]
+        tl.store(dqp + offs, dq_p, mask=mtkb)
+        tl.store(dkp + offs, dkd_acc * ed, mask=mtkb)
+        tl.store(dGp + offs, dq_p * tile_of(q, row, mt, rkb, K, K, 1) - dkd_acc * kd, mask=mtkb)
+        dGC_c = tl.sum(dkd_acc * kd, axis=0) + tl.exp(G_last) * gC
+        tl.store(dGC + ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K + rkb, dGC_c, mask=mkb)
+
+    # Second: U's part of dL, dv_new (w * v)^T, then W's by BKL-column blocks of K (dW = -dv_new S^T, its
+    # columns independent): dL -= dW's block times X's, dX's block = -L^T dW's block
+    dL = tl.zeros([C, C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        rv = i_v * BV + tl.arange(0, BV)
+        mtv = mt[:, None] & (rv < V)[None, :]
+        dvnb = tl.load(dvn + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         # w * v rounded to the inputs' dtype, as the forward's apply kernel took it
         wv = (tile_of(v, row, mt, rv, V, V, 1) * tile_of(w, row, mt, rv, V, SW, SWV)).to(dt)
-        dq_acc += mma(dob, tl.trans(Sb), PREC)
-        dP += mma(dob, tl.trans(vnb), PREC)
-        dkd_acc += mma(vnb, tl.trans(dHb), PREC)
-        gC += tl.sum(Sb.to(tl.float32) * dHb.to(tl.float32), axis=1)
-        dWn += mma(dvnb, tl.trans(Sb), PREC)
         dL += mma(dvnb, tl.trans(wv), PREC)
-
-    Gc = _gtile(G, grow, rk, K)
-    G_last = _grow(G, (i_b * Tp + t0 + C - 1) * H + i_h, rk, K)
-    gam = tl.exp(Gc)
-    kc = tile_of(k, row, mt, rk, K, K, 1)
-    qc = tile_of(q, row, mt, rk, K, K, 1)
-    bc = tile_of(b, row, mt, rk, K, SB, SBK)
-    X = bc * gam * kc
-    # W = L X: dL += dW X^T = -dWn X^T; dX = L^T dW = -L^T dWn
-    dL -= mma(dWn, tl.trans(X), PREC)
     Lm = tl.load(L + row[:, None] * C + rc[None, :], mask=mt[:, None] & (rc[None, :] <= rc[:, None]), other=0.0)
     LT = tl.trans(Lm)
-    dX = -mma(LT, dWn, PREC)
-    dk_p = bc * gam * dX
-    db_p = gam * kc * dX
-    dG_p = X * dX
+    # the first pass's partial dk and dG are read back below: a barrier first (other threads' stores)
+    tl.debug_barrier()
+    for kb in range(0, K, BKL):
+        rkb = kb + tl.arange(0, BKL)
+        mkb = rkb < K
+        mtkb = mt[:, None] & mkb[None, :]
+        dWn = tl.zeros([C, BKL], dtype=tl.float32)  # dv_new S^T (= -dW), columns rkb
+        for i_v in range(tl.cdiv(V, BV)):
+            rv = i_v * BV + tl.arange(0, BV)
+            mv = rv < V
+            Sb = tl.load(h + h_off + rkb[:, None] * V + rv[None, :], mask=mkb[:, None] & mv[None, :], other=0.0)
+            dvnb = tl.load(dvn + row[:, None] * V + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+            dWn += mma(dvnb, tl.trans(Sb), PREC)
+        gam = tl.exp(_gtile(G, grow, rkb, K))
+        kc = tile_of(k, row, mt, rkb, K, K, 1)
+        bc = tile_of(b, row, mt, rkb, K, SB, SBK)
+        X = bc * gam * kc
+        # W = L X: dL += dW X^T = -dWn X^T; dX = L^T dW = -L^T dWn
+        dL -= mma(dWn, tl.trans(X), PREC)
+        dX = -mma(LT, dWn, PREC)
+        offs = row[:, None] * K + rkb[None, :]
+        tl.store(dkp + offs, tl.load(dkp + offs, mask=mtkb, other=0.0) + bc * gam * dX, mask=mtkb)
+        tl.store(dGp + offs, tl.load(dGp + offs, mask=mtkb, other=0.0) + X * dX, mask=mtkb)
+        tl.store(dbp + offs, gam * kc * dX, mask=mtkb)
     # L = (I + A)^-1: dA = -L^T dL L^T, strictly lower (A's support)
     dA = -mma(mma(LT, dL, PREC), LT, PREC)
     dA = tl.where((rc[:, None] > rc[None, :]) & mt[None, :], dA, 0.0)
-    # the state update's kd = exp(G_C - G) * k: its gradient v_new dH^T
-    ed = tl.exp(tl.minimum(G_last[None, :] - Gc, 0.0))
-    kd = kc * ed
-    dk_p += dkd_acc * ed
-    dG_p -= dkd_acc * kd
-    dGC_c = tl.sum(dkd_acc * kd, axis=0) + tl.exp(G_last) * gC
-    # the output's inter-chunk term scale (gamma * q) S
-    dq_p = dq_acc * gam * scale
-    dG_p += dq_p * qc
-    dP = tl.where((rc[:, None] >= rc[None, :]) & mt[None, :], dP * scale, 0.0)
-
-    tl.store(dqp + row[:, None] * K + rk[None, :], dq_p, mask=mtk)
-    tl.store(dkp + row[:, None] * K + rk[None, :], dk_p, mask=mtk)
-    tl.store(dbp + row[:, None] * K + rk[None, :], db_p, mask=mtk)
-    tl.store(dGp + row[:, None] * K + rk[None, :], dG_p, mask=mtk)
-    tl.store(dGC + ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K + rk, dGC_c, mask=mk)
     tl.store(dAs + row[:, None] * C + rc[None, :], dA, mask=mt[:, None])
-    tl.store(dPs + row[:, None] * C + rc[None, :], dP, mask=mt[:, None])
 
     # U = L (w * v): d(w * v) = L^T dv_new, by V blocks
     LTd = LT.to(dt)
@@ -352,7 +375,7 @@ def chunk_gdn2_bwd(
     local_bwd_kernel[(NT, B * H)](
         q, k, v, b, w, G, L, h, dh, vn, dvn, do, dqp, dkp, dbp, dGp, dGC, dAs, dPs, dv, dw, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=min(BWD_LAUNCH["local_block_v"], padded(V)), C=CHUNK,
-        SB=sb[0], SBK=sb[1], SW=sw[0], SWV=sw[1], PREC=prec,
+        SB=sb[0], SBK=sb[1], SW=sw[0], SWV=sw[1], PREC=prec, BKL=min(BWD_LAUNCH["local_block_k"], BK),
         num_warps=BWD_LAUNCH["local_warps"], num_stages=1,
     )  # fmt: skip
     dq, dk = torch.empty_like(q), torch.empty_like(k)

@@ -54,6 +54,7 @@ SWEEP = {
 
 
 SWEEP_BWD = {
+    "local_block_k": [16, 64],
     "local_block_v": [32, 128],
     "local_warps": [4],
     "pair_warps": [8],

@@ -46,6 +46,7 @@ SWEEP = {
     "scores_pairs": [True],
     "scores_far_cols": [32, 128],
     "inverse_warps": [2, 4],
+    "walk_decayed": [False],
     "apply_cols": [64],
     "apply_warps": [8],
     "walk_block_v": [128],

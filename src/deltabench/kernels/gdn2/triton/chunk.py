@@ -234,14 +234,34 @@ def _apply_side(
 
 
 @triton.jit
+def _decayed_side(
+    q, k, G, Qd, Kd, T, Tp, i_b, i_h, t0, c0, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, C: tl.constexpr
+):
+    """Columns [c0, c0 + BN) of the walk's decayed operands for one chunk of one head, in q's dtype:
+    ``exp(G) * q`` into Qd and ``exp(G_C - G) * k`` into Kd (G_C the chunk's last row of G)."""
+    row, grow, mt = rows_of(t0, 0, T, i_b, i_h, H, Tp, C)
+    rn = c0 + tl.arange(0, BN)
+    mtn = mt[:, None] & (rn[None, :] < K)
+    dt = q.dtype.element_ty
+    Gt = tile_of(G, grow, mt, rn, K, K, 1)
+    G_last = tl.load(G + ((i_b * Tp + t0 + C - 1).to(tl.int64) * H + i_h) * K + rn, mask=rn < K, other=0.0)
+    qd = tile_of(q, row, mt, rn, K, K, 1) * tl.exp(Gt)
+    kd = tile_of(k, row, mt, rn, K, K, 1) * tl.exp(tl.minimum(G_last[None, :] - Gt, 0.0))
+    tl.store(Qd + row[:, None] * K + rn[None, :], qd.to(dt), mask=mtn)
+    tl.store(Kd + row[:, None] * K + rn[None, :], kd.to(dt), mask=mtn)
+
+
+@triton.jit
 def apply_kernel(
-    k, v, b, w, G, L, Wm, Um,
+    q, k, v, b, w, G, L, Wm, Um, Qd, Kd,
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BNK: tl.constexpr, BNV: tl.constexpr, NK: tl.constexpr,
     C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr, SW: tl.constexpr, SWV: tl.constexpr, PREC: tl.constexpr,
+    DECAYED: tl.constexpr,
 ):  # fmt: skip
     """One program per (column block, chunk, batch*head): the first NK programs on axis 0 write a BNK-column block
-    of W = L (b * exp(G) * k), the others a BNV-column block of U = L (w * v)."""
+    of W = L (b * exp(G) * k) (and with DECAYED the walk's decayed q and k, :func:`_decayed_side`), the others a
+    BNV-column block of U = L (w * v)."""
     i_c = tl.program_id(0)
     i_n = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -250,6 +270,8 @@ def apply_kernel(
     t0 = i_n * C
     if i_c < NK:
         _apply_side(L, k, b, G, Wm, T, Tp, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, SB, SBK, PREC)
+        if DECAYED:
+            _decayed_side(q, k, G, Qd, Kd, T, Tp, i_b, i_h, t0, i_c * BNK, H, K, BNK, C)
     else:
         _apply_side(L, v, w, G, Um, T, Tp, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, C, SW, SWV, PREC)
 
@@ -259,12 +281,12 @@ def walk_kernel(
     q, k, Wm, Um, G, Pm, h0, o, ht, h, vn,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False,
+    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False, DECAYED: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head): the chunks in order, the state [BK, BV] (fp32) in registers; each
     chunk's v_new, output and next state, the final state stored at the end. STORE_STATES (for the backward): the
     state at each chunk's start into h ``[B, NT, H, K, V]`` and v_new into vn ``[B, T, H, V]``, in the inputs'
-    dtype."""
+    dtype. DECAYED: q and k are the apply kernel's ``exp(G) * q`` and ``exp(G_C - G) * k``, read as they are."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -287,13 +309,17 @@ def walk_kernel(
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         mkt = mk[:, None] & mt[None, :]
-        # the padded G has whole chunks: its rows past T are valid (G constant there)
-        Gc = tl.load(G + grow[:, None] * K + rk[None, :], mask=mk[None, :], other=0.0)
-        GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
         G_last = tl.load(G + ((i_b * Tp + n * C + C - 1).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
-        qd = (tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32) * tl.exp(Gc)).to(dt)
-        kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
-        kdT = (kT * tl.exp(tl.minimum(G_last[:, None] - GT, 0.0))).to(dt)
+        if DECAYED:
+            qd = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+            kdT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
+        else:
+            # the padded G has whole chunks: its rows past T are valid (G constant there)
+            Gc = tl.load(G + grow[:, None] * K + rk[None, :], mask=mk[None, :], other=0.0)
+            GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
+            qd = (tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32) * tl.exp(Gc)).to(dt)
+            kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
+            kdT = (kT * tl.exp(tl.minimum(G_last[:, None] - GT, 0.0))).to(dt)
         wc = tl.load(Wm + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(Um + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         Pc = tl.load(Pm + row[:, None] * C + rc[None, :], mask=mt[:, None] & causal, other=0.0)
@@ -367,10 +393,12 @@ def chunk_gdn2_fwd(
     Um = torch.empty_like(v)
     bnk, bnv = min(LAUNCH["apply_cols"], BK), min(LAUNCH["apply_cols"], padded(V))
     nk = triton.cdiv(K, bnk)
+    decayed = LAUNCH["walk_decayed"]
+    Qd, Kd = (torch.empty_like(q), torch.empty_like(k)) if decayed else (q, k)
     apply_kernel[(nk + triton.cdiv(V, bnv), NT, B * H)](
-        k, v, b, w, G, L, Wm, Um, T, Tp,
+        q, k, v, b, w, G, L, Wm, Um, Qd, Kd, T, Tp,
         H=H, K=K, V=V, BNK=bnk, BNV=bnv, NK=nk, C=CHUNK, SB=sb[0], SBK=sb[1], SW=sw[0], SWV=sw[1], PREC=prec,
-        num_warps=LAUNCH["apply_warps"], num_stages=1,
+        DECAYED=decayed, num_warps=LAUNCH["apply_warps"], num_stages=1,
     )  # fmt: skip
     o = torch.empty_like(v)
     ht = q.new_empty(B, H, K, V, dtype=torch.float32)
@@ -378,9 +406,9 @@ def chunk_gdn2_fwd(
     vn = torch.empty_like(v) if keep else None
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     walk_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, Wm, Um, G, Pm, initial_state, o, ht, h, vn, scale, T, Tp, NT,
+        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
-        num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
+        DECAYED=decayed, num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     return o, ht, ((G, L, Pm, Wm, h, vn) if keep else None)
 

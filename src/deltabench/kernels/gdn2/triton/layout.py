@@ -13,10 +13,11 @@ CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
 # Fixed launch configs (no autotuning). scores: a program per 16-row block (the diagonal block key row by key row, or
 # with scores_pairs every pair at once, scores_pair_cols channels a step; the blocks left of it scores_far_cols
-# channels a step); inverse: 1 warp, as GDN's inverse kernel
-# at its tuned head size (kernels/gdn/triton/wy.py); apply: GDN's apply kernel's (128-column blocks, 4 warps); walk:
-# GDN's gated walk config (64-column V blocks at 8 warps, 16 columns at 4 warps when V is under 64: 32-column blocks
-# faulted in GDN's walk on the H200, kernels/gdn/triton/state.py). The scores and the inverse were one kernel until
+# channels a step); inverse: 1 warp, as GDN's inverse kernel at its tuned head size (kernels/gdn/triton/wy.py); apply:
+# GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config (64-column V blocks at 8 warps, 16
+# columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk on the H200,
+# kernels/gdn/triton/state.py); walk_decayed: the walk reads exp(G) q and exp(G_C - G) k made by the apply kernel (not
+# G's two [C, K] fp32 tiles and their exponentials every chunk). The scores and the inverse were one kernel until
 # 2026-12-05: 2.17 of the forward's 3.04 ms at gdn2 8x4096x6 on the H200, 255 registers and 992 stack bytes.
 LAUNCH = {
     "scores_warps": 4,
@@ -28,6 +29,7 @@ LAUNCH = {
     "apply_warps": 4,
     "walk_block_v": 64,
     "walk_warps": 8,
+    "walk_decayed": True,
 }
 
 

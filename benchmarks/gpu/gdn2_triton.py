@@ -42,23 +42,21 @@ from deltabench.references import gdn2 as ref_gdn2
 from deltabench.references import kda as ref_kda
 
 SWEEP = {
-    "scores_warps": [2, 8],
-    "scores_pairs": [True],
-    "scores_far_cols": [32, 128],
-    "inverse_warps": [2, 4],
-    "walk_decayed": [False],
+    "scores_warps": [1, 4],
+    "scores_far_cols": [16, 64],
+    "inverse_warps": [2],
     "apply_cols": [64],
     "apply_warps": [8],
     "walk_block_v": [128],
-    "walk_warps": [4],
+    "walk_warps": [8],
 }
 
 
 SWEEP_BWD = {
     "local_block_k": [16, 64],
     "local_block_v": [32, 128],
-    "local_warps": [4],
-    "pair_warps": [8],
+    "local_warps": [8],
+    "pair_warps": [2, 8],
 }
 
 

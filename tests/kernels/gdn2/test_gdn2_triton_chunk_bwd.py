@@ -261,6 +261,6 @@ def test_every_backward_launch_compiles_for_hopper() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     names = ["scores_kernel", "inverse_kernel", "apply_kernel", "walk_kernel"]
-    names += ["state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel"]
+    names += ["state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel", "dg_kernel"]
     assert [name for name, _ in found["launches"]] == names
     assert all(shared <= found["limit"] for _, shared in found["launches"]), found

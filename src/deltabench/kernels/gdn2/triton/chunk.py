@@ -29,8 +29,8 @@ every launch config is fixed.
 
 Backward: when a gradient is wanted the entries run through :class:`ChunkGDN2Function`, whose forward also stores
 the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P and W; its backward is
-:mod:`.chunk_bwd`'s three launches (a reverse state walk, then two per-chunk gradient kernels), all Triton, with the
-same bounded decay ratios. Without a gradient nothing is stored.
+:mod:`.chunk_bwd`'s four launches (a reverse state walk, two per-chunk gradient kernels, then dg's sums), all
+Triton, with the same bounded decay ratios. Without a gradient nothing is stored.
 """
 
 from __future__ import annotations
@@ -78,13 +78,14 @@ def _far_block(
 
 @triton.jit
 def _near_block(
-    q, k, b, G, Pm, t0, a, T, Tp, i_b, i_h,
+    q, k, b, G, Am, Pm, t0, a, T, Tp, i_b, i_h,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
     SBK: tl.constexpr,
 ):  # fmt: skip
-    """Diagonal block (a, a) of A (strictly lower), returned, and of P (lower, diagonal included), stored:
-    ``exp(G_i - G_j)`` taken directly, one key row j at a time (a column of both blocks a step), the pairs above
-    the diagonal masked (their differences clamped to 0 before exp, so that nothing overflows)."""
+    """Diagonal block (a, a) of A (strictly lower) and of P (lower, diagonal included), stored a column at a time:
+    ``exp(G_i - G_j)`` taken directly, one key row j a step, the pairs above the diagonal zero (their differences
+    clamped to 0 before exp, so that nothing overflows). Each column goes straight to memory: merged into a
+    register block instead, every step paid a layout conversion."""
     rk = tl.arange(0, BK)
     rc = tl.arange(0, BC)
     row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
@@ -92,46 +93,15 @@ def _near_block(
     ka = tile_of(k, row_a, m_a, rk, K, K, 1)
     bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * ka
     qa = tile_of(q, row_a, m_a, rk, K, K, 1)
-    A = tl.zeros([BC, BC], dtype=tl.float32)
-    P = tl.zeros([BC, BC], dtype=tl.float32)
     for j in range(BC):
         t_j = t0 + a * BC + j + 0 * rk  # the key row's token, broadcast over the channels
         mj = (rk < K) & (t_j < T)
         k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mj, other=0.0).to(tl.float32)
         G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=rk < K, other=0.0)
         decayed = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0)) * k_j[None, :]
-        col_a = tl.sum(bk * decayed, axis=1)
-        col_p = tl.sum(qa * decayed, axis=1)
-        at = rc[None, :] == j
-        A = tl.where(at & (rc[:, None] > j), col_a[:, None], A)
-        P = tl.where(at & (rc[:, None] >= j), col_p[:, None], P)
-    _store_block(Pm, P, row_a, m_a, a, BC, C)
-    return A
-
-
-@triton.jit
-def _near_block_pairs(
-    q, k, b, G, Pm, t0, a, T, Tp, i_b, i_h,
-    H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr,
-    BKC: tl.constexpr,
-):  # fmt: skip
-    """:func:`_near_block` by every pair of the block at once, BKC channels a step: ``[BC, BC, BKC]`` tiles of
-    ``exp(min(G_i - G_j, 0)) k_j`` summed against b_i k_i and q_i (no loop over key rows; the same exponentials)."""
-    rc = tl.arange(0, BC)
-    row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
-    A = tl.zeros([BC, BC], dtype=tl.float32)
-    P = tl.zeros([BC, BC], dtype=tl.float32)
-    for c0 in range(0, K, BKC):
-        rk = c0 + tl.arange(0, BKC)
-        Gt = tile_of(G, grow_a, m_a, rk, K, K, 1)
-        kt = tile_of(k, row_a, m_a, rk, K, K, 1)
-        bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * kt
-        qt = tile_of(q, row_a, m_a, rk, K, K, 1)
-        decayed = tl.exp(tl.minimum(Gt[:, None, :] - Gt[None, :, :], 0.0)) * kt[None, :, :]
-        A += tl.sum(bk[:, None, :] * decayed, axis=2)
-        P += tl.sum(qt[:, None, :] * decayed, axis=2)
-    _store_block(Pm, tl.where(rc[:, None] >= rc[None, :], P, 0.0), row_a, m_a, a, BC, C)
-    return tl.where(rc[:, None] > rc[None, :], A, 0.0)
+        col = row_a * C + a * BC + j
+        tl.store(Am + col, tl.where(rc > j, tl.sum(bk * decayed, axis=1), 0.0), mask=m_a)
+        tl.store(Pm + col, tl.where(rc >= j, tl.sum(qa * decayed, axis=1), 0.0), mask=m_a)
 
 
 @triton.jit
@@ -146,12 +116,11 @@ def scores_kernel(
     q, k, b, G, Am, Pm,
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, PAIRS: tl.constexpr, BKC: tl.constexpr,
-    BKF: tl.constexpr,
+    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, BKF: tl.constexpr,
 ):  # fmt: skip
     """One program per (row block, chunk, batch*head): the row block's blocks of A (into Am) and of P (into Pm),
-    the diagonal one (:func:`_near_block`, or :func:`_near_block_pairs` with PAIRS) and those left of it
-    (:func:`_far_block`); one row of C a token, the blocks above the diagonal unwritten."""
+    the diagonal one (:func:`_near_block`) and those left of it (:func:`_far_block`); one row of C a token, the
+    blocks above the diagonal unwritten."""
     i_a = tl.program_id(0)
     i_n = tl.program_id(1)
     i_bh = tl.program_id(2)
@@ -159,11 +128,7 @@ def scores_kernel(
     i_h = i_bh % H
     t0 = i_n * C
     row_a, _, m_a = rows_of(t0, i_a, T, i_b, i_h, H, Tp, BC)
-    if PAIRS:
-        A = _near_block_pairs(q, k, b, G, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BC, C, SB, SBK, BKC)
-    else:
-        A = _near_block(q, k, b, G, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
-    _store_block(Am, A, row_a, m_a, i_a, BC, C)
+    _near_block(q, k, b, G, Am, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
     for c in range(0, i_a):
         A = _far_block(q, k, b, G, Pm, t0, i_a, c, T, Tp, i_b, i_h, H, K, BC, C, SB, SBK, PREC, BKF)
         _store_block(Am, A, row_a, m_a, c, BC, C)
@@ -356,7 +321,7 @@ def chunk_gdn2_fwd(
     initial_state: torch.Tensor | None,
     keep: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-    """The three launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
+    """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
     ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new)``: h
     ``[B, NT, H, K, V]`` the state at each chunk's start and v_new ``[B, T, H, V]``, both in the inputs' dtype
     (None without `keep`).
@@ -382,8 +347,7 @@ def chunk_gdn2_fwd(
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
     scores_kernel[(CHUNK // SUB, NT, B * H)](
         q, k, b, G, L, Pm, T, Tp,
-        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec, PAIRS=LAUNCH["scores_pairs"],
-        BKC=min(LAUNCH["scores_pair_cols"], BK), BKF=min(LAUNCH["scores_far_cols"], BK),
+        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec, BKF=min(LAUNCH["scores_far_cols"], BK),
         num_warps=LAUNCH["scores_warps"], num_stages=1,
     )  # fmt: skip
     inverse_kernel[(NT, B * H)](

@@ -1,4 +1,4 @@
-"""The backward of chunked GDN-2 (and KDA) in Triton: three launches from the forward's saved residuals.
+"""The backward of chunked GDN-2 (and KDA) in Triton: four launches from the forward's saved residuals.
 
 Notation as :mod:`.chunk`'s (C = 64, G the in-chunk cumulative per-channel log-decay, ``gamma = exp(G)``, G_C its
 last row, ``X = b * gamma * k``, ``kd = exp(G_C - G) * k``). The forward keeps G, L = (I + A)^-1, P, W, the state
@@ -26,8 +26,8 @@ P_ij = sum_c q_ic k_jc exp(G_ic - G_jc):
 by 16-row blocks as the forward's scores: a pair of blocks (a > c) factors through the last row r of the block
 before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1; a diagonal block takes ``exp(G_i - G_j)`` a key
 row at a time. No decay is ever factored over a whole chunk (in the strong regime G reaches about -180 within
-one). The same kernel ends with dg: G is a per-channel cumulative sum of g, so ``dg_t = sum_{i >= t} dG_i + dG_C``
-(a reverse cumulative sum over the chunk's rows, per channel), the blocks taken last to first.
+one). A program a row block; then :func:`dg_kernel`: G is a per-channel cumulative sum of g, so
+``dg_t = sum_{i >= t} dG_i + dG_C`` (a reverse cumulative sum over the chunk's rows, per channel).
 
 dA, dP and the fp32 partial sums of dq, dk, db, dG pass from the local kernel to the pair kernel through memory:
 the pair kernel reads dA and dP by blocks, which a register tile cannot be sliced into. Products take the inputs'
@@ -47,11 +47,11 @@ from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
-# Fixed launch configs: the reverse walk takes the forward walk's (64-column V blocks at 8 warps, 16 columns at 4
-# under V = 64); the local kernel loops over V in 64-column blocks and over K in 32-column blocks at 8 warps (no
-# spills at K = V = 128 on sm_90: 248 registers; 64-column K blocks 48 stack bytes, the whole K 1472); the pair
-# kernel 4 warps.
-BWD_LAUNCH = {"local_block_v": 64, "local_block_k": 32, "local_warps": 8, "pair_warps": 4}
+# Fixed launch configs: the reverse walk takes the forward walk's; the local kernel loops over V in 64-column blocks
+# and over K in 32-column blocks at 4 warps (6.15 against 5.70 ms for the whole fwd+bwd at gdn2 8x4096x6 with 8 warps
+# on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248 registers on sm_90; the whole K in one pass spilled
+# 1472 stack bytes at 8); the pair kernel a program per 16-row block at 4 warps.
+BWD_LAUNCH = {"local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 4}
 
 
 @triton.jit
@@ -243,17 +243,17 @@ def local_bwd_kernel(
 
 @triton.jit
 def pair_bwd_kernel(
-    q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dGC, dq, dk, db, dg,
-    T, Tp, NT,
+    q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg,
+    T, Tp,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
     SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """One program per (chunk, batch*head): the pairwise scores' terms of dq, dk, db and dG by 16-row blocks,
-    added to the local kernel's partials; dq, dk, db and dg stored. The blocks go last to first, carrying the sum
-    of dG over the rows after them (seeded with dG_C, which every row's g enters), so that dg is each row's reverse
-    cumulative sum."""
-    i_n = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    """One program per (16-row block, chunk, batch*head): the pairwise scores' terms of the block's dq, dk, db and
+    dG, added to the local kernel's partials; dq, dk, db stored, and dG (fp32) into `dg`, which
+    :func:`dg_kernel` turns into dg."""
+    a = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_bh = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     t0 = i_n * C
@@ -261,72 +261,90 @@ def pair_bwd_kernel(
     rc = tl.arange(0, BC)
     mk = rk < K
     NB: tl.constexpr = C // BC
-    running = tl.load(dGC + ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
-    for ia in range(NB):
-        a = NB - 1 - ia
-        row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
-        mak = m_a[:, None] & mk[None, :]
-        Ga = _gtile(G, grow_a, rk, K)
-        ka = tile_of(k, row_a, m_a, rk, K, K, 1)
-        qa = tile_of(q, row_a, m_a, rk, K, K, 1)
-        ba = tile_of(b, row_a, m_a, rk, K, SB, SBK)
-        bka = ba * ka
-        dQ = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dP_ij exp(G_i - G_j) k_j
-        dBK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dA_ij exp(G_i - G_j) k_j
-        dK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_i (dA_ij (bk)_i + dP_ij q_i) exp(G_i - G_j)
-        # block a as the query side of blocks c < a, through r = the last row of block a - 1 (no c when a = 0:
-        # r is then clamped into the chunk and unused)
-        G_r = _grow(G, (i_b * Tp + t0 + tl.maximum(a * BC - 1, 0)) * H + i_h, rk, K)
-        accQ = tl.zeros([BC, BK], dtype=tl.float32)
-        accB = tl.zeros([BC, BK], dtype=tl.float32)
-        for c in range(a):
-            row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
-            kr = tile_of(k, row_c, m_c, rk, K, K, 1) * tl.exp(tl.minimum(G_r[None, :] - _gtile(G, grow_c, rk, K), 0.0))
-            dPb = tl.load(dPs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
-            dAb = tl.load(dAs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
-            accQ = mma_acc(dPb, kr, accQ, PREC)
-            accB = mma_acc(dAb, kr, accB, PREC)
-        left = tl.exp(tl.minimum(Ga - G_r[None, :], 0.0))
-        dQ += left * accQ
-        dBK += left * accB
-        # block a as the key side of blocks p > a, through the last row of block p - 1
-        for p in range(a + 1, NB):
-            row_p, grow_p, m_p = rows_of(t0, p, T, i_b, i_h, H, Tp, BC)
-            G_s = _grow(G, (i_b * Tp + t0 + p * BC - 1) * H + i_h, rk, K)
-            left_p = tl.exp(tl.minimum(_gtile(G, grow_p, rk, K) - G_s[None, :], 0.0))
-            qp = tile_of(q, row_p, m_p, rk, K, K, 1) * left_p
-            bkp = tile_of(b, row_p, m_p, rk, K, SB, SBK) * tile_of(k, row_p, m_p, rk, K, K, 1) * left_p
-            # block (p, a) read transposed: [j in a, i in p]
-            dPT = tl.load(dPs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
-            dAT = tl.load(dAs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
-            dK += tl.exp(tl.minimum(G_s[None, :] - Ga, 0.0)) * mma_acc(dAT, bkp, mma(dPT, qp, PREC), PREC)
-        # the diagonal block, a key row j at a time: exp(G_i - G_j) directly (pairs i < j meet dA = dP = 0; their
-        # differences clamped to 0, so that nothing overflows)
-        for j in range(BC):
-            t_j = t0 + a * BC + j + 0 * rk
-            k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk & (t_j < T), other=0.0)
-            G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
-            e = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0))
-            dPcol = tl.load(dPs + row_a * C + a * BC + j, mask=m_a, other=0.0)
-            dAcol = tl.load(dAs + row_a * C + a * BC + j, mask=m_a, other=0.0)
-            ek = e * k_j.to(tl.float32)[None, :]
-            dQ += dPcol[:, None] * ek
-            dBK += dAcol[:, None] * ek
-            dK_j = tl.sum((dPcol[:, None] * qa + dAcol[:, None] * bka) * e, axis=0)
-            dK = tl.where(rc[:, None] == j, dK + dK_j[None, :], dK)
-        off = row_a[:, None] * K + rk[None, :]
-        dq_a = tl.load(dqp + off, mask=mak, other=0.0) + dQ
-        dk_a = tl.load(dkp + off, mask=mak, other=0.0) + ba * dBK + dK
-        db_a = tl.load(dbp + off, mask=mak, other=0.0) + ka * dBK
-        dG_a = tl.load(dGp + off, mask=mak, other=0.0) + bka * dBK + qa * dQ - ka * dK
-        dG_a = tl.where(mak, dG_a, 0.0)
-        total = tl.sum(dG_a, axis=0)
-        dg_a = running[None, :] + total[None, :] - tl.cumsum(dG_a, axis=0) + dG_a
-        running += total
-        tl.store(dq + off, dq_a.to(dq.dtype.element_ty), mask=mak)
-        tl.store(dk + off, dk_a.to(dk.dtype.element_ty), mask=mak)
-        tl.store(db + off, db_a, mask=mak)
-        tl.store(dg + off, dg_a, mask=mak)
+    row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
+    mak = m_a[:, None] & mk[None, :]
+    Ga = _gtile(G, grow_a, rk, K)
+    ka = tile_of(k, row_a, m_a, rk, K, K, 1)
+    qa = tile_of(q, row_a, m_a, rk, K, K, 1)
+    ba = tile_of(b, row_a, m_a, rk, K, SB, SBK)
+    bka = ba * ka
+    dQ = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dP_ij exp(G_i - G_j) k_j
+    dBK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dA_ij exp(G_i - G_j) k_j
+    dK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_i (dA_ij (bk)_i + dP_ij q_i) exp(G_i - G_j)
+    # block a as the query side of blocks c < a, through r = the last row of block a - 1 (no c when a = 0:
+    # r is then clamped into the chunk and unused)
+    G_r = _grow(G, (i_b * Tp + t0 + tl.maximum(a * BC - 1, 0)) * H + i_h, rk, K)
+    accQ = tl.zeros([BC, BK], dtype=tl.float32)
+    accB = tl.zeros([BC, BK], dtype=tl.float32)
+    for c in range(a):
+        row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
+        kr = tile_of(k, row_c, m_c, rk, K, K, 1) * tl.exp(tl.minimum(G_r[None, :] - _gtile(G, grow_c, rk, K), 0.0))
+        dPb = tl.load(dPs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
+        dAb = tl.load(dAs + row_a[:, None] * C + c * BC + rc[None, :], mask=m_a[:, None], other=0.0)
+        accQ = mma_acc(dPb, kr, accQ, PREC)
+        accB = mma_acc(dAb, kr, accB, PREC)
+    left = tl.exp(tl.minimum(Ga - G_r[None, :], 0.0))
+    dQ += left * accQ
+    dBK += left * accB
+    # block a as the key side of blocks p > a, through the last row of block p - 1
+    for p in range(a + 1, NB):
+        row_p, grow_p, m_p = rows_of(t0, p, T, i_b, i_h, H, Tp, BC)
+        G_s = _grow(G, (i_b * Tp + t0 + p * BC - 1) * H + i_h, rk, K)
+        left_p = tl.exp(tl.minimum(_gtile(G, grow_p, rk, K) - G_s[None, :], 0.0))
+        qp = tile_of(q, row_p, m_p, rk, K, K, 1) * left_p
+        bkp = tile_of(b, row_p, m_p, rk, K, SB, SBK) * tile_of(k, row_p, m_p, rk, K, K, 1) * left_p
+        # block (p, a) read transposed: [j in a, i in p]
+        dPT = tl.load(dPs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
+        dAT = tl.load(dAs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
+        dK += tl.exp(tl.minimum(G_s[None, :] - Ga, 0.0)) * mma_acc(dAT, bkp, mma(dPT, qp, PREC), PREC)
+    # the diagonal block, a key row j at a time: exp(G_i - G_j) directly (pairs i < j meet dA = dP = 0; their
+    # differences clamped to 0, so that nothing overflows)
+    for j in range(BC):
+        t_j = t0 + a * BC + j + 0 * rk
+        k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk & (t_j < T), other=0.0)
+        G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
+        e = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0))
+        dPcol = tl.load(dPs + row_a * C + a * BC + j, mask=m_a, other=0.0)
+        dAcol = tl.load(dAs + row_a * C + a * BC + j, mask=m_a, other=0.0)
+        ek = e * k_j.to(tl.float32)[None, :]
+        dQ += dPcol[:, None] * ek
+        dBK += dAcol[:, None] * ek
+        dK_j = tl.sum((dPcol[:, None] * qa + dAcol[:, None] * bka) * e, axis=0)
+        dK = tl.where(rc[:, None] == j, dK + dK_j[None, :], dK)
+    off = row_a[:, None] * K + rk[None, :]
+    dq_a = tl.load(dqp + off, mask=mak, other=0.0) + dQ
+    dk_a = tl.load(dkp + off, mask=mak, other=0.0) + ba * dBK + dK
+    db_a = tl.load(dbp + off, mask=mak, other=0.0) + ka * dBK
+    dG_a = tl.load(dGp + off, mask=mak, other=0.0) + bka * dBK + qa * dQ - ka * dK
+    tl.store(dq + off, dq_a.to(dq.dtype.element_ty), mask=mak)
+    tl.store(dk + off, dk_a.to(dk.dtype.element_ty), mask=mak)
+    tl.store(db + off, db_a, mask=mak)
+    tl.store(dg + off, dG_a, mask=mak)
+
+
+@triton.jit
+def dg_kernel(
+    dg, dGC, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr,
+):  # fmt: skip
+    """One program per (K block, chunk, batch*head): dg from dG in place. G is a per-channel cumulative sum of g
+    within the chunk, so ``dg_t = sum_{i >= t} dG_i + dG_C``: a reverse cumulative sum over the chunk's rows (rows
+    past T zero)."""
+    i_k = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t = i_n * C + tl.arange(0, C)
+    mt = t < T
+    row = (i_b * T + t).to(tl.int64) * H + i_h
+    rk = i_k * BK + tl.arange(0, BK)
+    mk = rk < K
+    mtk = mt[:, None] & mk[None, :]
+    dG = tl.load(dg + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+    dG_C = tl.load(dGC + ((i_b * NT + i_n).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
+    total = tl.sum(dG, axis=0)
+    tl.store(dg + row[:, None] * K + rk[None, :], dG_C[None, :] + total[None, :] - tl.cumsum(dG, axis=0) + dG, mask=mtk)
 
 
 def chunk_gdn2_bwd(
@@ -380,9 +398,10 @@ def chunk_gdn2_bwd(
     )  # fmt: skip
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     db, dg = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
-    pair_bwd_kernel[(NT, B * H)](
-        q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dGC, dq, dk, db, dg, T, Tp, NT,
+    pair_bwd_kernel[(CHUNK // SUB, NT, B * H)](
+        q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg, T, Tp,
         H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
         num_warps=BWD_LAUNCH["pair_warps"], num_stages=1,
     )  # fmt: skip
+    dg_kernel[(triton.cdiv(K, 32), NT, B * H)](dg, dGC, T, NT, H=H, K=K, BK=32, C=CHUNK, num_warps=4)
     return dq, dk, dv, dg, db, dw, dh0

@@ -11,24 +11,23 @@ __all__ = ["CHUNK", "LAUNCH", "SUB", "rows_of", "tile_of"]
 
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
-# Fixed launch configs (no autotuning). scores: a program per 16-row block (the diagonal block key row by key row, or
-# with scores_pairs every pair at once, scores_pair_cols channels a step; the blocks left of it scores_far_cols
-# channels a step); inverse: 1 warp, as GDN's inverse kernel at its tuned head size (kernels/gdn/triton/wy.py); apply:
-# GDN's apply kernel's (128-column blocks, 4 warps); walk: GDN's gated walk config (64-column V blocks at 8 warps, 16
-# columns at 4 warps when V is under 64: 32-column blocks faulted in GDN's walk on the H200,
-# kernels/gdn/triton/state.py); walk_decayed: the walk reads exp(G) q and exp(G_C - G) k made by the apply kernel (not
-# G's two [C, K] fp32 tiles and their exponentials every chunk). The scores and the inverse were one kernel until
-# 2026-12-05: 2.17 of the forward's 3.04 ms at gdn2 8x4096x6 on the H200, 255 registers and 992 stack bytes.
+# Fixed launch configs (no autotuning), the best of each setting varied alone on the H200 (2026-12-05,
+# benchmarks/gpu/gdn2_triton.py --sweep [--bwd]). scores: a program per 16-row block at 2 warps (the diagonal block
+# key row by key row, its columns stored as made; the blocks left of it 32 channels a step: a whole head's tiles
+# spilled); inverse: 1 warp, as GDN's inverse kernel; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk:
+# 64-column V blocks at 4 warps (16 columns when V is under 64: 32-column blocks faulted in GDN's walk on the H200,
+# kernels/gdn/triton/state.py), reading exp(G) q and exp(G_C - G) k made by the apply kernel (walk_decayed; not G's
+# two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2 8x4096x6). The scores and the
+# inverse were one kernel until 2026-12-05: 2.17 of the forward's 3.04 ms there, 255 registers and 992 stack bytes;
+# every pair of the diagonal block at once ([16, 16, 32] tiles) was 2.04 against 1.50 ms.
 LAUNCH = {
-    "scores_warps": 4,
-    "scores_pairs": False,
-    "scores_pair_cols": 32,
-    "scores_far_cols": 64,
+    "scores_warps": 2,
+    "scores_far_cols": 32,
     "inverse_warps": 1,
     "apply_cols": 128,
     "apply_warps": 4,
     "walk_block_v": 64,
-    "walk_warps": 8,
+    "walk_warps": 4,
     "walk_decayed": True,
 }
 

@@ -53,6 +53,7 @@ SWEEP = {
 
 
 SWEEP_BWD = {
+    "state_warps": [4],
     "local_block_k": [16, 64],
     "local_block_v": [32, 128],
     "local_warps": [8],

@@ -28,9 +28,9 @@ inverse in fp32 (IEEE for fp32 inputs, tf32 for 16-bit ones), W and U stored in 
 every launch config is fixed.
 
 Backward: when a gradient is wanted the entries run through :class:`ChunkGDN2Function`, whose forward also stores
-the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P and W; its backward is
-:mod:`.chunk_bwd`'s four launches (a reverse state walk, two per-chunk gradient kernels, then dg's sums), all
-Triton, with the same bounded decay ratios. Without a gradient nothing is stored.
+the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P, W and the decayed q and
+k; its backward is :mod:`.chunk_bwd`'s four launches (a reverse state walk, two per-chunk gradient kernels, then
+dg's sums), all Triton, with the same bounded decay ratios. Without a gradient nothing is stored.
 """
 
 from __future__ import annotations
@@ -322,9 +322,9 @@ def chunk_gdn2_fwd(
     keep: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
-    ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new)``: h
-    ``[B, NT, H, K, V]`` the state at each chunk's start and v_new ``[B, T, H, V]``, both in the inputs' dtype
-    (None without `keep`).
+    ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new, Qd,
+    Kd)``: h ``[B, NT, H, K, V]`` the state at each chunk's start, v_new ``[B, T, H, V]``, both in the inputs'
+    dtype, and the walk's decayed q and k (q and k themselves without walk_decayed; None without `keep`).
 
     Args:
         q, k, v, g: contiguous, q/k/v of one dtype.
@@ -374,7 +374,7 @@ def chunk_gdn2_fwd(
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
         DECAYED=decayed, num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
-    return o, ht, ((G, L, Pm, Wm, h, vn) if keep else None)
+    return o, ht, ((G, L, Pm, Wm, h, vn, Qd, Kd) if keep else None)
 
 
 def _canonical(x: torch.Tensor) -> torch.Tensor:
@@ -384,9 +384,9 @@ def _canonical(x: torch.Tensor) -> torch.Tensor:
 
 
 class ChunkGDN2Function(torch.autograd.Function):
-    """autograd wrapper of the Triton forward and backward: keeps the forward's G, L, P, W, per-chunk states and
-    v_new; the backward (chunk_bwd.py) recomputes nothing else. b and w may be stride-0 views (KDA's beta): their
-    gradients come back full-shaped and autograd sums them through the expand."""
+    """autograd wrapper of the Triton forward and backward: keeps the forward's G, L, P, W, per-chunk states, v_new and
+    decayed q and k; the backward (chunk_bwd.py) recomputes nothing else. b and w may be stride-0 views (KDA's
+    beta): their gradients come back full-shaped and autograd sums them through the expand."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]

@@ -47,11 +47,12 @@ from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
-# Fixed launch configs: the reverse walk takes the forward walk's; the local kernel loops over V in 64-column blocks
-# and over K in 32-column blocks at 4 warps (6.15 against 5.70 ms for the whole fwd+bwd at gdn2 8x4096x6 with 8 warps
-# on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248 registers on sm_90; the whole K in one pass spilled
-# 1472 stack bytes at 8); the pair kernel a program per 16-row block at 4 warps.
-BWD_LAUNCH = {"local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 4}
+# Fixed launch configs: the reverse walk takes the forward walk's V blocks at 8 warps (4 spilled 56 stack bytes); the
+# local kernel loops over V in 64-column blocks and over K in 32-column blocks at 4 warps (6.15 against 5.70 ms for
+# the whole fwd+bwd at gdn2 8x4096x6 with 8 warps on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248
+# registers on sm_90; the whole K in one pass spilled 1472 stack bytes at 8); the pair kernel a program per 16-row
+# block at 4 warps.
+BWD_LAUNCH = {"state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 4}
 
 
 @triton.jit
@@ -71,11 +72,12 @@ def state_bwd_kernel(
     q, k, Wm, G, Pm, do, dht, dh, dvn, dh0,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr, DECAYED: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head), the chunks in reverse, dH [BK, BV] (fp32) in registers: stores dH
     before each chunk's step (the gradient w.r.t. the state at the chunk's end, in the inputs' dtype) and the
-    chunk's dv_new; dS_0 (fp32) at the end. P^T, q^T and W^T are read transposed from memory."""
+    chunk's dv_new; dS_0 (fp32) at the end. P^T, q^T and W^T are read transposed from memory. DECAYED: q and k
+    are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walk's), read as they are."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -101,20 +103,24 @@ def state_bwd_kernel(
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         mkt = mk[:, None] & mt[None, :]
-        Gc = _gtile(G, grow, rk, K)
-        GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
         G_last = _grow(G, (i_b * Tp + n * C + C - 1) * H + i_h, rk, K)
-        kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        kd = (kc * tl.exp(tl.minimum(G_last[None, :] - Gc, 0.0))).to(dt)
-        qT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
-        qdT = (qT * tl.exp(GT) * scale).to(dt)
+        if DECAYED:
+            kd = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+            qdT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
+        else:
+            Gc = _gtile(G, grow, rk, K)
+            GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
+            kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+            kd = (kc * tl.exp(tl.minimum(G_last[None, :] - Gc, 0.0))).to(dt)
+            qT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
+            qdT = (qT * tl.exp(GT)).to(dt)
         wT = tl.load(Wm + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         # P^T[a, b] = P[b, a]: row b of P (token b's row of C) read down its column a, a <= b
         PT = tl.load(Pm + row[None, :] * C + rc[:, None], mask=mt[None, :] & anticausal, other=0.0)
         doc = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         dvn_c = mma_acc(kd, dH.to(dt), mma((PT * scale).to(dt), doc, PREC), PREC)
         tl.store(dvn + row[:, None] * V + rv[None, :], dvn_c.to(dt), mask=mtv)
-        dH = mma_acc(qdT, doc, dH * tl.exp(G_last)[:, None], PREC)
+        dH = dH * tl.exp(G_last)[:, None] + mma(qdT, doc, PREC) * scale
         # - W^T dv_new, negated before the rounding (the interpreter cannot negate 16-bit floats)
         dH = mma_acc(wT, (-dvn_c).to(dt), dH, PREC)
     tl.store(dh0 + state_off, dH, mask=mkv)
@@ -363,11 +369,11 @@ def chunk_gdn2_bwd(
 
     Args:
         q, k, v, b, w, scale: the forward's (b and w with its strides: contiguous, or stride-0 views).
-        saved: the forward's ``(G, L, P, W, h, v_new)`` (:func:`.chunk.chunk_gdn2_fwd` with ``keep=True``).
+        saved: the forward's ``(G, L, P, W, h, v_new, Qd, Kd)`` (:func:`.chunk.chunk_gdn2_fwd` with ``keep=True``).
         do: the output's gradient, contiguous ``[B, T, H, V]`` in v's dtype.
         dht: the final state's gradient, ``[B, H, K, V]`` fp32 contiguous, or None.
     """
-    G, L, Pm, Wm, h, vn = saved
+    G, L, Pm, Wm, h, vn, Qd, Kd = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -380,9 +386,9 @@ def chunk_gdn2_bwd(
     dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, k, Wm, G, Pm, do, dht, dh, dvn, dh0, scale, T, Tp, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec,
-        num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
+        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, scale, T, Tp, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, DECAYED=Qd is not q,
+        num_warps=BWD_LAUNCH["state_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     f32 = {"dtype": torch.float32, "device": q.device}
     dqp, dkp, dbp, dGp = (torch.empty(B, T, H, K, **f32) for _ in range(4))

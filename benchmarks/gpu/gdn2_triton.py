@@ -42,7 +42,7 @@ from deltabench.references import gdn2 as ref_gdn2
 from deltabench.references import kda as ref_kda
 
 SWEEP = {
-    "scores_warps": [1, 4],
+    "scores_warps": [2],
     "scores_far_cols": [16, 64],
     "inverse_warps": [2],
     "apply_cols": [64],
@@ -57,7 +57,7 @@ SWEEP_BWD = {
     "local_block_k": [16, 64],
     "local_block_v": [32, 128],
     "local_warps": [8],
-    "pair_warps": [2, 8],
+    "pair_warps": [4],
 }
 
 

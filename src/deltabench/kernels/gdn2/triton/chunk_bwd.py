@@ -52,7 +52,7 @@ __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 # the whole fwd+bwd at gdn2 8x4096x6 with 8 warps on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248
 # registers on sm_90; the whole K in one pass spilled 1472 stack bytes at 8); the pair kernel a program per 16-row
 # block at 4 warps.
-BWD_LAUNCH = {"state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 4}
+BWD_LAUNCH = {"state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 2}
 
 
 @triton.jit

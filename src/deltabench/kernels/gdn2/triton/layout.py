@@ -12,16 +12,18 @@ __all__ = ["CHUNK", "LAUNCH", "SUB", "rows_of", "tile_of"]
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
 # Fixed launch configs (no autotuning), the best of each setting varied alone on the H200 (2026-12-05,
-# benchmarks/gpu/gdn2_triton.py --sweep [--bwd]). scores: a program per 16-row block at 2 warps (the diagonal block
-# key row by key row, its columns stored as made; the blocks left of it 32 channels a step: a whole head's tiles
-# spilled); inverse: 1 warp, as GDN's inverse kernel; apply: GDN's apply kernel's (128-column blocks, 4 warps); walk:
-# 64-column V blocks at 4 warps (16 columns when V is under 64: 32-column blocks faulted in GDN's walk on the H200,
-# kernels/gdn/triton/state.py), reading exp(G) q and exp(G_C - G) k made by the apply kernel (walk_decayed; not G's
-# two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2 8x4096x6). The scores and the
-# inverse were one kernel until 2026-12-05: 2.17 of the forward's 3.04 ms there, 255 registers and 992 stack bytes;
-# every pair of the diagonal block at once ([16, 16, 32] tiles) was 2.04 against 1.50 ms.
+# benchmarks/gpu/gdn2_triton.py --sweep [--bwd]). scores: a program per 16-row block at 1 warp (2.85 / 1.17 / 2.95 ms
+# against 3.06 / 1.38 / 3.46 at 2 for gdn2 4x8192x16, kda 8x4096x6 and 4x8192x16, 1.19 against 1.17 at gdn2 8x4096x6)
+# (the diagonal block key row by key row, its columns stored as made; the blocks left of it 32 channels a step: a
+# whole head's tiles spilled); inverse: 1 warp, as GDN's inverse kernel; apply: GDN's apply kernel's (128-column
+# blocks, 4 warps); walk: 64-column V blocks at 4 warps (16 columns when V is under 64: 32-column blocks faulted in
+# GDN's walk on the H200, kernels/gdn/triton/state.py), reading exp(G) q and exp(G_C - G) k made by the apply kernel
+# (walk_decayed; not G's two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2
+# 8x4096x6). The scores and the inverse were one kernel until 2026-12-05: 2.17 of the forward's 3.04 ms there, 255
+# registers and 992 stack bytes; every pair of the diagonal block at once ([16, 16, 32] tiles) was 2.04 against 1.50
+# ms.
 LAUNCH = {
-    "scores_warps": 2,
+    "scores_warps": 1,
     "scores_far_cols": 32,
     "inverse_warps": 1,
     "apply_cols": 128,

@@ -44,7 +44,7 @@ from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
 from ...common.varlen import run_packed
 from .chunk_bwd import chunk_gdn2_bwd
-from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of
 
 __all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton_chunk"]
 
@@ -121,12 +121,7 @@ def scores_kernel(
     """One program per (row block, chunk, batch*head): the row block's blocks of A (into Am) and of P (into Pm),
     the diagonal one (:func:`_near_block`) and those left of it (:func:`_far_block`); one row of C a token, the
     blocks above the diagonal unwritten."""
-    i_a = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    t0 = i_n * C
+    i_a, t0, i_b, i_h = grid_place(H, C)
     row_a, _, m_a = rows_of(t0, i_a, T, i_b, i_h, H, Tp, BC)
     _near_block(q, k, b, G, Am, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
     for c in range(0, i_a):
@@ -227,12 +222,7 @@ def apply_kernel(
     """One program per (column block, chunk, batch*head): the first NK programs on axis 0 write a BNK-column block
     of W = L (b * exp(G) * k) (and with DECAYED the walk's decayed q and k, :func:`_decayed_side`), the others a
     BNV-column block of U = L (w * v)."""
-    i_c = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    t0 = i_n * C
+    i_c, t0, i_b, i_h = grid_place(H, C)
     if i_c < NK:
         _apply_side(L, k, b, G, Wm, T, Tp, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, SB, SBK, PREC)
         if DECAYED:

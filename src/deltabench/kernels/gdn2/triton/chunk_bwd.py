@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
-from .layout import CHUNK, LAUNCH, SUB, rows_of, tile_of
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
@@ -257,12 +257,7 @@ def pair_bwd_kernel(
     """One program per (16-row block, chunk, batch*head): the pairwise scores' terms of the block's dq, dk, db and
     dG, added to the local kernel's partials; dq, dk, db stored, and dG (fp32) into `dg`, which
     :func:`dg_kernel` turns into dg."""
-    a = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_bh = tl.program_id(2)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    t0 = i_n * C
+    a, t0, i_b, i_h = grid_place(H, C)
     rk = tl.arange(0, BK)
     rc = tl.arange(0, BC)
     mk = rk < K

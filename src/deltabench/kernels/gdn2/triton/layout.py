@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["CHUNK", "LAUNCH", "SUB", "rows_of", "tile_of"]
+__all__ = ["CHUNK", "LAUNCH", "SUB", "grid_place", "rows_of", "tile_of"]
 
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
@@ -32,6 +32,13 @@ LAUNCH = {
     "walk_warps": 4,
     "walk_decayed": True,
 }
+
+
+@triton.jit
+def grid_place(H: tl.constexpr, C: tl.constexpr):
+    """A program's place on a (block, chunk, batch*head) grid: ``(block, chunk's first token, batch, head)``."""
+    i_bh = tl.program_id(2)
+    return tl.program_id(0), tl.program_id(1) * C, i_bh // H, i_bh % H
 
 
 @triton.jit

@@ -122,15 +122,6 @@ def test_gradients_with_the_local_kernels_v_loop_in_several_blocks(monkeypatch: 
     _check("gdn2", x, seed=10)
 
 
-def test_gradients_with_the_walks_making_their_decayed_operands(monkeypatch: pytest.MonkeyPatch) -> None:
-    """walk_decayed off: the forward walk and the reverse walk make exp(G) q and exp(G_C - G) k themselves."""
-    from deltabench.kernels.gdn2.triton.layout import LAUNCH
-
-    monkeypatch.setitem(LAUNCH, "walk_decayed", False)
-    x = gdn2.make_inputs(1, 70, 3, 24, 40, seed=12, regime="strong", initial_state=True)
-    _check("gdn2", x, seed=13)
-
-
 @pytest.mark.parametrize("op,term", [("gdn2", "o"), ("kda", "o"), ("gdn2", "final_state")])
 def test_gradients_from_one_output(op: str, term: str) -> None:
     """A loss of one output alone: autograd passes None for the other's gradient (the reverse walk then starts

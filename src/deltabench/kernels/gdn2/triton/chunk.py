@@ -217,31 +217,30 @@ def apply_kernel(
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BNK: tl.constexpr, BNV: tl.constexpr, NK: tl.constexpr,
     C: tl.constexpr, SB: tl.constexpr, SBK: tl.constexpr, SW: tl.constexpr, SWV: tl.constexpr, PREC: tl.constexpr,
-    DECAYED: tl.constexpr,
 ):  # fmt: skip
     """One program per (column block, chunk, batch*head): the first NK programs on axis 0 write a BNK-column block
-    of W = L (b * exp(G) * k) (and with DECAYED the walk's decayed q and k, :func:`_decayed_side`), the others a
-    BNV-column block of U = L (w * v)."""
+    of W = L (b * exp(G) * k) and of the walks' decayed q and k (:func:`_decayed_side`), the others a BNV-column
+    block of U = L (w * v)."""
     i_c, t0, i_b, i_h = grid_place(H, C)
     if i_c < NK:
         _apply_side(L, k, b, G, Wm, T, Tp, i_b, i_h, t0, i_c * BNK, True, H, K, BNK, C, SB, SBK, PREC)
-        if DECAYED:
-            _decayed_side(q, k, G, Qd, Kd, T, Tp, i_b, i_h, t0, i_c * BNK, H, K, BNK, C)
+        _decayed_side(q, k, G, Qd, Kd, T, Tp, i_b, i_h, t0, i_c * BNK, H, K, BNK, C)
     else:
         _apply_side(L, v, w, G, Um, T, Tp, i_b, i_h, t0, (i_c - NK) * BNV, False, H, V, BNV, C, SW, SWV, PREC)
 
 
 @triton.jit
 def walk_kernel(
-    q, k, Wm, Um, G, Pm, h0, o, ht, h, vn,
+    qd, kd, Wm, Um, G, Pm, h0, o, ht, h, vn,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False, DECAYED: tl.constexpr = False,
+    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head): the chunks in order, the state [BK, BV] (fp32) in registers; each
     chunk's v_new, output and next state, the final state stored at the end. STORE_STATES (for the backward): the
     state at each chunk's start into h ``[B, NT, H, K, V]`` and v_new into vn ``[B, T, H, V]``, in the inputs'
-    dtype. DECAYED: q and k are the apply kernel's ``exp(G) * q`` and ``exp(G_C - G) * k``, read as they are."""
+    dtype. qd and kd are the apply kernel's ``exp(G) * q`` and ``exp(G_C - G) * k`` (made once a chunk there, not in
+    each V block's program here)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -252,7 +251,7 @@ def walk_kernel(
     mk = rk < K
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
-    dt = q.dtype.element_ty
+    dt = qd.dtype.element_ty
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
@@ -260,21 +259,13 @@ def walk_kernel(
         S = tl.zeros([BK, BV], dtype=tl.float32)
     causal = rc[:, None] >= rc[None, :]
     for n in range(NT):
-        row, grow, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
+        row, _, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         mkt = mk[:, None] & mt[None, :]
         G_last = tl.load(G + ((i_b * Tp + n * C + C - 1).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
-        if DECAYED:
-            qd = tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-            kdT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
-        else:
-            # the padded G has whole chunks: its rows past T are valid (G constant there)
-            Gc = tl.load(G + grow[:, None] * K + rk[None, :], mask=mk[None, :], other=0.0)
-            GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
-            qd = (tl.load(q + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32) * tl.exp(Gc)).to(dt)
-            kT = tl.load(k + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
-            kdT = (kT * tl.exp(tl.minimum(G_last[:, None] - GT, 0.0))).to(dt)
+        qdc = tl.load(qd + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        kdT = tl.load(kd + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         wc = tl.load(Wm + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
         uc = tl.load(Um + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
         Pc = tl.load(Pm + row[:, None] * C + rc[None, :], mask=mt[:, None] & causal, other=0.0)
@@ -284,7 +275,7 @@ def walk_kernel(
             h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
             tl.store(h + h_off + rk[:, None] * V + rv[None, :], Sd, mask=mkv)
             tl.store(vn + row[:, None] * V + rv[None, :], vnd, mask=mtv)
-        oc = mma_acc(Pc.to(dt), vnd, mma(qd, Sd, PREC), PREC)
+        oc = mma_acc(Pc.to(dt), vnd, mma(qdc, Sd, PREC), PREC)
         tl.store(o + row[:, None] * V + rv[None, :], (oc * scale).to(o.dtype.element_ty), mask=mtv)
         S = mma_acc(kdT, vnd, S * tl.exp(G_last)[:, None], PREC)
     tl.store(ht + state_off, S, mask=mkv)
@@ -314,7 +305,7 @@ def chunk_gdn2_fwd(
     """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
     ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new, Qd,
     Kd)``: h ``[B, NT, H, K, V]`` the state at each chunk's start, v_new ``[B, T, H, V]``, both in the inputs'
-    dtype, and the walk's decayed q and k (q and k themselves without walk_decayed; None without `keep`).
+    dtype, and the walks' decayed q and k (None without `keep`).
 
     Args:
         q, k, v, g: contiguous, q/k/v of one dtype.
@@ -347,12 +338,11 @@ def chunk_gdn2_fwd(
     Um = torch.empty_like(v)
     bnk, bnv = min(LAUNCH["apply_cols"], BK), min(LAUNCH["apply_cols"], padded(V))
     nk = triton.cdiv(K, bnk)
-    decayed = LAUNCH["walk_decayed"]
-    Qd, Kd = (torch.empty_like(q), torch.empty_like(k)) if decayed else (q, k)
+    Qd, Kd = torch.empty_like(q), torch.empty_like(k)
     apply_kernel[(nk + triton.cdiv(V, bnv), NT, B * H)](
         q, k, v, b, w, G, L, Wm, Um, Qd, Kd, T, Tp,
         H=H, K=K, V=V, BNK=bnk, BNV=bnv, NK=nk, C=CHUNK, SB=sb[0], SBK=sb[1], SW=sw[0], SWV=sw[1], PREC=prec,
-        DECAYED=decayed, num_warps=LAUNCH["apply_warps"], num_stages=1,
+        num_warps=LAUNCH["apply_warps"], num_stages=1,
     )  # fmt: skip
     o = torch.empty_like(v)
     ht = q.new_empty(B, H, K, V, dtype=torch.float32)
@@ -362,7 +352,7 @@ def chunk_gdn2_fwd(
     walk_kernel[(triton.cdiv(V, BV), B * H)](
         Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
-        DECAYED=decayed, num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
+        num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     return o, ht, ((G, L, Pm, Wm, h, vn, Qd, Kd) if keep else None)
 

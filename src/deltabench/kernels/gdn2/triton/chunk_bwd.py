@@ -69,15 +69,15 @@ def _grow(G, r, rk, K: tl.constexpr):
 
 @triton.jit
 def state_bwd_kernel(
-    q, k, Wm, G, Pm, do, dht, dh, dvn, dh0,
+    qd, kd, Wm, G, Pm, do, dht, dh, dvn, dh0,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_DHT: tl.constexpr, PREC: tl.constexpr, DECAYED: tl.constexpr = False,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """One program per (V block, batch*head), the chunks in reverse, dH [BK, BV] (fp32) in registers: stores dH
     before each chunk's step (the gradient w.r.t. the state at the chunk's end, in the inputs' dtype) and the
-    chunk's dv_new; dS_0 (fp32) at the end. P^T, q^T and W^T are read transposed from memory. DECAYED: q and k
-    are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walk's), read as they are."""
+    chunk's dv_new; dS_0 (fp32) at the end. P^T, qd^T and W^T are read transposed from memory; qd and kd
+    are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walks')."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -88,7 +88,7 @@ def state_bwd_kernel(
     mk = rk < K
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
-    dt = q.dtype.element_ty
+    dt = qd.dtype.element_ty
     state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if HAS_DHT:
         dH = tl.load(dht + state_off, mask=mkv, other=0.0).to(tl.float32)
@@ -97,28 +97,20 @@ def state_bwd_kernel(
     anticausal = rc[:, None] <= rc[None, :]
     for i in range(NT):
         n = NT - 1 - i
-        row, grow, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
+        row, _, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
         mkt = mk[:, None] & mt[None, :]
         G_last = _grow(G, (i_b * Tp + n * C + C - 1) * H + i_h, rk, K)
-        if DECAYED:
-            kd = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
-            qdT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
-        else:
-            Gc = _gtile(G, grow, rk, K)
-            GT = tl.load(G + grow[None, :] * K + rk[:, None], mask=mk[:, None], other=0.0)
-            kc = tl.load(k + row[:, None] * K + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-            kd = (kc * tl.exp(tl.minimum(G_last[None, :] - Gc, 0.0))).to(dt)
-            qT = tl.load(q + row[None, :] * K + rk[:, None], mask=mkt, other=0.0).to(tl.float32)
-            qdT = (qT * tl.exp(GT)).to(dt)
+        kdc = tl.load(kd + row[:, None] * K + rk[None, :], mask=mtk, other=0.0)
+        qdT = tl.load(qd + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         wT = tl.load(Wm + row[None, :] * K + rk[:, None], mask=mkt, other=0.0)
         # P^T[a, b] = P[b, a]: row b of P (token b's row of C) read down its column a, a <= b
         PT = tl.load(Pm + row[None, :] * C + rc[:, None], mask=mt[None, :] & anticausal, other=0.0)
         doc = tl.load(do + row[:, None] * V + rv[None, :], mask=mtv, other=0.0)
-        dvn_c = mma_acc(kd, dH.to(dt), mma((PT * scale).to(dt), doc, PREC), PREC)
+        dvn_c = mma_acc(kdc, dH.to(dt), mma((PT * scale).to(dt), doc, PREC), PREC)
         tl.store(dvn + row[:, None] * V + rv[None, :], dvn_c.to(dt), mask=mtv)
         dH = dH * tl.exp(G_last)[:, None] + mma(qdT, doc, PREC) * scale
         # - W^T dv_new, negated before the rounding (the interpreter cannot negate 16-bit floats)
@@ -382,7 +374,7 @@ def chunk_gdn2_bwd(
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, scale, T, Tp, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, DECAYED=Qd is not q,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec,
         num_warps=BWD_LAUNCH["state_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     f32 = {"dtype": torch.float32, "device": q.device}

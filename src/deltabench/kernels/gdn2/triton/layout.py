@@ -18,7 +18,7 @@ SUB = 16  # row block of the scores and of the blockwise inverse
 # whole head's tiles spilled); inverse: 1 warp, as GDN's inverse kernel; apply: GDN's apply kernel's (128-column
 # blocks, 4 warps); walk: 64-column V blocks at 4 warps (16 columns when V is under 64: 32-column blocks faulted in
 # GDN's walk on the H200, kernels/gdn/triton/state.py), reading exp(G) q and exp(G_C - G) k made by the apply kernel
-# (walk_decayed; not G's two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2
+# (not G's two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2
 # 8x4096x6). The scores and the inverse were one kernel until 2026-12-05: 2.17 of the forward's 3.04 ms there, 255
 # registers and 992 stack bytes; every pair of the diagonal block at once ([16, 16, 32] tiles) was 2.04 against 1.50
 # ms.
@@ -30,7 +30,6 @@ LAUNCH = {
     "apply_warps": 4,
     "walk_block_v": 64,
     "walk_warps": 4,
-    "walk_decayed": True,
 }
 
 

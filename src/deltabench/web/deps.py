@@ -1,9 +1,10 @@
 """Dependencies of the routes: the settings, a database session per request, and access checks.
 
-``SessionDep`` opens one session per request and commits when the route returns. ``WriteTokenDep`` demands a
-live bearer token (401 without one, 403 for an unknown or revoked one); ``ReadAccessDep`` does the same only
-when the app is configured to require tokens for reads. Browsers (the pages) may carry the token in the
-``deltabench_token`` cookie or a form field instead of the header.
+``SessionDep`` opens one session per request and commits when the route returns, before the response is sent: a
+client that reads right after a write (a browser following a form's redirect, a script after a 201) sees it.
+``WriteTokenDep`` demands a live bearer token (401 without one, 403 for an unknown or revoked one);
+``ReadAccessDep`` does the same only when the app is configured to require tokens for reads. Browsers (the
+pages) may carry the token in the ``deltabench_token`` cookie or a form field instead of the header.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the commit runs before the response goes out. FastAPI's default ("request") commits after it
+# is sent, so a redirect could be followed, or a 201 acted on, before the write is visible.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def check_token(session: Session, token: str | None) -> ApiToken:

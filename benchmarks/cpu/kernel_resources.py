@@ -1,10 +1,12 @@
-"""Registers and spills of deltabench's Triton GDN kernels for a Hopper GPU, computed on a machine without one.
+"""Registers and spills of deltabench's Triton kernels (GDN, GDN-2, KDA) for a Hopper GPU, computed on a machine
+without one.
 
 Spills are what the H200 sweeps blamed for the gap to FLA at large shapes (benchmarks/NOTES.md: wy_fwd, state_bwd
 and local_bwd at 255 registers with spills). This script gives that figure in seconds, without device time:
 
 1. it runs a Triton impl's Python entry (forward and backward) on CPU tensors of the requested shape with every
-   ``@triton.jit`` kernel of kernels/gdn/triton/ replaced by a recorder, so each launch's arguments,
+   ``@triton.jit`` kernel of its op's kernel modules (kernels/gdn/triton/, kernels/gdn2/triton/) replaced by a
+   recorder, so each launch's arguments,
    constexprs, warps and stages are exactly the launcher's choice for that shape (nothing is computed);
 2. it compiles each distinct launch for the target (``sm_90a`` by default) with Triton's own compiler (and so
    its ptxas), and reads the cubin's registers per thread and stack frame bytes (where these kernels' spills go)
@@ -18,8 +20,12 @@ check on this one.
 
 Usage::
 
-    python benchmarks/cpu/kernel_resources.py [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16]
-        [--seqlens 17,64,1,218] [--impl triton_chunk] [--arch 90] [--cuobjdump PATH]
+    python benchmarks/cpu/kernel_resources.py [--op gdn] [--shape B=8,T=4096,H=6,K=128,V=128] [--dtype bf16]
+        [--seqlens 17,64,1,218] [--impl triton_chunk] [--launch pair_block_k=32 ...] [--arch 90]
+        [--cuobjdump PATH]
+
+``--launch KEY=VALUE`` sets one entry of the op's fixed launch tables (GDN-2 / KDA: ``LAUNCH`` and ``BWD_LAUNCH``)
+for the run, to read a candidate config's registers before a GPU sweep times it.
 """
 
 from __future__ import annotations
@@ -42,9 +48,19 @@ from triton.compiler import ASTSource, make_backend
 from deltabench.harness.cases import parse_shape, torch_dtype
 from deltabench.harness.errors import BadInput
 from deltabench.kernels.gdn.triton import chunk, chunk_split, local_bwd, output, state, walk, wy
+from deltabench.kernels.gdn2.triton import chunk as gdn2_chunk
+from deltabench.kernels.gdn2.triton import chunk_bwd as gdn2_chunk_bwd
 
-KERNEL_MODULES = (wy, state, walk, output, local_bwd)
-ENTRIES = {"triton_chunk": chunk.gdn_triton_chunk, "triton_chunk_split": chunk_split.gdn_triton_chunk_split}
+# Per op: its Triton kernel modules, its entries by impl name, the launch tables `--launch` may set
+KERNEL_MODULES = {"gdn": (wy, state, walk, output, local_bwd), "gdn2": (gdn2_chunk, gdn2_chunk_bwd)}
+KERNEL_MODULES["kda"] = KERNEL_MODULES["gdn2"]
+ENTRIES = {
+    "gdn": {"triton_chunk": chunk.gdn_triton_chunk, "triton_chunk_split": chunk_split.gdn_triton_chunk_split},
+    "gdn2": {"triton_chunk": gdn2_chunk.gdn2_triton_chunk},
+    "kda": {"triton_chunk": gdn2_chunk.kda_triton_chunk},
+}
+LAUNCH_TABLES = {"gdn": (), "gdn2": (gdn2_chunk.LAUNCH, gdn2_chunk_bwd.BWD_LAUNCH)}
+LAUNCH_TABLES["kda"] = LAUNCH_TABLES["gdn2"]
 POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 # The most dynamic shared memory one block may take (bytes): a launch over it fails with OutOfResources on the GPU.
@@ -61,31 +77,45 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.fn, args, kwargs))
 
 
+def _leaves(op: str, shape: dict[str, int], dtype: torch.dtype, rows: int, h0: bool) -> dict[str, torch.Tensor]:
+    """The op's inputs at `shape` as leaves wanting gradients (an initial state of `rows` rows with `h0`)."""
+    B, T, H, K, V = (shape[d] for d in "BTHKV")
+    if op == "gdn":
+        x = {"q": torch.randn(B, T, H, K, dtype=dtype), "k": torch.randn(B, T, H, K, dtype=dtype)}
+        x |= {"v": torch.randn(B, T, H, V, dtype=dtype), "g": -torch.rand(B, T, H)}
+        x["beta"] = torch.rand(B, T, H, dtype=dtype)
+    else:
+        from deltabench.references import gdn2, kda
+
+        x = (gdn2 if op == "gdn2" else kda).make_inputs(B, T, H, K, V, dtype=dtype)
+        x.pop("initial_state", None)
+    if h0:
+        x["initial_state"] = torch.randn(rows, H, K, V)
+    return {n: t.requires_grad_(True) for n, t in x.items()}
+
+
 def record_launches(
-    entry: Any, shape: dict[str, int], dtype: torch.dtype, seqlens: list[int] | None = None, h0: bool = False
+    entry: Any,
+    shape: dict[str, int],
+    dtype: torch.dtype,
+    seqlens: list[int] | None = None,
+    h0: bool = False,
+    op: str = "gdn",
 ) -> list:
     """Every kernel launch of `entry`'s forward and backward at `shape` (packed as `seqlens`, whose sum is T, when
     given: the kernels' packed variants; from an initial state with `h0`), as (jit function, args, kwargs)."""
     calls: list = []
     swapped = []
-    for module in KERNEL_MODULES:
+    for module in KERNEL_MODULES[op]:
         for name, obj in vars(module).items():
             if isinstance(obj, triton.runtime.jit.JITFunction):
                 swapped.append((module, name, obj))
     for module, name, obj in swapped:
         setattr(module, name, _Recorder(obj, calls))
     try:
-        B, T, H, K, V = (shape[d] for d in "BTHKV")
-        q, k = torch.randn(B, T, H, K, dtype=dtype), torch.randn(B, T, H, K, dtype=dtype)
-        v = torch.randn(B, T, H, V, dtype=dtype)
-        g, beta = -torch.rand(B, T, H), torch.rand(B, T, H, dtype=dtype)
-        leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta)]
         cu = None if seqlens is None else torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32)
-        rows = B if seqlens is None else len(seqlens)
         extra: dict[str, Any] = {} if cu is None else {"cu_seqlens": cu}
-        if h0:
-            extra["initial_state"] = torch.randn(rows, H, K, V, requires_grad=True)
-        o, ht = entry(*leaves, **extra)
+        o, ht = entry(**_leaves(op, shape, dtype, shape["B"] if seqlens is None else len(seqlens), h0), **extra)
         (o.float().sum() + ht.sum()).backward()
     finally:
         # the compiler hashes each kernel with the helpers it calls: the real functions must be back first
@@ -147,6 +177,7 @@ def compile_launches(
     arch: int = 90,
     cuobjdump: str | None = None,
     done: dict | None = None,
+    op: str = "gdn",
 ) -> list[dict[str, Any]]:
     """Each distinct launch of `impl` at `shape` (see :func:`record_launches`) compiled for sm_`arch`: its kernel,
     constexprs, warps, stages, shared memory bytes, compile seconds, and with `cuobjdump` its registers and stack
@@ -155,11 +186,11 @@ def compile_launches(
     backend = make_backend(target)
     found, seen = [], set()
     done = {} if done is None else done
-    for fn, call_args, call_kwargs in record_launches(ENTRIES[impl], shape, dtype, seqlens, h0):
+    for fn, call_args, call_kwargs in record_launches(ENTRIES[op][impl], shape, dtype, seqlens, h0, op):
         kwargs = dict(call_kwargs)
         options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
         signature, constexprs, hints = signature_of(fn, call_args, kwargs)
-        key = (fn.__name__, repr(sorted(constexprs.items())), repr(sorted(options.items())))
+        key = (fn.__module__, fn.__name__, repr(sorted(constexprs.items())), repr(sorted(options.items())))
         if key in seen:
             continue
         seen.add(key)
@@ -186,33 +217,50 @@ def compile_launches(
 def main() -> int:
     """Record one impl's launches at a shape, compile each for the target, print a markdown table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", default="gdn", choices=sorted(ENTRIES))
     ap.add_argument("--shape", default="B=8,T=4096,H=6,K=128,V=128")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--seqlens", help="pack sequences of these lengths (sum = T), e.g. 17,64,1,218")
     ap.add_argument("--initial-state", action="store_true", help="from an initial state (the HAS_H0 variants)")
-    ap.add_argument("--impl", default="triton_chunk", choices=sorted(ENTRIES))
+    ap.add_argument("--impl", default="triton_chunk")
+    ap.add_argument("--launch", nargs="*", default=[], metavar="KEY=VALUE", help="set a launch table entry")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for Hopper")
     default_tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     ap.add_argument("--cuobjdump", default=default_tool)
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.exit(2, "kernel_resources.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)\n")
+    if args.impl not in ENTRIES[args.op]:
+        ap.exit(
+            2, f"kernel_resources.py: {args.op} has no Triton impl {args.impl!r} here: {sorted(ENTRIES[args.op])}\n"
+        )
     try:
-        shape = parse_shape(args.shape, "gdn")
+        shape = parse_shape(args.shape, args.op)
         dtype = torch_dtype(args.dtype)
     except BadInput as e:
         ap.exit(2, f"kernel_resources.py: {e}\n")
+    for item in args.launch:
+        key, _, value = item.partition("=")
+        table = next((t for t in LAUNCH_TABLES[args.op] if key in t), None)
+        if table is None or not value.isdigit():
+            ap.exit(2, f"kernel_resources.py: --launch {item!r}: not KEY=INT for a key of {args.op}'s launch tables\n")
+        table[key] = int(value)
     if not os.path.exists(args.cuobjdump):
         ap.exit(2, f"kernel_resources.py: no cuobjdump at {args.cuobjdump} (pass --cuobjdump)\n")
     seqlens = [int(n) for n in args.seqlens.split(",")] if args.seqlens else None
     if seqlens is not None and (sum(seqlens) != shape["T"] or shape["B"] != 1 or min(seqlens) < 1):
         ap.exit(2, f"kernel_resources.py: --seqlens must be >= 1 each and sum to T = {shape['T']}, with B = 1\n")
     packed = f", packed as {len(seqlens)} sequences" if seqlens else ""
-    print(f"{args.impl} at {args.shape}{packed} {args.dtype}, sm_{args.arch}, Triton {triton.__version__}")
+    launch = f", launch {' '.join(args.launch)}" if args.launch else ""
+    where = f"sm_{args.arch}, Triton {triton.__version__}"
+    print(f"{args.op} {args.impl} at {args.shape}{packed} {args.dtype}{launch}, {where}")
     print(f"shared memory limit of sm_{args.arch}: {SHARED_LIMIT.get(args.arch, 'unknown')} bytes a block")
     print("| kernel | constexprs | warps | stages | registers | stack bytes | shared bytes | compile s |")
     print("|---|---|---|---|---|---|---|---|")
-    for use in compile_launches(args.impl, shape, dtype, seqlens, args.initial_state, args.arch, args.cuobjdump):
+    found = compile_launches(
+        args.impl, shape, dtype, seqlens, args.initial_state, args.arch, args.cuobjdump, op=args.op
+    )
+    for use in found:
         print(
             f"| {use['kernel']} | {use['constexprs']} | {use['warps']} | {use['stages']} | {use['registers']} | "
             f"{use['stack']} | {use['shared']} | {use['compile_s']:.1f} |"

@@ -58,6 +58,9 @@ SWEEP_BWD = {
     "local_block_v": [32, 128],
     "local_warps": [8],
     "pair_warps": [4],
+    # the pair kernel's channels split over programs (sm_90 at K = 128, Triton 3.6: 128/2 255 registers and 960
+    # stack bytes; 64/2 255 and 64; 64/4 and 32/2 158, no stack; 32/1 255 and 48)
+    "pair_block_k,pair_warps": [(64, 2), (64, 4), (32, 1), (32, 2), (32, 4), (16, 1), (16, 2)],
 }
 
 
@@ -151,19 +154,23 @@ def say_kernels(mine, theirs, x, fla_rows: int) -> None:  # type: ignore[no-unty
 
 def sweep(table: dict, grid: dict, mine, x, reference: tuple[torch.Tensor, ...]) -> None:  # type: ignore[no-untyped-def]
     """Each setting of `grid` set alone in the launch `table` (restored after): `mine`'s outputs compared with
-    `reference` (the default's), timed when they agree within 1e-2; a setting that fails to compile is reported."""
+    `reference` (the default's), timed when they agree within 1e-2; a setting that fails to compile is reported.
+    A key naming several entries ("a,b") takes tuples of values, set together."""
     for key, values in grid.items():
+        names = key.split(",")
         for value in values:
-            old = table[key]
-            table[key] = value
+            setting = dict(zip(names, value if len(names) > 1 else (value,), strict=True))
+            old = {n: table[n] for n in names}
+            table.update(setting)
+            label = " ".join(f"{n}={v}" for n, v in setting.items())
             try:
                 err = max(rel(v, r) for v, r in zip(mine(**x), reference, strict=True))
                 ms = time_ms(mine, x) if err < 1e-2 else float("nan")
-                say(f"    sweep {key}={value}: {ms:.3f} ms (vs default {err:.1e})")
+                say(f"    sweep {label}: {ms:.3f} ms (vs default {err:.1e})")
             except Exception as exc:  # a config that fails to compile is a result
-                say(f"    sweep {key}={value}: {type(exc).__name__}: {str(exc)[:120]}")
+                say(f"    sweep {label}: {type(exc).__name__}: {str(exc)[:120]}")
             finally:
-                table[key] = old
+                table.update(old)
 
 
 def time_ms(fn, x) -> float:  # type: ignore[no-untyped-def]

@@ -46,3 +46,26 @@ def test_refuses_the_interpreter_and_a_bad_shape() -> None:
     assert run.returncode == 2 and "unset TRITON_INTERPRET" in run.stderr
     run = _run("--shape", "B=1,T=64")
     assert run.returncode == 2 and re.search(r"lacks H, K", run.stderr)
+
+
+@needs_tools
+def test_gdn2_kernels_with_a_launch_entry_set() -> None:
+    """KDA's eight launches (GDN-2's kernels), the pair kernel's channels split in two by ``--launch``."""
+    run = _run("--op", "kda", "--shape", "B=1,T=64,H=2,K=32,V=16", "--launch", "pair_block_k=16", "pair_warps=1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "launch pair_block_k=16 pair_warps=1" in run.stdout
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in run.stdout.splitlines() if "_kernel |" in line]
+    assert {r[0] for r in rows} == {
+        "scores_kernel", "inverse_kernel", "apply_kernel", "walk_kernel",
+        "state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel", "dg_kernel",
+    }  # fmt: skip
+    (pair,) = [r for r in rows if r[0] == "pair_bwd_kernel"]
+    assert "BKP=16, NKB=2" in pair[1] and pair[2] == "1"
+    assert all(1 <= int(r[4]) <= 255 for r in rows)
+
+
+def test_refuses_a_launch_entry_the_op_has_not() -> None:
+    run = _run("--op", "gdn2", "--shape", "B=1,T=64,H=2,K=32,V=16", "--launch", "pair_blocks=16")
+    assert run.returncode == 2 and "--launch 'pair_blocks=16'" in run.stderr
+    run = _run("--op", "gdn", "--shape", "B=1,T=64,H=2,K=32,V=16", "--launch", "pair_block_k=16")
+    assert run.returncode == 2 and "launch tables" in run.stderr

@@ -122,6 +122,15 @@ def test_gradients_with_the_local_kernels_v_loop_in_several_blocks(monkeypatch: 
     _check("gdn2", x, seed=10)
 
 
+@pytest.mark.parametrize("op", ["gdn2", "kda"])
+def test_gradients_with_the_pair_kernels_channels_in_several_blocks(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pair kernel's channels split over programs of 16 (K = 40: three blocks, the last partial), as a GPU
+    launch may split K = 128; every row block, diagonal and off-diagonal terms, in each."""
+    monkeypatch.setitem(chunk_bwd.BWD_LAUNCH, "pair_block_k", 16)
+    x = OPS[op][2](1, 70, 3, 40, 24, seed=11, regime="strong", initial_state=True)
+    _check(op, x, seed=12)
+
+
 @pytest.mark.parametrize("op,term", [("gdn2", "o"), ("kda", "o"), ("gdn2", "final_state")])
 def test_gradients_from_one_output(op: str, term: str) -> None:
     """A loss of one output alone: autograd passes None for the other's gradient (the reverse walk then starts

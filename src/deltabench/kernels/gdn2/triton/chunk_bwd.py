@@ -26,14 +26,15 @@ P_ij = sum_c q_ic k_jc exp(G_ic - G_jc):
 by 16-row blocks as the forward's scores: a pair of blocks (a > c) factors through the last row r of the block
 before a, ``exp(G_i - G_r) exp(G_r - G_j)``, each factor <= 1; a diagonal block takes ``exp(G_i - G_j)`` a key
 row at a time. No decay is ever factored over a whole chunk (in the strong regime G reaches about -180 within
-one). A program a row block; then :func:`dg_kernel`: G is a per-channel cumulative sum of g, so
+one). A program a row block and a block of channels (every term is a sum over rows for one channel, so the
+channels split with nothing to join); then :func:`dg_kernel`: G is a per-channel cumulative sum of g, so
 ``dg_t = sum_{i >= t} dG_i + dG_C`` (a reverse cumulative sum over the chunk's rows, per channel).
 
 dA, dP and the fp32 partial sums of dq, dk, db, dG pass from the local kernel to the pair kernel through memory:
 the pair kernel reads dA and dP by blocks, which a register tile cannot be sliced into. Products take the inputs'
 dtype (v_new, dv_new, h, the state-side operands) with fp32 accumulation; the [C, C] and [C, K] products after the
-V loops keep fp32 operands (IEEE for fp32 inputs, tf32 for 16-bit ones). Launch configs are fixed (no autotuning)
-and not yet timed on a GPU.
+V loops keep fp32 operands (IEEE for fp32 inputs, tf32 for 16-bit ones). Launch configs are fixed (no autotuning):
+:data:`BWD_LAUNCH`.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 # local kernel loops over V in 64-column blocks and over K in 32-column blocks at 4 warps (6.15 against 5.70 ms for
 # the whole fwd+bwd at gdn2 8x4096x6 with 8 warps on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248
 # registers on sm_90; the whole K in one pass spilled 1472 stack bytes at 8); the pair kernel a program per 16-row
-# block at 4 warps.
-BWD_LAUNCH = {"state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 2}
+# block and the whole head's channels at 2 warps (4.55 against 4.85 ms at 4 there). Its channels may split over
+# programs (pair_block_k): on sm_90 (Triton 3.6) 32 channels at 2 warps take 158 registers and no stack against 255
+# and 960 stack bytes for 128; not yet timed, so not the default.
+BWD_LAUNCH = {
+    "state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 2, "pair_block_k": 128,
+}  # fmt: skip
 
 
 @triton.jit
@@ -243,14 +248,17 @@ def local_bwd_kernel(
 def pair_bwd_kernel(
     q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg,
     T, Tp,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BKP: tl.constexpr, NKB: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
     SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """One program per (16-row block, chunk, batch*head): the pairwise scores' terms of the block's dq, dk, db and
-    dG, added to the local kernel's partials; dq, dk, db stored, and dG (fp32) into `dg`, which
-    :func:`dg_kernel` turns into dg."""
-    a, t0, i_b, i_h = grid_place(H, C)
-    rk = tl.arange(0, BK)
+    """One program per (16-row block and BKP-channel block, chunk, batch*head), axis 0 the row block times NKB
+    plus the channel block: the pairwise scores' terms of the block's dq, dk, db and dG, added to the local
+    kernel's partials; dq, dk, db stored, and dG (fp32) into `dg`, which :func:`dg_kernel` turns into dg. Every
+    term is a sum over rows, channel by channel, so the channels split across programs with nothing to join (each
+    channel block re-reads the row block's dA and dP)."""
+    blk, t0, i_b, i_h = grid_place(H, C)
+    a = blk // NKB
+    rk = (blk % NKB) * BKP + tl.arange(0, BKP)
     rc = tl.arange(0, BC)
     mk = rk < K
     NB: tl.constexpr = C // BC
@@ -261,14 +269,14 @@ def pair_bwd_kernel(
     qa = tile_of(q, row_a, m_a, rk, K, K, 1)
     ba = tile_of(b, row_a, m_a, rk, K, SB, SBK)
     bka = ba * ka
-    dQ = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dP_ij exp(G_i - G_j) k_j
-    dBK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_j dA_ij exp(G_i - G_j) k_j
-    dK = tl.zeros([BC, BK], dtype=tl.float32)  # sum_i (dA_ij (bk)_i + dP_ij q_i) exp(G_i - G_j)
+    dQ = tl.zeros([BC, BKP], dtype=tl.float32)  # sum_j dP_ij exp(G_i - G_j) k_j
+    dBK = tl.zeros([BC, BKP], dtype=tl.float32)  # sum_j dA_ij exp(G_i - G_j) k_j
+    dK = tl.zeros([BC, BKP], dtype=tl.float32)  # sum_i (dA_ij (bk)_i + dP_ij q_i) exp(G_i - G_j)
     # block a as the query side of blocks c < a, through r = the last row of block a - 1 (no c when a = 0:
     # r is then clamped into the chunk and unused)
     G_r = _grow(G, (i_b * Tp + t0 + tl.maximum(a * BC - 1, 0)) * H + i_h, rk, K)
-    accQ = tl.zeros([BC, BK], dtype=tl.float32)
-    accB = tl.zeros([BC, BK], dtype=tl.float32)
+    accQ = tl.zeros([BC, BKP], dtype=tl.float32)
+    accB = tl.zeros([BC, BKP], dtype=tl.float32)
     for c in range(a):
         row_c, grow_c, m_c = rows_of(t0, c, T, i_b, i_h, H, Tp, BC)
         kr = tile_of(k, row_c, m_c, rk, K, K, 1) * tl.exp(tl.minimum(G_r[None, :] - _gtile(G, grow_c, rk, K), 0.0))
@@ -391,9 +399,11 @@ def chunk_gdn2_bwd(
     )  # fmt: skip
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     db, dg = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
-    pair_bwd_kernel[(CHUNK // SUB, NT, B * H)](
+    bkp = min(BWD_LAUNCH["pair_block_k"], BK)
+    nkb = triton.cdiv(K, bkp)
+    pair_bwd_kernel[(CHUNK // SUB * nkb, NT, B * H)](
         q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg, T, Tp,
-        H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
+        H=H, K=K, BKP=bkp, NKB=nkb, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
         num_warps=BWD_LAUNCH["pair_warps"], num_stages=1,
     )  # fmt: skip
     dg_kernel[(triton.cdiv(K, 32), NT, B * H)](dg, dGC, T, NT, H=H, K=K, BK=32, C=CHUNK, num_warps=4)

@@ -343,12 +343,43 @@ def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
     from deltabench.kernels.gdn.triton.varlen import chunk_layout
 
     offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
-    positions, packing, NT = chunk_layout(offsets, 150)
+    positions, pads, packing, NT = chunk_layout(offsets, 150)
     assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
     assert packing.starts.dtype == torch.int32 and packing.starts.tolist() == [0, 1, 2, 3, 5]
     assert packing.n == 4 and packing.shortest == 1
     assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191
-    assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599)[1].shortest == 2
+    assert sorted(positions.tolist() + pads.tolist()) == list(range(NT * 64)), "every row a token's or a pad"
+    assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599).packing.shortest == 2
+
+
+def test_triton_chunk_reuses_a_layout_only_for_the_same_unchanged_offsets() -> None:
+    """The layout is made once for a cu_seqlens tensor (as a model's layers share one); an in-place change to
+    that tensor, another tensor of the same values or another T makes it again."""
+    from deltabench.kernels.gdn.triton.varlen import chunk_layout
+
+    offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
+    first = chunk_layout(offsets, 150)
+    assert chunk_layout(offsets, 150) is first
+    assert chunk_layout(offsets.clone(), 150) is not first
+    offsets[1] = 30
+    again = chunk_layout(offsets, 150)
+    assert again is not first and again.positions[:18].tolist() == list(range(18))
+    with pytest.raises(ValueError, match="rise strictly from 0 to T=160"):
+        chunk_layout(offsets, 160)
+
+
+def test_triton_chunk_moves_tokens_into_chunks_and_back_with_their_gradients() -> None:
+    """Into the chunk-aligned row: each token at its row, zeros at the pads; out of it: the tokens again. The
+    gradients move the other way (a pad's gradient dropped)."""
+    from deltabench.kernels.gdn.triton.varlen import _FromChunks, _ToChunks, chunk_layout
+
+    layout = chunk_layout(torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32), 150)
+    x = torch.randn(1, 150, 3, 5, dtype=torch.float64, requires_grad=True)
+    row = _ToChunks.apply(x, layout)
+    assert row.shape == (1, layout.NT * 64, 3, 5)
+    assert torch.equal(row[0, layout.positions], x[0]) and not row[0, layout.pads].any()
+    assert torch.autograd.gradcheck(lambda t: _FromChunks.apply(_ToChunks.apply(t, layout) * 2, layout), (x,))
+    assert torch.autograd.gradcheck(lambda t: _ToChunks.apply(t, layout), (x,))
 
 
 # Each sequence is walked by programs of its own, so the walks differ in length: a sequence many chunks longer than

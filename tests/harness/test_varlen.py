@@ -135,6 +135,41 @@ def test_torch_references_pass_the_packed_gate(op: str, name: str) -> None:
     assert {"output", "final_state", "grad:initial_state", "grad:q", "grad:g"} <= checks
 
 
+@pytest.mark.parametrize("op", ["gdn", "gdn2", "kda"])
+def test_torch_chunk_packed_is_each_sequence_alone(op: str) -> None:
+    """torch_chunk on a packing (chunks of 16: 1 to 25 chunks a sequence, one of a single token) against the same
+    impl on each sequence alone: outputs, final states and every gradient, from an initial state."""
+    impl = get_impl(op, "torch_chunk")
+    lengths = (1, 70, 400, 129)
+    case = Case(op, B=1, T=sum(lengths), H=3, K=16, V=8, seqlens=lengths, mode="fwd+bwd", seed=3)
+    x = make_case_inputs(get_op(op), case)
+    cu = x.pop("cu_seqlens")
+    x["initial_state"] = torch.randn(len(lengths), 3, 16, 8)
+    gen = torch.Generator().manual_seed(4)
+    do, dht = torch.randn(1, sum(lengths), 3, 8, generator=gen), torch.randn(len(lengths), 3, 16, 8, generator=gen)
+
+    def run(inputs: dict[str, torch.Tensor], **kw: Any) -> tuple[torch.Tensor, ...]:
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in inputs.items()}
+        o, ht = impl(**leaves, chunk_size=16, **kw)
+        return o, ht, *torch.autograd.grad((o, ht), list(leaves.values()), (do[:, : o.shape[1]], dht[: ht.shape[0]]))
+
+    packed = run(x, cu_seqlens=cu)
+    bounds = list(itertools.pairwise(itertools.accumulate(lengths, initial=0)))
+    alone = []
+    for i, (a, b) in enumerate(bounds):
+        part = {n: (t[i : i + 1] if n == "initial_state" else t[:, a:b]) for n, t in x.items()}
+        do_i, dht_i = do[:, a:b], dht[i : i + 1]
+        leaves = {n: t.detach().clone().requires_grad_(True) for n, t in part.items()}
+        o, ht = impl(**leaves, chunk_size=16)
+        alone.append((o, ht, *torch.autograd.grad((o, ht), list(leaves.values()), (do_i, dht_i))))
+    names = list(x)
+    joined = [torch.cat([r[0] for r in alone], dim=1), torch.cat([r[1] for r in alone])]
+    for j, n in enumerate(names):
+        joined.append(torch.cat([r[2 + j] for r in alone], dim=0 if n == "initial_state" else 1))
+    for label, got, want in zip(["o", "final_state", *names], packed, joined, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, label=label: f"{label}: {m}")
+
+
 # One long sequence among short ones: padded to the longest it would be 4 x 130 rows for 136 tokens.
 SKEWED = (3, 1, 130, 2)
 
@@ -337,49 +372,53 @@ def test_a_packed_case_too_costly_for_the_oracle_gates_against_torch_chunk() -> 
     assert not bad.passed and {"output", "final_state"} <= {r.check for r in bad.failures}
 
 
-def test_triton_chunk_lays_each_sequence_on_chunks_of_its_own() -> None:
-    """triton_chunk's packed layout: sequence i starts on a chunk of its own; the packing names each sequence's
-    chunks and the fewest a sequence has."""
-    from deltabench.kernels.gdn.triton.varlen import chunk_layout
+def test_chunked_impls_lay_each_sequence_on_chunks_of_its_own() -> None:
+    """The chunked impls' packed layout (triton_chunk's, the torch_chunk references'): sequence i starts on a chunk
+    of its own; the layout names each sequence's chunks, at any chunk size."""
+    from deltabench.kernels.common.varlen import chunk_layout
 
     offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
-    positions, pads, packing, NT = chunk_layout(offsets, 150)
-    assert NT == 5  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
-    assert packing.starts.dtype == torch.int32 and packing.starts.tolist() == [0, 1, 2, 3, 5]
-    assert packing.n == 4 and packing.shortest == 1
+    layout = chunk_layout(offsets, 150, 64)
+    assert layout.NT == 5 and layout.counts == (1, 1, 1, 2)  # 17 -> 1 chunk, 64 -> 1, 1 -> 1, 68 -> 2
+    assert layout.starts.dtype == torch.int32 and layout.starts.tolist() == [0, 1, 2, 3, 5]
+    positions, pads = layout.positions, layout.pads
     assert positions[:18].tolist() == [*range(17), 64] and positions[81].item() == 128 and positions[-1] == 68 + 191
-    assert sorted(positions.tolist() + pads.tolist()) == list(range(NT * 64)), "every row a token's or a pad"
-    assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599).packing.shortest == 2
+    assert sorted(positions.tolist() + pads.tolist()) == list(range(5 * 64)), "every row a token's or a pad"
+    assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599, 64).counts == (2, 7, 3)
+    assert chunk_layout(offsets, 150, 16).counts == (2, 4, 1, 5)
 
 
-def test_triton_chunk_reuses_a_layout_only_for_the_same_unchanged_offsets() -> None:
+def test_a_layout_is_reused_only_for_the_same_unchanged_offsets() -> None:
     """The layout is made once for a cu_seqlens tensor (as a model's layers share one); an in-place change to
     that tensor, another tensor of the same values or another T makes it again."""
-    from deltabench.kernels.gdn.triton.varlen import chunk_layout
+    from deltabench.kernels.common.varlen import chunk_layout
 
     offsets = torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32)
-    first = chunk_layout(offsets, 150)
-    assert chunk_layout(offsets, 150) is first
-    assert chunk_layout(offsets.clone(), 150) is not first
+    first = chunk_layout(offsets, 150, 64)
+    assert chunk_layout(offsets, 150, 64) is first
+    assert chunk_layout(offsets.clone(), 150, 64) is not first
+    assert chunk_layout(offsets, 150, 32) is not first
     offsets[1] = 30
-    again = chunk_layout(offsets, 150)
+    again = chunk_layout(offsets, 150, 64)
     assert again is not first and again.positions[:18].tolist() == list(range(18))
     with pytest.raises(ValueError, match="rise strictly from 0 to T=160"):
-        chunk_layout(offsets, 160)
+        chunk_layout(offsets, 160, 64)
+    with pytest.raises(ValueError, match="a batch of one row, got B=2"):
+        chunk_layout(offsets, 150, 64, B=2)
 
 
-def test_triton_chunk_moves_tokens_into_chunks_and_back_with_their_gradients() -> None:
+def test_tokens_move_into_chunks_and_back_with_their_gradients() -> None:
     """Into the chunk-aligned row: each token at its row, zeros at the pads; out of it: the tokens again. The
     gradients move the other way (a pad's gradient dropped)."""
-    from deltabench.kernels.gdn.triton.varlen import _FromChunks, _ToChunks, chunk_layout
+    from deltabench.kernels.common.varlen import chunk_layout, from_chunks, to_chunks
 
-    layout = chunk_layout(torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32), 150)
+    layout = chunk_layout(torch.tensor([0, 17, 81, 82, 150], dtype=torch.int32), 150, 64)
     x = torch.randn(1, 150, 3, 5, dtype=torch.float64, requires_grad=True)
-    row = _ToChunks.apply(x, layout)
+    row = to_chunks(x, layout)
     assert row.shape == (1, layout.NT * 64, 3, 5)
     assert torch.equal(row[0, layout.positions], x[0]) and not row[0, layout.pads].any()
-    assert torch.autograd.gradcheck(lambda t: _FromChunks.apply(_ToChunks.apply(t, layout) * 2, layout), (x,))
-    assert torch.autograd.gradcheck(lambda t: _ToChunks.apply(t, layout), (x,))
+    assert torch.autograd.gradcheck(lambda t: from_chunks(to_chunks(t, layout) * 2, layout), (x,))
+    assert torch.autograd.gradcheck(lambda t: to_chunks(t, layout), (x,))
 
 
 # Each sequence is walked by programs of its own, so the walks differ in length: a sequence many chunks longer than

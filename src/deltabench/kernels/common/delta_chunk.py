@@ -10,12 +10,19 @@ unrolls to the same three steps (derivation in each op's ``torch_chunk`` module)
 3. **State**: ``S <- decay_last * S0 + K_dec^T U``.
 
 Only step 1's solve and the scan over chunks (steps 2-3 need the state) are shared; the op-specific parts build
-``A``, ``A_qk`` and the decayed operands.
+``A``, ``A_qk`` and the decayed operands. Packed sequences laid out chunk-aligned in one row (varlen.chunk_layout)
+share every step but the scan, which carries one state a sequence over that sequence's chunks alone.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .varlen import ChunkLayout
 
 __all__ = ["chunk_scan", "ut_solve"]
 
@@ -44,6 +51,7 @@ def chunk_scan(
     k_dec: torch.Tensor,
     decay_last: torch.Tensor,
     initial_state: torch.Tensor | None,
+    runs: ChunkLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Carry the state across chunks and produce each chunk's output (the only sequential part).
 
@@ -54,11 +62,15 @@ def chunk_scan(
         a_qk: ``[B, H, N, C, C]``, causal scores ``scale * sum_c q_ic k_jc exp(G_ic - G_jc)`` (``i >= j``).
         k_dec: ``[B, H, N, C, K]``, keys decayed to the chunk end, ``exp(G_last - G_j) * k_j``.
         decay_last: ``[B, H, N, K, 1]`` (per channel) or ``[B, H, N, 1, 1]`` (scalar): ``exp(G_last)``.
-        initial_state: ``[B, H, K, V]`` or None for zeros.
+        initial_state: ``[B, H, K, V]`` or None for zeros (with `runs`: ``[S, H, K, V]``, a row a sequence).
+        runs: packed sequences on a chunk-aligned row (B = 1): sequence s owns the ``runs.counts[s]`` chunks from
+            ``sum(runs.counts[:s])`` and its own state.
 
     Returns:
-        ``(o, final_state)``: float32 ``[B, H, N, C, V]`` and ``[B, H, K, V]``.
+        ``(o, final_state)``: float32 ``[B, H, N, C, V]`` and ``[B, H, K, V]`` (with `runs`: ``[S, H, K, V]``).
     """
+    if runs is not None:
+        return _packed_scan(u0, w, q_dec, a_qk, k_dec, decay_last, initial_state, runs.counts)
     B, H, N, _, K = w.shape
     V = u0.shape[-1]
     if initial_state is None:
@@ -71,3 +83,40 @@ def chunk_scan(
         outs.append(q_dec[:, :, n] @ state + a_qk[:, :, n] @ u)
         state = decay_last[:, :, n] * state + k_dec[:, :, n].transpose(-1, -2) @ u
     return torch.stack(outs, dim=2), state
+
+
+def _packed_scan(
+    u0: torch.Tensor,
+    w: torch.Tensor,
+    q_dec: torch.Tensor,
+    a_qk: torch.Tensor,
+    k_dec: torch.Tensor,
+    decay_last: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    counts: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`chunk_scan` over packed sequences of `counts` chunks each (one row): step j takes chunk j of every
+    sequence that has one, batched. The sequences go longest first, so those still walking at step j are the first
+    ones: their states a prefix of the batch, the others' carried as they are."""
+    _, H, _, _, K = w.shape
+    V = u0.shape[-1]
+    first = list(itertools.accumulate(counts, initial=0))
+    order = sorted(range(len(counts)), key=lambda s: -counts[s])
+    if initial_state is None:
+        state = u0.new_zeros(len(counts), H, K, V)
+    else:
+        state = initial_state.to(torch.float32)[order]
+    # every operand chunk-major, [N, H, ...], so that one step's chunks are gathered along dim 0
+    u0, w, q_dec, a_qk, k_dec, decay_last = (x[0].transpose(0, 1) for x in (u0, w, q_dec, a_qk, k_dec, decay_last))
+    taken, outs = [], []
+    for j in range(counts[order[0]]):
+        m = sum(counts[s] > j for s in order)
+        idx = torch.tensor([first[s] + j for s in order[:m]], device=u0.device)
+        S = state[:m]
+        u = u0[idx] - w[idx] @ S
+        outs.append(q_dec[idx] @ S + a_qk[idx] @ u)
+        S = decay_last[idx] * S + k_dec[idx].transpose(-1, -2) @ u
+        state = torch.cat([S, state[m:]])
+        taken.append(idx)
+    o = torch.cat(outs)[torch.argsort(torch.cat(taken))]  # back to the row's chunk order
+    return o.transpose(0, 1)[None], state[torch.argsort(torch.tensor(order, device=state.device))]

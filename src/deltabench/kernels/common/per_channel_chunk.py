@@ -19,10 +19,15 @@ into ``exp(G) q`` and ``exp(-G) k``, which overflows when the decay is strong.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .chunking import merge_chunks, pairwise_decay, split_chunks
 from .delta_chunk import chunk_scan, ut_solve
+
+if TYPE_CHECKING:
+    from .varlen import ChunkLayout
 
 __all__ = ["per_channel_delta_chunk"]
 
@@ -37,6 +42,7 @@ def per_channel_delta_chunk(
     scale: float,
     initial_state: torch.Tensor | None,
     chunk_size: int,
+    runs: ChunkLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-channel chunked delta rule; arguments as GDN-2's (shapes already checked, scale resolved).
 
@@ -46,9 +52,11 @@ def per_channel_delta_chunk(
         scale: the query scale.
         initial_state: ``[B, H, K, V]`` or None.
         chunk_size: C.
+        runs: packed sequences on a chunk-aligned row (varlen.run_chunk_aligned): each walked from its own row
+            of the initial state ``[S, H, K, V]``.
 
     Returns:
-        ``(o, final_state)``: float32 ``[B, T, H, V]`` and ``[B, H, K, V]``.
+        ``(o, final_state)``: float32 ``[B, T, H, V]`` and ``[B, H, K, V]`` (``[S, H, K, V]`` with `runs`).
     """
     T = q.shape[1]
     qc, kc, gc, bc = (split_chunks(x, chunk_size) for x in (q, k, g, b))  # [B, H, N, C, K]
@@ -66,5 +74,5 @@ def per_channel_delta_chunk(
     q_dec = G.exp() * qs
     k_dec = (G[..., -1:, :] - G).exp() * kc
     decay_last = G[..., -1, :].exp()[..., None]  # [B, H, N, K, 1]
-    o, final_state = chunk_scan(u0, w_corr, q_dec, a_qk, k_dec, decay_last, initial_state)
+    o, final_state = chunk_scan(u0, w_corr, q_dec, a_qk, k_dec, decay_last, initial_state, runs)
     return merge_chunks(o, T), final_state

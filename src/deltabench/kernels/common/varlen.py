@@ -11,17 +11,31 @@ Where padding would more than double the tokens (:data:`PAD_LIMIT`: one long seq
 lengths drawn lognormal give), the kernel runs sequence by sequence instead: N calls, but memory in proportion to
 the packed T, not to N times the longest (gdn2's chunked PyTorch impl at 32768 packed tokens, 19 sequences, asked
 for 62 GiB padded).
+
+Chunked impls can do better than either (:func:`chunk_layout`, :func:`run_chunk_aligned`): the sequences laid out
+chunk-aligned in one row, each starting on a chunk of its own and its last chunk zero-padded, so no chunk holds two
+sequences and at most C - 1 tokens a sequence are padding. The chunk-local work then runs once over the row, and
+only the scan over chunks needs the sequences (``delta_chunk.chunk_scan``'s ``runs``).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["PAD_LIMIT", "run_packed", "seq_offsets"]
+__all__ = [
+    "PAD_LIMIT",
+    "ChunkLayout",
+    "chunk_layout",
+    "from_chunks",
+    "run_chunk_aligned",
+    "run_packed",
+    "seq_offsets",
+    "to_chunks",
+]
 
 # The most padded tokens per packed token before run_packed calls the kernel once per sequence instead
 PAD_LIMIT = 2.0
@@ -87,3 +101,137 @@ def run_packed(
     o, final_state = fn(*(rows(x) for x in seqs), initial_state=initial_state, **kwargs)
     packed = torch.cat([o[i, :length] for i, length in enumerate(lengths)])
     return packed[None], final_state
+
+
+class ChunkLayout(NamedTuple):
+    """Packed sequences laid out chunk-aligned in one row of ``NT * chunk`` tokens.
+
+    Attributes:
+        positions: int64 ``[T]`` on the inputs' device, the row index of each packed token.
+        pads: int64, the row indices no token takes (each sequence's last chunk's tail).
+        starts: int32 ``[N + 1]`` on the inputs' device, sequence i's chunks ``[starts[i], starts[i + 1])``.
+        counts: the chunks of each sequence.
+        chunk: C.
+    """
+
+    positions: torch.Tensor
+    pads: torch.Tensor
+    starts: torch.Tensor
+    counts: tuple[int, ...]
+    chunk: int
+
+    @property
+    def NT(self) -> int:
+        """The row's chunks."""
+        return sum(self.counts)
+
+
+# The most recent layouts, newest first, each with the cu_seqlens tensor it came from (held, so that its identity
+# cannot pass to another tensor) and that tensor's version (an in-place change makes the entry stale)
+_RECENT: list[tuple[torch.Tensor, int, int, ChunkLayout]] = []
+_RECENT_KEPT = 8
+
+
+def chunk_layout(cu_seqlens: torch.Tensor, T: int, chunk: int, B: int = 1) -> ChunkLayout:
+    """The chunk-aligned layout of the packed sequences at `cu_seqlens` (a batch of `B` = 1 row of T tokens) in
+    chunks of `chunk` tokens; the same object for the same tensor, unchanged, at the same T and chunk (the last
+    few are kept: reading the offsets to the host waits for the GPU, and a model's layers share one cu_seqlens)."""
+    if B != 1:
+        raise ValueError(f"packed sequences (cu_seqlens) take a batch of one row, got B={B}")
+    for held, version, key, layout in _RECENT:
+        if held is cu_seqlens and version == cu_seqlens._version and key == (T, chunk):
+            return layout
+    offsets = seq_offsets(cu_seqlens, T, 1)
+    counts = tuple(-(-(eos - bos) // chunk) for bos, eos in itertools.pairwise(offsets))
+    starts = list(itertools.accumulate(counts, initial=0))
+    bounds = itertools.pairwise(offsets)
+    positions = torch.cat(
+        [torch.arange(eos - bos) + c * chunk for (bos, eos), c in zip(bounds, starts[:-1], strict=True)]
+    )
+    taken = torch.zeros(starts[-1] * chunk, dtype=torch.bool)
+    taken[positions] = True
+    device = cu_seqlens.device
+    layout = ChunkLayout(
+        positions.to(device),
+        (~taken).nonzero().flatten().to(device),
+        torch.tensor(starts, dtype=torch.int32, device=device),
+        counts,
+        chunk,
+    )
+    _RECENT.insert(0, (cu_seqlens, cu_seqlens._version, (T, chunk), layout))
+    del _RECENT[_RECENT_KEPT:]
+    return layout
+
+
+def _scatter_rows(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """`x` ``[1, T, ...]`` in the chunk-aligned row ``[1, NT * C, ...]``: token i at ``positions[i]``, zeros at
+    the pads (written there only, not over the whole row first)."""
+    out = x.new_empty(1, layout.NT * layout.chunk, *x.shape[2:])
+    out.index_copy_(1, layout.positions, x)
+    return out.index_fill_(1, layout.pads, 0)
+
+
+class _ToChunks(torch.autograd.Function):
+    """A packed input into the chunk-aligned row; its gradient gathered back."""
+
+    @staticmethod
+    def forward(ctx, x, layout):  # type: ignore[no-untyped-def]
+        ctx.layout = layout
+        return _scatter_rows(x, layout)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad.index_select(1, ctx.layout.positions), None
+
+
+class _FromChunks(torch.autograd.Function):
+    """The chunk-aligned output back to the packed tokens; its gradient scattered, zero at the pads."""
+
+    @staticmethod
+    def forward(ctx, y, layout):  # type: ignore[no-untyped-def]
+        ctx.layout = layout
+        return y.index_select(1, layout.positions)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return _scatter_rows(grad.contiguous(), ctx.layout), None
+
+
+def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """Packed ``[1, T, ...]`` to the chunk-aligned row ``[1, NT * C, ...]`` (pads zero); differentiable."""
+    return _ToChunks.apply(x, layout)
+
+
+def from_chunks(y: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """The chunk-aligned row ``[1, NT * C, ...]`` back to the packed ``[1, T, ...]``; differentiable."""
+    return _FromChunks.apply(y, layout)
+
+
+def run_chunk_aligned(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    *seqs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    chunk_size: int,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn(*rows, initial_state=..., chunk_size=..., runs=layout, **kwargs)`` over the chunk-aligned row.
+
+    Args:
+        fn: a chunked kernel taking the row ``[1, NT * C, ...]`` and `runs` (the :class:`ChunkLayout`, for its
+            scan over each sequence's chunks), returning ``(o [1, NT * C, ...], final_state [N, ...])``.
+        seqs: its positional inputs, each ``[1, T, ...]``.
+        cu_seqlens: int32 ``[N + 1]`` offsets of the sequences along T.
+        initial_state: ``[N, ...]`` or None.
+        chunk_size: C.
+        kwargs: passed to `fn` as they are.
+
+    Returns:
+        ``(o, final_state)``: ``[1, T, ...]`` and ``[N, ...]``.
+    """
+    layout = chunk_layout(cu_seqlens, seqs[0].shape[1], chunk_size, seqs[0].shape[0])
+    if initial_state is not None and initial_state.shape[0] != len(layout.counts):
+        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {len(layout.counts)} packed sequences")
+    rows = (to_chunks(x, layout) for x in seqs)
+    o, final_state = fn(*rows, initial_state=initial_state, chunk_size=chunk_size, runs=layout, **kwargs)
+    return from_chunks(o, layout), final_state

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
-from ..common.varlen import run_packed
+from ..common.varlen import ChunkLayout, run_chunk_aligned
 
 __all__ = ["kda_torch_chunk"]
 
@@ -40,7 +40,7 @@ def kda_torch_chunk(
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: C, default 64.
         cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
-            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
+            ``[N, H, K, V]``, each sequence on chunks of its own (kernels/common/varlen.run_chunk_aligned).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -52,21 +52,36 @@ def kda_torch_chunk(
         >>> o, ht = kda_torch_chunk(**x)
     """
     if cu_seqlens is not None:
-        return run_packed(
-            kda_torch_chunk,
-            q,
-            k,
-            v,
-            g,
-            beta,
+        K = check_op_inputs(
+            "kda", q, k, v, {"g": g, "beta": beta}, None if initial_state is None else initial_state[:1]
+        )[3]
+        o, final_state = run_chunk_aligned(
+            _kda_chunk,
+            *(q, k, v, g, beta),
             cu_seqlens=cu_seqlens,
-            scale=scale,
             initial_state=initial_state,
             chunk_size=chunk_size,
+            scale=default_scale(scale, K),
         )
-    B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
-    scale = default_scale(scale, K)
-    erase = beta[..., None].expand(B, T, H, K)
-    write = beta[..., None].expand(B, T, H, V)
-    o, final_state = per_channel_delta_chunk(q, k, v, g, erase, write, scale, initial_state, chunk_size)
+        return o.to(v.dtype), final_state
+    K = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)[3]
+    o, final_state = _kda_chunk(q, k, v, g, beta, default_scale(scale, K), initial_state, chunk_size)
     return o.to(v.dtype), final_state
+
+
+def _kda_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    chunk_size: int,
+    runs: ChunkLayout | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel chunked rule with erase = write = beta (expanded views, nothing copied); float32 out."""
+    B, T, H, K = q.shape
+    erase = beta[..., None].expand(B, T, H, K)
+    write = beta[..., None].expand(B, T, H, v.shape[-1])
+    return per_channel_delta_chunk(q, k, v, g, erase, write, scale, initial_state, chunk_size, runs)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ...common import check_op_inputs, chunk_scan, default_scale, merge_chunks, pairwise_decay, split_chunks, ut_solve
-from ...common.varlen import run_packed
+from ...common.varlen import ChunkLayout, run_chunk_aligned
 
 __all__ = ["gdn_torch_chunk"]
 
@@ -51,7 +51,7 @@ def gdn_torch_chunk(
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: C, default 64.
         cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
-            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
+            ``[N, H, K, V]``, each sequence on chunks of its own (kernels/common/varlen.run_chunk_aligned).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -63,20 +63,37 @@ def gdn_torch_chunk(
         >>> o, ht = gdn_torch_chunk(**x)
     """
     if cu_seqlens is not None:
-        return run_packed(
-            gdn_torch_chunk,
-            q,
-            k,
-            v,
-            g,
-            beta,
+        K = check_op_inputs(
+            "gdn", q, k, v, {"g": g, "beta": beta}, None if initial_state is None else initial_state[:1]
+        )[3]
+        o, final_state = run_chunk_aligned(
+            _gdn_chunk,
+            *(q, k, v, g, beta),
             cu_seqlens=cu_seqlens,
-            scale=scale,
             initial_state=initial_state,
             chunk_size=chunk_size,
+            scale=default_scale(scale, K),
         )
-    _, T, _, K, _ = check_op_inputs("gdn", q, k, v, {"g": g, "beta": beta}, initial_state)
-    scale = default_scale(scale, K)
+        return o.to(v.dtype), final_state
+    K = check_op_inputs("gdn", q, k, v, {"g": g, "beta": beta}, initial_state)[3]
+    o, final_state = _gdn_chunk(q, k, v, g, beta, default_scale(scale, K), initial_state, chunk_size)
+    return o.to(v.dtype), final_state
+
+
+def _gdn_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    chunk_size: int,
+    runs: ChunkLayout | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked rule on checked inputs (scale resolved): float32 ``(o [B, T, H, V], final_state)``; with
+    `runs`, packed sequences on a chunk-aligned row, each from its own state row (delta_chunk.chunk_scan)."""
+    T = q.shape[1]
     qc, kc, vc = (split_chunks(x, chunk_size) for x in (q, k, v))  # [B, H, N, C, K|V]
     gc, bc = split_chunks(g, chunk_size), split_chunks(beta, chunk_size)  # [B, H, N, C]
     G = gc.cumsum(-1)
@@ -88,5 +105,5 @@ def gdn_torch_chunk(
     q_dec = G.exp()[..., None] * qs
     k_dec = (G[..., -1:] - G).exp()[..., None] * kc
     decay_last = G[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
-    o, final_state = chunk_scan(u0, w, q_dec, a_qk, k_dec, decay_last, initial_state)
-    return merge_chunks(o, T).to(v.dtype), final_state
+    o, final_state = chunk_scan(u0, w, q_dec, a_qk, k_dec, decay_last, initial_state, runs)
+    return merge_chunks(o, T), final_state

@@ -10,20 +10,15 @@ of the final state's gradient, back to its row of the initial state's), so a wal
 sequence, not the row. The layout wastes at most 63 tokens a sequence, where a dense batch padded to the longest
 sequence (kernels/common/varlen.py) wastes up to ``N * max - T``.
 
-Moving into and out of the layout costs one copy of each input and of the output (a gather), and the same for
-their gradients: the padding rows alone are zeroed, not the whole row first (:class:`_ToChunks`,
-:class:`_FromChunks`). The layout of a `cu_seqlens` tensor is kept for the next call given the same tensor
-unchanged (:func:`chunk_layout`), as the L layers of a model's step are: reading the offsets to the host waits for
-the GPU, and a step would otherwise wait once a layer.
+The layout is kernels/common/varlen.py's (:func:`chunk_layout`, kept per cu_seqlens tensor; one copy into it and
+one out, the pads alone zeroed).
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import NamedTuple
-
 import torch
 
+from ...common.varlen import chunk_layout, from_chunks, to_chunks
 from . import walk
 from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
@@ -32,82 +27,7 @@ from .state import state_bwd, state_fwd
 from .walk import Packing
 from .wy import CHUNK, wy_fwd
 
-__all__ = ["ChunkLayout", "chunk_layout", "packed_chunk_gated_delta_rule"]
-
-# The most recent layouts, newest first, each with the cu_seqlens tensor it came from (held, so that its identity
-# cannot pass to another tensor) and that tensor's version (an in-place change makes the entry stale)
-_RECENT: list[tuple[torch.Tensor, int, int, ChunkLayout]] = []
-_RECENT_KEPT = 4
-
-
-class ChunkLayout(NamedTuple):
-    """Where a packing's tokens sit in the chunk-aligned row: `positions` (int64 [T], on the inputs' device) the
-    row index of each packed token, `pads` (int64) the row indices no token takes, `packing` each sequence's chunks
-    (walk.Packing), `NT` the row's chunks."""
-
-    positions: torch.Tensor
-    pads: torch.Tensor
-    packing: Packing
-    NT: int
-
-
-def chunk_layout(cu_seqlens: torch.Tensor, T: int) -> ChunkLayout:
-    """The chunk-aligned layout of the packed sequences at `cu_seqlens` (:class:`ChunkLayout`); the same object
-    for the same tensor, unchanged, at the same T (the last few are kept)."""
-    for held, version, held_T, layout in _RECENT:
-        if held is cu_seqlens and version == cu_seqlens._version and held_T == T:
-            return layout
-    from ...common.varlen import seq_offsets
-
-    offsets = seq_offsets(cu_seqlens, T, 1)
-    counts = [-(-(eos - bos) // CHUNK) for bos, eos in itertools.pairwise(offsets)]
-    starts = list(itertools.accumulate(counts, initial=0))
-    bounds = itertools.pairwise(offsets)
-    positions = torch.cat(
-        [torch.arange(eos - bos) + c * CHUNK for (bos, eos), c in zip(bounds, starts[:-1], strict=True)]
-    )
-    taken = torch.zeros(starts[-1] * CHUNK, dtype=torch.bool)
-    taken[positions] = True
-    device = cu_seqlens.device
-    packing = Packing(torch.tensor(starts, dtype=torch.int32, device=device), len(counts), min(counts))
-    layout = ChunkLayout(positions.to(device), (~taken).nonzero().flatten().to(device), packing, starts[-1])
-    _RECENT.insert(0, (cu_seqlens, cu_seqlens._version, T, layout))
-    del _RECENT[_RECENT_KEPT:]
-    return layout
-
-
-def _scatter_rows(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
-    """`x` ``[1, T, ...]`` in the chunk-aligned row ``[1, NT * C, ...]``: token i at ``positions[i]``, zeros at
-    the pads (written there only)."""
-    out = x.new_empty(1, layout.NT * CHUNK, *x.shape[2:])
-    out.index_copy_(1, layout.positions, x)
-    return out.index_fill_(1, layout.pads, 0)
-
-
-class _ToChunks(torch.autograd.Function):
-    """A packed input into the chunk-aligned row; its gradient gathered back."""
-
-    @staticmethod
-    def forward(ctx, x, layout):  # type: ignore[no-untyped-def]
-        ctx.layout = layout
-        return _scatter_rows(x, layout)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        return grad.index_select(1, ctx.layout.positions), None
-
-
-class _FromChunks(torch.autograd.Function):
-    """The chunk-aligned output back to the packed tokens; its gradient scattered, zero at the pads."""
-
-    @staticmethod
-    def forward(ctx, y, layout):  # type: ignore[no-untyped-def]
-        ctx.layout = layout
-        return y.index_select(1, layout.positions)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        return _scatter_rows(grad.contiguous(), ctx.layout), None
+__all__ = ["packed_chunk_gated_delta_rule"]
 
 
 class _PackedChunkFunction(torch.autograd.Function):
@@ -153,11 +73,13 @@ def packed_chunk_gated_delta_rule(
     """Chunked Triton GDN over packed sequences: q, k ``[1, T, H, K]`` ..., int32 `cu_seqlens` ``[N + 1]``, the
     initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward. Returns ``(o [1, T, H, V],
     final_state [N, H, K, V] fp32)``."""
-    layout = chunk_layout(cu_seqlens, q.shape[1])
-    if initial_state is not None and initial_state.shape[0] != layout.packing.n:
-        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {layout.packing.n} packed sequences")
+    layout = chunk_layout(cu_seqlens, q.shape[1], CHUNK, q.shape[0])
+    n = len(layout.counts)
+    if initial_state is not None and initial_state.shape[0] != n:
+        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
     scale, tensors, initial_state, _ = prepare_chunk_inputs(
-        "triton_chunk", *(_ToChunks.apply(x, layout) for x in (q, k, v, g, beta)), scale, initial_state
+        "triton_chunk", *(to_chunks(x, layout) for x in (q, k, v, g, beta)), scale, initial_state
     )
-    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, layout.packing, split)
-    return _FromChunks.apply(o, layout), ht
+    packing = Packing(layout.starts, n, min(layout.counts))
+    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)
+    return from_chunks(o, layout), ht

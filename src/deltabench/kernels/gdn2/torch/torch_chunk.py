@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...common import check_op_inputs, default_scale, per_channel_delta_chunk
-from ...common.varlen import run_packed
+from ...common.varlen import run_chunk_aligned
 
 __all__ = ["gdn2_torch_chunk"]
 
@@ -43,7 +43,7 @@ def gdn2_torch_chunk(
         initial_state: optional ``[B, H, K, V]``.
         chunk_size: C, default 64.
         cu_seqlens: int32 ``[N + 1]`` offsets of N sequences packed along T (B = 1); the states are then
-            ``[N, H, K, V]`` (kernels/common/varlen.run_packed).
+            ``[N, H, K, V]``, each sequence on chunks of its own (kernels/common/varlen.run_chunk_aligned).
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in ``v.dtype`` and ``[B, H, K, V]`` float32.
@@ -54,21 +54,19 @@ def gdn2_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = gdn2_torch_chunk(**x)
     """
+    gates = {"g": g, "b": b, "w": w}
     if cu_seqlens is not None:
-        return run_packed(
-            gdn2_torch_chunk,
-            q,
-            k,
-            v,
-            g,
-            b,
-            w,
+        K = check_op_inputs("gdn2", q, k, v, gates, None if initial_state is None else initial_state[:1])[3]
+        o, final_state = run_chunk_aligned(
+            per_channel_delta_chunk,
+            *(q, k, v, g, b, w),
             cu_seqlens=cu_seqlens,
-            scale=scale,
             initial_state=initial_state,
             chunk_size=chunk_size,
+            scale=default_scale(scale, K),
         )
-    K = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3]
+        return o.to(v.dtype), final_state
+    K = check_op_inputs("gdn2", q, k, v, gates, initial_state)[3]
     scale = default_scale(scale, K)
     o, final_state = per_channel_delta_chunk(q, k, v, g, b, w, scale, initial_state, chunk_size)
     return o.to(v.dtype), final_state

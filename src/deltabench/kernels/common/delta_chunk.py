@@ -79,10 +79,23 @@ def chunk_scan(
         state = initial_state.to(torch.float32)
     outs = []
     for n in range(N):
-        u = u0[:, :, n] - w[:, :, n] @ state
-        outs.append(q_dec[:, :, n] @ state + a_qk[:, :, n] @ u)
-        state = decay_last[:, :, n] * state + k_dec[:, :, n].transpose(-1, -2) @ u
+        o, state = _step(state, *(x[:, :, n] for x in (u0, w, q_dec, a_qk, k_dec, decay_last)))
+        outs.append(o)
     return torch.stack(outs, dim=2), state
+
+
+def _step(
+    state: torch.Tensor,
+    u0: torch.Tensor,
+    w: torch.Tensor,
+    q_dec: torch.Tensor,
+    a_qk: torch.Tensor,
+    k_dec: torch.Tensor,
+    decay_last: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk from `state`: ``(its output, the state after it)``, the operands one chunk's of :func:`chunk_scan`."""
+    u = u0 - w @ state
+    return q_dec @ state + a_qk @ u, decay_last * state + k_dec.transpose(-1, -2) @ u
 
 
 def _packed_scan(
@@ -112,10 +125,8 @@ def _packed_scan(
     for j in range(counts[order[0]]):
         m = sum(counts[s] > j for s in order)
         idx = torch.tensor([first[s] + j for s in order[:m]], device=u0.device)
-        S = state[:m]
-        u = u0[idx] - w[idx] @ S
-        outs.append(q_dec[idx] @ S + a_qk[idx] @ u)
-        S = decay_last[idx] * S + k_dec[idx].transpose(-1, -2) @ u
+        o, S = _step(state[:m], *(x[idx] for x in (u0, w, q_dec, a_qk, k_dec, decay_last)))
+        outs.append(o)
         state = torch.cat([S, state[m:]])
         taken.append(idx)
     o = torch.cat(outs)[torch.argsort(torch.cat(taken))]  # back to the row's chunk order

@@ -26,12 +26,15 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .checks import check_op_inputs, default_scale
+
 __all__ = [
     "PAD_LIMIT",
     "ChunkLayout",
     "chunk_layout",
     "from_chunks",
     "run_chunk_aligned",
+    "run_chunked",
     "run_packed",
     "seq_offsets",
     "to_chunks",
@@ -235,3 +238,32 @@ def run_chunk_aligned(
     rows = (to_chunks(x, layout) for x in seqs)
     o, final_state = fn(*rows, initial_state=initial_state, chunk_size=chunk_size, runs=layout, **kwargs)
     return from_chunks(o, layout), final_state
+
+
+def run_chunked(
+    op: str,
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, torch.Tensor],
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunked torch entry of `op`: its inputs checked against the op's contract (with `cu_seqlens`, a row of
+    the initial state as one sequence's), the scale resolved, then ``fn(q, k, v, *gates, scale, initial_state,
+    chunk_size)`` on a dense batch, or over the chunk-aligned row of packed sequences (:func:`run_chunk_aligned`,
+    `fn` taking ``runs``); the output in v's dtype."""
+    row = None if initial_state is None or cu_seqlens is None else initial_state[:1]
+    K = check_op_inputs(op, q, k, v, gates, initial_state if cu_seqlens is None else row)[3]
+    scale = default_scale(scale, K)
+    if cu_seqlens is None:
+        o, final_state = fn(q, k, v, *gates.values(), scale, initial_state, chunk_size)
+    else:
+        o, final_state = run_chunk_aligned(
+            fn, q, k, v, *gates.values(), cu_seqlens=cu_seqlens, initial_state=initial_state, chunk_size=chunk_size,
+            scale=scale,
+        )  # fmt: skip
+    return o.to(v.dtype), final_state

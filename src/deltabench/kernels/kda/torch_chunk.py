@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common import check_op_inputs, default_scale, per_channel_delta_chunk
-from ..common.varlen import ChunkLayout, run_chunk_aligned
+from ..common import per_channel_delta_chunk
+from ..common.varlen import ChunkLayout, run_chunked
 
 __all__ = ["kda_torch_chunk"]
 
@@ -51,22 +51,7 @@ def kda_torch_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16)
         >>> o, ht = kda_torch_chunk(**x)
     """
-    if cu_seqlens is not None:
-        K = check_op_inputs(
-            "kda", q, k, v, {"g": g, "beta": beta}, None if initial_state is None else initial_state[:1]
-        )[3]
-        o, final_state = run_chunk_aligned(
-            _kda_chunk,
-            *(q, k, v, g, beta),
-            cu_seqlens=cu_seqlens,
-            initial_state=initial_state,
-            chunk_size=chunk_size,
-            scale=default_scale(scale, K),
-        )
-        return o.to(v.dtype), final_state
-    K = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)[3]
-    o, final_state = _kda_chunk(q, k, v, g, beta, default_scale(scale, K), initial_state, chunk_size)
-    return o.to(v.dtype), final_state
+    return run_chunked("kda", _kda_chunk, q, k, v, {"g": g, "beta": beta}, scale, initial_state, chunk_size, cu_seqlens)
 
 
 def _kda_chunk(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ...common import check_op_inputs, default_scale, per_channel_delta_chunk
-from ...common.varlen import run_chunk_aligned
+from ...common import per_channel_delta_chunk
+from ...common.varlen import run_chunked
 
 __all__ = ["gdn2_torch_chunk"]
 
@@ -55,18 +55,4 @@ def gdn2_torch_chunk(
         >>> o, ht = gdn2_torch_chunk(**x)
     """
     gates = {"g": g, "b": b, "w": w}
-    if cu_seqlens is not None:
-        K = check_op_inputs("gdn2", q, k, v, gates, None if initial_state is None else initial_state[:1])[3]
-        o, final_state = run_chunk_aligned(
-            per_channel_delta_chunk,
-            *(q, k, v, g, b, w),
-            cu_seqlens=cu_seqlens,
-            initial_state=initial_state,
-            chunk_size=chunk_size,
-            scale=default_scale(scale, K),
-        )
-        return o.to(v.dtype), final_state
-    K = check_op_inputs("gdn2", q, k, v, gates, initial_state)[3]
-    scale = default_scale(scale, K)
-    o, final_state = per_channel_delta_chunk(q, k, v, g, b, w, scale, initial_state, chunk_size)
-    return o.to(v.dtype), final_state
+    return run_chunked("gdn2", per_channel_delta_chunk, q, k, v, gates, scale, initial_state, chunk_size, cu_seqlens)

@@ -85,13 +85,19 @@ def test_launch_variants_match_oracle(
     assert all(e < BOUND[dtype] for e in errors.values()), errors
 
 
-def test_packed_sequences_match_one_by_one() -> None:
-    """``cu_seqlens`` (kda: its beta read through a stride-0 view of each sequence's slice): each packed sequence's
-    output and final state are those of the sequence run alone."""
-    fn, _, make_inputs = OPS["kda"]
-    x = make_inputs(1, 90, 1, 16, 16, seed=11, regime="strong", initial_state=True)
-    h0 = torch.cat([x["initial_state"], x["initial_state"].flip(1)])  # one state per sequence
-    bounds = [0, 25, 90]
+# Packed sequences of 1, 70, 129 and 63 tokens: 1, 2, 3 and 1 chunks, each walked alone
+PACKED_BOUNDS = [0, 1, 71, 200, 263]
+
+
+@pytest.mark.parametrize("op", ["gdn2", "kda"])
+def test_packed_sequences_match_one_by_one(op: str) -> None:
+    """``cu_seqlens`` on the chunk-aligned row, each sequence walked by programs of its own (kda: its beta read
+    through stride-0 views): each packed sequence's output and final state are those of the sequence run alone."""
+    fn, _, make_inputs = OPS[op]
+    bounds = PACKED_BOUNDS
+    x = make_inputs(1, bounds[-1], 2, 16, 8, seed=11, regime="strong", initial_state=True)
+    gen = torch.Generator().manual_seed(13)
+    h0 = torch.randn(len(bounds) - 1, 2, 16, 8, generator=gen)  # one state per sequence
     o, ht = fn(**{**x, "initial_state": h0}, cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
     for i, (t0, t1) in enumerate(itertools.pairwise(bounds)):
         part = {n: t[:, t0:t1] for n, t in x.items() if n != "initial_state"}

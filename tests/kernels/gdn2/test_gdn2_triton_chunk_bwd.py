@@ -139,13 +139,15 @@ def test_gradients_from_one_output(op: str, term: str) -> None:
     _check(op, x, seed=4, terms=term)
 
 
-def test_packed_sequences_gradients_match_one_by_one() -> None:
-    """``cu_seqlens``: the gradients of a packed batch (kda, beta through stride-0 views) are those of each sequence
-    run alone, initial states included."""
-    fn, _, make_inputs = OPS["kda"]
-    x = make_inputs(1, 90, 1, 16, 16, seed=11, regime="strong", initial_state=True)
-    x["initial_state"] = torch.cat([x["initial_state"], x["initial_state"].flip(1)])  # one state per sequence
-    bounds = [0, 25, 90]
+@pytest.mark.parametrize("op", ["gdn2", "kda"])
+def test_packed_sequences_gradients_match_one_by_one(op: str) -> None:
+    """``cu_seqlens``: the gradients of a packed batch on the chunk-aligned row (kda, beta through stride-0 views)
+    are those of each sequence run alone, initial states included; sequences of 1, 70, 129 and 63 tokens (1 to 3
+    chunks), each reverse-walked by programs of its own."""
+    fn, _, make_inputs = OPS[op]
+    bounds = [0, 1, 71, 200, 263]
+    x = make_inputs(1, bounds[-1], 2, 16, 8, seed=11, regime="strong", initial_state=True)
+    x["initial_state"] = torch.randn(len(bounds) - 1, 2, 16, 8, generator=torch.Generator().manual_seed(14))
     gen = torch.Generator().manual_seed(12)
     do = torch.randn_like(x["v"])
     dht = torch.randn(x["initial_state"].shape, generator=gen)
@@ -178,7 +180,7 @@ PLANTED = {
     # the state update's decay exp(G_C - G) dropped from dk's term v_new dH^T
     "dropped_decay_dk": ("tl.store(dkp + offs, dkd_acc * ed, mask=mtkb)", "tl.store(dkp + offs, dkd_acc, mask=mtkb)"),
     # the reverse walk one chunk off: the last chunk never visited (its dH never stored), the first twice
-    "walk_off_by_one": ("n = NT - 1 - i", "n = tl.maximum(NT - 2 - i, 0)"),
+    "walk_off_by_one": ("n = n1 - 1 - i", "n = tl.maximum(n1 - 2 - i, n0)"),
     # the reverse walk's chunk decay exp(G_C) read one row early
     "walk_decay_row_early": ("n * C + C - 1) * H", "n * C + C - 2) * H"),
 }
@@ -215,61 +217,38 @@ def test_planted_bug_is_rejected(planted: Callable[[str], None], bug: str) -> No
         _check("gdn2", x, seed=70 + 16)
 
 
-# Run in a child process: with TRITON_INTERPRET set (as the tests set it) Triton builds no compilable kernels. The
-# kernels are swapped for kernel_resources' recorder while the forward and backward run, then each launch is compiled.
+# Run in a child process: with TRITON_INTERPRET set (as the tests set it) Triton builds no compilable kernels.
+# benchmarks/cpu/kernel_resources.py records each launch of a forward and backward and compiles it.
 CHILD = """
 import json, sys
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
+import torch
 sys.path.insert(0, "benchmarks/cpu")
-from kernel_resources import LAUNCH_OPTIONS, SHARED_LIMIT, _Recorder, signature_of
-from deltabench.kernels.gdn2.triton import chunk, chunk_bwd
-from deltabench.references.gdn2 import make_inputs
-KV = int(sys.argv[1])
-calls = []
-kernels = [(m, n, f) for m in (chunk, chunk_bwd) for n, f in vars(m).items()
-           if isinstance(f, triton.runtime.jit.JITFunction)]
-for m, n, f in kernels:
-    setattr(m, n, _Recorder(f, calls))
-x = make_inputs(1, 200, 2, KV, KV, dtype=torch.bfloat16, initial_state=True)
-x = {n: t.requires_grad_(True) for n, t in x.items()}
-o, ht = chunk.gdn2_triton_chunk(**x)
-torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
-for m, n, f in kernels:
-    setattr(m, n, f)
-target = GPUTarget("cuda", 90, 32)
-backend = make_backend(target)
-out = {"limit": SHARED_LIMIT[90], "launches": []}
-for fn, args, kwargs in calls:
-    options = {o: kwargs.pop(o) for o in LAUNCH_OPTIONS if o in kwargs}
-    signature, constexprs, hints = signature_of(fn, args, kwargs)
-    attrs = {(fn.arg_names.index(n),): backend.parse_attr(h) for n, h in hints.items()}
-    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
-    out["launches"].append([fn.__name__, compiled.metadata.shared])
+from kernel_resources import SHARED_LIMIT, compile_launches
+out, done = {"limit": SHARED_LIMIT[90], "cases": []}, {}
+dims = {"B": 1, "T": 200, "H": 2, "K": 128, "V": 128}
+for op, seqlens in (("gdn2", None), ("kda", [17, 64, 1, 118])):
+    launches = compile_launches("triton_chunk", dims, torch.bfloat16, seqlens, True, 90, done=done, op=op)
+    out["cases"].append([op, seqlens, [[u["kernel"], u["shared"], u["constexprs"]] for u in launches]])
 print(json.dumps(out))
 """
 
 
 def test_every_backward_launch_compiles_for_hopper() -> None:
-    """The forward's launches with the states kept and the three backward launches at K = V = 128 (the GPU suites'
-    head size), bf16, from an initial state, compiled for sm_90 without a GPU, each within the H200's shared
-    memory a block."""
+    """The forward's launches with the states kept and the backward's at K = V = 128 (the GPU suites' head size),
+    bf16, from initial states, compiled for sm_90 without a GPU, each within the H200's shared memory a block:
+    gdn2 dense and kda packed (the walks' PACKED variants)."""
     root = Path(__file__).resolve().parents[3]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, "128"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        [sys.executable, "-c", CHILD], cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     names = ["scores_kernel", "inverse_kernel", "apply_kernel", "walk_kernel"]
     names += ["state_bwd_kernel", "local_bwd_kernel", "pair_bwd_kernel", "dg_kernel"]
-    assert [name for name, _ in found["launches"]] == names
-    assert all(shared <= found["limit"] for _, shared in found["launches"]), found
+    for op, seqlens, launches in found["cases"]:
+        assert [name for name, _, _ in launches] == names, op
+        assert all(shared <= found["limit"] for _, shared, _ in launches), (op, launches)
+        walks = [constexprs for name, _, constexprs in launches if name in ("walk_kernel", "state_bwd_kernel")]
+        assert all(f"PACKED={seqlens is not None}" in c for c in walks), walks

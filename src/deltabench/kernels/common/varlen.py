@@ -37,6 +37,7 @@ __all__ = [
     "run_chunked",
     "run_packed",
     "seq_offsets",
+    "state_to_check",
     "to_chunks",
 ]
 
@@ -256,8 +257,7 @@ def run_chunked(
     the initial state as one sequence's), the scale resolved, then ``fn(q, k, v, *gates, scale, initial_state,
     chunk_size)`` on a dense batch, or over the chunk-aligned row of packed sequences (:func:`run_chunk_aligned`,
     `fn` taking ``runs``); the output in v's dtype."""
-    row = None if initial_state is None or cu_seqlens is None else initial_state[:1]
-    K = check_op_inputs(op, q, k, v, gates, initial_state if cu_seqlens is None else row)[3]
+    K = check_op_inputs(op, q, k, v, gates, state_to_check(initial_state, cu_seqlens))[3]
     scale = default_scale(scale, K)
     if cu_seqlens is None:
         o, final_state = fn(q, k, v, *gates.values(), scale, initial_state, chunk_size)
@@ -267,3 +267,9 @@ def run_chunked(
             scale=scale,
         )  # fmt: skip
     return o.to(v.dtype), final_state
+
+
+def state_to_check(initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor | None:
+    """What an op contract's check of a batch of one row sees of the initial state: the state itself, or with
+    packed sequences its first row (one sequence's; the rows' count is checked against cu_seqlens)."""
+    return initial_state if initial_state is None or cu_seqlens is None else initial_state[:1]

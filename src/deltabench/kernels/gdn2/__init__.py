@@ -103,8 +103,8 @@ IMPLS = (
             requires=("triton",),
             constraint=kv_at_most(256),
             varlen=True,
-            notes="chunked forward (C = 64; prepare, apply, walk kernels) and backward (reverse state walk, "
-            "local and pairwise-score gradient kernels), all in Triton",
+            notes="chunked forward (C = 64; scores, inverse, apply, walk kernels) and backward (reverse state "
+            "walk, local and pairwise-score gradient kernels), all in Triton; packed sequences walked one by one",
         )
         for op in ("gdn2", "kda")
     ),

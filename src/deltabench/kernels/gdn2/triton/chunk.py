@@ -31,6 +31,11 @@ Backward: when a gradient is wanted the entries run through :class:`ChunkGDN2Fun
 the state at each chunk's start and v_new (the walk's STORE_STATES) and keeps G, L, P, W and the decayed q and
 k; its backward is :mod:`.chunk_bwd`'s four launches (a reverse state walk, two per-chunk gradient kernels, then
 dg's sums), all Triton, with the same bounded decay ratios. Without a gradient nothing is stored.
+
+Packed sequences (``cu_seqlens``) run on one chunk-aligned row (kernels/common/varlen.chunk_layout: each sequence
+on chunks of its own, its last chunk zero-padded): the per-chunk kernels as they are, the two walks (forward and
+reverse) a program per (V block, sequence, head) over that sequence's chunks alone (layout.walk_place), from and to
+its row of the states.
 """
 
 from __future__ import annotations
@@ -42,9 +47,9 @@ import triton.language as tl
 from ...common.checks import check_op_inputs, default_scale
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
-from ...common.varlen import run_packed
+from ...common.varlen import run_chunk_aligned, state_to_check
 from .chunk_bwd import chunk_gdn2_bwd
-from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place
 
 __all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton_chunk"]
 
@@ -231,20 +236,21 @@ def apply_kernel(
 
 @triton.jit
 def walk_kernel(
-    qd, kd, Wm, Um, G, Pm, h0, o, ht, h, vn,
+    qd, kd, Wm, Um, G, Pm, h0, o, ht, h, vn, starts,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False,
+    HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False, PACKED: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head): the chunks in order, the state [BK, BV] (fp32) in registers; each
     chunk's v_new, output and next state, the final state stored at the end. STORE_STATES (for the backward): the
     state at each chunk's start into h ``[B, NT, H, K, V]`` and v_new into vn ``[B, T, H, V]``, in the inputs'
     dtype. qd and kd are the apply kernel's ``exp(G) * q`` and ``exp(G_C - G) * k`` (made once a chunk there, not in
-    each V block's program here)."""
+    each V block's program here). PACKED: the batch is one chunk-aligned row of sequences and axis 1 is
+    (sequence, head): the program walks only its sequence's chunks ``[starts[s], starts[s + 1])``, from and to
+    its sequence's rows of h0 and ht."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_b, i_h, n0, n1 = walk_place(starts, NT, H, PACKED)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     rc = tl.arange(0, C)
@@ -258,7 +264,7 @@ def walk_kernel(
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
     causal = rc[:, None] >= rc[None, :]
-    for n in range(NT):
+    for n in range(n0, n1):
         row, _, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         mtk = mt[:, None] & mk[None, :]
         mtv = mt[:, None] & mv[None, :]
@@ -301,6 +307,7 @@ def chunk_gdn2_fwd(
     scale: float,
     initial_state: torch.Tensor | None,
     keep: bool = False,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
     ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new, Qd,
@@ -315,6 +322,9 @@ def chunk_gdn2_fwd(
         scale: the query scale.
         initial_state: ``[B, H, K, V]`` fp32 contiguous, or None.
         keep: store the per-chunk states and v_new, and return the saved residuals.
+        starts: packed sequences on a chunk-aligned row (B = 1, kernels/common/varlen.chunk_layout): int32
+            ``[N + 1]``, sequence s on chunks ``[starts[s], starts[s + 1])``, each walked from its row of the
+            initial state ``[N, H, K, V]`` to its row of the final state.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -345,13 +355,15 @@ def chunk_gdn2_fwd(
         num_warps=LAUNCH["apply_warps"], num_stages=1,
     )  # fmt: skip
     o = torch.empty_like(v)
-    ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+    rows = B if starts is None else starts.numel() - 1
+    ht = q.new_empty(rows, H, K, V, dtype=torch.float32)
     h = q.new_empty(B, NT, H, K, V) if keep else None
     vn = torch.empty_like(v) if keep else None
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
-    walk_kernel[(triton.cdiv(V, BV), B * H)](
-        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, scale, T, Tp, NT,
+    walk_kernel[(triton.cdiv(V, BV), rows * H)](
+        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, starts, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
+        PACKED=starts is not None,
         num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     return o, ht, ((G, L, Pm, Wm, h, vn, Qd, Kd) if keep else None)
@@ -369,11 +381,11 @@ class ChunkGDN2Function(torch.autograd.Function):
     beta): their gradients come back full-shaped and autograd sums them through the expand."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
+    def forward(ctx, q, k, v, g, b, w, scale, initial_state, starts):  # type: ignore[no-untyped-def]
         """``(o, final_state)``, the residuals saved for :meth:`backward`."""
-        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True)
+        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True, starts=starts)
         ctx.save_for_backward(q, k, v, b, w, *saved)
-        ctx.scale = scale
+        ctx.scale, ctx.starts = scale, starts
         ctx.dtypes = (g.dtype, b.dtype, w.dtype, None if initial_state is None else initial_state.dtype)
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: the walk starts from zero
         return o, ht
@@ -384,23 +396,33 @@ class ChunkGDN2Function(torch.autograd.Function):
         q, k, v, b, w, *saved = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
-        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht)
+        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht, ctx.starts)
         g_dt, b_dt, w_dt, h0_dt = ctx.dtypes
         dh0 = None if h0_dt is None else dh0.to(h0_dt)
-        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0
+        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0, None
 
 
-def _forward(q, k, v, g, b, w, scale, initial_state):  # type: ignore[no-untyped-def]
+def _forward(q, k, v, g, b, w, scale, initial_state, starts=None):  # type: ignore[no-untyped-def]
     """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd`: through
-    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept)."""
+    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept). `starts`: packed
+    sequences on a chunk-aligned row (:func:`chunk_gdn2_fwd`)."""
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w)
     tensors = (*args, initial_state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return ChunkGDN2Function.apply(*args, scale, initial_state)
+        return ChunkGDN2Function.apply(*args, scale, initial_state, starts)
     with torch.no_grad():
-        return chunk_gdn2_fwd(*args, scale, initial_state)[:2]
+        return chunk_gdn2_fwd(*args, scale, initial_state, starts=starts)[:2]
+
+
+def _packed_rows(q, k, v, g, b, w, *, scale, initial_state, chunk_size, runs):  # type: ignore[no-untyped-def]
+    """The chunk-aligned row of packed sequences (varlen.run_chunk_aligned; chunk_size is CHUNK): b and w ``[1,
+    T, H]`` are KDA's beta, read through stride-0 views as in the dense case."""
+    b, w = _canonical(b), _canonical(w)
+    if b.dim() == 3:
+        b, w = b[..., None].expand(*q.shape), w[..., None].expand(*v.shape)
+    return _forward(q, k, v, g, b, w, scale, initial_state, runs.starts)
 
 
 def _check_kv(name: str, K: int, V: int) -> None:
@@ -428,7 +450,8 @@ def gdn2_triton_chunk(
             b: ``[B, T, H, K]`` erase strength; w: ``[B, T, H, V]`` write strength.
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
-        cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
+        cu_seqlens: packed sequences (B = 1) on a chunk-aligned row, each walked on programs of its own
+            (kernels/common/varlen.run_chunk_aligned); the states are then ``[N, H, K, V]``.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32. Differentiable in q, k, v, g,
@@ -441,13 +464,16 @@ def gdn2_triton_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
         >>> o, ht = gdn2_triton_chunk(**x)
     """
-    if cu_seqlens is not None:
-        return run_packed(
-            gdn2_triton_chunk, q, k, v, g, b, w, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
-        )
-    K, V = check_op_inputs("gdn2", q, k, v, {"g": g, "b": b, "w": w}, initial_state)[3:]
+    gates = {"g": g, "b": b, "w": w}
+    K, V = check_op_inputs("gdn2", q, k, v, gates, state_to_check(initial_state, cu_seqlens))[3:]
     _check_kv("gdn2 triton_chunk", K, V)
-    return _forward(q, k, v, g, _canonical(b), _canonical(w), default_scale(scale, K), initial_state)
+    scale = default_scale(scale, K)
+    if cu_seqlens is not None:
+        return run_chunk_aligned(
+            _packed_rows, q, k, v, g, b, w, cu_seqlens=cu_seqlens, initial_state=initial_state, chunk_size=CHUNK,
+            scale=scale,
+        )  # fmt: skip
+    return _forward(q, k, v, g, _canonical(b), _canonical(w), scale, initial_state)
 
 
 def kda_triton_chunk(
@@ -468,7 +494,8 @@ def kda_triton_chunk(
             stride-0 view along K and V: nothing is expanded in memory).
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]``.
-        cu_seqlens: packed sequences (B = 1), each run on its own (kernels/common/varlen.run_packed).
+        cu_seqlens: packed sequences (B = 1) on a chunk-aligned row, each walked on programs of its own
+            (kernels/common/varlen.run_chunk_aligned); the states are then ``[N, H, K, V]``.
 
     Returns:
         ``(o, final_state)``: ``[B, T, H, V]`` in v's dtype, ``[B, H, K, V]`` fp32; differentiable in every input.
@@ -479,12 +506,14 @@ def kda_triton_chunk(
         >>> x = make_inputs(2, 200, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
         >>> o, ht = kda_triton_chunk(**x)
     """
-    if cu_seqlens is not None:
-        return run_packed(
-            kda_triton_chunk, q, k, v, g, beta, cu_seqlens=cu_seqlens, scale=scale, initial_state=initial_state
-        )
-    B, T, H, K, V = check_op_inputs("kda", q, k, v, {"g": g, "beta": beta}, initial_state)
+    gates = {"g": g, "beta": beta}
+    B, T, H, K, V = check_op_inputs("kda", q, k, v, gates, state_to_check(initial_state, cu_seqlens))
     _check_kv("kda triton_chunk", K, V)
+    if cu_seqlens is not None:
+        return run_chunk_aligned(
+            _packed_rows, q, k, v, g, beta, beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+            chunk_size=CHUNK, scale=default_scale(scale, K),
+        )  # fmt: skip
     beta = _canonical(beta)
     erase, write = beta[..., None].expand(B, T, H, K), beta[..., None].expand(B, T, H, V)
     return _forward(q, k, v, g, erase, write, default_scale(scale, K), initial_state)

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
-from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
@@ -74,19 +74,19 @@ def _grow(G, r, rk, K: tl.constexpr):
 
 @triton.jit
 def state_bwd_kernel(
-    qd, kd, Wm, G, Pm, do, dht, dh, dvn, dh0,
+    qd, kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    HAS_DHT: tl.constexpr, PREC: tl.constexpr,
+    HAS_DHT: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (V block, batch*head), the chunks in reverse, dH [BK, BV] (fp32) in registers: stores dH
     before each chunk's step (the gradient w.r.t. the state at the chunk's end, in the inputs' dtype) and the
     chunk's dv_new; dS_0 (fp32) at the end. P^T, qd^T and W^T are read transposed from memory; qd and kd
-    are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walks')."""
+    are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walks'). PACKED: one program per (V block,
+    sequence*head) over its sequence's chunks alone, as the forward walk's (layout.walk_place)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
+    i_b, i_h, n0, n1 = walk_place(starts, NT, H, PACKED)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     rc = tl.arange(0, C)
@@ -100,8 +100,8 @@ def state_bwd_kernel(
     else:
         dH = tl.zeros([BK, BV], dtype=tl.float32)
     anticausal = rc[:, None] <= rc[None, :]
-    for i in range(NT):
-        n = NT - 1 - i
+    for i in range(n1 - n0):
+        n = n1 - 1 - i
         row, _, mt = rows_of(n * C, 0, T, i_b, i_h, H, Tp, C)
         h_off = ((i_b * NT + n).to(tl.int64) * H + i_h) * K * V
         tl.store(dh + h_off + rk[:, None] * V + rv[None, :], dH.to(dt), mask=mkv)
@@ -358,6 +358,7 @@ def chunk_gdn2_bwd(
     saved: tuple[torch.Tensor, ...],
     do: torch.Tensor,
     dht: torch.Tensor | None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The three backward launches: ``(dq, dk, dv, dg, db, dw, dh0)``; dq, dk, dv in the inputs' dtype, the others
     fp32 (db ``[B, T, H, K]``, dw ``[B, T, H, V]``: the callers reduce them to a strided b's or w's shape).
@@ -367,6 +368,8 @@ def chunk_gdn2_bwd(
         saved: the forward's ``(G, L, P, W, h, v_new, Qd, Kd)`` (:func:`.chunk.chunk_gdn2_fwd` with ``keep=True``).
         do: the output's gradient, contiguous ``[B, T, H, V]`` in v's dtype.
         dht: the final state's gradient, ``[B, H, K, V]`` fp32 contiguous, or None.
+        starts: packed sequences on a chunk-aligned row (B = 1): int32 ``[N + 1]``, sequence s on chunks
+            ``[starts[s], starts[s + 1])``; dht and dh0 then ``[N, H, K, V]``.
     """
     G, L, Pm, Wm, h, vn, Qd, Kd = saved
     B, T, H, K = q.shape
@@ -378,11 +381,12 @@ def chunk_gdn2_bwd(
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
     dh = torch.empty_like(h)
     dvn = torch.empty_like(v)
-    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+    rows = B if starts is None else starts.numel() - 1
+    dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
-    state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, scale, T, Tp, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec,
+    state_bwd_kernel[(triton.cdiv(V, BV), rows * H)](
+        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts, scale, T, Tp, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, PACKED=starts is not None,
         num_warps=BWD_LAUNCH["state_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     f32 = {"dtype": torch.float32, "device": q.device}

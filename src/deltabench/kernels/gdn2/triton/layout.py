@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["CHUNK", "LAUNCH", "SUB", "grid_place", "rows_of", "tile_of"]
+__all__ = ["CHUNK", "LAUNCH", "SUB", "grid_place", "rows_of", "tile_of", "walk_place"]
 
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
@@ -38,6 +38,17 @@ def grid_place(H: tl.constexpr, C: tl.constexpr):
     """A program's place on a (block, chunk, batch*head) grid: ``(block, chunk's first token, batch, head)``."""
     i_bh = tl.program_id(2)
     return tl.program_id(0), tl.program_id(1) * C, i_bh // H, i_bh % H
+
+
+@triton.jit
+def walk_place(starts, NT, H: tl.constexpr, PACKED: tl.constexpr):
+    """A walk program's ``(batch row, head, first chunk, end chunk)`` on a (V block, batch*head) grid; PACKED:
+    axis 1 is (sequence, head) over one chunk-aligned row, sequence s walking chunks ``[starts[s], starts[s + 1])``."""
+    i_bh = tl.program_id(1)
+    if PACKED:
+        return 0, i_bh % H, tl.load(starts + i_bh // H), tl.load(starts + i_bh // H + 1)
+    else:
+        return i_bh // H, i_bh % H, 0, NT
 
 
 @triton.jit

@@ -115,19 +115,23 @@ def _packed_scan(
     V = u0.shape[-1]
     first = list(itertools.accumulate(counts, initial=0))
     order = sorted(range(len(counts)), key=lambda s: -counts[s])
+    walking = [sum(counts[s] > j for s in order) for j in range(counts[order[0]])]  # sequences at step j
+    steps = [first[s] + j for j, m in enumerate(walking) for s in order[:m]]  # the row's chunks in walk order
+    # every index the walk needs, made on the host and moved in one copy (a copy a step would wait for the GPU)
+    back = sorted(range(len(steps)), key=steps.__getitem__)
+    index = torch.tensor(steps + back + sorted(range(len(order)), key=order.__getitem__), device=u0.device)
     if initial_state is None:
         state = u0.new_zeros(len(counts), H, K, V)
     else:
-        state = initial_state.to(torch.float32)[order]
+        state = initial_state.to(torch.float32)[index[-len(order) :].argsort()]
     # every operand chunk-major, [N, H, ...], so that one step's chunks are gathered along dim 0
     u0, w, q_dec, a_qk, k_dec, decay_last = (x[0].transpose(0, 1) for x in (u0, w, q_dec, a_qk, k_dec, decay_last))
-    taken, outs = [], []
-    for j in range(counts[order[0]]):
-        m = sum(counts[s] > j for s in order)
-        idx = torch.tensor([first[s] + j for s in order[:m]], device=u0.device)
+    outs, at = [], 0
+    for m in walking:
+        idx = index[at : at + m]
         o, S = _step(state[:m], *(x[idx] for x in (u0, w, q_dec, a_qk, k_dec, decay_last)))
         outs.append(o)
         state = torch.cat([S, state[m:]])
-        taken.append(idx)
-    o = torch.cat(outs)[torch.argsort(torch.cat(taken))]  # back to the row's chunk order
-    return o.transpose(0, 1)[None], state[torch.argsort(torch.tensor(order, device=state.device))]
+        at += m
+    o = torch.cat(outs)[index[at : 2 * at]]  # back to the row's chunk order
+    return o.transpose(0, 1)[None], state[index[2 * at :]]

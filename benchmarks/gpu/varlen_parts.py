@@ -17,7 +17,6 @@ tiny shapes) runs the same code to check it, timing nothing worth reading.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import statistics
 import sys
@@ -82,24 +81,13 @@ def median_ms(call, device: str) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def kernel_us(call, device: str, calls: int = 3) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """Device time per kernel name, us a call (torch.profiler; empty on the CPU)."""
+def kernel_us(call, device: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Device time per kernel name, us a call (gdn2_triton.py's torch.profiler reading; empty on the CPU)."""
     if device != "cuda":
         return {}
-    from torch.profiler import ProfilerActivity, profile
+    from gdn2_triton import kernel_times  # this script's folder is first on sys.path
 
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    total: dict[str, float] = collections.defaultdict(float)
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if t:
-            total[ev.key] += t / calls
-    return dict(total)
+    return dict(kernel_times(lambda: call(), {}))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

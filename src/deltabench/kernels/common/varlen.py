@@ -132,7 +132,7 @@ class ChunkLayout(NamedTuple):
 
 # The most recent layouts, newest first, each with the cu_seqlens tensor it came from (held, so that its identity
 # cannot pass to another tensor) and that tensor's version (an in-place change makes the entry stale)
-_RECENT: list[tuple[torch.Tensor, int, int, ChunkLayout]] = []
+_RECENT: list[tuple[torch.Tensor, int, tuple[int, int], ChunkLayout]] = []
 _RECENT_KEPT = 8
 
 

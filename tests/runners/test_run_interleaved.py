@@ -126,9 +126,9 @@ def test_the_base_side_runs_the_base_commits_deltabench(
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive.stdout, check=True)
     kernel = repo / "src" / "deltabench" / "kernels" / "gdn" / "torch" / "torch_chunk.py"
     text = kernel.read_text()
-    planted = "return 2 * merge_chunks(o, T).to(v.dtype), final_state"
-    assert text.count("return merge_chunks(o, T).to(v.dtype), final_state") == 1
-    kernel.write_text(text.replace("return merge_chunks(o, T).to(v.dtype), final_state", planted))
+    original, planted = "return merge_chunks(o, T), final_state", "return 2 * merge_chunks(o, T), final_state"
+    assert text.count(original) == 1
+    kernel.write_text(text.replace(original, planted))
     base_commit = _commit(repo, "base with a planted error")
     suite = tiny_suite(tmp_path / "suite.toml")
     monkeypatch.chdir(repo)

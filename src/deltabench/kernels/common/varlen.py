@@ -82,8 +82,7 @@ def run_packed(
     offsets = seq_offsets(cu_seqlens, T, seqs[0].shape[0])
     lengths = [b - a for a, b in itertools.pairwise(offsets)]
     n, longest = len(lengths), max(lengths)
-    if initial_state is not None and initial_state.shape[0] != n:
-        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
+    _check_state_rows(initial_state, n)
 
     if n * longest > PAD_LIMIT * T:
         outs, states = [], []
@@ -234,8 +233,7 @@ def run_chunk_aligned(
         ``(o, final_state)``: ``[1, T, ...]`` and ``[N, ...]``.
     """
     layout = chunk_layout(cu_seqlens, seqs[0].shape[1], chunk_size, seqs[0].shape[0])
-    if initial_state is not None and initial_state.shape[0] != len(layout.counts):
-        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {len(layout.counts)} packed sequences")
+    _check_state_rows(initial_state, len(layout.counts))
     rows = (to_chunks(x, layout) for x in seqs)
     o, final_state = fn(*rows, initial_state=initial_state, chunk_size=chunk_size, runs=layout, **kwargs)
     return from_chunks(o, layout), final_state
@@ -273,3 +271,9 @@ def state_to_check(initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor 
     """What an op contract's check of a batch of one row sees of the initial state: the state itself, or with
     packed sequences its first row (one sequence's; the rows' count is checked against cu_seqlens)."""
     return initial_state if initial_state is None or cu_seqlens is None else initial_state[:1]
+
+
+def _check_state_rows(initial_state: torch.Tensor | None, n: int) -> None:
+    """An initial state of packed sequences has one row a sequence."""
+    if initial_state is not None and initial_state.shape[0] != n:
+        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")

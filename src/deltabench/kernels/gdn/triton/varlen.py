@@ -10,7 +10,7 @@ of the final state's gradient, back to its row of the initial state's), so a wal
 sequence, not the row. The layout wastes at most 63 tokens a sequence, where a dense batch padded to the longest
 sequence (kernels/common/varlen.py) wastes up to ``N * max - T``.
 
-The layout is kernels/common/varlen.py's (:func:`chunk_layout`, kept per cu_seqlens tensor; one copy into it and
+The layout is kernels/common/varlen.py's (``run_chunk_aligned``: kept per cu_seqlens tensor; one copy into it and
 one out, the pads alone zeroed).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ...common.varlen import chunk_layout, from_chunks, to_chunks
+from ...common.varlen import run_chunk_aligned
 from . import walk
 from .inputs import prepare_chunk_inputs
 from .local_bwd import local_bwd
@@ -73,13 +73,15 @@ def packed_chunk_gated_delta_rule(
     """Chunked Triton GDN over packed sequences: q, k ``[1, T, H, K]`` ..., int32 `cu_seqlens` ``[N + 1]``, the
     initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward. Returns ``(o [1, T, H, V],
     final_state [N, H, K, V] fp32)``."""
-    layout = chunk_layout(cu_seqlens, q.shape[1], CHUNK, q.shape[0])
-    n = len(layout.counts)
-    if initial_state is not None and initial_state.shape[0] != n:
-        raise ValueError(f"initial_state has {initial_state.shape[0]} rows for {n} packed sequences")
-    scale, tensors, initial_state, _ = prepare_chunk_inputs(
-        "triton_chunk", *(to_chunks(x, layout) for x in (q, k, v, g, beta)), scale, initial_state
-    )
-    packing = Packing(layout.starts, n, min(layout.counts))
-    o, ht = _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)
-    return from_chunks(o, layout), ht
+    return run_chunk_aligned(
+        _packed_rows, q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, chunk_size=CHUNK,
+        scale=scale, split=split,
+    )  # fmt: skip
+
+
+def _packed_rows(q, k, v, g, beta, *, scale, initial_state, chunk_size, runs, split):  # type: ignore[no-untyped-def]
+    """The chunk-aligned row (varlen.run_chunk_aligned; chunk_size is CHUNK) through :class:`_PackedChunkFunction`,
+    each sequence walked on its chunks (walk.Packing)."""
+    scale, tensors, initial_state, _ = prepare_chunk_inputs("triton_chunk", q, k, v, g, beta, scale, initial_state)
+    packing = Packing(runs.starts, len(runs.counts), min(runs.counts))
+    return _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)

@@ -416,13 +416,17 @@ def _forward(q, k, v, g, b, w, scale, initial_state, starts=None):  # type: igno
         return chunk_gdn2_fwd(*args, scale, initial_state, starts=starts)[:2]
 
 
-def _packed_rows(q, k, v, g, b, w, *, scale, initial_state, chunk_size, runs):  # type: ignore[no-untyped-def]
-    """The chunk-aligned row of packed sequences (varlen.run_chunk_aligned; chunk_size is CHUNK): b and w ``[1,
-    T, H]`` are KDA's beta, read through stride-0 views as in the dense case."""
-    b, w = _canonical(b), _canonical(w)
-    if b.dim() == 3:
-        b, w = b[..., None].expand(*q.shape), w[..., None].expand(*v.shape)
+def _packed_rows(q, k, v, g, b, w=None, *, scale, initial_state, chunk_size, runs):  # type: ignore[no-untyped-def]
+    """The chunk-aligned row of packed sequences (varlen.run_chunk_aligned; chunk_size is CHUNK): GDN-2's b and w,
+    or KDA's beta alone as `b` (w None), read through stride-0 views as in the dense case."""
+    b, w = _beta_views(b, q, v) if w is None else (_canonical(b), _canonical(w))
     return _forward(q, k, v, g, b, w, scale, initial_state, runs.starts)
+
+
+def _beta_views(beta: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA's erase and write strengths: beta ``[B, T, H]`` as stride-0 views over q's K and v's V channels."""
+    beta = _canonical(beta)
+    return beta[..., None].expand(*q.shape), beta[..., None].expand(*v.shape)
 
 
 def _check_kv(name: str, K: int, V: int) -> None:
@@ -507,13 +511,11 @@ def kda_triton_chunk(
         >>> o, ht = kda_triton_chunk(**x)
     """
     gates = {"g": g, "beta": beta}
-    B, T, H, K, V = check_op_inputs("kda", q, k, v, gates, state_to_check(initial_state, cu_seqlens))
+    K, V = check_op_inputs("kda", q, k, v, gates, state_to_check(initial_state, cu_seqlens))[3:]
     _check_kv("kda triton_chunk", K, V)
     if cu_seqlens is not None:
         return run_chunk_aligned(
-            _packed_rows, q, k, v, g, beta, beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
-            chunk_size=CHUNK, scale=default_scale(scale, K),
+            _packed_rows, q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, chunk_size=CHUNK,
+            scale=default_scale(scale, K),
         )  # fmt: skip
-    beta = _canonical(beta)
-    erase, write = beta[..., None].expand(B, T, H, K), beta[..., None].expand(B, T, H, V)
-    return _forward(q, k, v, g, erase, write, default_scale(scale, K), initial_state)
+    return _forward(q, k, v, g, *_beta_views(beta, q, v), default_scale(scale, K), initial_state)

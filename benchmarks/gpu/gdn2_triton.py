@@ -3,7 +3,7 @@
 on the gdn2-gpu and kda-gpu suites, the gate itself from `deltabench verify`).
 
     python benchmarks/gpu/gdn2_triton.py [--ops gdn2,kda] [--shapes 8,4096,6,128;4,8192,16,128] [--sweep] [--no-fla]
-        [--bwd]
+        [--bwd] [--keys "pair_block_k,pair_warps;local_warps"]
 
 ``--bwd``: the same for forward and backward (chunk_bwd.py): one call is the forward and the gradients of every
 input from fixed random output and final-state gradients; each gradient compared with FLA's (relative max
@@ -152,6 +152,17 @@ def say_kernels(mine, theirs, x, fla_rows: int) -> None:  # type: ignore[no-unty
             say(f"    FLA  {kname:<60} {us:8.1f} us")
 
 
+def only(grid: dict, keys: str) -> dict:
+    """`grid` cut to the ';'-separated `keys` (all of it when empty); an unknown key is an error."""
+    if not keys:
+        return grid
+    wanted = keys.split(";")
+    unknown = [k for k in wanted if k not in grid]
+    if unknown:
+        raise SystemExit(f"--keys: unknown sweep keys {unknown}; known: {list(grid)}")
+    return {k: grid[k] for k in wanted}
+
+
 def sweep(table: dict, grid: dict, mine, x, reference: tuple[torch.Tensor, ...]) -> None:  # type: ignore[no-untyped-def]
     """Each setting of `grid` set alone in the launch `table` (restored after): `mine`'s outputs compared with
     `reference` (the default's), timed when they agree within 1e-2; a setting that fails to compile is reported.
@@ -186,6 +197,7 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--bwd", action="store_true", help="time and check forward and backward (see the docstring)")
+    p.add_argument("--keys", default="", help="--sweep: only these sweep keys (';'-separated, e.g. 'pair_block_k,pair_warps')")
     a = p.parse_args()
     if a.bwd:
         main_bwd(a)
@@ -210,7 +222,7 @@ def main() -> None:
             say(line)
             say_kernels(mine, theirs, x, fla_rows=8)
             if a.sweep:
-                sweep(chunk.LAUNCH, SWEEP, mine, x, (o, ht))
+                sweep(chunk.LAUNCH, only(SWEEP, a.keys), mine, x, (o, ht))
             del x
             torch.cuda.empty_cache()
 
@@ -244,7 +256,7 @@ def main_bwd(a: argparse.Namespace) -> None:
             say(line)
             say_kernels(mine, theirs, x, fla_rows=12)
             if a.sweep:
-                sweep(chunk_bwd.BWD_LAUNCH, SWEEP_BWD, mine, x, grads)
+                sweep(chunk_bwd.BWD_LAUNCH, only(SWEEP_BWD, a.keys), mine, x, grads)
             del x
             torch.cuda.empty_cache()
 

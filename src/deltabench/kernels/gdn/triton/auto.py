@@ -118,12 +118,10 @@ def gdn_triton_chunk_auto(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Registry entry (impl ``triton_chunk_auto``): ``chunk_gated_delta_rule_auto`` with the final state.
-    ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py), by :func:`pick`'s path for the
-    packed row as one sequence: a rule timed on dense rows, whose walks are not the packed ones (each sequence walks
-    on programs of its own); no packed rule has been timed."""
+    ``cu_seqlens``: packed sequences, each on chunks of its own (triton/varlen.py), by :func:`pick`'s path for as
+    many sequences as the longest (each sequence walks on programs of its own, as a dense batch's rows do)."""
     if cu_seqlens is not None:
         from .varlen import packed_chunk_gated_delta_rule
 
-        path, _ = pick(1, q.shape[1], q.shape[2], q.shape[3], v.shape[-1])
-        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, split=path == "split")
+        return packed_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, split=None)
     return chunk_gated_delta_rule_auto(q, k, v, g, beta, scale, initial_state, output_final_state=True)

@@ -197,7 +197,7 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--bwd", action="store_true", help="time and check forward and backward (see the docstring)")
-    p.add_argument("--keys", default="", help="--sweep: only these sweep keys (';'-separated, e.g. 'pair_block_k,pair_warps')")
+    p.add_argument("--keys", default="", help="--sweep: only these keys (';'-separated: 'pair_block_k,pair_warps')")
     a = p.parse_args()
     if a.bwd:
         main_bwd(a)

@@ -24,8 +24,8 @@ Usage::
         [--seqlens 17,64,1,218] [--impl triton_chunk] [--launch pair_block_k=32 ...] [--arch 90]
         [--cuobjdump PATH]
 
-``--launch KEY=VALUE`` sets one entry of the op's fixed launch tables (GDN-2 / KDA: ``LAUNCH`` and ``BWD_LAUNCH``)
-for the run, to read a candidate config's registers before a GPU sweep times it.
+``--launch KEY=VALUE`` (an integer, True or False) sets one entry of the op's fixed launch tables (GDN-2 / KDA:
+``LAUNCH`` and ``BWD_LAUNCH``) for the run, to read a candidate config's registers before a GPU sweep times it.
 """
 
 from __future__ import annotations
@@ -242,9 +242,11 @@ def main() -> int:
     for item in args.launch:
         key, _, value = item.partition("=")
         table = next((t for t in LAUNCH_TABLES[args.op] if key in t), None)
-        if table is None or not value.isdigit():
-            ap.exit(2, f"kernel_resources.py: --launch {item!r}: not KEY=INT for a key of {args.op}'s launch tables\n")
-        table[key] = int(value)
+        flag = {"True": True, "False": False}.get(value)
+        if table is None or not (value.isdigit() or flag is not None):
+            msg = f"--launch {item!r}: not KEY=INT|True|False for a key of {args.op}'s launch tables"
+            ap.exit(2, f"kernel_resources.py: {msg}\n")
+        table[key] = int(value) if flag is None else flag
     if not os.path.exists(args.cuobjdump):
         ap.exit(2, f"kernel_resources.py: no cuobjdump at {args.cuobjdump} (pass --cuobjdump)\n")
     seqlens = [int(n) for n in args.seqlens.split(",")] if args.seqlens else None

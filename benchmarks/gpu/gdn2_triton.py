@@ -61,8 +61,9 @@ SWEEP_BWD = {
     # the pair kernel's channels split over programs (sm_90 at K = 128, Triton 3.6: 128/2 255 registers and 960
     # stack bytes; 64/2 255 and 64; 64/4 and 32/2 158, no stack; 32/1 255 and 48)
     "pair_block_k,pair_warps": [(64, 2), (64, 4), (32, 1), (32, 2), (32, 4), (16, 1), (16, 2)],
-    # the diagonal block's pairs at once ([16, 16, pair_block_k] tiles)
-    "pair_diag_cube,pair_block_k,pair_warps": [(True, 16, 1), (True, 16, 2), (True, 32, 2), (True, 32, 4)],
+    # the diagonal block's pairs at once ([16, 16, pair_block_k] tiles; sm_90, Triton 3.6, registers / stack bytes:
+    # 16/4 229/0, 8/2 204/0, 32/8 199/0, 16/2 255/216, 32/4 255/72, 16/1 168/2192)
+    "pair_diag_cube,pair_block_k,pair_warps": [(True, 16, 4), (True, 8, 2), (True, 32, 8), (True, 16, 2)],
 }
 
 

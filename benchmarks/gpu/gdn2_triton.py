@@ -43,6 +43,7 @@ from deltabench.references import kda as ref_kda
 
 SWEEP = {
     "scores_warps": [2],
+    "scores_unroll": [True],
     "scores_far_cols": [16, 64],
     "inverse_warps": [2],
     "apply_cols": [64],

@@ -59,6 +59,8 @@ SWEEP_BWD = {
     "local_block_v": [32, 128],
     "local_warps": [8],
     "pair_warps": [4],
+    # sm_90, Triton 3.6: the default 64/32 at 4 warps 255 registers and 280 stack bytes; 32/16 255 and none
+    "local_block_v,local_block_k": [(32, 16)],
     # the pair kernel's channels split over programs (sm_90 at K = 128, Triton 3.6: 128/2 255 registers and 960
     # stack bytes; 64/2 255 and 64; 64/4 and 32/2 158, no stack; 32/1 255 and 48)
     "pair_block_k,pair_warps": [(64, 2), (64, 4), (32, 1), (32, 2), (32, 4), (16, 1), (16, 2)],

@@ -113,6 +113,9 @@ class ChunkLayout(NamedTuple):
         positions: int64 ``[T]`` on the inputs' device, the row index of each packed token.
         pads: int64, the row indices no token takes (each sequence's last chunk's tail).
         starts: int32 ``[N + 1]`` on the inputs' device, sequence i's chunks ``[starts[i], starts[i + 1])``.
+        order: int32 ``[N]`` on the inputs' device, the sequences longest first (ties: the earlier first), the
+            order their walks are launched in: a GPU starts programs in launch order, and when the walks outnumber
+            the programs it holds at once, the longest ones started last would end last.
         counts: the chunks of each sequence.
         chunk: C.
     """
@@ -120,6 +123,7 @@ class ChunkLayout(NamedTuple):
     positions: torch.Tensor
     pads: torch.Tensor
     starts: torch.Tensor
+    order: torch.Tensor
     counts: tuple[int, ...]
     chunk: int
 
@@ -158,6 +162,7 @@ def chunk_layout(cu_seqlens: torch.Tensor, T: int, chunk: int, B: int = 1) -> Ch
         positions.to(device),
         (~taken).nonzero().flatten().to(device),
         torch.tensor(starts, dtype=torch.int32, device=device),
+        torch.tensor(sorted(range(len(counts)), key=lambda i: -counts[i]), dtype=torch.int32, device=device),
         counts,
         chunk,
     )

@@ -40,7 +40,7 @@ def _chunk_gates(g, row, mt):
 
 @triton.jit
 def state_fwd_kernel(
-    q, k, w, u, g, h0, h, vnew, o, ht, starts,
+    q, k, w, u, g, h0, h, vnew, o, ht, starts, order,
     scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr,
@@ -60,7 +60,7 @@ def state_fwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
+    n0, n1, state_off = walk_span(starts, order, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
@@ -124,7 +124,7 @@ def _bwd_step(dH, kc, qT, wT, doc, G, G_last, anticausal, scale, dt: tl.constexp
 
 @triton.jit
 def state_bwd_kernel(
-    q, k, w, g, do, dht, dh, dvnew, dh0, starts,
+    q, k, w, g, do, dht, dh, dvnew, dh0, starts, order,
     scale, T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_DHT: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False, VARLEN: tl.constexpr = False,
@@ -145,7 +145,7 @@ def state_bwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = q.dtype.element_ty
-    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
+    n0, n1, state_off = walk_span(starts, order, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG
@@ -311,12 +311,12 @@ def state_fwd(
     o = torch.empty_like(u)
     h = q.new_empty(B, NT, H, K, V) if store_states else None
     vnew = torch.empty_like(u) if store_states else None
-    starts, walks, shortest, rows = walk_grid(packed, B, NT, 1)
+    starts, order, walks, shortest, rows = walk_grid(packed, B, NT, 1)
     ht = q.new_empty(rows, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = padded(K)
     BV, warps, stages = fwd_launch_config(V, B * H * walks, BK, shortest)
     state_fwd_kernel[(triton.cdiv(V, BV), B * H, walks)](
-        q, k, w, u, g, initial_state, h, vnew, o, ht, starts, scale, T, NT,
+        q, k, w, u, g, initial_state, h, vnew, o, ht, starts, order, scale, T, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=initial_state is not None, STORE_STATES=store_states, STORE_FINAL=output_final_state,
         PREC=dot_precision(q.dtype), VARLEN=packed is not None, num_warps=warps, num_stages=stages,
@@ -348,7 +348,7 @@ def state_bwd(
     V = do.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, 1 if packed is not None else segments)
-    starts, walks, shortest, rows = walk_grid(packed, B, seg, P)
+    starts, order, walks, shortest, rows = walk_grid(packed, B, seg, P)
     BK = padded(K)
     BV, warps, stages = config or bwd_launch_config(V, B * H * walks, BK, shortest)
     dh = q.new_empty(B, NT, H, K, V)
@@ -367,7 +367,7 @@ def state_bwd(
         last = dht.reshape(B * H, K, V) if dht is not None else b.new_zeros(B * H, K, V)
         entering = compose_segments(M, b, last, reverse=True)
     state_bwd_kernel[(triton.cdiv(V, BV), B * H, walks)](
-        q, k, w, g, do, entering, dh, dvnew, dh0, starts, scale, T, NT, seg,
+        q, k, w, g, do, entering, dh, dvnew, dh0, starts, order, scale, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=entering is not None, PREC=dot_precision(q.dtype),
         SEGMENTED=P > 1, VARLEN=packed is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -89,5 +89,5 @@ def _packed_rows(q, k, v, g, beta, *, scale, initial_state, chunk_size, runs, sp
 
         path, _ = pick(len(runs.counts), max(runs.counts) * CHUNK, q.shape[2], q.shape[3], v.shape[-1])
         split = path == "split"
-    packing = Packing(runs.starts, len(runs.counts), min(runs.counts))
+    packing = Packing(runs.starts, runs.order, len(runs.counts), min(runs.counts))
     return _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)

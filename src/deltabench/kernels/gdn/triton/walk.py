@@ -90,10 +90,12 @@ H200_CLEAN = {
 class Packing(NamedTuple):
     """N packed sequences laid out chunk-aligned in a batch of one (triton/varlen.py), walked one program per
     (sequence, head): sequence i holds chunks ``[starts[i], starts[i + 1])`` (`starts` int32 ``[N + 1]`` on the
-    inputs' device), and its initial and final states are row i of ``[N, H, K, V]``. `shortest`: the fewest chunks
+    inputs' device), and its initial and final states are row i of ``[N, H, K, V]``; `order` int32 ``[N]``, the
+    sequences in launch order (longest first: kernels/common/varlen.ChunkLayout). `shortest`: the fewest chunks
     a sequence has, the walk length the launch configs' stages are held to."""
 
     starts: torch.Tensor
+    order: torch.Tensor
     n: int
     shortest: int
 
@@ -117,16 +119,17 @@ def _chunk_step(S, kT, wc, uc, gc, dt: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def walk_span(starts, i_bh, NT, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VARLEN: tl.constexpr):
+def walk_span(starts, order, i_bh, NT, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, VARLEN: tl.constexpr):
     """The chunks a walk program covers and its state slice: ``(first chunk, one past the last, the offsets of its
     [BK, BV] slice of the states)``. Dense: every chunk of its (batch, head) row `i_bh`, the state row `i_bh`.
-    VARLEN: the packed sequence i of grid axis 2 (:class:`Packing`, a batch of one), its chunks from the table
-    `starts`, and head i_h's row of the per-sequence states [N, H, K, V] seen as [N*H, K, V]."""
+    VARLEN: the packed sequence ``order[i]`` for place i of grid axis 2 (:class:`Packing`, a batch of one), its
+    chunks from the table `starts`, and head i_h's row of the per-sequence states [N, H, K, V] seen as
+    [N*H, K, V]."""
     n0 = 0
     n1 = NT
     state_row = i_bh
     if VARLEN:
-        i_s = tl.program_id(2)
+        i_s = tl.load(order + tl.program_id(2))
         n0 = tl.load(starts + i_s)
         n1 = tl.load(starts + i_s + 1)
         state_row = i_s * H + i_bh % H
@@ -135,7 +138,7 @@ def walk_span(starts, i_bh, NT, rk, rv, H: tl.constexpr, K: tl.constexpr, V: tl.
 
 @triton.jit
 def state_walk_kernel(
-    k, w, u, g, h0, h, vnew, ht, starts,
+    k, w, u, g, h0, h, vnew, ht, starts, order,
     T, NT, SEG,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr, SEGMENTED: tl.constexpr = False,
@@ -157,7 +160,7 @@ def state_walk_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = k.dtype.element_ty
-    n0, n1, state_off = walk_span(starts, i_bh, NT, rk, rv, H, K, V, VARLEN)
+    n0, n1, state_off = walk_span(starts, order, i_bh, NT, rk, rv, H, K, V, VARLEN)
     if SEGMENTED:
         i_p = tl.program_id(2)
         n0 = i_p * SEG
@@ -272,13 +275,16 @@ def walk_segments(NT: int, segments: int) -> tuple[int, int]:
     return seg, triton.cdiv(NT, seg)
 
 
-def walk_grid(packed: Packing | None, B: int, seg: int, P: int) -> tuple[torch.Tensor | None, int, int, int]:
-    """``(starts, walks, shortest, rows)`` of a walk launch: the packed table (None when dense), the programs side
-    by side on grid axis 2 (`P` segments of `seg` chunks, or one per packed sequence), the fewest chunks a program
-    walks (which bounds its stages), and the rows of its initial and final states (`B`, or one per sequence)."""
+def walk_grid(
+    packed: Packing | None, B: int, seg: int, P: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, int, int, int]:
+    """``(starts, order, walks, shortest, rows)`` of a walk launch: the packed tables (None when dense), the
+    programs side by side on grid axis 2 (`P` segments of `seg` chunks, or one per packed sequence), the fewest
+    chunks a program walks (which bounds its stages), and the rows of its initial and final states (`B`, or one per
+    sequence)."""
     if packed is None:
-        return None, P, seg, B
-    return packed.starts, packed.n, packed.shortest, packed.n
+        return None, None, P, seg, B
+    return packed.starts, packed.order, packed.n, packed.shortest, packed.n
 
 
 def compose_segments(M: torch.Tensor, b: torch.Tensor, first: torch.Tensor, *, reverse: bool) -> torch.Tensor:
@@ -335,7 +341,7 @@ def state_walk(
     V = u.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     seg, P = walk_segments(NT, segments if packed is None else 1)
-    starts, walks, shortest, rows = walk_grid(packed, B, seg, P)
+    starts, order, walks, shortest, rows = walk_grid(packed, B, seg, P)
     BK = padded(K)
     BV, warps, stages = config or launch_config(V, B * H * walks, BK, shortest)
     h = k.new_empty(B, NT, H, K, V)
@@ -354,7 +360,7 @@ def state_walk(
         first = initial_state.reshape(B * H, K, V) if initial_state is not None else b.new_zeros(B * H, K, V)
         start = compose_segments(M, b, first, reverse=False)
     state_walk_kernel[(triton.cdiv(V, BV), B * H, walks)](
-        k, w, u, g, start, h, vnew, ht, starts, T, NT, seg,
+        k, w, u, g, start, h, vnew, ht, starts, order, T, NT, seg,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK,
         HAS_H0=start is not None, STORE_FINAL=output_final_state, PREC=dot_precision(k.dtype), SEGMENTED=P > 1,
         VARLEN=packed is not None, num_warps=warps, num_stages=stages,

@@ -250,7 +250,7 @@ def apply_kernel(
 
 @triton.jit
 def walk_kernel(
-    qd, kd, Wm, Um, G, Pm, h0, o, ht, h, vn, starts,
+    qd, kd, Wm, Um, G, Pm, h0, o, ht, h, vn, starts, order,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_H0: tl.constexpr, PREC: tl.constexpr, STORE_STATES: tl.constexpr = False, PACKED: tl.constexpr = False,
@@ -260,11 +260,10 @@ def walk_kernel(
     state at each chunk's start into h ``[B, NT, H, K, V]`` and v_new into vn ``[B, T, H, V]``, in the inputs'
     dtype. qd and kd are the apply kernel's ``exp(G) * q`` and ``exp(G_C - G) * k`` (made once a chunk there, not in
     each V block's program here). PACKED: the batch is one chunk-aligned row of sequences and axis 1 is
-    (sequence, head): the program walks only its sequence's chunks ``[starts[s], starts[s + 1])``, from and to
-    its sequence's rows of h0 and ht."""
+    (place, head), the place's sequence s (longest first, `order`): the program walks only its chunks
+    ``[starts[s], starts[s + 1])``, from and to its rows of h0 and ht (layout.walk_place)."""
     i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b, i_h, n0, n1 = walk_place(starts, NT, H, PACKED)
+    i_b, i_h, n0, n1, state_row = walk_place(starts, order, NT, H, PACKED)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     rc = tl.arange(0, C)
@@ -272,7 +271,7 @@ def walk_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = qd.dtype.element_ty
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if HAS_H0:
         S = tl.load(h0 + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
@@ -322,6 +321,7 @@ def chunk_gdn2_fwd(
     initial_state: torch.Tensor | None,
     keep: bool = False,
     starts: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
     ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new, Qd,
@@ -339,6 +339,8 @@ def chunk_gdn2_fwd(
         starts: packed sequences on a chunk-aligned row (B = 1, kernels/common/varlen.chunk_layout): int32
             ``[N + 1]``, sequence s on chunks ``[starts[s], starts[s + 1])``, each walked from its row of the
             initial state ``[N, H, K, V]`` to its row of the final state.
+        order: with `starts`, int32 ``[N]``, the sequences in the order their walks are launched (longest first:
+            kernels/common/varlen.ChunkLayout).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -375,7 +377,7 @@ def chunk_gdn2_fwd(
     vn = torch.empty_like(v) if keep else None
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     walk_kernel[(triton.cdiv(V, BV), rows * H)](
-        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, starts, scale, T, Tp, NT,
+        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, starts, order, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
         PACKED=starts is not None,
         num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
@@ -395,11 +397,11 @@ class ChunkGDN2Function(torch.autograd.Function):
     beta): their gradients come back full-shaped and autograd sums them through the expand."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, b, w, scale, initial_state, starts):  # type: ignore[no-untyped-def]
+    def forward(ctx, q, k, v, g, b, w, scale, initial_state, starts, order):  # type: ignore[no-untyped-def]
         """``(o, final_state)``, the residuals saved for :meth:`backward`."""
-        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True, starts=starts)
+        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True, starts=starts, order=order)
         ctx.save_for_backward(q, k, v, b, w, *saved)
-        ctx.scale, ctx.starts = scale, starts
+        ctx.scale, ctx.starts, ctx.order = scale, starts, order
         ctx.dtypes = (g.dtype, b.dtype, w.dtype, None if initial_state is None else initial_state.dtype)
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: the walk starts from zero
         return o, ht
@@ -410,31 +412,33 @@ class ChunkGDN2Function(torch.autograd.Function):
         q, k, v, b, w, *saved = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
-        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht, ctx.starts)
+        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(
+            q, k, v, b, w, ctx.scale, tuple(saved), do, dht, ctx.starts, ctx.order
+        )
         g_dt, b_dt, w_dt, h0_dt = ctx.dtypes
         dh0 = None if h0_dt is None else dh0.to(h0_dt)
-        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0, None
+        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0, None, None
 
 
-def _forward(q, k, v, g, b, w, scale, initial_state, starts=None):  # type: ignore[no-untyped-def]
+def _forward(q, k, v, g, b, w, scale, initial_state, starts=None, order=None):  # type: ignore[no-untyped-def]
     """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd`: through
-    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept). `starts`: packed
-    sequences on a chunk-aligned row (:func:`chunk_gdn2_fwd`)."""
+    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept). `starts`, `order`:
+    packed sequences on a chunk-aligned row (:func:`chunk_gdn2_fwd`)."""
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w)
     tensors = (*args, initial_state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return ChunkGDN2Function.apply(*args, scale, initial_state, starts)
+        return ChunkGDN2Function.apply(*args, scale, initial_state, starts, order)
     with torch.no_grad():
-        return chunk_gdn2_fwd(*args, scale, initial_state, starts=starts)[:2]
+        return chunk_gdn2_fwd(*args, scale, initial_state, starts=starts, order=order)[:2]
 
 
 def _packed_rows(q, k, v, g, b, w=None, *, scale, initial_state, chunk_size, runs):  # type: ignore[no-untyped-def]
     """The chunk-aligned row of packed sequences (varlen.run_chunk_aligned; chunk_size is CHUNK): GDN-2's b and w,
     or KDA's beta alone as `b` (w None), read through stride-0 views as in the dense case."""
     b, w = _beta_views(b, q, v) if w is None else (_canonical(b), _canonical(w))
-    return _forward(q, k, v, g, b, w, scale, initial_state, runs.starts)
+    return _forward(q, k, v, g, b, w, scale, initial_state, runs.starts, runs.order)
 
 
 def _beta_views(beta: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -76,7 +76,7 @@ def _grow(G, r, rk, K: tl.constexpr):
 
 @triton.jit
 def state_bwd_kernel(
-    qd, kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts,
+    qd, kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts, order,
     scale, T, Tp, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     HAS_DHT: tl.constexpr, PREC: tl.constexpr, PACKED: tl.constexpr = False,
@@ -87,8 +87,7 @@ def state_bwd_kernel(
     are the forward's ``exp(G) * q`` and ``exp(G_C - G) * k`` (the walks'). PACKED: one program per (V block,
     sequence*head) over its sequence's chunks alone, as the forward walk's (layout.walk_place)."""
     i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b, i_h, n0, n1 = walk_place(starts, NT, H, PACKED)
+    i_b, i_h, n0, n1, state_row = walk_place(starts, order, NT, H, PACKED)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     rc = tl.arange(0, C)
@@ -96,7 +95,7 @@ def state_bwd_kernel(
     mv = rv < V
     mkv = mk[:, None] & mv[None, :]
     dt = qd.dtype.element_ty
-    state_off = i_bh.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
+    state_off = state_row.to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
     if HAS_DHT:
         dH = tl.load(dht + state_off, mask=mkv, other=0.0).to(tl.float32)
     else:
@@ -370,6 +369,7 @@ def chunk_gdn2_bwd(
     do: torch.Tensor,
     dht: torch.Tensor | None,
     starts: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The three backward launches: ``(dq, dk, dv, dg, db, dw, dh0)``; dq, dk, dv in the inputs' dtype, the others
     fp32 (db ``[B, T, H, K]``, dw ``[B, T, H, V]``: the callers reduce them to a strided b's or w's shape).
@@ -381,6 +381,7 @@ def chunk_gdn2_bwd(
         dht: the final state's gradient, ``[B, H, K, V]`` fp32 contiguous, or None.
         starts: packed sequences on a chunk-aligned row (B = 1): int32 ``[N + 1]``, sequence s on chunks
             ``[starts[s], starts[s + 1])``; dht and dh0 then ``[N, H, K, V]``.
+        order: with `starts`, the sequences in launch order (:func:`.chunk.chunk_gdn2_fwd`'s).
     """
     G, L, Pm, Wm, h, vn, Qd, Kd = saved
     B, T, H, K = q.shape
@@ -396,7 +397,7 @@ def chunk_gdn2_bwd(
     dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     state_bwd_kernel[(triton.cdiv(V, BV), rows * H)](
-        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts, scale, T, Tp, NT,
+        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts, order, scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, PACKED=starts is not None,
         num_warps=BWD_LAUNCH["state_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip

@@ -43,14 +43,17 @@ def grid_place(H: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def walk_place(starts, NT, H: tl.constexpr, PACKED: tl.constexpr):
-    """A walk program's ``(batch row, head, first chunk, end chunk)`` on a (V block, batch*head) grid; PACKED:
-    axis 1 is (sequence, head) over one chunk-aligned row, sequence s walking chunks ``[starts[s], starts[s + 1])``."""
+def walk_place(starts, order, NT, H: tl.constexpr, PACKED: tl.constexpr):
+    """A walk program's ``(batch row, head, first chunk, end chunk, state row)`` on a (V block, batch*head) grid,
+    the state row its row of the states seen as ``[rows*H, K, V]``; PACKED: axis 1 is (place, head) over one
+    chunk-aligned row, the place's sequence ``s = order[place]`` (longest first) walking chunks
+    ``[starts[s], starts[s + 1])`` from and to row s of the states."""
     i_bh = tl.program_id(1)
     if PACKED:
-        return 0, i_bh % H, tl.load(starts + i_bh // H), tl.load(starts + i_bh // H + 1)
+        s = tl.load(order + i_bh // H)
+        return 0, i_bh % H, tl.load(starts + s), tl.load(starts + s + 1), s * H + i_bh % H
     else:
-        return i_bh // H, i_bh % H, 0, NT
+        return i_bh // H, i_bh % H, 0, NT, i_bh
 
 
 @triton.jit

@@ -122,15 +122,11 @@ def test_gradients_with_the_local_kernels_v_loop_in_several_blocks(monkeypatch: 
     _check("gdn2", x, seed=10)
 
 
-@pytest.mark.parametrize("op,cube", [("gdn2", False), ("kda", False), ("gdn2", True), ("kda", True)])
-def test_gradients_with_the_pair_kernels_channels_in_several_blocks(
-    op: str, cube: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("op", ["gdn2", "kda"])
+def test_gradients_with_the_pair_kernels_channels_in_several_blocks(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pair kernel's channels split over programs of 16 (K = 40: three blocks, the last partial), as a GPU
-    launch may split K = 128; every row block, diagonal and off-diagonal terms, in each; the diagonal block a key
-    row at a time and (cube) all its pairs at once."""
+    launch splits K = 128; every row block, diagonal and off-diagonal terms, in each."""
     monkeypatch.setitem(chunk_bwd.BWD_LAUNCH, "pair_block_k", 16)
-    monkeypatch.setitem(chunk_bwd.BWD_LAUNCH, "pair_diag_cube", cube)
     x = OPS[op][2](1, 70, 3, 40, 24, seed=11, regime="strong", initial_state=True)
     _check(op, x, seed=12)
 

@@ -68,11 +68,10 @@ def packed_chunk_gated_delta_rule(
     scale: float | None,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor,
-    split: bool | None = False,
+    split: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked Triton GDN over packed sequences: q, k ``[1, T, H, K]`` ..., int32 `cu_seqlens` ``[N + 1]``, the
-    initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward; None: auto.pick's path for N
-    sequences as long as the longest (the walks' programs and serial depth). Returns ``(o [1, T, H, V],
+    initial state ``[N, H, K, V]`` or None; `split`: chunk_split.py's forward. Returns ``(o [1, T, H, V],
     final_state [N, H, K, V] fp32)``."""
     return run_chunk_aligned(
         _packed_rows, q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state, chunk_size=CHUNK,
@@ -84,10 +83,5 @@ def _packed_rows(q, k, v, g, beta, *, scale, initial_state, chunk_size, runs, sp
     """The chunk-aligned row (varlen.run_chunk_aligned; chunk_size is CHUNK) through :class:`_PackedChunkFunction`,
     each sequence walked on its chunks (walk.Packing)."""
     scale, tensors, initial_state, _ = prepare_chunk_inputs("triton_chunk", q, k, v, g, beta, scale, initial_state)
-    if split is None:
-        from .auto import pick
-
-        path, _ = pick(len(runs.counts), max(runs.counts) * CHUNK, q.shape[2], q.shape[3], v.shape[-1])
-        split = path == "split"
     packing = Packing(runs.starts, runs.order, len(runs.counts), min(runs.counts))
     return _PackedChunkFunction.apply(*tensors, scale, initial_state, packing, split)

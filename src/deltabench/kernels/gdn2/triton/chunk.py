@@ -85,42 +85,28 @@ def _far_block(
 def _near_block(
     q, k, b, G, Am, Pm, t0, a, T, Tp, i_b, i_h,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
-    SBK: tl.constexpr, UNROLL: tl.constexpr,
+    SBK: tl.constexpr,
 ):  # fmt: skip
     """Diagonal block (a, a) of A (strictly lower) and of P (lower, diagonal included), stored a column at a time:
     ``exp(G_i - G_j)`` taken directly, one key row j a step, the pairs above the diagonal zero (their differences
     clamped to 0 before exp, so that nothing overflows). Each column goes straight to memory: merged into a
     register block instead, every step paid a layout conversion."""
     rk = tl.arange(0, BK)
+    rc = tl.arange(0, BC)
     row_a, grow_a, m_a = rows_of(t0, a, T, i_b, i_h, H, Tp, BC)
     Ga = tile_of(G, grow_a, m_a, rk, K, K, 1)
     ka = tile_of(k, row_a, m_a, rk, K, K, 1)
     bk = tile_of(b, row_a, m_a, rk, K, SB, SBK) * ka
     qa = tile_of(q, row_a, m_a, rk, K, K, 1)
-    if UNROLL:  # the key rows' steps unrolled, independent as they are
-        for j in tl.static_range(BC):
-            _near_column(k, G, Am, Pm, Ga, bk, qa, t0, a, j, T, Tp, i_b, i_h, row_a, m_a, H, K, BK, BC, C)
-    else:
-        for j in range(BC):
-            _near_column(k, G, Am, Pm, Ga, bk, qa, t0, a, j, T, Tp, i_b, i_h, row_a, m_a, H, K, BK, BC, C)
-
-
-@triton.jit
-def _near_column(
-    k, G, Am, Pm, Ga, bk, qa, t0, a, j, T, Tp, i_b, i_h, row_a, m_a,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-):  # fmt: skip
-    """Column j of the diagonal block (a, a) of A and of P (see :func:`_near_block`), stored."""
-    rk = tl.arange(0, BK)
-    rc = tl.arange(0, BC)
-    t_j = t0 + a * BC + j + 0 * rk  # the key row's token, broadcast over the channels
-    mj = (rk < K) & (t_j < T)
-    k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mj, other=0.0).to(tl.float32)
-    G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=rk < K, other=0.0)
-    decayed = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0)) * k_j[None, :]
-    col = row_a * C + a * BC + j
-    tl.store(Am + col, tl.where(rc > j, tl.sum(bk * decayed, axis=1), 0.0), mask=m_a)
-    tl.store(Pm + col, tl.where(rc >= j, tl.sum(qa * decayed, axis=1), 0.0), mask=m_a)
+    for j in range(BC):
+        t_j = t0 + a * BC + j + 0 * rk  # the key row's token, broadcast over the channels
+        mj = (rk < K) & (t_j < T)
+        k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mj, other=0.0).to(tl.float32)
+        G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=rk < K, other=0.0)
+        decayed = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0)) * k_j[None, :]
+        col = row_a * C + a * BC + j
+        tl.store(Am + col, tl.where(rc > j, tl.sum(bk * decayed, axis=1), 0.0), mask=m_a)
+        tl.store(Pm + col, tl.where(rc >= j, tl.sum(qa * decayed, axis=1), 0.0), mask=m_a)
 
 
 @triton.jit
@@ -135,14 +121,14 @@ def scores_kernel(
     q, k, b, G, Am, Pm,
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, BKF: tl.constexpr, UNROLL: tl.constexpr,
+    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, BKF: tl.constexpr,
 ):  # fmt: skip
     """One program per (row block, chunk, batch*head): the row block's blocks of A (into Am) and of P (into Pm),
     the diagonal one (:func:`_near_block`) and those left of it (:func:`_far_block`); one row of C a token, the
     blocks above the diagonal unwritten."""
     i_a, t0, i_b, i_h = grid_place(H, C)
     row_a, _, m_a = rows_of(t0, i_a, T, i_b, i_h, H, Tp, BC)
-    _near_block(q, k, b, G, Am, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK, UNROLL)
+    _near_block(q, k, b, G, Am, Pm, t0, i_a, T, Tp, i_b, i_h, H, K, BK, BC, C, SB, SBK)
     for c in range(0, i_a):
         A = _far_block(q, k, b, G, Pm, t0, i_a, c, T, Tp, i_b, i_h, H, K, BC, C, SB, SBK, PREC, BKF)
         _store_block(Am, A, row_a, m_a, c, BC, C)
@@ -355,7 +341,7 @@ def chunk_gdn2_fwd(
     scores_kernel[(CHUNK // SUB, NT, B * H)](
         q, k, b, G, L, Pm, T, Tp,
         H=H, K=K, BK=BK, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec, BKF=min(LAUNCH["scores_far_cols"], BK),
-        UNROLL=LAUNCH["scores_unroll"], num_warps=LAUNCH["scores_warps"], num_stages=1,
+        num_warps=LAUNCH["scores_warps"], num_stages=1,
     )  # fmt: skip
     inverse_kernel[(NT, B * H)](
         L, T, Tp, H=H, BC=SUB, C=CHUNK, PREC=prec, num_warps=LAUNCH["inverse_warps"], num_stages=1

@@ -52,13 +52,12 @@ __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 # local kernel loops over V in 64-column blocks and over K in 32-column blocks at 4 warps (6.15 against 5.70 ms for
 # the whole fwd+bwd at gdn2 8x4096x6 with 8 warps on the H200, 2026-12-05, though 4 warps spill and 8 do not: 248
 # registers on sm_90; the whole K in one pass spilled 1472 stack bytes at 8); the pair kernel a program per 16-row
-# block and the whole head's channels at 2 warps (4.55 against 4.85 ms at 4 there). Its channels may split over
-# programs (pair_block_k): on sm_90 (Triton 3.6) 32 channels at 2 warps take 158 registers and no stack against 255
-# and 960 stack bytes for 128; not yet timed, so not the default. pair_diag_cube: the diagonal block's pairs all at
-# once ([16, 16, pair_block_k] tiles, no per-row loads or selects) instead of a key row at a time; untimed, off.
+# block; its channels split over programs, 32 a program at 1 warp (pair_block_k, pair_warps): fwd+bwd 4.25 against
+# 4.95 ms with the whole head at 2 warps at gdn2 8x4096x6 on an H100 (2026-12-05, the best of 7 splits at gdn2 and
+# kda, 8x4096x6 and 4x8192x16; sm_90, Triton 3.6: 32/1 takes 255 registers and 48 stack bytes, 128/2 960). The
+# diagonal block's pairs all at once ([16, 16, 8-32] tiles) lost at every split: 5.9-10.5 ms.
 BWD_LAUNCH = {
-    "state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 2, "pair_block_k": 128,
-    "pair_diag_cube": False,
+    "state_warps": 8, "local_block_v": 64, "local_block_k": 32, "local_warps": 4, "pair_warps": 1, "pair_block_k": 32,
 }  # fmt: skip
 
 
@@ -250,7 +249,7 @@ def pair_bwd_kernel(
     q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg,
     T, Tp,
     H: tl.constexpr, K: tl.constexpr, BKP: tl.constexpr, NKB: tl.constexpr, BC: tl.constexpr, C: tl.constexpr,
-    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr, CUBE: tl.constexpr,
+    SB: tl.constexpr, SBK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """One program per (16-row block and BKP-channel block, chunk, batch*head), axis 0 the row block times NKB
     plus the channel block: the pairwise scores' terms of the block's dq, dk, db and dG, added to the local
@@ -299,29 +298,20 @@ def pair_bwd_kernel(
         dPT = tl.load(dPs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
         dAT = tl.load(dAs + row_p[None, :] * C + a * BC + rc[:, None], mask=m_p[None, :], other=0.0)
         dK += tl.exp(tl.minimum(G_s[None, :] - Ga, 0.0)) * mma_acc(dAT, bkp, mma(dPT, qp, PREC), PREC)
-    # the diagonal block: exp(G_i - G_j) directly (pairs i < j meet dA = dP = 0; their differences clamped to 0,
-    # so that nothing overflows). CUBE: every pair at once, [BC, BC, BKP] tiles; else a key row j at a time.
-    if CUBE:
-        e = tl.exp(tl.minimum(Ga[:, None, :] - Ga[None, :, :], 0.0))  # [i, j, channel]
-        dPd = tl.load(dPs + row_a[:, None] * C + a * BC + rc[None, :], mask=m_a[:, None], other=0.0)
-        dAd = tl.load(dAs + row_a[:, None] * C + a * BC + rc[None, :], mask=m_a[:, None], other=0.0)
-        ek = e * ka[None, :, :]
-        dQ += tl.sum(dPd[:, :, None] * ek, axis=1)
-        dBK += tl.sum(dAd[:, :, None] * ek, axis=1)
-        dK += tl.sum((dPd[:, :, None] * qa[:, None, :] + dAd[:, :, None] * bka[:, None, :]) * e, axis=0)
-    else:
-        for j in range(BC):
-            t_j = t0 + a * BC + j + 0 * rk
-            k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk & (t_j < T), other=0.0)
-            G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
-            e = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0))
-            dPcol = tl.load(dPs + row_a * C + a * BC + j, mask=m_a, other=0.0)
-            dAcol = tl.load(dAs + row_a * C + a * BC + j, mask=m_a, other=0.0)
-            ek = e * k_j.to(tl.float32)[None, :]
-            dQ += dPcol[:, None] * ek
-            dBK += dAcol[:, None] * ek
-            dK_j = tl.sum((dPcol[:, None] * qa + dAcol[:, None] * bka) * e, axis=0)
-            dK = tl.where(rc[:, None] == j, dK + dK_j[None, :], dK)
+    # the diagonal block, a key row j at a time: exp(G_i - G_j) directly (pairs i < j meet dA = dP = 0; their
+    # differences clamped to 0, so that nothing overflows)
+    for j in range(BC):
+        t_j = t0 + a * BC + j + 0 * rk
+        k_j = tl.load(k + ((i_b * T + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk & (t_j < T), other=0.0)
+        G_j = tl.load(G + ((i_b * Tp + t_j).to(tl.int64) * H + i_h) * K + rk, mask=mk, other=0.0)
+        e = tl.exp(tl.minimum(Ga - G_j[None, :], 0.0))
+        dPcol = tl.load(dPs + row_a * C + a * BC + j, mask=m_a, other=0.0)
+        dAcol = tl.load(dAs + row_a * C + a * BC + j, mask=m_a, other=0.0)
+        ek = e * k_j.to(tl.float32)[None, :]
+        dQ += dPcol[:, None] * ek
+        dBK += dAcol[:, None] * ek
+        dK_j = tl.sum((dPcol[:, None] * qa + dAcol[:, None] * bka) * e, axis=0)
+        dK = tl.where(rc[:, None] == j, dK + dK_j[None, :], dK)
     off = row_a[:, None] * K + rk[None, :]
     dq_a = tl.load(dqp + off, mask=mak, other=0.0) + dQ
     dk_a = tl.load(dkp + off, mask=mak, other=0.0) + ba * dBK + dK
@@ -420,7 +410,7 @@ def chunk_gdn2_bwd(
     pair_bwd_kernel[(CHUNK // SUB * nkb, NT, B * H)](
         q, k, b, G, dAs, dPs, dqp, dkp, dbp, dGp, dq, dk, db, dg, T, Tp,
         H=H, K=K, BKP=bkp, NKB=nkb, BC=SUB, C=CHUNK, SB=sb[0], SBK=sb[1], PREC=prec,
-        CUBE=BWD_LAUNCH["pair_diag_cube"], num_warps=BWD_LAUNCH["pair_warps"], num_stages=1,
+        num_warps=BWD_LAUNCH["pair_warps"], num_stages=1,
     )  # fmt: skip
     dg_kernel[(triton.cdiv(K, 32), NT, B * H)](dg, dGC, T, NT, H=H, K=K, BK=32, C=CHUNK, num_warps=4)
     return dq, dk, dv, dg, db, dw, dh0

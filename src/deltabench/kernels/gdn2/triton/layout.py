@@ -21,11 +21,9 @@ SUB = 16  # row block of the scores and of the blockwise inverse
 # (not G's two [C, K] fp32 tiles and their exponentials every chunk: 1.50 against 1.73 ms at gdn2
 # 8x4096x6). The scores and the inverse were one kernel until 2026-12-05: 2.17 of the forward's 3.04 ms there, 255
 # registers and 992 stack bytes; every pair of the diagonal block at once ([16, 16, 32] tiles) was 2.04 against 1.50
-# ms. scores_unroll: the diagonal block's 16 key-row steps unrolled (independent steps, room to overlap their loads
-# and exponentials; sm_90, Triton 3.6: 254 registers, no stack, at 1 warp); untimed, off.
+# ms; its 16 key-row steps unrolled 1.81 against 1.32 ms at gdn2 8x4096x6 (H100, 2026-12-05).
 LAUNCH = {
     "scores_warps": 1,
-    "scores_unroll": False,
     "scores_far_cols": 32,
     "inverse_warps": 1,
     "apply_cols": 128,

@@ -386,6 +386,8 @@ def test_chunked_impls_lay_each_sequence_on_chunks_of_its_own() -> None:
     assert sorted(positions.tolist() + pads.tolist()) == list(range(5 * 64)), "every row a token's or a pad"
     assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599, 64).counts == (2, 7, 3)
     assert chunk_layout(offsets, 150, 16).counts == (2, 4, 1, 5)
+    # each row's source token (the moves into the row are gathers): the token at its position, 0 at the pads
+    assert layout.sources[positions].tolist() == list(range(150)) and set(layout.sources[pads].tolist()) == {0}
     # the walks' launch order: longest first, ties the earlier first
     assert layout.order.dtype == torch.int32 and layout.order.tolist() == [3, 0, 1, 2]
     assert chunk_layout(torch.tensor([0, 70, 470, 599], dtype=torch.int32), 599, 64).order.tolist() == [1, 2, 0]

@@ -326,12 +326,14 @@ def chunk_gdn2_fwd(
             ``[N + 1]``, sequence s on chunks ``[starts[s], starts[s + 1])``, each walked from its row of the
             initial state ``[N, H, K, V]`` to its row of the final state.
         order: with `starts`, int32 ``[N]``, the sequences in the order their walks are launched (longest first:
-            kernels/common/varlen.ChunkLayout).
+            kernels/common/varlen.ChunkLayout); None: as numbered.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp = NT * CHUNK
+    if starts is not None and order is None:
+        order = torch.arange(starts.numel() - 1, dtype=torch.int32, device=starts.device)
     G = chunk_cumulative_decay(g)
     prec = dot_precision(q.dtype)
     BK = padded(K)

@@ -371,7 +371,7 @@ def chunk_gdn2_bwd(
         dht: the final state's gradient, ``[B, H, K, V]`` fp32 contiguous, or None.
         starts: packed sequences on a chunk-aligned row (B = 1): int32 ``[N + 1]``, sequence s on chunks
             ``[starts[s], starts[s + 1])``; dht and dh0 then ``[N, H, K, V]``.
-        order: with `starts`, the sequences in launch order (:func:`.chunk.chunk_gdn2_fwd`'s).
+        order: with `starts`, the sequences in launch order (:func:`.chunk.chunk_gdn2_fwd`'s; None: as numbered).
     """
     G, L, Pm, Wm, h, vn, Qd, Kd = saved
     B, T, H, K = q.shape
@@ -384,6 +384,8 @@ def chunk_gdn2_bwd(
     dh = torch.empty_like(h)
     dvn = torch.empty_like(v)
     rows = B if starts is None else starts.numel() - 1
+    if starts is not None and order is None:
+        order = torch.arange(rows, dtype=torch.int32, device=starts.device)
     dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     state_bwd_kernel[(triton.cdiv(V, BV), rows * H)](

@@ -47,9 +47,9 @@ import triton.language as tl
 from ...common.checks import check_op_inputs, default_scale
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
 from ...common.triton.trisolve import block_unit_lower_inverse, store_row_blocks
-from ...common.varlen import run_chunk_aligned, state_to_check
+from ...common.varlen import ChunkLayout, run_chunk_aligned, state_to_check
 from .chunk_bwd import chunk_gdn2_bwd
-from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place, walk_tables
 
 __all__ = ["CHUNK", "LAUNCH", "chunk_gdn2_fwd", "gdn2_triton_chunk", "kda_triton_chunk"]
 
@@ -306,8 +306,7 @@ def chunk_gdn2_fwd(
     scale: float,
     initial_state: torch.Tensor | None,
     keep: bool = False,
-    starts: torch.Tensor | None = None,
-    order: torch.Tensor | None = None,
+    packed: ChunkLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """The four launches on checked inputs: ``(o, final_state, saved)``, ``[B, T, H, V]`` in v's dtype,
     ``[B, H, K, V]`` fp32, and with `keep` what the backward (chunk_bwd.py) reads, ``(G, L, P, W, h, v_new, Qd,
@@ -322,18 +321,14 @@ def chunk_gdn2_fwd(
         scale: the query scale.
         initial_state: ``[B, H, K, V]`` fp32 contiguous, or None.
         keep: store the per-chunk states and v_new, and return the saved residuals.
-        starts: packed sequences on a chunk-aligned row (B = 1, kernels/common/varlen.chunk_layout): int32
-            ``[N + 1]``, sequence s on chunks ``[starts[s], starts[s + 1])``, each walked from its row of the
-            initial state ``[N, H, K, V]`` to its row of the final state.
-        order: with `starts`, int32 ``[N]``, the sequences in the order their walks are launched (longest first:
-            kernels/common/varlen.ChunkLayout); None: as numbered.
+        packed: packed sequences on a chunk-aligned row (B = 1), their layout (kernels/common/varlen.chunk_layout):
+            sequence s on chunks ``[starts[s], starts[s + 1])``, walked (in the layout's `order`, longest first)
+            from its row of the initial state ``[N, H, K, V]`` to its row of the final state.
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp = NT * CHUNK
-    if starts is not None and order is None:
-        order = torch.arange(starts.numel() - 1, dtype=torch.int32, device=starts.device)
     G = chunk_cumulative_decay(g)
     prec = dot_precision(q.dtype)
     BK = padded(K)
@@ -359,15 +354,15 @@ def chunk_gdn2_fwd(
         num_warps=LAUNCH["apply_warps"], num_stages=1,
     )  # fmt: skip
     o = torch.empty_like(v)
-    rows = B if starts is None else starts.numel() - 1
+    rows = B if packed is None else len(packed.counts)
     ht = q.new_empty(rows, H, K, V, dtype=torch.float32)
     h = q.new_empty(B, NT, H, K, V) if keep else None
     vn = torch.empty_like(v) if keep else None
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     walk_kernel[(triton.cdiv(V, BV), rows * H)](
-        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, starts, order, scale, T, Tp, NT,
+        Qd, Kd, Wm, Um, G, Pm, initial_state, o, ht, h, vn, *walk_tables(packed), scale, T, Tp, NT,
         H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_H0=initial_state is not None, PREC=prec, STORE_STATES=keep,
-        PACKED=starts is not None,
+        PACKED=packed is not None,
         num_warps=LAUNCH["walk_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     return o, ht, ((G, L, Pm, Wm, h, vn, Qd, Kd) if keep else None)
@@ -385,11 +380,11 @@ class ChunkGDN2Function(torch.autograd.Function):
     beta): their gradients come back full-shaped and autograd sums them through the expand."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, b, w, scale, initial_state, starts, order):  # type: ignore[no-untyped-def]
+    def forward(ctx, q, k, v, g, b, w, scale, initial_state, packed):  # type: ignore[no-untyped-def]
         """``(o, final_state)``, the residuals saved for :meth:`backward`."""
-        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True, starts=starts, order=order)
+        o, ht, saved = chunk_gdn2_fwd(q, k, v, g, b, w, scale, initial_state, keep=True, packed=packed)
         ctx.save_for_backward(q, k, v, b, w, *saved)
-        ctx.scale, ctx.starts, ctx.order = scale, starts, order
+        ctx.scale, ctx.packed = scale, packed
         ctx.dtypes = (g.dtype, b.dtype, w.dtype, None if initial_state is None else initial_state.dtype)
         ctx.set_materialize_grads(False)  # an unused final state's gradient stays None: the walk starts from zero
         return o, ht
@@ -400,33 +395,31 @@ class ChunkGDN2Function(torch.autograd.Function):
         q, k, v, b, w, *saved = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
-        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(
-            q, k, v, b, w, ctx.scale, tuple(saved), do, dht, ctx.starts, ctx.order
-        )
+        dq, dk, dv, dg, db, dw, dh0 = chunk_gdn2_bwd(q, k, v, b, w, ctx.scale, tuple(saved), do, dht, ctx.packed)
         g_dt, b_dt, w_dt, h0_dt = ctx.dtypes
         dh0 = None if h0_dt is None else dh0.to(h0_dt)
-        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0, None, None
+        return dq, dk, dv, dg.to(g_dt), db.to(b_dt), dw.to(w_dt), None, dh0, None
 
 
-def _forward(q, k, v, g, b, w, scale, initial_state, starts=None, order=None):  # type: ignore[no-untyped-def]
+def _forward(q, k, v, g, b, w, scale, initial_state, packed=None):  # type: ignore[no-untyped-def]
     """Contiguous q, k, v, g (fp32) and initial state, then :func:`chunk_gdn2_fwd`: through
-    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept). `starts`, `order`:
-    packed sequences on a chunk-aligned row (:func:`chunk_gdn2_fwd`)."""
+    :class:`ChunkGDN2Function` when a gradient is wanted, else without autograd (nothing kept). `packed`: packed
+    sequences on a chunk-aligned row (:func:`chunk_gdn2_fwd`)."""
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), b, w)
     tensors = (*args, initial_state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return ChunkGDN2Function.apply(*args, scale, initial_state, starts, order)
+        return ChunkGDN2Function.apply(*args, scale, initial_state, packed)
     with torch.no_grad():
-        return chunk_gdn2_fwd(*args, scale, initial_state, starts=starts, order=order)[:2]
+        return chunk_gdn2_fwd(*args, scale, initial_state, packed=packed)[:2]
 
 
 def _packed_rows(q, k, v, g, b, w=None, *, scale, initial_state, chunk_size, runs):  # type: ignore[no-untyped-def]
     """The chunk-aligned row of packed sequences (varlen.run_chunk_aligned; chunk_size is CHUNK): GDN-2's b and w,
     or KDA's beta alone as `b` (w None), read through stride-0 views as in the dense case."""
     b, w = _beta_views(b, q, v) if w is None else (_canonical(b), _canonical(w))
-    return _forward(q, k, v, g, b, w, scale, initial_state, runs.starts, runs.order)
+    return _forward(q, k, v, g, b, w, scale, initial_state, runs)
 
 
 def _beta_views(beta: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

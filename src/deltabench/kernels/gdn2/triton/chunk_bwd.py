@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 from ...common.triton.mma import dot_precision, mma, mma_acc, padded
-from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place
+from ...common.varlen import ChunkLayout
+from .layout import CHUNK, LAUNCH, SUB, grid_place, rows_of, tile_of, walk_place, walk_tables
 
 __all__ = ["BWD_LAUNCH", "chunk_gdn2_bwd"]
 
@@ -358,8 +359,7 @@ def chunk_gdn2_bwd(
     saved: tuple[torch.Tensor, ...],
     do: torch.Tensor,
     dht: torch.Tensor | None,
-    starts: torch.Tensor | None = None,
-    order: torch.Tensor | None = None,
+    packed: ChunkLayout | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The three backward launches: ``(dq, dk, dv, dg, db, dw, dh0)``; dq, dk, dv in the inputs' dtype, the others
     fp32 (db ``[B, T, H, K]``, dw ``[B, T, H, V]``: the callers reduce them to a strided b's or w's shape).
@@ -369,9 +369,8 @@ def chunk_gdn2_bwd(
         saved: the forward's ``(G, L, P, W, h, v_new, Qd, Kd)`` (:func:`.chunk.chunk_gdn2_fwd` with ``keep=True``).
         do: the output's gradient, contiguous ``[B, T, H, V]`` in v's dtype.
         dht: the final state's gradient, ``[B, H, K, V]`` fp32 contiguous, or None.
-        starts: packed sequences on a chunk-aligned row (B = 1): int32 ``[N + 1]``, sequence s on chunks
-            ``[starts[s], starts[s + 1])``; dht and dh0 then ``[N, H, K, V]``.
-        order: with `starts`, the sequences in launch order (:func:`.chunk.chunk_gdn2_fwd`'s; None: as numbered).
+        packed: packed sequences on a chunk-aligned row, the forward's layout (:func:`.chunk.chunk_gdn2_fwd`); dht
+            and dh0 then ``[N, H, K, V]``.
     """
     G, L, Pm, Wm, h, vn, Qd, Kd = saved
     B, T, H, K = q.shape
@@ -383,14 +382,12 @@ def chunk_gdn2_bwd(
     sb, sw = (b.stride(2), b.stride(3)), (w.stride(2), w.stride(3))
     dh = torch.empty_like(h)
     dvn = torch.empty_like(v)
-    rows = B if starts is None else starts.numel() - 1
-    if starts is not None and order is None:
-        order = torch.arange(rows, dtype=torch.int32, device=starts.device)
+    rows = B if packed is None else len(packed.counts)
     dh0 = q.new_empty(rows, H, K, V, dtype=torch.float32)
     BV = LAUNCH["walk_block_v"] if padded(V) >= 64 else 16
     state_bwd_kernel[(triton.cdiv(V, BV), rows * H)](
-        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, starts, order, scale, T, Tp, NT,
-        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, PACKED=starts is not None,
+        Qd, Kd, Wm, G, Pm, do, dht, dh, dvn, dh0, *walk_tables(packed), scale, T, Tp, NT,
+        H=H, K=K, V=V, BK=BK, BV=BV, C=CHUNK, HAS_DHT=dht is not None, PREC=prec, PACKED=packed is not None,
         num_warps=BWD_LAUNCH["state_warps"] if BV >= 64 else 4, num_stages=1,
     )  # fmt: skip
     f32 = {"dtype": torch.float32, "device": q.device}

@@ -4,10 +4,13 @@ A module of its own so that the backward reads them without importing the forwar
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["CHUNK", "LAUNCH", "SUB", "grid_place", "rows_of", "tile_of", "walk_place"]
+from ...common.varlen import ChunkLayout
+
+__all__ = ["CHUNK", "LAUNCH", "SUB", "grid_place", "rows_of", "tile_of", "walk_place", "walk_tables"]
 
 CHUNK = 64
 SUB = 16  # row block of the scores and of the blockwise inverse
@@ -38,6 +41,11 @@ def grid_place(H: tl.constexpr, C: tl.constexpr):
     """A program's place on a (block, chunk, batch*head) grid: ``(block, chunk's first token, batch, head)``."""
     i_bh = tl.program_id(2)
     return tl.program_id(0), tl.program_id(1) * C, i_bh // H, i_bh % H
+
+
+def walk_tables(packed: ChunkLayout | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The walks' ``(starts, order)`` arguments (:func:`walk_place`): the packed layout's tables, or None twice."""
+    return (None, None) if packed is None else (packed.starts, packed.order)
 
 
 @triton.jit

@@ -154,14 +154,8 @@ def say_kernels(mine, theirs, x, fla_rows: int) -> None:  # type: ignore[no-unty
 
 
 def only(grid: dict, keys: str) -> dict:
-    """`grid` cut to the ';'-separated `keys` (all of it when empty); an unknown key is an error."""
-    if not keys:
-        return grid
-    wanted = keys.split(";")
-    unknown = [k for k in wanted if k not in grid]
-    if unknown:
-        raise SystemExit(f"--keys: unknown sweep keys {unknown}; known: {list(grid)}")
-    return {k: grid[k] for k in wanted}
+    """`grid` cut to the ';'-separated `keys` (all of it when empty; main checked that `grid` has each)."""
+    return {k: grid[k] for k in keys.split(";")} if keys else grid
 
 
 def sweep(table: dict, grid: dict, mine, x, reference: tuple[torch.Tensor, ...]) -> None:  # type: ignore[no-untyped-def]
@@ -200,6 +194,10 @@ def main() -> None:
     p.add_argument("--bwd", action="store_true", help="time and check forward and backward (see the docstring)")
     p.add_argument("--keys", default="", help="--sweep: only these keys (';'-separated: 'pair_block_k,pair_warps')")
     a = p.parse_args()
+    grid = SWEEP_BWD if a.bwd else SWEEP
+    unknown = [k for k in a.keys.split(";") if k not in grid] if a.keys else []
+    if unknown:
+        p.error(f"--keys: unknown sweep keys {unknown}; known: {list(grid)}")
     if a.bwd:
         main_bwd(a)
         return

@@ -118,9 +118,18 @@ TABLES: tuple[Table, ...] = (
     ),
     Table(
         "Sparse Delta Memory on the H200",
-        "b4ba5c16b279488fbaafc5ab4f28a37b",
-        "The sdm-gpu suite (its two parts merged with benchmarks/merge_runs.py): deltabench's Triton kernels for "
-        "sdm at B1 x 8K (D = 128) and at the flagship B1 x 32K, with Gated DeltaNet's at B1 x 8K for scale.",
+        "6b3dcd1ad56a4ee399e25d4b09ac0035",
+        "The sdm-gpu suite, its three parts of one session merged with benchmarks/merge_runs.py: deltabench's "
+        "Triton kernels for sdm at the dense limit (D = R = S = W = 128, B1 x 8K) beside its Gated DeltaNet "
+        "kernels at the same tokens, sdm's triton_chunk fwd+bwd at the flagship B1 x 8K, and fwd and fwd+bwd at "
+        "the flagship B1 x 32K, every timing under the integrity defences (docs/guide/integrity.md): each ok "
+        "job's integrity records passed (77 in 7 jobs), none flagged. The two gdn fwd+bwd jobs ended incorrect "
+        "on one gate record, grad:beta rel_fro 9.63e-3 against the bf16 bound 9.0e-3 (seed 0, regime typical, "
+        "initial state), at the bf16 bound's margin: FLA's chunk kernel measures 9.55e-3 on the same record on "
+        "the same H200. The suite's sdm baseline, torch_chunk, was not in these "
+        "parts, so the sdm rows have no speedup. The flagship 8K forward and SDM 2.0.0's own CUDA op "
+        "(sdm_pkg_chunk) are in run 6f47b8ff74b8 (suite sdm-h200-pkg), and the suite's earlier run, before the "
+        "integrity defences, with gdn's fwd+bwd timed, is b4ba5c16b279; both are in the index below.",
     ),
     Table(
         "Sparse Delta Memory: the PyTorch reference against Triton at 8K",

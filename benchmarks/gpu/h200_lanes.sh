@@ -392,6 +392,19 @@ task_sdm_rest_8k() {
 }
 task_sdm_rest() { task_sdm_rest_dense; task_sdm_rest_32k; task_sdm_rest_8k; }
 
+# The bf16 typical gradient bound against bf16-intermediate kernels' own error (NOTES.md, Open problems): ours with
+# and without dk * 1.01 and FLA's, every gradient's error beside its part along the reference, at sdm-gpu's dense gdn
+# shape where both failed on 2026-12-05, then at a train shape
+task_grad_bias() {
+    stamp grad_bias
+    local shape
+    for shape in B=1,T=8192,H=2,K=128,V=128 B=8,T=4096,H=6,K=128,V=128; do
+        PYTHONPATH=$(pypath) timeout 300 python3 benchmarks/gpu/grad_bias.py --impls triton_chunk,fla_chunk \
+            --planted triton_chunk --shape "$shape" --seeds 2 --regimes typical,long
+    done >"$dir/grad-bias.log" 2>&1
+    echo "grad_bias exit=$?"; grep -vE "^  " "$dir/grad-bias.log" | cut -c1-170 | tail -40
+}
+
 # Issue 43's Triton GDN-2 / KDA on the GPU: the oracle's fwd+bwd gate (every regime, two seeds) at K = V = 128 over
 # ragged chunks and at K != V within one chunk over odd heads, the four gates at once, then the diagnostic beside
 # FLA, forward then fwd+bwd, with each launch setting varied alone

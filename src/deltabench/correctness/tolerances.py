@@ -8,7 +8,8 @@ T - T1 tokens against all T at once, the same impl), ``boundary`` (the same with
   -5 per token) get 4e-2, because a kernel that keeps its intermediates in bf16, as FLA 0.6.0's standard Triton
   GDN kernel does, measures grad:g up to 1.67e-2 there on an H200 (2.43e-2 in the CPU emulation); in the ``long``
   regime (slow decays, the state's rounding accumulates) 2e-2 (FLA up to 1.2e-2 there); ``typical`` keeps 9e-3
-  (FLA at most 4.5e-3), which a gradient off by 1% must exceed, so every gate still catches that;
+  (FLA at most 4.5e-3 over the train suite, but 9.55e-3 once: the bf16 gradient bound below), which a gradient off
+  by 1% must exceed, so every gate still catches that;
 - per size (:data:`FEW_ELEMENTS`, :data:`FEW_ELEMENT_TOLERANCES`): a bf16 or fp16 gradient of fewer than 64
   elements (dg at T = 1: B*H elements) is a few reductions' relative error, with little averaging, and gets
   a bound sized for that spread.
@@ -78,7 +79,11 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "state": 1e-2,
         # Worst 4.86e-3 (torch_chunk kda dbeta, typical, B1-T300); FLA 4.5e-3 (chunk_gdn2 db): 1.85x margin.
         # Over 20 seeds the worst is 6.29e-3 (torch_chunk kda dbeta, typical, seed 18, B2-T70): 1.43x margin.
-        # It cannot be looser: the planted dk * 1.01 measures 1.0e-2 at bf16 and must fail.
+        # It cannot be looser: the planted dk * 1.01 measures 1.0e-2 at bf16 and must fail. Yet on an H200
+        # (2026-12-05, sdm-gpu's B1-T8192-H2-K128 fwd+bwd, seed 0, typical, with h0: the oracle at B1-T256 with
+        # scale 0.6/sqrt(K)) FLA 0.6.0's chunk kernel measured grad:beta 9.55e-3 and triton_chunk 9.63e-3, so both
+        # fail there: at this record the bound lies between bf16-intermediate kernels' own error and the planted
+        # 1%. Open (benchmarks/NOTES.md, Open problems; benchmarks/gpu/grad_bias.py measures the way out).
         "gradient": 9e-3,
         # Same impl, two schedules: worst 9.0e-5 (torch_chunk gdn2), triton_chunk 4.0e-3; two results each
         # within a kernel's own error (<= 4.5e-3) of the truth differ by at most about twice that.

@@ -30,6 +30,7 @@ os.environ.setdefault("FLA_TILELANG", "0")
 import torch
 
 import deltabench.correctness.properties as properties
+from deltabench.correctness.checks import along_reference
 from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl
 from deltabench.harness.cases import parse_shape
@@ -37,13 +38,6 @@ from deltabench.harness.errors import BadInput
 
 PLANTED_FACTOR = 1.01
 SHOWN_ABOVE = 4e-3  # comparisons whose relative error is printed one by one
-
-
-def along(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """``(x - ref)·ref / ref·ref`` in float64: the part of the relative error along the reference."""
-    x64, r64 = x.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
-    norm = float((r64 * r64).sum())
-    return float(((x64 - r64) * r64).sum()) / norm if norm > 0 else 0.0
 
 
 class _ScaledGrad(torch.autograd.Function):
@@ -78,9 +72,8 @@ def measure(name: str, fn: Any, case: Case, seeds: int, regimes: tuple[str, ...]
     def recording(check: str, x: torch.Tensor, ref: torch.Tensor, **kw: Any) -> list:
         records = compare(check, x, ref, **kw)
         if check.startswith("grad:") and tuple(x.shape) == tuple(ref.shape):
-            rows.append(
-                (name, kw["regime"], kw["initial_state"], kw["reference"], check, records[0].value, along(x, ref))
-            )
+            part = along_reference(x, ref)
+            rows.append((name, kw["regime"], kw["initial_state"], kw["reference"], check, records[0].value, part))
         return records
 
     properties.compare = recording

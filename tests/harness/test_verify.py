@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from deltabench.correctness.checks import compare, rel_fro, worst_element
+from deltabench.correctness.checks import along_reference, compare, rel_fro, worst_element
 from deltabench.correctness.engine import verify_case
 from deltabench.correctness.plan import split_point
 from deltabench.correctness.tolerances import (
@@ -67,6 +67,25 @@ def test_metrics() -> None:
     recs = compare("output", x, ref, threshold=1.0, seed=0, regime="typical", initial_state=False, reference="oracle")
     assert [r.metric for r in recs] == ["rel_fro", "max_abs"]
     assert not recs[0].passed and recs[0].gating and not recs[1].gating
+
+
+def test_a_failed_record_says_how_much_of_its_error_lies_along_the_reference() -> None:
+    """A scale error lies along the reference whole; noise unrelated to the reference hardly; only a failed record
+    says it (its detail), a passing one keeps an empty detail."""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 128, generator=gen, dtype=torch.float64)
+    noise = 0.02 * torch.randn(64, 128, generator=gen, dtype=torch.float64)
+    assert along_reference(1.01 * ref, ref) == pytest.approx(0.01)
+    assert along_reference(-ref, ref) == pytest.approx(-2.0)
+    assert rel_fro(ref + noise, ref) == pytest.approx(0.02, rel=0.05)
+    assert abs(along_reference(ref + noise, ref)) < 1e-3
+    assert along_reference(ref, torch.zeros_like(ref)) == 0.0
+    where = {"seed": 0, "regime": "typical", "initial_state": False, "reference": "oracle"}
+    scaled = compare("grad:k", 1.05 * ref, ref, threshold=9e-3, **where)[0]
+    assert not scaled.passed and scaled.detail.startswith("+5.00e-02 of it along the reference")
+    noisy = compare("grad:k", ref + noise, ref, threshold=9e-3, **where)[0]
+    assert not noisy.passed and float(noisy.detail.split()[0]) == pytest.approx(0.0, abs=1e-3)
+    assert compare("grad:k", 1.001 * ref, ref, threshold=9e-3, **where)[0].detail == ""
 
 
 def test_tolerances_cover_every_dtype_and_family() -> None:

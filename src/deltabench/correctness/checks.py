@@ -3,7 +3,9 @@
 Every comparison yields two records: the relative Frobenius error ``||x - ref||_F / ||ref||_F`` (gating; it is
 FLA's ``get_err_ratio``, RMS of the error over RMS of the reference) and the max abs error (reported, never
 gating), each with the index of the worst element. A non-finite value anywhere in `x` makes both values
-``inf`` and the gating record fail: nothing downgrades a failure.
+``inf`` and the gating record fail: nothing downgrades a failure. A failed record's detail gives the part of the
+error along the reference (:func:`along_reference`): a result off by a constant factor shows there whole, rounding
+noise hardly, which tells a wrong scale from a kernel's rounding near the bound.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from deltabench.harness.document import CheckRecord
 
-__all__ = ["compare", "finite_record", "note_record", "rel_fro", "worst_element"]
+__all__ = ["along_reference", "compare", "finite_record", "note_record", "rel_fro", "worst_element"]
 
 # Below this reference norm a relative error is meaningless; the absolute error is used instead (a reference
 # that is exactly zero, e.g. a gradient that must vanish).
@@ -29,6 +31,14 @@ def rel_fro(x: torch.Tensor, ref: torch.Tensor) -> float:
     err = torch.linalg.vector_norm(x64 - r64).item()
     norm = torch.linalg.vector_norm(r64).item()
     return err / norm if norm > _TINY_NORM else err
+
+
+def along_reference(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """``(x - ref)·ref / ref·ref`` in float64: the part of the relative error along the reference (exactly 0.01 for
+    ``x = 1.01 * ref``; for errors unrelated to the reference, about the relative error over sqrt(numel))."""
+    x64, r64 = x.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
+    norm = torch.linalg.vector_norm(r64).item() ** 2
+    return float(((x64 - r64) * r64).sum().item()) / norm if norm > _TINY_NORM else 0.0
 
 
 def worst_element(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, list[int]]:
@@ -68,15 +78,19 @@ def compare(
     value = rel_fro(x, ref)
     max_abs, index = worst_element(x, ref)
     finite = math.isfinite(value)
+    passed = finite and value <= threshold
+    detail = "" if finite else "non-finite values"
+    if finite and not passed:
+        detail = f"{along_reference(x, ref):+.2e} of it along the reference (all of a wrong scale, little of rounding)"
     return [
         CheckRecord(
             check=check,
             metric="rel_fro",
             value=value,
             threshold=threshold,
-            passed=finite and value <= threshold,
+            passed=passed,
             worst_index=index,
-            detail="" if finite else "non-finite values",
+            detail=detail,
             **common,
         ),
         CheckRecord(

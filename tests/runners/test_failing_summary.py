@@ -35,3 +35,12 @@ def test_a_clause_said_twice_is_said_once() -> None:
         "failed the gate: output rel_fro 5.00e-01 > 1.0e-02 (seed 0, regime long, initial state); "
         "output rel_fro 2.50e-01 > 1.0e-02 (seed 0)"
     )
+
+
+def test_a_failure_carries_its_detail() -> None:
+    """The gate's detail of a failed comparison (how much of the error lies along the reference) joins its clause."""
+    record = _failed("typical", True).model_copy(update={"detail": "+9.90e-03 along the reference"})
+    assert failing_summary([record]) == (
+        "failed the gate: output rel_fro 5.00e-01 > 1.0e-02 (seed 0, regime typical, initial state; "
+        "+9.90e-03 along the reference)"
+    )

@@ -81,7 +81,7 @@ def compare(
     passed = finite and value <= threshold
     detail = "" if finite else "non-finite values"
     if finite and not passed:
-        detail = f"{along_reference(x, ref):+.2e} of it along the reference (all of a wrong scale, little of rounding)"
+        detail = f"{along_reference(x, ref):+.2e} along the reference"
     return [
         CheckRecord(
             check=check,

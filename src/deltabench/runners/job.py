@@ -62,15 +62,15 @@ def case_spec(case: Case) -> CaseSpec:
 
 
 def failing_summary(records: list[CheckRecord], limit: int = 3) -> str:
-    """A one-line reason naming the first failing gating checks, one clause per failure with where it ran, e.g.
-    ``output rel_fro 3.1e-01 > 1.0e-02 (seed 0, regime long, initial state)``; a clause that repeats word for word
-    is said once."""
+    """A one-line reason naming the first failing gating checks, one clause per failure with where it ran and the
+    record's detail, e.g. ``grad:k rel_fro 1.0e-02 > 9.0e-03 (seed 0, regime typical, initial state; +9.9e-03 along
+    the reference)``; a clause that repeats word for word is said once."""
     clauses: list[str] = []
     for r in records:
         if r.gating and not r.passed:
             value = "n/a" if r.value is None else f"{r.value:.2e}"
             limit_txt = "" if r.threshold is None else f" > {r.threshold:.1e}"
-            where = r.where
+            where = "; ".join(part for part in (r.where, r.detail) if part)
             clauses.append(f"{r.check} {r.metric} {value}{limit_txt}" + (f" ({where})" if where else ""))
     clauses = list(dict.fromkeys(clauses))
     more = f" and {len(clauses) - limit} more" if len(clauses) > limit else ""

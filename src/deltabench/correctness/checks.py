@@ -23,9 +23,14 @@ __all__ = ["along_reference", "compare", "finite_record", "note_record", "rel_fr
 _TINY_NORM = 1e-30
 
 
+def _float64_pair(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` and `ref` detached, in float64, on the reference's device (where every metric is computed)."""
+    return x.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
+
+
 def rel_fro(x: torch.Tensor, ref: torch.Tensor) -> float:
     """``||x - ref||_F / ||ref||_F`` computed in float64 (``inf`` when `x` holds a non-finite value)."""
-    x64, r64 = x.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
+    x64, r64 = _float64_pair(x, ref)
     if not bool(torch.isfinite(x64).all()):
         return math.inf
     err = torch.linalg.vector_norm(x64 - r64).item()
@@ -36,14 +41,15 @@ def rel_fro(x: torch.Tensor, ref: torch.Tensor) -> float:
 def along_reference(x: torch.Tensor, ref: torch.Tensor) -> float:
     """``(x - ref)·ref / ref·ref`` in float64: the part of the relative error along the reference (exactly 0.01 for
     ``x = 1.01 * ref``; for errors unrelated to the reference, about the relative error over sqrt(numel))."""
-    x64, r64 = x.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
-    norm = torch.linalg.vector_norm(r64).item() ** 2
-    return float(((x64 - r64) * r64).sum().item()) / norm if norm > _TINY_NORM else 0.0
+    x64, r64 = _float64_pair(x, ref)
+    norm = torch.linalg.vector_norm(r64).item()
+    return float(((x64 - r64) * r64).sum().item()) / norm**2 if norm > _TINY_NORM else 0.0
 
 
 def worst_element(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, list[int]]:
     """The max abs error and the index of the element where it occurs (a non-finite element counts as worst)."""
-    diff = (x.detach().to(ref.device, torch.float64) - ref.detach().to(torch.float64)).abs()
+    x64, r64 = _float64_pair(x, ref)
+    diff = (x64 - r64).abs()
     diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
     if diff.numel() == 0:
         return 0.0, []

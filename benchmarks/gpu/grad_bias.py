@@ -22,12 +22,17 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("FLA_FLASH_QLA", "0")
 os.environ.setdefault("FLA_TILELANG", "0")
 
 import torch
+
+# the planted gradient scale of the gate's own tests (tests/harness/grad_scale.py), as benchmarks/planted_factors.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
+from grad_scale import ScaleGrad
 
 import deltabench.correctness.properties as properties
 from deltabench.correctness.checks import along_reference
@@ -40,23 +45,11 @@ PLANTED_FACTOR = 1.01
 SHOWN_ABOVE = 4e-3  # comparisons whose relative error is printed one by one
 
 
-class _ScaledGrad(torch.autograd.Function):
-    """Identity forward; the gradient scaled by PLANTED_FACTOR (the planted bug of test_planted_bugs.py)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * PLANTED_FACTOR
-
-
 def planted(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with its k gradient scaled by 1.01."""
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, **kwargs: Any) -> Any:
-        return fn(q, _ScaledGrad.apply(k), v, *rest, **kwargs)
+        return fn(q, ScaleGrad.apply(k, PLANTED_FACTOR), v, *rest, **kwargs)
 
     return call
 

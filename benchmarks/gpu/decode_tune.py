@@ -29,6 +29,15 @@ from deltabench.runners.decode_timer import calls_per_replay, rotation_copies, t
 
 H, K, V = 16, 128, 128
 SCALE = K**-0.5
+# The sweep's kernels by name: launch_decode's `kernel` and, for the persistent one, programs an SM and whether a
+# token's two reductions both read the state before its update
+KERNELS: dict[str, dict[str, Any]] = {
+    "chunk": {"kernel": "chunk"},
+    "all": {"kernel": "all"},
+    "prefetch": {"kernel": "prefetch"},
+    **{f"persist{n}": {"kernel": "persist", "per_sm": n, "fused": True} for n in (4, 8, 16, 32)},
+    **{f"persist{n}_plain": {"kernel": "persist", "per_sm": n, "fused": False} for n in (8, 16)},
+}
 
 
 def _inputs(B: int, T: int, seed: int) -> dict[str, torch.Tensor]:
@@ -79,13 +88,24 @@ def _time(make: Callable[[dict[str, torch.Tensor]], Callable[[], Any]], B: int, 
     return statistics.median(time_graph_replay(calls, per_replay=calls_per_replay(copies), replays=15))
 
 
-def sweep(B: int, T: int) -> list[dict[str, Any]]:
+def _launches(B: int, T: int, kernels: list[str], warps: list[int]) -> list[dict[str, Any]]:
+    """The sweep's launches at (B, T), the current one (``decode_launch``) first."""
+    blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
+    current = decode_launch(B, H, V, T)
+    swept = [{"BV": BV, "num_warps": w, **KERNELS[name]} for BV, w, name in itertools.product(blocks, warps, kernels)]
+    return [current, *(launch for launch in swept if launch != current)]
+
+
+def _name(launch: dict[str, Any]) -> str:
+    extra = f"{launch['per_sm']}{'' if launch['fused'] else 'p'}" if launch["kernel"] == "persist" else ""
+    return f"{launch['kernel']}{extra} BV{launch['BV']} w{launch['num_warps']}"
+
+
+def sweep(B: int, T: int, kernels: list[str], warps: list[int]) -> list[dict[str, Any]]:
     """Every launch of the sweep that passes its check at (B, T), with its microseconds, fastest first."""
     rows = []
-    blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
     ref_o, ref_s = _float64_step(_inputs(B, T, 12345))
-    for BV, warps, kernel in itertools.product(blocks, (1, 2, 4, 8), ("chunk", "all", "prefetch")):
-        launch = {"BV": BV, "num_warps": warps, "kernel": kernel}
+    for launch in _launches(B, T, kernels, warps):
         x = _inputs(B, T, 12345)
         o = torch.empty_like(x["v"])
         launch_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], o, SCALE, **launch)
@@ -94,6 +114,7 @@ def sweep(B: int, T: int) -> list[dict[str, Any]]:
             print(f"  B{B} T{T} {launch}: WRONG o {o_err:.1e} state {s_err:.1e}", flush=True)
             continue
         rows.append({**launch, "us": _time(lambda x, launch=launch: _ours(x, launch), B, T)})
+        print(f"  B{B} T{T} {_name(launch)}: {rows[-1]['us']:.2f} us", flush=True)
     return sorted(rows, key=lambda r: r["us"])
 
 
@@ -102,18 +123,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="1,8,64,256,512")
     parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--kernels", default="chunk,all,prefetch", help=f"of {', '.join(KERNELS)}")
+    parser.add_argument("--warps", default="1,2,4,8")
     args = parser.parse_args()
+    kernels, warps = args.kernels.split(","), [int(w) for w in args.warps.split(",")]
+    if unknown := set(kernels) - set(KERNELS):
+        parser.error(f"unknown kernels {sorted(unknown)}: of {', '.join(KERNELS)}")
     copy_gbps = measure_ceilings("cuda")["copy_gbps"]
     print(f"copy ceiling {copy_gbps:.0f} GB/s (read+write)")
     print(f"{'B':>4} {'T':>2} {'current us':>10} {'best us':>8} {'best launch':34} {'% copy':>6}  top 3")
     for B, T in itertools.product((int(b) for b in args.batch.split(",")), (int(t) for t in args.tokens.split(","))):
-        rows = sweep(B, T)
+        rows = sweep(B, T, kernels, warps)
         current = decode_launch(B, H, V, T)
-        now = next((r["us"] for r in rows if all(r[n] == current[n] for n in current)), float("nan"))
+        now = next((r["us"] for r in rows if all(r.get(n) == current[n] for n in current)), float("nan"))
         best = rows[0]
         pct = 100 * 2 * B * H * K * V * 4 / (best["us"] * 1e-6) / (copy_gbps * 1e9)
-        launch = f"{best['kernel']} BV{best['BV']} w{best['num_warps']}"
-        top = ", ".join(f"{r['kernel']} BV{r['BV']} w{r['num_warps']} {r['us']:.2f}" for r in rows[:3])
+        launch = _name(best)
+        top = ", ".join(f"{_name(r)} {r['us']:.2f}" for r in rows[:3])
         print(f"{B:4d} {T:2d} {now:10.2f} {best['us']:8.2f} {launch:34} {pct:6.0f}  {top}", flush=True)
 
 

@@ -326,10 +326,12 @@ task_decode() {
 }
 
 # The decode launch sweep (benchmarks/gpu/decode_tune.py: every kernel, V block and warp count, each checked, then
-# timed by the decode timer), before the decode table so that a launch rule changed from it is judged the same day
+# timed by the decode timer), before the decode table so that a launch rule changed from it is judged the same day;
+# DECODE_TUNE_ARGS: decode_tune.py's options (shapes, kernels, warps)
 task_decode_tune() {
     stamp decode_tune
-    PYTHONPATH=$(pypath) timeout "${TUNE_CAP:-420}" python3 benchmarks/gpu/decode_tune.py \
+    # shellcheck disable=SC2086  # the options split into words
+    PYTHONPATH=$(pypath) timeout "${TUNE_CAP:-420}" python3 benchmarks/gpu/decode_tune.py ${DECODE_TUNE_ARGS:-} \
         >"$dir/decode-tune.log" 2>&1
     echo "decode_tune exit=$?"; cut -c1-170 "$dir/decode-tune.log" | tail -24
 }

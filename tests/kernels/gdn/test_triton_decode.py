@@ -27,18 +27,28 @@ def test_decode_updates_the_state_it_was_given(T: int, dtype: str) -> None:
     assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("kernel", ["chunk", "all", "prefetch"])
+KERNELS = [
+    {"kernel": "chunk"},
+    {"kernel": "all"},
+    {"kernel": "prefetch"},
+    {"kernel": "persist", "fused": True, "per_sm": 2},
+    {"kernel": "persist", "fused": False, "per_sm": 1},
+]
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "-".join(str(v) for v in k.values()))
 @pytest.mark.parametrize(("T", "BV"), [(1, 16), (5, 16), (8, 32)])
-def test_every_decode_launch_steps_like_the_oracle(kernel: str, T: int, BV: int) -> None:
+def test_every_decode_launch_steps_like_the_oracle(kernel: dict, T: int, BV: int) -> None:
     """Each kernel a launch may pick (one chunk, every token loaded at once, token by token with the next
-    prefetched), at one, an odd and the most tokens, with V (48) not a multiple of the block: outputs and the state in
-    place."""
+    prefetched, programs stepping several tiles), at one, an odd and the most tokens, with V (48) not a multiple of
+    the block: outputs and the state in place. The persistent kernel runs 2 or 4 programs on the CPU, so each steps
+    several of the 6-12 tiles, the last of them with no next tile."""
     case = Case("gdn", B=2, T=T, H=3, K=32, V=48, dtype="fp32", mode="decode", regime="long")
     x = make_case_inputs(get_op("gdn"), case)
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
     ro, rht = gdn_recurrent(*args, initial_state=x["initial_state"])
     cache, o = x["initial_state"].clone(), x["v"].new_empty(x["v"].shape)
-    launch_decode(*args, cache, o, 32**-0.5, BV=BV, num_warps=1, kernel=kernel)
+    launch_decode(*args, cache, o, 32**-0.5, BV=BV, num_warps=1, **kernel)
     assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
     assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
 

@@ -162,12 +162,13 @@ def _persist_token(q, k, v, g, beta, tile, t, T, scale, H: tl.constexpr, K: tl.c
 
 @triton.jit
 def _persist_state(state, tile, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   NV: tl.constexpr):  # fmt: skip
-    """Pointers to `tile`'s ``[BK, BV]`` slice of the ``[B*H, K, V]`` state, and its mask."""
+                   NV: tl.constexpr, rows):  # fmt: skip
+    """Pointers to `tile`'s ``[BK, BV]`` slice of the ``[B*H, K, V]`` state, and its mask (its first `rows` rows:
+    0 masks the whole slice, the load then moving no bytes)."""
     rk = tl.arange(0, BK)
     rv = (tile % NV) * BV + tl.arange(0, BV)
     ptr = state + (tile // NV).to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    return ptr, (rk < K)[:, None] & (rv < V)[None, :]
+    return ptr, (rk < rows)[:, None] & (rv < V)[None, :]
 
 
 @triton.jit
@@ -191,14 +192,16 @@ def decode_persist_kernel(
     step = tl.num_programs(0)
     last_tile = n_tiles - 1
     tile = pid
-    ptr, mkv = _persist_state(state, tile, K, V, BK, BV, NV)
+    ptr, mkv = _persist_state(state, tile, K, V, BK, BV, NV, K)
     S_next = tl.load(ptr, mask=mkv, other=0.0)
     nrow, nrv, kn, qn, vn, gn, bn = _persist_token(q, k, v, g, beta, tile, 0, T, scale, H, K, V, BK, BV, NV)
     for _ in range(pid, n_tiles, step):
         S = S_next
         cur = tile
-        tile = tl.minimum(tile + step, last_tile)  # past the last tile: that tile again, loaded and never used
-        ptr_next, mkv_next = _persist_state(state, tile, K, V, BK, BV, NV)
+        # past the last tile: that tile's address, its state never loaded (its first token is, and never used)
+        rows = tl.where(tile + step <= last_tile, K, 0)
+        tile = tl.minimum(tile + step, last_tile)
+        ptr_next, mkv_next = _persist_state(state, tile, K, V, BK, BV, NV, rows)
         S_next = tl.load(ptr_next, mask=mkv_next, other=0.0)
         for t in range(T):
             row, rv, kt, qt, vt, gt, bt = nrow, nrv, kn, qn, vn, gn, bn
@@ -221,7 +224,7 @@ def decode_persist_kernel(
                 S += kt[:, None] * ut[None, :]
                 ot = tl.sum(S * qt[:, None], axis=0)
             tl.store(o + row * V + rv, ot.to(o.dtype.element_ty), mask=rv < V)
-        ptr, mkv = _persist_state(state, cur, K, V, BK, BV, NV)
+        ptr, mkv = _persist_state(state, cur, K, V, BK, BV, NV, K)
         tl.store(ptr, S, mask=mkv)
 
 

@@ -3,10 +3,11 @@
 One program per (V block, batch*head) loads its ``[K, BV]`` slice of the float32 state, and per token applies the
 gate (decay) first, then the delta update, then the output; the slice is stored back into the very buffer it was read
 from (each program reads its slice whole before it writes it, and no two programs share one), so the state cache is
-updated in place and no new state is allocated. Three kernels: :func:`decode_step_kernel` loads every token's
+updated in place and no new state is allocated. Four kernels: :func:`decode_step_kernel` loads every token's
 inputs with the state at once; :func:`decode_chunk_kernel` does too and steps them as one chunk;
-:mod:`.fused_recurrent`'s walks the tokens, prefetching the next. :func:`decode_launch` picks the kernel, V block
-and warps by the step's shape.
+:mod:`.fused_recurrent`'s walks the tokens, prefetching the next; GDN-2's and KDA's persistent decode kernel
+(kernels/common/triton/decode.py) runs a fixed number of programs, each loading its next tile of the state while it
+steps this one. :func:`decode_launch` picks the kernel, V block and warps by the step's shape.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import triton
 import triton.language as tl
 
 from ...common.decode import require_state_cache
+from ...common.triton.decode import launch_delta_decode
 from .fused_recurrent import fused_recurrent_fwd_kernel
 
 __all__ = [
     "decode_chunk_kernel",
     "decode_launch",
-    "decode_persist_kernel",
     "decode_step_kernel",
     "gdn_triton_decode",
     "launch_decode",
@@ -144,90 +145,6 @@ def decode_chunk_kernel(
     _store_step(o, state, scale * out, S, T, H, K, V, BK, BV, BT)
 
 
-@triton.jit
-def _persist_token(q, k, v, g, beta, tile, t, T, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):  # fmt: skip
-    """Token `t` of `tile` (= batch*head * NV + V block): its (batch, token, head) row, its V columns and its inputs
-    in float32 (k, scale * q, v, g, beta)."""
-    i_bh = tile // NV
-    row = ((i_bh // H) * T + t).to(tl.int64) * H + i_bh % H
-    rk = tl.arange(0, BK)
-    rv = (tile % NV) * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    kt = tl.load(k + row * K + rk, mask=mk, other=0.0).to(tl.float32)
-    qt = tl.load(q + row * K + rk, mask=mk, other=0.0).to(tl.float32) * scale
-    vt = tl.load(v + row * V + rv, mask=mv, other=0.0).to(tl.float32)
-    return row, rv, kt, qt, vt, tl.load(g + row).to(tl.float32), tl.load(beta + row).to(tl.float32)
-
-
-@triton.jit
-def _persist_state(state, tile, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   NV: tl.constexpr, rows):  # fmt: skip
-    """Pointers to `tile`'s ``[BK, BV]`` slice of the ``[B*H, K, V]`` state, and its mask (its first `rows` rows:
-    0 masks the whole slice, the load then moving no bytes)."""
-    rk = tl.arange(0, BK)
-    rv = (tile % NV) * BV + tl.arange(0, BV)
-    ptr = state + (tile // NV).to(tl.int64) * K * V + rk[:, None] * V + rv[None, :]
-    return ptr, (rk < rows)[:, None] & (rv < V)[None, :]
-
-
-@triton.jit
-def decode_persist_kernel(
-    q, k, v, g, beta, state, o,
-    scale, T, n_tiles,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    FUSED: tl.constexpr,
-):  # fmt: skip
-    """A fixed number of programs, each stepping tiles (batch*head, V block) ``pid, pid + programs, ...`` in turn.
-    The next tile's state slice and first token are loaded before this tile's tokens are stepped, so a program's
-    state traffic overlaps its own arithmetic (one program a tile computes only after its loads have landed, and
-    with the registers a slice needs too few programs fit an SM to hide that). Within a tile each token's inputs
-    are loaded during the token before it.
-
-    `FUSED`: both reductions of a token over K read the state before its update,
-    ``S^T k`` and ``S^T q``, and ``o = e S^T q + (k . q) u`` (e = exp(g)), so they run side by side and the
-    update ``S <- e S + k u^T`` is one pass; otherwise the token is stepped as written (decay, reduce, update,
-    reduce)."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    last_tile = n_tiles - 1
-    tile = pid
-    ptr, mkv = _persist_state(state, tile, K, V, BK, BV, NV, K)
-    S_next = tl.load(ptr, mask=mkv, other=0.0)
-    nrow, nrv, kn, qn, vn, gn, bn = _persist_token(q, k, v, g, beta, tile, 0, T, scale, H, K, V, BK, BV, NV)
-    for _ in range(pid, n_tiles, step):
-        S = S_next
-        cur = tile
-        # past the last tile: that tile's address, its state never loaded (its first token is, and never used)
-        rows = tl.where(tile + step <= last_tile, K, 0)
-        tile = tl.minimum(tile + step, last_tile)
-        ptr_next, mkv_next = _persist_state(state, tile, K, V, BK, BV, NV, rows)
-        S_next = tl.load(ptr_next, mask=mkv_next, other=0.0)
-        for t in range(T):
-            row, rv, kt, qt, vt, gt, bt = nrow, nrv, kn, qn, vn, gn, bn
-            if t + 1 < T:
-                nrow, nrv, kn, qn, vn, gn, bn = _persist_token(q, k, v, g, beta, cur, t + 1, T, scale, H, K, V, BK,
-                                                               BV, NV)  # fmt: skip
-            else:
-                nrow, nrv, kn, qn, vn, gn, bn = _persist_token(q, k, v, g, beta, tile, 0, T, scale, H, K, V, BK, BV,
-                                                               NV)  # fmt: skip
-            e = tl.exp(gt)
-            if FUSED:
-                sk = tl.sum(S * kt[:, None], axis=0)
-                sq = tl.sum(S * qt[:, None], axis=0)
-                ut = bt * (vt - e * sk)
-                ot = e * sq + tl.sum(kt * qt) * ut
-                S = S * e + kt[:, None] * ut[None, :]
-            else:
-                S = S * e
-                ut = bt * (vt - tl.sum(S * kt[:, None], axis=0))
-                S += kt[:, None] * ut[None, :]
-                ot = tl.sum(S * qt[:, None], axis=0)
-            tl.store(o + row * V + rv, ot.to(o.dtype.element_ty), mask=rv < V)
-        ptr, mkv = _persist_state(state, cur, K, V, BK, BV, NV, K)
-        tl.store(ptr, S, mask=mkv)
-
-
 def decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | str]:
     """The decode launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: kernel, V block and
     warps, from benchmarks/gpu/decode_tune.py's sweep on the H200 (NOTES.md). One warp a program once a step has
@@ -250,14 +167,6 @@ def decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | str]:
     return launch
 
 
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device`; on the CPU (the Triton interpreter) 2, so that a program steps
-    several tiles in the tests."""
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -278,8 +187,8 @@ def launch_decode(
     `kernel`: ``chunk`` (:func:`decode_chunk_kernel`: the tokens as one chunk, matrix products on tensor cores),
     ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once) or ``prefetch`` (the token-serial
     kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update) or ``persist``
-    (:func:`decode_persist_kernel`: `per_sm` programs an SM, each stepping tiles in turn with the next tile's state
-    loaded during this one's tokens; `fused`: both of a token's reductions before its update)."""
+    (kernels/common/triton/decode.py: `per_sm` programs an SM, each stepping tiles in turn with the next tile's
+    state loaded during this one's tokens; `fused`: both of a token's reductions before its update)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK = max(16, triton.next_power_of_2(K))
@@ -299,12 +208,8 @@ def launch_decode(
         )  # fmt: skip
         return
     if kernel == "persist":
-        NV = triton.cdiv(V, BV)
-        n_tiles = NV * B * H
-        decode_persist_kernel[(min(n_tiles, per_sm * _sm_count(q.device)),)](
-            q, k, v, g, beta, state, o, scale, T, n_tiles,
-            H=H, K=K, V=V, BK=BK, BV=BV, NV=NV, FUSED=fused, num_warps=num_warps, num_stages=1,
-        )  # fmt: skip
+        launch_delta_decode(q, k, v, g, beta, beta, state, o, scale, BV=BV, num_warps=num_warps, per_sm=per_sm,
+                            fused=fused)  # fmt: skip
         return
     if kernel != "prefetch":
         raise ValueError(f"kernel is 'chunk', 'all', 'prefetch' or 'persist', got {kernel!r}")

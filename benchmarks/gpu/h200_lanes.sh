@@ -327,13 +327,17 @@ task_decode() {
 
 # The decode launch sweep (benchmarks/gpu/decode_tune.py: every kernel, V block and warp count, each checked, then
 # timed by the decode timer), before the decode table so that a launch rule changed from it is judged the same day;
-# DECODE_TUNE_ARGS: decode_tune.py's options (shapes, kernels, warps)
+# DECODE_TUNE_OPS: the ops swept in turn (default gdn); DECODE_TUNE_ARGS: decode_tune.py's options (shapes, kernels,
+# warps) for each
 task_decode_tune() {
-    stamp decode_tune
-    # shellcheck disable=SC2086  # the options split into words
-    PYTHONPATH=$(pypath) timeout "${TUNE_CAP:-420}" python3 benchmarks/gpu/decode_tune.py ${DECODE_TUNE_ARGS:-} \
-        >"$dir/decode-tune.log" 2>&1
-    echo "decode_tune exit=$?"; cut -c1-170 "$dir/decode-tune.log" | tail -24
+    local op
+    for op in ${DECODE_TUNE_OPS:-gdn}; do
+        stamp "decode_tune $op"
+        # shellcheck disable=SC2086  # the options split into words
+        PYTHONPATH=$(pypath) timeout "${TUNE_CAP:-420}" python3 benchmarks/gpu/decode_tune.py --op "$op" \
+            ${DECODE_TUNE_ARGS:-} >"$dir/decode-tune-$op.log" 2>&1
+        echo "decode_tune $op exit=$?"; grep -v "^  B" "$dir/decode-tune-$op.log" | cut -c1-170 | tail -12
+    done
 }
 
 # Issue 40 on the GPU: each CUDA exploit flagged and the honest kernel not (integrity_h200.py exploits), then the

@@ -8,7 +8,8 @@ A folder per backend, each module named in the declarations below as its impl's 
 - ``torch/``: :func:`gdn2_torch_recurrent` (token-serial, fp32 state, the readable version) and
   :func:`gdn2_torch_chunk` (chunked WY/UT transform in fp32, any T), exported here;
 - ``triton/``: ``triton_chunk`` for gdn2 and kda (kda is gdn2 with b = w = beta), the chunked forward in Triton
-  and its backward (chunk_bwd.py), all in Triton (the Triton interpreter on the CPU);
+  and its backward (chunk_bwd.py), all in Triton (the Triton interpreter on the CPU); ``triton_decode`` for both
+  (mode decode, the state updated in place);
 - ``jax/``: ``jax_chunk``, ``jax_scan`` and, in ``jax/pallas/``, the fused Pallas kernels (gdn2's and kda's
   ``pallas_chunk``, for the TPU, and ``pallas_gpu_chunk``, for a GPU): Pallas is JAX's kernel language, so the
   folder follows the declared backend.
@@ -77,6 +78,24 @@ IMPLS = (
         modes=("decode",),
         state_in_place=True,
         notes="decode steps (mode decode): torch_recurrent's token loop, the state updated in place",
+    ),
+    # Decode steps (mode decode) in Triton, kda's too (kda is gdn2 with b = w = beta): the state cache in place.
+    *(
+        ImplDecl(
+            op,
+            "triton_decode",
+            f"{_HERE}.triton.decode:{op}_triton_decode",
+            "triton",
+            ("cuda", "cpu"),
+            requires=("triton",),
+            constraint=kv_at_most(256),
+            backward=False,
+            modes=("decode",),
+            state_in_place=True,
+            notes="decode steps (mode decode): a persistent Triton kernel, the next tile of the state loaded while "
+            "this one steps; the state updated in place",
+        )
+        for op in ("gdn2", "kda")
     ),
     ImplDecl(
         "gdn2", "jax_chunk", f"{_HERE}.jax.jax_chunk:gdn2_jax_chunk", "jax", JAX_DEVICES, JAX_DTYPES, requires=("jax",)

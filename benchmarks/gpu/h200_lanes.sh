@@ -315,14 +315,16 @@ task_varlen() { run "${VARLEN_CAP:-900}" varlen --suite varlen-h200 --timeout 50
 
 # The decode table (issue 42): FLA's, FlashInfer's and FlashQLA's adapters beside ours, once the calls carrying
 # their wheels have staged them (waits up to DECODE_WAIT_S; an impl whose package is missing ends unsupported with
-# the reason); DECODE_SHAPES: "B=..,T=.." pairs of the suite's shapes (default B 1, 64, 512 x T 1, 4)
+# the reason); DECODE_SHAPES: "B=..,T=.." pairs of the suite's shapes (default B 1, 64, 512 x T 1, 4); DECODE_OPS:
+# only these ops (default all)
 task_decode() {
-    local shapes=() s
+    local shapes=() ops=() s
     for _ in $(seq $((${DECODE_WAIT_S:-240} / 5))); do qla_staged && fi_staged && break; sleep 5; done
     for s in ${DECODE_SHAPES:-B=1,T=1 B=1,T=4 B=64,T=1 B=64,T=4 B=512,T=1 B=512,T=4}; do
         shapes+=(--shape "$s,H=16,K=128,V=128")
     done
-    run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}"
+    for s in ${DECODE_OPS:-}; do ops+=(--op "$s"); done
+    run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}" "${ops[@]}"
 }
 
 # The decode launch sweep (benchmarks/gpu/decode_tune.py: every kernel, V block and warp count, each checked, then

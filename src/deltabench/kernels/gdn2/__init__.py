@@ -92,8 +92,8 @@ IMPLS = (
             backward=False,
             modes=("decode",),
             state_in_place=True,
-            notes="decode steps (mode decode): a persistent Triton kernel, the next tile of the state loaded while "
-            "this one steps; the state updated in place",
+            notes="decode steps (mode decode): one Triton launch (gating, state update and output), each token's "
+            "inputs loaded during the token before; the state updated in place",
         )
         for op in ("gdn2", "kda")
     ),

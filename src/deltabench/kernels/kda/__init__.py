@@ -7,8 +7,8 @@ o = S^T (scale q)``, i.e. GDN-2 with b = w = beta.
 - :func:`kda_torch_recurrent` (``torch_recurrent.py``): token-serial, fp32 state, the readable version;
 - :func:`kda_torch_chunk` (``torch_chunk.py``): chunked WY/UT transform in fp32, any T.
 
-KDA's ``triton_chunk``, ``triton_decode``, ``pallas_chunk`` and ``pallas_gpu_chunk`` are GDN-2's kernels with b = w = beta, declared
-in :mod:`deltabench.kernels.gdn2`.
+KDA's ``triton_chunk``, ``triton_decode``, ``pallas_chunk`` and ``pallas_gpu_chunk`` are GDN-2's kernels with
+b = w = beta, declared in :mod:`deltabench.kernels.gdn2`.
 """
 
 from ..declare import TORCH_DEVICES, ImplDecl

@@ -73,10 +73,10 @@ def delta_decode_kernel(
     q, k, v, g, b, w, state, o,
     scale, T, n_tiles,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    G_VEC: tl.constexpr, B_VEC: tl.constexpr, W_VEC: tl.constexpr, FUSED: tl.constexpr,
+    G_VEC: tl.constexpr, B_VEC: tl.constexpr, W_VEC: tl.constexpr, FUSED: tl.constexpr, PERSIST: tl.constexpr,
 ):  # fmt: skip
     """A program's tiles in turn, the next tile's state slice and first token loaded before this tile's tokens are
-    stepped (module docstring)."""
+    stepped (module docstring); without `PERSIST` one program a tile, nothing of a next tile loaded."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     last_tile = n_tiles - 1
@@ -89,13 +89,17 @@ def delta_decode_kernel(
         S = S_next
         cur = tile
         # past the last tile: that tile's address, its state not loaded (its first token is, and never used)
-        rows = tl.where(tile + step <= last_tile, K, 0)
-        tile = tl.minimum(tile + step, last_tile)
-        ptr, mkv = _state_tile(state, tile, K, V, BK, BV, NV, rows)
-        S_next = tl.load(ptr, mask=mkv, other=0.0)
+        if PERSIST:
+            rows = tl.where(tile + step <= last_tile, K, 0)
+            tile = tl.minimum(tile + step, last_tile)
+            ptr, mkv = _state_tile(state, tile, K, V, BK, BV, NV, rows)
+            S_next = tl.load(ptr, mask=mkv, other=0.0)
         for t in range(T):
             row, rv, kt, qt, vt, gt, bt, wt = nrow, nrv, kn, qn, vn, gn, bn, wn
-            if t + 1 < T:
+            if not PERSIST:  # past the tile's last token, that token again (loaded, unused)
+                nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, cur, tl.minimum(t + 1, T - 1), T, scale,
+                                                           H, K, V, BK, BV, NV, G_VEC, B_VEC, W_VEC)  # fmt: skip
+            elif t + 1 < T:
                 nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, cur, t + 1, T, scale, H, K, V, BK, BV,
                                                            NV, G_VEC, B_VEC, W_VEC)  # fmt: skip
             else:
@@ -143,18 +147,21 @@ def launch_delta_decode(
     *,
     BV: int,
     num_warps: int,
-    per_sm: int,
+    per_sm: int = 0,
     fused: bool = True,
 ) -> None:
     """One decode step on contiguous inputs (q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g and b ``[B, T, H]`` or
     ``[B, T, H, K]``, w ``[B, T, H]`` or ``[B, T, H, V]``): `state` (``[B, H, K, V]`` float32) updated in place, `o`
-    written. `per_sm` programs an SM (at most one a tile), `BV` state columns a tile."""
+    written. `per_sm` programs an SM, each stepping tiles in turn (at most one a tile; 0: one program a tile, the
+    next tile never loaded ahead), `BV` state columns a tile."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NV = triton.cdiv(V, BV)
     n_tiles = NV * B * H
-    delta_decode_kernel[(min(n_tiles, per_sm * sm_count(q.device)),)](
+    programs = min(n_tiles, per_sm * sm_count(q.device)) if per_sm else n_tiles
+    delta_decode_kernel[(programs,)](
         q, k, v, g, b, w, state, o, scale, T, n_tiles,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV, NV=NV,
-        G_VEC=g.dim() == 4, B_VEC=b.dim() == 4, W_VEC=w.dim() == 4, FUSED=fused, num_warps=num_warps, num_stages=1,
+        G_VEC=g.dim() == 4, B_VEC=b.dim() == 4, W_VEC=w.dim() == 4, FUSED=fused, PERSIST=per_sm > 0,
+        num_warps=num_warps, num_stages=1,
     )  # fmt: skip

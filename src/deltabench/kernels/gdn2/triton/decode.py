@@ -1,5 +1,5 @@
 """GDN-2 and KDA decode steps in Triton (impl ``triton_decode``): one launch per step of T = 1..8 new tokens, the
-persistent kernel of kernels/common/triton/decode.py with per-channel decay (and, for GDN-2, per-channel erase and
+decode kernel of kernels/common/triton/decode.py with per-channel decay (and, for GDN-2, per-channel erase and
 write strengths), the state cache updated in place."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ __all__ = ["delta_decode_launch", "gdn2_triton_decode", "kda_triton_decode"]
 
 
 def delta_decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | bool]:
-    """The persistent kernel's launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: V block,
-    warps and programs an SM (benchmarks/NOTES.md, Decode steps)."""
-    del B, H, T
-    return {"BV": min(16, max(16, 1 << (V - 1).bit_length())), "num_warps": 1, "per_sm": 8, "fused": True}
+    """The decode kernel's launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: one
+    program a tile (the persistent form lost on an H100: 94-98 against 67-70 us at gdn B64 T8), one warp a
+    program, and GDN's V blocks (``decode_launch``): 32 columns when the step has at most 2 tokens and the heads
+    fill the machine, else 16 (benchmarks/NOTES.md, Decode steps)."""
+    BV = 32 if T <= 2 and B * H >= 1024 else 16
+    return {"BV": min(BV, max(16, 1 << (V - 1).bit_length())), "num_warps": 1, "per_sm": 0, "fused": True}
 
 
 def _step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor,

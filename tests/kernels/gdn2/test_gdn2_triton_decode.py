@@ -18,10 +18,11 @@ ORACLES = {"gdn2": gdn2_recurrent, "kda": kda_recurrent}
 
 @pytest.mark.parametrize("op", ["gdn2", "kda"])
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize(("T", "per_sm"), [(1, 1), (5, 2), (8, 64)])
+@pytest.mark.parametrize(("T", "per_sm"), [(1, 1), (5, 2), (8, 64), (8, 0), (1, 0)])
 def test_every_launch_steps_like_the_oracle(op: str, fused: bool, T: int, per_sm: int) -> None:
-    """Both token forms, at one, an odd and the most tokens, with 2, 4 or (one a tile) 9 programs over 9 tiles (V = 48
-    not a multiple of the 16-column block, 3 heads): outputs, and the state in the buffer given."""
+    """Both token forms, at one, an odd and the most tokens, with 2, 4 or 9 persistent programs over 9 tiles (V = 48
+    not a multiple of the 16-column block, 3 heads; 9: one a tile) or one program a tile (`per_sm` 0): outputs, and
+    the state in the buffer given."""
     case = Case(op, B=1, T=T, H=3, K=32, V=48, dtype="fp32", mode="decode", regime="long")
     x = make_case_inputs(get_op(op), case)
     args = [x[n] for n in ARGS[op]]

@@ -42,7 +42,7 @@ def test_decode_h200_suite_is_the_issue_grid() -> None:
         "triton_decode", "triton_recurrent", "fla_recurrent", "flashinfer_decode", "flashinfer_mtp", "flash_qla",
         "torch_decode",
     }  # fmt: skip
-    for op in ("gdn2", "kda"):  # FLA's token-serial kernels beside the reference, at a third of the grid
+    for op in ("gdn2", "kda"):  # ours and FLA's token-serial kernels beside the reference, at a third of the grid
         rows = [(c, i) for c, i in jobs if c.op == op]
-        assert {i for _, i in rows} == {"fla_decode", "fla_recurrent", "torch_decode"}
+        assert {i for _, i in rows} == {"triton_decode", "fla_decode", "fla_recurrent", "torch_decode"}
         assert {(c.B, c.T) for c, _ in rows} == {(b, t) for b in (1, 64, 512) for t in (1, 4)}

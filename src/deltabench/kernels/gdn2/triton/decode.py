@@ -13,12 +13,13 @@ __all__ = ["delta_decode_launch", "gdn2_triton_decode", "kda_triton_decode"]
 
 
 def delta_decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | bool]:
-    """The decode kernel's launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: one
-    program a tile (the persistent form lost on an H100: 94-98 against 67-70 us at gdn B64 T8), one warp a
-    program, and GDN's V blocks (``decode_launch``): 32 columns when the step has at most 2 tokens and the heads
-    fill the machine, else 16 (benchmarks/NOTES.md, Decode steps)."""
-    BV = 32 if T <= 2 and B * H >= 1024 else 16
-    return {"BV": min(BV, max(16, 1 << (V - 1).bit_length())), "num_warps": 1, "per_sm": 0, "fused": True}
+    """The decode kernel's launch for `B` sequences of `H` heads, `V` value columns and `T` new tokens: one program
+    a tile, one warp a program, the token stepped as written (not fused), 32 value columns a tile once the heads fill
+    the machine, else 16. From decode_tune.py's kda sweep on an H100 (benchmarks/NOTES.md, Decode steps): at B64 and
+    B512, T4 and T8, within 7% of the best launch everywhere, the persistent form best only at T4."""
+    del T
+    BV = 32 if B * H >= 1024 else 16
+    return {"BV": min(BV, max(16, 1 << (V - 1).bit_length())), "num_warps": 1, "per_sm": 0, "fused": False}
 
 
 def _step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor,

@@ -5,12 +5,12 @@ kernels/common/triton/decode.py that gdn2 and kda run), on one GPU.
         [--kernels chunk,all,prefetch,persist8,...] [--warps 1,2,4,8]
 
 For each (B, T) at H = 16, K = V = 128 (bf16 inputs, float32 state updated in place) every launch of the sweep
-(kernel: the tokens as one chunk, every token loaded at once, token by token with the next prefetched, or the
-persistent kernel at N programs an SM or one program a tile; V block; warps) is first checked against a float64
-step from the same state on the GPU (state rel. Frobenius error <= 1e-4, the bf16 output <= 1e-2), then timed by
-the decode timer's CUDA-graph replay over enough input copies to overflow L2 (runners/decode_timer.py), as a run
-times it. Printed per shape: the current launch (``decode_launch``), the
-best of the sweep and its top three, and the state traffic's share of the measured copy ceiling. FLA's kernel is
+(kernel: the tokens as one chunk, every token loaded at once (its decay applied per token or, lazy, once a step),
+token by token with the next prefetched, or the persistent kernel at N programs an SM or one program a tile; V
+block; warps) is first checked against a float64 step from the same state on the GPU (state rel. Frobenius error <=
+1e-4, the bf16 output <= 1e-2), then timed by the decode timer's CUDA-graph replay over enough input copies to
+overflow L2 (runners/decode_timer.py), as a run times it. Printed per shape: the current launch (``decode_launch``),
+the best of the sweep and its top three, and the state traffic's share of the measured copy ceiling. FLA's kernel is
 timed beside ours by the decode-h200 suite, not here. Floor: a step reads and writes B*H*K*V float32 once, whatever
 T (2 * 512 * 16 * 128 * 128 * 4 B = 1.07 GB at B = 512: 262 us at 4,099 GB/s); the tokens add under 3% of it.
 Nothing is stored: the decisions go to benchmarks/NOTES.md, the published figures come from the decode-h200 suite.
@@ -42,6 +42,7 @@ SCALE = K**-0.5
 KERNELS: dict[str, dict[str, Any]] = {
     "chunk": {"kernel": "chunk"},
     "all": {"kernel": "all"},
+    "lazy": {"kernel": "lazy"},
     "prefetch": {"kernel": "prefetch"},
     **{f"persist{n}": {"kernel": "persist", "per_sm": n, "fused": True} for n in (4, 8, 16, 32)},
     **{f"persist{n}_plain": {"kernel": "persist", "per_sm": n, "fused": False} for n in (8, 16)},

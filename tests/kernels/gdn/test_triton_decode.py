@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from deltabench.correctness.engine import verify_case
 from deltabench.harness import Case, get_impl, get_op
@@ -30,6 +31,7 @@ def test_decode_updates_the_state_it_was_given(T: int, dtype: str) -> None:
 KERNELS = [
     {"kernel": "chunk"},
     {"kernel": "all"},
+    {"kernel": "lazy"},
     {"kernel": "prefetch"},
     {"kernel": "persist", "fused": True, "per_sm": 2},
     {"kernel": "persist", "fused": False, "per_sm": 1},
@@ -49,6 +51,23 @@ def test_every_decode_launch_steps_like_the_oracle(kernel: dict, T: int, BV: int
     ro, rht = gdn_recurrent(*args, initial_state=x["initial_state"])
     cache, o = x["initial_state"].clone(), x["v"].new_empty(x["v"].shape)
     launch_decode(*args, cache, o, 32**-0.5, BV=BV, num_warps=1, **kernel)
+    assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
+    assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize(("T", "log_decay"), [(8, -8.0), (5, -20.0), (3, -120.0)])
+def test_the_lazy_decay_rescales_under_strong_decay(T: int, log_decay: float) -> None:
+    """Even heads decaying by `log_decay` a token, past 2^-50 within the step (at -120 exp(g) is under float32's
+    smallest normal, at three tokens its product 0): the lazy kernel rescales its slice and matches the oracle to
+    fp32 accuracy (fp32 inputs), outputs and state."""
+    case = Case("gdn", B=2, T=T, H=4, K=32, V=48, dtype="fp32", mode="decode", regime="long")
+    x = make_case_inputs(get_op("gdn"), case)
+    x["g"][:, :, ::2] = log_decay
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ro, rht = gdn_recurrent(*args, initial_state=x["initial_state"])
+    cache, o = x["initial_state"].clone(), x["v"].new_empty(x["v"].shape)
+    launch_decode(*args, cache, o, 32**-0.5, BV=16, num_warps=1, kernel="lazy")
+    assert torch.isfinite(o).all() and torch.isfinite(cache).all()
     assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
     assert ((cache.double() - rht).norm() / rht.norm()).item() < 1e-5
 

@@ -82,23 +82,42 @@ def decode_step_kernel(
     q, k, v, g, beta, state, o,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    LAZY: tl.constexpr = False,
 ):  # fmt: skip
     """One (V block, batch*head) of a decode step of T <= BT tokens: every token's inputs and the state slice are
     loaded at once (one memory latency, not one a token), the tokens stepped in registers, then the outputs and the
-    state stored once."""
+    state stored once.
+
+    `LAZY`: the decay is a scalar `a` carried beside the slice P (the state is ``a P``) and applied to P once, at the
+    end, so a token costs three passes over the slice (``P^T k``, ``P += k (u / a)^T``, ``P^T q``), not four. P is
+    rescaled whenever `a` falls under 2^-50, so ``1 / a`` stays far from float32's range whatever the log-decays."""
     kk, qq, vv, gg, bb, S = _load_step(q, k, v, g, beta, state, T, H, K, V, BK, BV, BT)
     rt = tl.arange(0, BT)
     out = tl.zeros([BT, BV], dtype=tl.float32)
+    a = tl.full([], 1.0, tl.float32)
     for t in range(T):
         sel = rt == t
         kt = tl.sum(tl.where(sel[:, None], kk, 0.0), axis=0)
         qt = tl.sum(tl.where(sel[:, None], qq, 0.0), axis=0) * scale
         vt = tl.sum(tl.where(sel[:, None], vv, 0.0), axis=0)
-        S = S * tl.exp(tl.sum(tl.where(sel, gg, 0.0)))
-        ut = tl.sum(tl.where(sel, bb, 0.0)) * (vt - tl.sum(S * kt[:, None], axis=0))
-        S += kt[:, None] * ut[None, :]
-        ot = tl.sum(S * qt[:, None], axis=0)
+        decay = tl.exp(tl.sum(tl.where(sel, gg, 0.0)))
+        bt = tl.sum(tl.where(sel, bb, 0.0))
+        if LAZY:
+            a = a * decay
+            if a < 8.881784197001252e-16:  # 2^-50
+                S = S * a
+                a = tl.full([], 1.0, tl.float32)
+            ut = bt * (vt - a * tl.sum(S * kt[:, None], axis=0))
+            S += kt[:, None] * (ut / a)[None, :]
+            ot = a * tl.sum(S * qt[:, None], axis=0)
+        else:
+            S = S * decay
+            ut = bt * (vt - tl.sum(S * kt[:, None], axis=0))
+            S += kt[:, None] * ut[None, :]
+            ot = tl.sum(S * qt[:, None], axis=0)
         out = tl.where(sel[:, None], ot[None, :], out)
+    if LAZY:
+        S = S * a
     _store_step(o, state, out, S, T, H, K, V, BK, BV, BT)
 
 
@@ -185,7 +204,8 @@ def launch_decode(
 ) -> None:
     """One decode launch on contiguous inputs: `state` (``[B, H, K, V]`` float32) updated in place, `o` written.
     `kernel`: ``chunk`` (:func:`decode_chunk_kernel`: the tokens as one chunk, matrix products on tensor cores),
-    ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once) or ``prefetch`` (the token-serial
+    ``all`` (:func:`decode_step_kernel`: every token's inputs loaded at once), ``lazy`` (the same, its decay a
+    scalar applied once a step: ``LAZY``), ``prefetch`` (the token-serial
     kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update) or ``persist``
     (kernels/common/triton/decode.py: `per_sm` programs an SM, each stepping tiles in turn with the next tile's
     state loaded during this one's tokens; `fused`: both of a token's reductions before its update)."""
@@ -201,10 +221,11 @@ def launch_decode(
             H=H, K=K, V=V, BK=BK, BV=BV, num_warps=num_warps, num_stages=1,
         )  # fmt: skip
         return
-    if kernel == "all":
+    if kernel in ("all", "lazy"):
         decode_step_kernel[grid](
             q, k, v, g, beta, state, o, scale, T,
-            H=H, K=K, V=V, BK=BK, BV=BV, BT=max(2, triton.next_power_of_2(T)), num_warps=num_warps, num_stages=1,
+            H=H, K=K, V=V, BK=BK, BV=BV, BT=max(2, triton.next_power_of_2(T)), LAZY=kernel == "lazy",
+            num_warps=num_warps, num_stages=1,
         )  # fmt: skip
         return
     if kernel == "persist":
@@ -212,7 +233,7 @@ def launch_decode(
                             fused=fused)  # fmt: skip
         return
     if kernel != "prefetch":
-        raise ValueError(f"kernel is 'chunk', 'all', 'prefetch' or 'persist', got {kernel!r}")
+        raise ValueError(f"kernel is 'chunk', 'all', 'lazy', 'prefetch' or 'persist', got {kernel!r}")
     fused_recurrent_fwd_kernel[grid](
         q, k, v, g, beta, state, o, state, scale, T,
         H=H, K=K, V=V, BK=BK, BV=BV, HAS_H0=True, STORE_FINAL=True, num_warps=num_warps, num_stages=1,

@@ -48,6 +48,7 @@ KERNELS: dict[str, dict[str, Any]] = {
     **{f"persist{n}_plain": {"kernel": "persist", "per_sm": n, "fused": False} for n in (8, 16)},
     "onetile": {"kernel": "persist", "per_sm": 0, "fused": True},
     "onetile_plain": {"kernel": "persist", "per_sm": 0, "fused": False},
+    "onetile_lazy": {"kernel": "persist", "per_sm": 0, "fused": False, "lazy": True},
 }
 
 
@@ -88,7 +89,7 @@ def _launch(op: str, x: dict[str, torch.Tensor], o: torch.Tensor, launch: dict[s
         launch_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], o, SCALE, **launch)
         return
     b, w = (x["b"], x["w"]) if op == "gdn2" else (x["beta"], x["beta"])
-    extra = {n: launch[n] for n in ("BV", "num_warps", "per_sm", "fused")}
+    extra = {n: launch[n] for n in ("BV", "num_warps", "per_sm", "fused", "lazy") if n in launch}
     launch_delta_decode(x["q"], x["k"], x["v"], x["g"], b, w, x["state"], o, SCALE, **extra)
 
 
@@ -124,7 +125,7 @@ def _name(launch: dict[str, Any]) -> str:
     kernel = launch["kernel"]
     if kernel == "persist":
         kernel = f"persist{launch['per_sm']}" if launch["per_sm"] else "onetile"
-        kernel += "" if launch["fused"] else "p"
+        kernel += "l" if launch.get("lazy") else "" if launch["fused"] else "p"
     return f"{kernel} BV{launch['BV']} w{launch['num_warps']}"
 
 

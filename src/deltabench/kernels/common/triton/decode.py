@@ -74,9 +74,13 @@ def delta_decode_kernel(
     scale, T, n_tiles,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     G_VEC: tl.constexpr, B_VEC: tl.constexpr, W_VEC: tl.constexpr, FUSED: tl.constexpr, PERSIST: tl.constexpr,
+    LAZY: tl.constexpr = False,
 ):  # fmt: skip
     """A program's tiles in turn, the next tile's state slice and first token loaded before this tile's tokens are
-    stepped (module docstring); without `PERSIST` one program a tile, nothing of a next tile loaded."""
+    stepped (module docstring); without `PERSIST` one program a tile, nothing of a next tile loaded. `LAZY` (which
+    `FUSED` then leaves alone): the decay kept as a K-vector `a` of row scales beside the slice P (the state is
+    ``Diag(a) P``) and applied once a tile, a token's passes over the slice ``P^T (a b k)``, ``P += (k / a) u^T`` and
+    ``P^T (a q)``; rows whose scale falls under 2^-50 are rescaled into P, so ``1 / a`` stays in float32's range."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     last_tile = n_tiles - 1
@@ -88,6 +92,7 @@ def delta_decode_kernel(
     for _ in range(pid, n_tiles, step):
         S = S_next
         cur = tile
+        a = tl.full([BK], 1.0, tl.float32)
         # past the last tile: that tile's address, its state not loaded (its first token is, and never used)
         if PERSIST:
             rows = tl.where(tile + step <= last_tile, K, 0)
@@ -110,7 +115,16 @@ def delta_decode_kernel(
                 decay = e[:, None]
             else:
                 decay = e
-            if FUSED:
+            if LAZY:
+                a = a * e
+                small = a < 8.881784197001252e-16  # 2^-50
+                if tl.max(small.to(tl.int32)) > 0:
+                    S = S * tl.where(small, a, 1.0)[:, None]
+                    a = tl.where(small, 1.0, a)
+                ut = wt * vt - tl.sum(S * (a * bt * kt)[:, None], axis=0)
+                S += (kt / a)[:, None] * ut[None, :]
+                ot = tl.sum(S * (a * qt)[:, None], axis=0)
+            elif FUSED:
                 sk = tl.sum(S * (e * bt * kt)[:, None], axis=0)
                 sq = tl.sum(S * (e * qt)[:, None], axis=0)
                 ut = wt * vt - sk
@@ -122,6 +136,8 @@ def delta_decode_kernel(
                 S += kt[:, None] * ut[None, :]
                 ot = tl.sum(S * qt[:, None], axis=0)
             tl.store(o + row * V + rv, ot.to(o.dtype.element_ty), mask=rv < V)
+        if LAZY:
+            S = S * a[:, None]
         ptr, mkv = _state_tile(state, cur, K, V, BK, BV, NV, K)
         tl.store(ptr, S, mask=mkv)
 
@@ -149,11 +165,13 @@ def launch_delta_decode(
     num_warps: int,
     per_sm: int = 0,
     fused: bool = True,
+    lazy: bool = False,
 ) -> None:
     """One decode step on contiguous inputs (q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g and b ``[B, T, H]`` or
     ``[B, T, H, K]``, w ``[B, T, H]`` or ``[B, T, H, V]``): `state` (``[B, H, K, V]`` float32) updated in place, `o`
     written. `per_sm` programs an SM, each stepping tiles in turn (at most one a tile; 0: one program a tile, the
-    next tile never loaded ahead), `BV` state columns a tile."""
+    next tile never loaded ahead), `BV` state columns a tile; `fused`, `lazy`: a token's form (the kernel's
+    ``FUSED``, ``LAZY``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NV = triton.cdiv(V, BV)
@@ -162,6 +180,6 @@ def launch_delta_decode(
     delta_decode_kernel[(programs,)](
         q, k, v, g, b, w, state, o, scale, T, n_tiles,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV, NV=NV,
-        G_VEC=g.dim() == 4, B_VEC=b.dim() == 4, W_VEC=w.dim() == 4, FUSED=fused, PERSIST=per_sm > 0,
+        G_VEC=g.dim() == 4, B_VEC=b.dim() == 4, W_VEC=w.dim() == 4, FUSED=fused, PERSIST=per_sm > 0, LAZY=lazy,
         num_warps=num_warps, num_stages=1,
     )  # fmt: skip

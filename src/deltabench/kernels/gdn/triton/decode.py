@@ -201,6 +201,7 @@ def launch_decode(
     kernel: str = "all",
     per_sm: int = 8,
     fused: bool = True,
+    lazy: bool = False,
 ) -> None:
     """One decode launch on contiguous inputs: `state` (``[B, H, K, V]`` float32) updated in place, `o` written.
     `kernel`: ``chunk`` (:func:`decode_chunk_kernel`: the tokens as one chunk, matrix products on tensor cores),
@@ -208,7 +209,7 @@ def launch_decode(
     scalar applied once a step: ``LAZY``), ``prefetch`` (the token-serial
     kernel of :mod:`.fused_recurrent`, the next token's inputs loaded during this token's update) or ``persist``
     (kernels/common/triton/decode.py: `per_sm` programs an SM, each stepping tiles in turn with the next tile's
-    state loaded during this one's tokens; `fused`: both of a token's reductions before its update)."""
+    state loaded during this one's tokens; `fused`, `lazy`: its token forms)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK = max(16, triton.next_power_of_2(K))
@@ -230,7 +231,7 @@ def launch_decode(
         return
     if kernel == "persist":
         launch_delta_decode(q, k, v, g, beta, beta, state, o, scale, BV=BV, num_warps=num_warps, per_sm=per_sm,
-                            fused=fused)  # fmt: skip
+                            fused=fused, lazy=lazy)  # fmt: skip
         return
     if kernel != "prefetch":
         raise ValueError(f"kernel is 'chunk', 'all', 'lazy', 'prefetch' or 'persist', got {kernel!r}")

@@ -316,7 +316,8 @@ task_varlen() { run "${VARLEN_CAP:-900}" varlen --suite varlen-h200 --timeout 50
 # The decode table (issue 42): FLA's, FlashInfer's and FlashQLA's adapters beside ours, once the calls carrying
 # their wheels have staged them (waits up to DECODE_WAIT_S; an impl whose package is missing ends unsupported with
 # the reason); DECODE_SHAPES: "B=..,T=.." pairs of the suite's shapes (default B 1, 64, 512 x T 1, 4); DECODE_OPS:
-# only these ops (default all)
+# only these ops (default all); DECODE_GATE_WORKERS (default 6: on an 80 GB H100, 2026-12-05, six gates at B64 and
+# B512 ran out of memory beside each other and were retried alone: 48 gates took 575 s)
 task_decode() {
     local shapes=() ops=() s
     for _ in $(seq $((${DECODE_WAIT_S:-240} / 5))); do qla_staged && fi_staged && break; sleep 5; done
@@ -324,7 +325,8 @@ task_decode() {
         shapes+=(--shape "$s,H=16,K=128,V=128")
     done
     for s in ${DECODE_OPS:-}; do ops+=(--op "$s"); done
-    run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers 6 "${shapes[@]}" "${ops[@]}"
+    run "${DECODE_CAP:-660}" decode --suite decode-h200 --timeout 300 --gate-workers "${DECODE_GATE_WORKERS:-6}" \
+        "${shapes[@]}" "${ops[@]}"
 }
 
 # The decode launch sweep (benchmarks/gpu/decode_tune.py: every kernel, V block and warp count, each checked, then

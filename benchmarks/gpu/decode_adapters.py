@@ -34,8 +34,10 @@ DEFAULT_IMPLS = (
     "gdn/flashinfer_decode",
     "gdn/flashinfer_mtp",
     "gdn/flash_qla",
+    "gdn2/triton_decode",
     "gdn2/fla_decode",
     "gdn2/fla_recurrent",
+    "kda/triton_decode",
     "kda/fla_decode",
     "kda/fla_recurrent",
 )

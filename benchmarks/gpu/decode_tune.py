@@ -1,4 +1,4 @@
-"""Launch sweep for deltabench's Triton decode kernels (kernels/gdn/triton/decode.py, and the persistent kernel of
+"""Launch sweep for deltabench's Triton decode kernels (kernels/gdn/triton/decode.py, and the decode kernel of
 kernels/common/triton/decode.py that gdn2 and kda run), on one GPU.
 
     python benchmarks/gpu/decode_tune.py [--op gdn|gdn2|kda] [--batch 1,8,64,256,512] [--tokens 1,2,4,8]
@@ -37,8 +37,8 @@ from deltabench.runners.decode_timer import calls_per_replay, rotation_copies, t
 
 H, K, V = 16, 128, 128
 SCALE = K**-0.5
-# The sweep's kernels by name: launch_decode's `kernel` and, for the persistent one, programs an SM and whether a
-# token's two reductions both read the state before its update
+# The sweep's kernels by name: launch_decode's `kernel` and, for the shared one ("persist"), programs an SM (0: one
+# a tile) and a token's form (fused: both reductions before its update; lazy: the decay applied once a tile)
 KERNELS: dict[str, dict[str, Any]] = {
     "chunk": {"kernel": "chunk"},
     "all": {"kernel": "all"},
@@ -83,7 +83,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _launch(op: str, x: dict[str, torch.Tensor], o: torch.Tensor, launch: dict[str, Any]) -> None:
-    """One step of `op` in place: gdn through its own launcher (every kernel), gdn2 and kda through the persistent
+    """One step of `op` in place: gdn through its own launcher (every kernel), gdn2 and kda through the shared decode
     kernel's."""
     if op == "gdn":
         launch_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], o, SCALE, **launch)
@@ -112,7 +112,7 @@ def _current(op: str, B: int, T: int) -> dict[str, Any]:
 
 
 def _launches(op: str, B: int, T: int, kernels: list[str], warps: list[int]) -> list[dict[str, Any]]:
-    """The sweep's launches at (B, T), the current one first (gdn2 and kda: the persistent kernel's alone)."""
+    """The sweep's launches at (B, T), the current one first (gdn2 and kda: the shared decode kernel's alone)."""
     blocks = (8, 16, 32, 64) if B <= 8 else (16, 32, 64)
     current = _current(op, B, T)
     if op != "gdn":

@@ -1,5 +1,5 @@
-"""deltabench's Triton GDN-2 and KDA decode steps (the persistent kernel, in place) against the float64 oracle, under
-TRITON_INTERPRET=1."""
+"""deltabench's Triton GDN-2 and KDA decode steps (the shared decode kernel, in place) against the float64 oracle,
+under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One decode step of the gated delta rule for GDN, GDN-2 and KDA, in Triton: a persistent kernel.
+"""One decode step of the gated delta rule for GDN, GDN-2 and KDA, in Triton: one program a tile, or persistent.
 
 Per token, for each (batch, head), with ``e = exp(g)`` (a scalar for GDN, a K-vector for GDN-2 and KDA), `b` the
 erase strength (GDN's and KDA's beta, or a K-vector) and `w` the write strength (beta, or a V-vector)::
@@ -6,11 +6,11 @@ erase strength (GDN's and KDA's beta, or a K-vector) and `w` the write strength 
     S <- Diag(e) S;   u = w * v - S^T (b * k);   S <- S + k u^T;   o = S^T (scale q)
 
 The state ``[B*H, K, V]`` float32 is cut into tiles of ``[K, BV]`` (a batch*head and a block of V columns: every
-column's update reads only that column). A fixed number of programs, `per_sm` an SM, each steps tiles ``pid,
-pid + programs, ...`` in turn, and loads the next tile's state slice and first token before this tile's tokens are
-stepped. A program whose tile waits for its loads cannot compute, and at the registers a ``[128, BV]`` slice needs
-too few programs fit an SM for others to fill the wait; loading the next tile while stepping this one keeps the
-state traffic going under the arithmetic. Within a tile each token's inputs load during the token before it. The
+column's update reads only that column), one program a tile. Persistent (`PERSIST`): a fixed number of programs,
+`per_sm` an SM, each steps tiles ``pid, pid + programs, ...`` in turn, and loads the next tile's state slice and
+first token before this tile's tokens are stepped, so that a program's state traffic runs under its arithmetic
+(measured slower on an H100: benchmarks/NOTES.md, Decode steps). Within a tile each token's inputs load during the
+token before it. The
 state is written back into the very buffer it was read from (each tile read whole before it is written, no two
 programs sharing one), so the cache is updated in place.
 
@@ -92,7 +92,8 @@ def delta_decode_kernel(
     for _ in range(pid, n_tiles, step):
         S = S_next
         cur = tile
-        a = tl.full([BK], 1.0, tl.float32)
+        if LAZY:
+            a = tl.full([BK], 1.0, tl.float32)
         # past the last tile: that tile's address, its state not loaded (its first token is, and never used)
         if PERSIST:
             rows = tl.where(tile + step <= last_tile, K, 0)
@@ -101,15 +102,12 @@ def delta_decode_kernel(
             S_next = tl.load(ptr, mask=mkv, other=0.0)
         for t in range(T):
             row, rv, kt, qt, vt, gt, bt, wt = nrow, nrv, kn, qn, vn, gn, bn, wn
-            if not PERSIST:  # past the tile's last token, that token again (loaded, unused)
-                nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, cur, tl.minimum(t + 1, T - 1), T, scale,
-                                                           H, K, V, BK, BV, NV, G_VEC, B_VEC, W_VEC)  # fmt: skip
-            elif t + 1 < T:
-                nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, cur, t + 1, T, scale, H, K, V, BK, BV,
-                                                           NV, G_VEC, B_VEC, W_VEC)  # fmt: skip
-            else:
-                nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, tile, 0, T, scale, H, K, V, BK, BV, NV,
-                                                           G_VEC, B_VEC, W_VEC)  # fmt: skip
+            # the next token: this tile's, or past its last the next tile's first (this tile's own when one program
+            # steps one tile: loaded, unused)
+            last = t + 1 >= T
+            nrow, nrv, kn, qn, vn, gn, bn, wn = _token(q, k, v, g, b, w, tl.where(last, tile, cur),
+                                                       tl.where(last, 0, t + 1), T, scale, H, K, V, BK, BV, NV, G_VEC,
+                                                       B_VEC, W_VEC)  # fmt: skip
             e = tl.exp(gt)
             if G_VEC:
                 decay = e[:, None]

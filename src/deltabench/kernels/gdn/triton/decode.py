@@ -5,9 +5,9 @@ gate (decay) first, then the delta update, then the output; the slice is stored 
 from (each program reads its slice whole before it writes it, and no two programs share one), so the state cache is
 updated in place and no new state is allocated. Four kernels: :func:`decode_step_kernel` loads every token's
 inputs with the state at once; :func:`decode_chunk_kernel` does too and steps them as one chunk;
-:mod:`.fused_recurrent`'s walks the tokens, prefetching the next; GDN-2's and KDA's persistent decode kernel
-(kernels/common/triton/decode.py) runs a fixed number of programs, each loading its next tile of the state while it
-steps this one. :func:`decode_launch` picks the kernel, V block and warps by the step's shape.
+:mod:`.fused_recurrent`'s walks the tokens, prefetching the next; GDN-2's and KDA's decode kernel
+(kernels/common/triton/decode.py) does too, and may run persistent, each program loading its next tile of the state
+while it steps this one. :func:`decode_launch` picks the kernel, V block and warps by the step's shape.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ write strengths), the state cache updated in place."""
 from __future__ import annotations
 
 import torch
+import triton
 
 from ...common.decode import require_state_cache
 from ...common.triton.decode import launch_delta_decode
@@ -19,7 +20,7 @@ def delta_decode_launch(B: int, H: int, V: int, T: int) -> dict[str, int | bool]
     B512, T4 and T8, within 7% of the best launch everywhere, the persistent form best only at T4."""
     del T
     BV = 32 if B * H >= 1024 else 16
-    return {"BV": min(BV, max(16, 1 << (V - 1).bit_length())), "num_warps": 1, "per_sm": 0, "fused": False}
+    return {"BV": min(BV, max(16, triton.next_power_of_2(V))), "num_warps": 1, "per_sm": 0, "fused": False}
 
 
 def _step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
